@@ -1,0 +1,402 @@
+"""GPT-2 model: Hugging Face parity (import/export), size, causality, optimizer groups, sampling, MFU."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from gptcore import model as model_mod
+from gptcore.model import GPT, GPTConfig, peak_flops, peak_flops_for_name, strip_prefixes
+
+TINY = dict(block_size=64, vocab_size=100, n_layer=2, n_head=2, n_embd=64)
+
+
+def tiny_gpt(**overrides) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**{**TINY, **overrides})).eval()
+
+
+@pytest.fixture(scope="module")
+def transformers():
+    tf = pytest.importorskip("transformers", reason="transformers (test extra) is needed for the parity tests")
+    tf.logging.set_verbosity_error()
+    return tf
+
+
+@pytest.fixture(scope="module")
+def hf_model(transformers):
+    """A small random Hugging Face GPT-2 (built offline), in eval mode."""
+    torch.manual_seed(1234)
+    cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=64, vocab_size=100)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    with torch.no_grad():  # non-trivial LayerNorm gains and biases, so a mix-up of them cannot pass
+        for name, p in hf.named_parameters():
+            if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+                p.uniform_(0.5, 1.5)
+            elif name.endswith(".bias"):
+                p.normal_(0.0, 0.02)
+    return hf
+
+
+@pytest.fixture(scope="module")
+def hf_dir(hf_model, tmp_path_factory):
+    d = tmp_path_factory.mktemp("hf_gpt2")
+    hf_model.save_pretrained(d)
+    return d
+
+
+def tokens(batch=2, T=24, vocab=100, seed=0):
+    return torch.randint(0, vocab, (batch, T), generator=torch.Generator().manual_seed(seed))
+
+
+def hf_logits(hf, idx):
+    with torch.no_grad():
+        return hf(idx).logits
+
+
+def our_logits(model, idx):
+    with torch.no_grad():
+        return model(idx)[0]
+
+
+# ---------------------------------------------------------------------------- Hugging Face parity
+
+
+def test_import_matches_hf_logits(hf_model, hf_dir):
+    model = GPT.from_pretrained(hf_dir).eval()
+    assert model.config == GPTConfig(block_size=64, vocab_size=100, n_layer=2, n_head=2, n_embd=64)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    idx = tokens()
+    torch.testing.assert_close(our_logits(model, idx), hf_logits(hf_model, idx), atol=1e-4, rtol=0)
+
+
+def test_export_loads_in_hf_with_same_logits(transformers, hf_dir, tmp_path):
+    model = GPT.from_pretrained(hf_dir).eval()
+    model.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["model_type"] == "gpt2" and cfg["architectures"] == ["GPT2LMHeadModel"]
+    assert (cfg["n_positions"], cfg["n_ctx"], cfg["n_embd"], cfg["n_layer"], cfg["n_head"]) == (64, 64, 64, 2, 2)
+    assert cfg["activation_function"] == "gelu_new" and cfg["layer_norm_epsilon"] == 1e-5
+    hf2, info = transformers.GPT2LMHeadModel.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    idx = tokens(seed=1)
+    torch.testing.assert_close(hf_logits(hf2.eval(), idx), our_logits(model, idx), atol=1e-4, rtol=0)
+    # no temporary files left behind by the atomic writes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_export_import_round_trip_is_exact(tmp_path):
+    model = tiny_gpt()
+    model.save_pretrained(tmp_path)
+    again = GPT.from_pretrained(tmp_path)
+    assert again.config == model.config
+    ours, theirs = model.state_dict(), again.state_dict()
+    assert ours.keys() == theirs.keys()
+    for k in ours:
+        assert torch.equal(ours[k], theirs[k]), k
+    # exporting twice over the same directory replaces the files
+    model.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_export_trims_padded_vocab(transformers, tmp_path):
+    model = tiny_gpt(vocab_size=128)  # 100 real tokens padded to 128
+    model.save_pretrained(tmp_path, vocab_size=100)
+    assert json.loads((tmp_path / "config.json").read_text())["vocab_size"] == 100
+    back = GPT.from_pretrained(tmp_path)
+    assert back.config.vocab_size == 100
+    assert torch.equal(back.transformer.wte.weight, model.transformer.wte.weight[:100])
+    idx = tokens(seed=2)
+    expected = our_logits(model, idx)[..., :100]
+    torch.testing.assert_close(our_logits(back.eval(), idx), expected, atol=1e-5, rtol=0)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(hf_logits(hf, idx), expected, atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="vocab_size"):
+        model.save_pretrained(tmp_path, vocab_size=129)
+
+
+def test_import_pytorch_bin_without_prefix_and_with_mask_buffers(hf_model, tmp_path):
+    # the older layout: pytorch_model.bin, HF's attn.bias / attn.masked_bias buffers, GPT2Model keys (no
+    # "transformer." prefix) plus an explicit (tied) lm_head.weight
+    state = {}
+    for k, v in hf_model.state_dict().items():
+        state[k.removeprefix("transformer.")] = v.clone()
+    for i in range(2):
+        state[f"h.{i}.attn.bias"] = torch.tril(torch.ones(1, 1, 64, 64))
+        state[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    state["lm_head.weight"] = state["wte.weight"].clone()
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    hf_model.config.to_json_file(tmp_path / "config.json")
+    model = GPT.from_pretrained(tmp_path).eval()
+    idx = tokens(seed=3)
+    torch.testing.assert_close(our_logits(model, idx), hf_logits(hf_model, idx), atol=1e-4, rtol=0)
+
+
+def test_import_override_args(hf_dir):
+    model = GPT.from_pretrained(hf_dir, override_args={"dropout": 0.1, "block_size": 32})
+    assert model.config.block_size == 32 and model.transformer.wpe.weight.shape == (32, 64)
+    assert model.config.dropout == 0.1
+    assert all(m.p == 0.1 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    with pytest.raises(ValueError, match="n_positions"):
+        GPT.from_pretrained(hf_dir, override_args={"block_size": 65})
+    with pytest.raises(ValueError, match="override_args"):
+        GPT.from_pretrained(hf_dir, override_args={"n_layer": 3})
+
+
+def test_import_bad_inputs(hf_dir, tmp_path):
+    with pytest.raises(ValueError, match="neither a local"):
+        GPT.from_pretrained(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        GPT.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text((hf_dir / "config.json").read_text())
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        GPT.from_pretrained(tmp_path)
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg["activation_function"] = "relu"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="activation_function"):
+        GPT.from_pretrained(tmp_path)
+    cfg["activation_function"] = "gelu_new"
+    cfg["n_embd"] = 32  # weights no longer fit the config
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").write_bytes((hf_dir / "model.safetensors").read_bytes())
+    with pytest.raises(ValueError, match="shape"):
+        GPT.from_pretrained(tmp_path)
+
+
+def test_named_gpt2_offline_gives_clear_error(monkeypatch):
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+
+    def offline(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co'")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(RuntimeError) as err:
+        GPT.from_pretrained("gpt2")
+    message = str(err.value)
+    assert "openai-community/gpt2" in message and "download" in message
+    assert "local Hugging Face directory" in message
+
+
+def test_bias_free_model_cannot_export(tmp_path):
+    with pytest.raises(ValueError, match="bias=False"):
+        tiny_gpt(bias=False).save_pretrained(tmp_path)
+    assert not (tmp_path / "config.json").exists()
+
+
+# ---------------------------------------------------------------------------- architecture
+
+
+def test_gpt2_124m_parameter_count():
+    with torch.device("meta"):
+        model = GPT(GPTConfig(block_size=1024, vocab_size=50257, n_layer=12, n_head=12, n_embd=768))
+    assert sum(p.numel() for p in model.parameters()) == 124_439_808
+    assert model.get_num_params(non_embedding=False) == 124_439_808
+    assert model.get_num_params() == 124_439_808 - 1024 * 768
+    # PaLM estimate: 6N + 12 L H Q T
+    assert model.flops_per_token() == 6 * (124_439_808 - 1024 * 768) + 12 * 12 * 12 * 64 * 1024
+
+
+def test_parameter_names_match_hf_layout():
+    names = set(tiny_gpt().state_dict())
+    for n in ("transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.weight", "lm_head.weight",
+              "transformer.h.1.ln_1.bias", "transformer.h.1.attn.c_attn.weight", "transformer.h.1.attn.c_proj.bias",
+              "transformer.h.1.ln_2.weight", "transformer.h.1.mlp.c_fc.weight", "transformer.h.1.mlp.c_proj.weight"):
+        assert n in names
+    assert not any("attn.bias" in n and "c_attn" not in n for n in names)  # no causal-mask buffer
+
+
+def test_init_statistics():
+    model = GPT(GPTConfig(block_size=64, vocab_size=512, n_layer=8, n_head=4, n_embd=256))
+    resid_std = 0.02 / math.sqrt(2 * 8)
+    for name, p in model.named_parameters():
+        if name.endswith("c_proj.weight"):
+            assert p.std().item() == pytest.approx(resid_std, rel=0.05), name
+        elif name.endswith(("c_attn.weight", "c_fc.weight", "wte.weight", "wpe.weight")):
+            assert p.std().item() == pytest.approx(0.02, rel=0.05), name
+        elif name.endswith(".bias"):
+            assert torch.count_nonzero(p) == 0, name
+        elif "ln_" in name:
+            assert torch.all(p == 1), name
+
+
+def test_causality():
+    model = tiny_gpt()
+    idx = tokens(batch=1, T=32)
+    base = our_logits(model, idx)
+    for t in (0, 7, 30):
+        changed = idx.clone()
+        changed[0, t + 1] = (changed[0, t + 1] + 1) % 100
+        out = our_logits(model, changed)
+        assert torch.equal(out[0, : t + 1], base[0, : t + 1])
+        assert not torch.allclose(out[0, t + 1], base[0, t + 1])
+
+
+def test_forward_loss_and_hidden_states():
+    model = tiny_gpt()
+    idx, targets = tokens(T=16), tokens(T=16, seed=9)
+    logits, loss = model(idx, targets)
+    assert logits.shape == (2, 16, 100)
+    assert loss.item() == pytest.approx(torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).item())
+    # -1 targets are ignored: equal to the loss over the rest
+    masked = targets.clone()
+    masked[:, :8] = -1
+    _, loss_masked = model(idx, masked)
+    expected = torch.nn.functional.cross_entropy(logits[:, 8:].flatten(0, 1), targets[:, 8:].flatten())
+    assert loss_masked.item() == pytest.approx(expected.item(), rel=1e-5)
+    # no targets: logits for every position, loss None
+    logits2, none = model(idx)
+    assert none is None and logits2.shape == (2, 16, 100)
+    # hidden_states is the trunk; lm_head on it gives the logits
+    h = model.hidden_states(idx)
+    assert h.shape == (2, 16, 64)
+    torch.testing.assert_close(model.lm_head(h[:, 5]), logits2[:, 5])
+    with pytest.raises(ValueError, match="block_size"):
+        model(tokens(T=65))
+
+
+def test_crop_block_size():
+    model = tiny_gpt()
+    idx = tokens(T=16)
+    before = our_logits(model, idx)
+    model.crop_block_size(16)
+    assert model.config.block_size == 16 and model.transformer.wpe.weight.shape == (16, 64)
+    torch.testing.assert_close(our_logits(model, idx), before, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="block_size"):
+        model(tokens(T=17))
+    with pytest.raises(ValueError, match="block_size"):
+        model.crop_block_size(32)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="n_embd"):
+        GPTConfig(n_embd=100, n_head=3)
+    with pytest.raises(ValueError, match="dropout"):
+        GPTConfig(dropout=1.5)
+    with pytest.raises(ValueError, match="vocab_size"):
+        GPTConfig(vocab_size=0)
+
+
+# ---------------------------------------------------------------------------- optimizer
+
+
+def test_configure_optimizers_groups():
+    model = tiny_gpt()
+    opt = model.configure_optimizers(weight_decay=0.1, learning_rate=6e-4, betas=(0.9, 0.95), eps=1e-8)
+    assert isinstance(opt, torch.optim.AdamW)
+    decay, no_decay = opt.param_groups
+    assert (decay["name"], decay["weight_decay"]) == ("decay", 0.1)
+    assert (no_decay["name"], no_decay["weight_decay"]) == ("no_decay", 0.0)
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    # 2 layers x 4 matrices + wte (tied with lm_head, once) + wpe
+    assert len(decay["params"]) == 2 * 4 + 2
+    in_groups = decay["params"] + no_decay["params"]
+    assert len({id(p) for p in in_groups}) == len(in_groups) == len(list(model.parameters()))
+    assert opt.defaults["lr"] == 6e-4 and opt.defaults["betas"] == (0.9, 0.95)
+    assert not opt.defaults.get("fused")  # CPU: no fused kernel
+    # one step works (and the tied matrix is updated once, as one tensor)
+    model.train()
+    model(tokens(), tokens(seed=5))[1].backward()
+    opt.step()
+    assert model.lm_head.weight is model.transformer.wte.weight
+    with pytest.raises(ValueError, match="learning_rate"):
+        model.configure_optimizers(0.1, 0.0, (0.9, 0.95))
+
+
+# ---------------------------------------------------------------------------- sampling
+
+
+def test_generate_shapes_and_greedy_determinism():
+    model = tiny_gpt()
+    prompt = tokens(batch=3, T=5)
+    out = model.generate(prompt, max_new_tokens=70)  # longer than block_size: context gets cropped
+    assert out.shape == (3, 75) and torch.equal(out[:, :5], prompt)
+    greedy = model.generate(prompt, 10, temperature=0.0)
+    assert torch.equal(greedy, model.generate(prompt, 10, temperature=0.0))
+    assert torch.equal(greedy, model.generate(prompt, 10, temperature=0.7, top_k=1))
+    # greedy == argmax of forward's logits, step by step
+    idx = prompt
+    for _ in range(10):
+        idx = torch.cat([idx, our_logits(model, idx)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(greedy, idx)
+    # seeded sampling is reproducible and leaves the training mode as it was
+    model.train()
+    a = model.generate(prompt, 10, top_k=20, generator=torch.Generator().manual_seed(7))
+    b = model.generate(prompt, 10, top_k=20, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(a, b) and model.training
+
+
+def test_generate_respects_vocab_limit():
+    model = tiny_gpt(vocab_size=128)
+    with torch.no_grad():  # make the padded rows the most likely by far: logit = 10 * |ln_f.bias|^2 = 640
+        model.transformer.ln_f.bias.fill_(1.0)
+        model.transformer.wte.weight[100:] = 10.0
+    prompt = tokens(batch=4, T=4)
+    assert (model.generate(prompt, 8, temperature=0) >= 100).any()  # the trap works
+    out = model.generate(prompt, 8, temperature=1.0, vocab_limit=100, generator=torch.Generator().manual_seed(0))
+    assert out.max() < 100
+    assert model.generate(prompt, 8, temperature=0, vocab_limit=100).max() < 100
+    with pytest.raises(ValueError, match="vocab_limit"):
+        model.generate(prompt, 1, vocab_limit=129)
+
+
+# ---------------------------------------------------------------------------- state dicts
+
+
+def test_strip_prefixes():
+    sd = {"_orig_mod.module.lm_head.weight": 1, "module._orig_mod.transformer.wte.weight": 2, "plain.x": 3}
+    assert strip_prefixes(sd) == {"lm_head.weight": 1, "transformer.wte.weight": 2, "plain.x": 3}
+    model = tiny_gpt()
+    wrapped = {"_orig_mod." + k: v for k, v in model.state_dict().items()}
+    fresh = GPT(model.config)
+    fresh.load_state_dict(strip_prefixes(wrapped))
+    assert torch.equal(fresh.lm_head.weight, model.lm_head.weight)
+    with pytest.raises(ValueError, match="collide"):
+        strip_prefixes({"module.a": 1, "a": 2})
+
+
+# ---------------------------------------------------------------------------- MFU
+
+
+def test_estimate_mfu():
+    model = tiny_gpt()
+    assert model.estimate_mfu(1e5) is None  # CPU, no peak given: no made-up number
+    assert model.estimate_mfu(1e5, device="cpu") is None
+    mfu = model.estimate_mfu(1e5, peak_flops=1e12)
+    assert mfu == pytest.approx(model.flops_per_token() * 1e5 / 1e12)
+    assert 0 < mfu < 1
+    assert peak_flops("cpu") is None
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA A100-PCIE-40GB", 312e12),
+        ("NVIDIA A10G", 70e12),
+        ("NVIDIA A10", 125e12),
+        ("NVIDIA L40S", 362e12),
+        ("NVIDIA L4", 121e12),
+        ("NVIDIA GeForce RTX 4090", 165.2e12),
+        ("NVIDIA GeForce RTX 3090 Ti", 80e12),
+        ("Tesla V100-SXM2-16GB", 125e12),
+        ("Tesla V100-PCIE-32GB", 112e12),
+        ("NVIDIA GH200 480GB", 989e12),
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", None),
+        ("NVIDIA GeForce GTX 1080", None),
+    ],
+)
+def test_peak_flops_table(name, expected):
+    assert peak_flops_for_name(name) == expected
+
+
+def test_peak_flops_uses_cuda_device_name(monkeypatch):
+    monkeypatch.setattr(model_mod.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(model_mod.torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-40GB")
+    assert peak_flops("cuda:0") == 312e12
+    mfu = tiny_gpt().estimate_mfu(1e6, device="cuda")
+    assert mfu == pytest.approx(tiny_gpt().flops_per_token() * 1e6 / 312e12)
