@@ -400,3 +400,53 @@ def test_peak_flops_uses_cuda_device_name(monkeypatch):
     assert peak_flops("cuda:0") == 312e12
     mfu = tiny_gpt().estimate_mfu(1e6, device="cuda")
     assert mfu == pytest.approx(tiny_gpt().flops_per_token() * 1e6 / 312e12)
+
+
+# ---------------------------------------------------------------------------- CUDA (skipped without a GPU)
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@cuda
+def test_cuda_matches_cpu_and_trains_in_bf16():
+    model = tiny_gpt()
+    idx = tokens(T=32)
+    cpu_logits = our_logits(model, idx)
+    model = model.cuda()
+    idx_cuda = idx.cuda()
+    torch.testing.assert_close(our_logits(model, idx_cuda).cpu(), cpu_logits, atol=1e-4, rtol=0)
+    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), device_type="cuda")
+    assert opt.defaults.get("fused") is True
+    model.train()
+    losses = []
+    for _ in range(5):  # the same batch: the loss must fall
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits, loss = model(idx_cuda, idx_cuda.roll(-1, dims=1))
+        assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    out = model.generate(idx_cuda[:, :4], 8, vocab_limit=90, generator=torch.Generator("cuda").manual_seed(0))
+    assert out.shape == (2, 12) and out.device.type == "cuda" and out.max() < 90
+
+
+@cuda
+def test_cuda_compiled_model_matches_eager_and_its_state_dict_loads():
+    model = tiny_gpt().cuda()
+    compiled = torch.compile(model)
+    idx = tokens(T=32).cuda()
+    torch.testing.assert_close(our_logits(compiled, idx), our_logits(model, idx), atol=1e-4, rtol=1e-4)
+    sd = compiled.state_dict()
+    assert all(k.startswith("_orig_mod.") for k in sd)
+    fresh = GPT(model.config)
+    fresh.load_state_dict(strip_prefixes(sd))
+    assert torch.equal(fresh.lm_head.weight, model.lm_head.weight.cpu())
+
+
+@cuda
+def test_cuda_peak_flops_is_a_table_value_or_none():
+    value = peak_flops("cuda")
+    assert value is None or value in dict(model_mod._PEAK_FLOPS).values()
+    assert value == peak_flops_for_name(torch.cuda.get_device_name())
