@@ -1,0 +1,105 @@
+"""Distributed set-up: one process, or one per device under torchrun (NCCL on CUDA, gloo on CPU)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 alone logs, writes metrics and saves."""
+        return self.rank == 0
+
+    @property
+    def ddp(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def device_type(self) -> str:
+        return self.device.type
+
+
+def pick_device(device: str = "auto", local_rank: int = 0) -> torch.device:
+    """`auto` prefers CUDA, then Apple's MPS, then the CPU; an explicit `cuda` takes the local rank's GPU."""
+    if device == "auto":
+        if torch.cuda.is_available():
+            device = "cuda"
+        elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            device = "mps"
+        else:
+            device = "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("train.device=cuda but torch.cuda.is_available() is False (CPU build of torch or no GPU)")
+        return torch.device("cuda", local_rank)
+    return torch.device(device)
+
+
+def setup(device: str = "auto") -> DistEnv:
+    """Join the process group when launched by torchrun (RANK/WORLD_SIZE set), else run single-process."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = pick_device(device, local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend, device_id=dev if dev.type == "cuda" else None)
+    return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=dev)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over ranks in place (no-op in a single process)."""
+    if active():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
+    if active():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t /= dist.get_world_size()
+    return t
+
+
+def all_gather_objects(obj: object) -> list[object]:
+    """Every rank's `obj`, in rank order (a one-element list in a single process)."""
+    if not active():
+        return [obj]
+    out: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: object, src: int = 0) -> object:
+    if not active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier() -> None:
+    if active():
+        dist.barrier()

@@ -1,0 +1,126 @@
+"""The training batch loader: memory-mapped shards, rank-disjoint, resumable, optionally shuffled.
+
+A training step consumes one *window* of `step_tokens` (= train.total_batch_tokens) contiguous tokens plus one for
+the shifted targets. The window is cut into `step_tokens / (B*T)` micro batches; micro batch k goes to rank
+`k % world_size` at accumulation step `k // world_size`. So the tokens a step sees do not depend on how the batch is
+split over ranks and accumulation steps: 2 ranks x 1 micro step and 1 rank x 2 micro steps train on the same data.
+
+Windows never straddle shards; the tail of a shard that does not fill a window is skipped (under 1 window per
+100M-token shard at the default sizes). With `shuffle`, shard order and window order within a shard are permuted
+each epoch by a generator seeded from (seed, epoch), so the whole loader state is four integers.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from . import shards
+
+
+@dataclass
+class LoaderState:
+    epoch: int = 0
+    shard: int = 0  # position in this epoch's shard order
+    window: int = 0  # position in this shard's window order
+    micro: int = 0  # micro batch index within the window (0 at step boundaries)
+
+
+class TokenLoader:
+    def __init__(
+        self,
+        paths: Sequence[Path],
+        micro_batch: int,
+        block_size: int,
+        step_tokens: int,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = False,
+        seed: int = 0,
+    ) -> None:
+        if not paths:
+            raise ValueError("no training shards given to the loader")
+        per_micro = micro_batch * block_size
+        if step_tokens % (per_micro * world_size) != 0:
+            raise ValueError(
+                f"train.total_batch_tokens={step_tokens} is not divisible by train.micro_batch * model.block_size * "
+                f"world_size = {micro_batch} * {block_size} * {world_size} = {per_micro * world_size}"
+            )
+        self.paths = [Path(p) for p in paths]
+        self.B, self.T = micro_batch, block_size
+        self.step_tokens = step_tokens
+        self.rank, self.world_size = rank, world_size
+        self.grad_accum = step_tokens // (per_micro * world_size)
+        self.shuffle, self.seed = shuffle, seed
+        # Windows per shard from the header alone: the mmap costs no memory until a window is read.
+        self._windows = [(len(shards.load_tokens(p)) - 1) // step_tokens for p in self.paths]
+        if not any(self._windows):
+            raise ValueError(
+                f"no training shard holds one step of train.total_batch_tokens={step_tokens} (+1) tokens; largest has "
+                f"{max(len(shards.load_tokens(p)) for p in self.paths)} tokens: lower total_batch_tokens or add data"
+            )
+        self.state = LoaderState()
+        self._open: tuple[int, np.ndarray] | None = None
+
+    @property
+    def windows_per_epoch(self) -> int:
+        return sum(self._windows)
+
+    def _shard_order(self, epoch: int) -> list[int]:
+        order = [i for i, n in enumerate(self._windows) if n > 0]
+        if self.shuffle:
+            rng = np.random.default_rng([self.seed, epoch])
+            order = [order[i] for i in rng.permutation(len(order))]
+        return order
+
+    def _window_order(self, epoch: int, shard_index: int) -> np.ndarray:
+        n = self._windows[shard_index]
+        if not self.shuffle:
+            return np.arange(n)
+        return np.random.default_rng([self.seed, epoch, shard_index]).permutation(n)
+
+    def _tokens(self, shard_index: int) -> np.ndarray:
+        if self._open is None or self._open[0] != shard_index:
+            self._open = (shard_index, shards.load_tokens(self.paths[shard_index]))
+        return self._open[1]
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's next (inputs, targets), each int64 [B, T] on the CPU."""
+        s = self.state
+        shard_index = self._shard_order(s.epoch)[s.shard]
+        window = int(self._window_order(s.epoch, shard_index)[s.window])
+        k = s.micro * self.world_size + self.rank
+        start = window * self.step_tokens + k * self.B * self.T
+        buf = np.asarray(self._tokens(shard_index)[start : start + self.B * self.T + 1], dtype=np.int64)
+        x = torch.from_numpy(buf[:-1]).view(self.B, self.T)
+        y = torch.from_numpy(buf[1:]).view(self.B, self.T)
+        self._advance()
+        return x, y
+
+    def _advance(self) -> None:
+        s = self.state
+        s.micro += 1
+        if s.micro < self.grad_accum:
+            return
+        s.micro = 0
+        s.window += 1
+        shard_index = self._shard_order(s.epoch)[s.shard]
+        if s.window < self._windows[shard_index]:
+            return
+        s.window = 0
+        s.shard += 1
+        if s.shard < len(self._shard_order(s.epoch)):
+            return
+        s.shard = 0
+        s.epoch += 1
+
+    def state_dict(self) -> dict:
+        return {**asdict(self.state), "seed": self.seed, "shuffle": self.shuffle, "step_tokens": self.step_tokens}
+
+    def load_state_dict(self, d: dict) -> None:
+        if d.get("step_tokens", self.step_tokens) != self.step_tokens:
+            raise ValueError(f"loader state is for {d['step_tokens']} tokens per step, this run uses {self.step_tokens}")
+        self.state = LoaderState(epoch=d["epoch"], shard=d["shard"], window=d["window"], micro=d["micro"])

@@ -1,0 +1,94 @@
+"""Text samples from a trained checkpoint or OpenAI's weights, decoded with the run's own tokenizer.
+
+CLI (nanoGPT's sample.py, as a console script):
+    gptcore-sample --model model/model.pt --prompt "ROMEO:" --num-samples 3 --max-new-tokens 200
+    gptcore-sample --model gpt2 --prompt FILE:prompt.txt --temperature 0.8 --top-k 200 --seed 1
+"""
+from __future__ import annotations
+
+import argparse
+from contextlib import nullcontext
+from pathlib import Path
+from typing import ContextManager
+
+import torch
+
+from .checkpoint import OPENAI_NAMES, load_model
+from .model import GPT
+from .tokenizers import Tokenizer, get_tokenizer, load_tokenizer
+
+
+def read_prompt(prompt: str) -> str:
+    """`FILE:path` reads the prompt from a file (as nanoGPT's sample.py); anything else is the prompt itself."""
+    if prompt.startswith("FILE:"):
+        path = Path(prompt[5:])
+        if not path.is_file():
+            raise FileNotFoundError(f"prompt file {path} not found (from --prompt {prompt!r})")
+        return path.read_text(encoding="utf-8")
+    return prompt
+
+
+def load_model_and_tokenizer(model: str, tokenizer_dir: str | Path | None = None) -> tuple[GPT, Tokenizer]:
+    """A checkpoint file / model dir (tokenizer from beside it, or `tokenizer_dir`), or OpenAI weights with GPT-2 BPE."""
+    if model in OPENAI_NAMES or (Path(model).is_dir() and (Path(model) / "config.json").exists()):
+        return GPT.from_pretrained(model), load_tokenizer(tokenizer_dir) if tokenizer_dir else get_tokenizer("gpt2")
+    path = Path(model)
+    if path.is_dir():
+        path = path / "model.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"--model {model}: no checkpoint there (expected a .pt file, a model dir, or {OPENAI_NAMES})")
+    return load_model(path), load_tokenizer(tokenizer_dir or path.parent)
+
+
+@torch.no_grad()
+def sample(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompt: str = "",
+    num_samples: int = 1,
+    max_new_tokens: int = 100,
+    temperature: float = 0.8,
+    top_k: int | None = 200,
+    seed: int = 1337,
+    device: torch.device | str = "cpu",
+    autocast: ContextManager | None = None,
+) -> list[str]:
+    """`num_samples` continuations of `prompt` (the end-of-text token when empty), decoded, prompt excluded."""
+    device = torch.device(device)
+    ids = tokenizer.encode(read_prompt(prompt)) if prompt else [tokenizer.eot]
+    if not ids:
+        ids = [tokenizer.eot]
+    ids = ids[-model.config.block_size :]
+    x = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    model = model.to(device)
+    with autocast or nullcontext():
+        out = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen,
+                             vocab_limit=tokenizer.vocab_size)
+    return [tokenizer.decode(row[len(ids):].tolist()) for row in out]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="gptcore-sample", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="model/model.pt", help="checkpoint .pt, model dir, HF GPT-2 dir or gpt2[-medium|-large|-xl]")
+    ap.add_argument("--tokenizer-dir", default=None, help="folder with manifest.json (default: beside the checkpoint)")
+    ap.add_argument("--prompt", default="", help="prompt text, or FILE:path")
+    ap.add_argument("--num-samples", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=200)
+    ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--top-k", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--device", default="auto")
+    args = ap.parse_args(argv)
+    from .distributed import pick_device
+
+    device = pick_device(args.device)
+    model, tok = load_model_and_tokenizer(args.model, args.tokenizer_dir)
+    texts = sample(model, tok, args.prompt, args.num_samples, args.max_new_tokens, args.temperature,
+                   args.top_k or None, args.seed, device)
+    for i, text in enumerate(texts):
+        print(f"--- sample {i} ---\n{read_prompt(args.prompt)}{text}")
+
+
+if __name__ == "__main__":
+    main()

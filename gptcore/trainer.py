@@ -1,0 +1,252 @@
+"""The training loop: gradient accumulation, DDP, mixed precision, clipping, eval hooks, checkpoints, resume.
+
+The loop knows a model, a batch source with `next_batch()` and `state_dict()`, a checkpoint folder and a logger;
+it does not know how shards are stored or what a DVC stage is.
+"""
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, ContextManager
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from . import checkpoint, distributed
+from .distributed import DistEnv
+from .metrics import StepLogger
+from .model import GPT
+from .optim import CosineSchedule, set_lr
+
+# An evaluator runs on every rank at the eval cadence and returns metrics for rank 0 to log.
+Evaluator = Callable[[GPT, int], dict[str, float]]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Params that change how a run is executed or reported but not the weights it ends with: they may differ on resume.
+NOT_IN_FINGERPRINT = {"nproc", "micro_batch", "compile", "device", "eval_every", "ckpt_every", "keep_checkpoints",
+                      "log_every", "hellaswag_every", "hellaswag_examples", "val_tokens", "val_batch"}
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+@dataclass
+class TrainConfig:
+    micro_batch: int = 4
+    total_batch_tokens: int = 524288
+    max_steps: int = 19073
+    warmup_steps: int = 715
+    max_lr: float = 6e-4
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    dtype: str = "bfloat16"
+    compile: bool = False
+    seed: int = 1337
+    eval_every: int = 250
+    val_tokens: int = 10485760
+    val_batch: int = 8
+    ckpt_every: int = 1000
+    keep_checkpoints: int = 2
+    shuffle: bool = False
+    device: str = "auto"
+    nproc: int = 1
+    log_every: int = 1
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise KeyError(f"params.yaml train: unknown keys {unknown} (known: {sorted(known)})")
+        cfg = cls(**params)
+        if cfg.dtype not in DTYPES:
+            raise ValueError(f"train.dtype={cfg.dtype!r}: expected one of {sorted(DTYPES)}")
+        return cfg
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The precision actually used: bf16 falls back to fp32 on CPUs without native bf16 (it would only be slower)."""
+    dtype = DTYPES[name]
+    if dtype == torch.bfloat16 and device.type == "cpu":
+        fast = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)() or getattr(
+            torch.cpu, "_is_amx_tile_supported", lambda: False)()
+        if not fast:
+            return torch.float32
+    if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return dtype
+
+
+def autocast_context(device: torch.device, dtype: torch.dtype) -> ContextManager:
+    if dtype == torch.float32:
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def run_fingerprint_params(model_params: dict[str, Any], train_cfg: TrainConfig, data: dict[str, Any]) -> dict:
+    """The params that shape the weights of a run; a checkpoint resumes only into a run with the same ones."""
+    train = {k: v for k, v in asdict(train_cfg).items() if k not in NOT_IN_FINGERPRINT}
+    return {"model": dict(model_params), "train": train, "data": dict(data)}
+
+
+class Trainer:
+    def __init__(
+        self,
+        model: GPT,
+        loader: Any,
+        cfg: TrainConfig,
+        env: DistEnv,
+        ckpt_dir: Path,
+        logger: StepLogger,
+        run_params: dict[str, Any],
+        evaluators: list[Evaluator] | None = None,
+        resume_from: dict[str, Any] | None = None,
+    ) -> None:
+        self.cfg, self.env, self.loader = cfg, env, loader
+        self.ckpt_dir, self.logger = Path(ckpt_dir), logger
+        self.run_params, self.fingerprint = run_params, checkpoint.fingerprint(run_params)
+        self.evaluators = evaluators or []
+        self.device = env.device
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        self.autocast = autocast_context(self.device, self.dtype)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+
+        self.raw_model = model.to(self.device)
+        self.optimizer = self.raw_model.configure_optimizers(
+            weight_decay=cfg.weight_decay, learning_rate=cfg.max_lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+            device_type=self.device.type)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
+        self.schedule = CosineSchedule(cfg.max_lr, cfg.max_lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.max_steps)
+        self.step = 0
+        if resume_from is not None:
+            self._restore(resume_from)
+        # Dropout and any sampling differ per rank; weights start equal (DDP also broadcasts rank 0's).
+        if resume_from is None:
+            torch.manual_seed(cfg.seed + env.rank)
+
+        model_for_step: torch.nn.Module = self.raw_model
+        if cfg.compile:
+            model_for_step = torch.compile(model_for_step)
+        if env.ddp:
+            model_for_step = DDP(model_for_step, device_ids=[env.local_rank] if self.device.type == "cuda" else None)
+        self.model = model_for_step
+
+    # -- checkpoints -------------------------------------------------------------------------------------------
+    def _restore(self, ckpt: dict[str, Any]) -> None:
+        self.raw_model.load_state_dict(checkpoint.strip_prefixes(ckpt["model"]))
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if ckpt.get("scaler"):
+            self.scaler.load_state_dict(ckpt["scaler"])
+        self.loader.load_state_dict(ckpt["loader"])
+        self.step = int(ckpt["step"])
+        rngs = ckpt["rng"]
+        if self.env.rank < len(rngs):
+            checkpoint.restore_rng(rngs[self.env.rank])
+        else:  # more ranks than the run was saved with: the new ranks start fresh streams
+            torch.manual_seed(self.cfg.seed + self.env.rank + 7919 * self.step)
+
+    def save(self) -> Path | None:
+        """Collective (gathers every rank's RNG state); rank 0 writes."""
+        rngs = distributed.all_gather_objects(checkpoint.capture_rng())
+        if not self.env.is_main:
+            return None
+        state = {
+            "model": self.raw_model.state_dict(),
+            "model_config": asdict(self.raw_model.config),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+            "loader": self.loader.state_dict(),
+            "rng": rngs,
+            "step": self.step,
+            "params": self.run_params,
+            "fingerprint": self.fingerprint,
+        }
+        return checkpoint.save_checkpoint(self.ckpt_dir, self.step, state, self.cfg.keep_checkpoints)
+
+    # -- the loop ----------------------------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for ev in self.evaluators:
+            out.update(ev(self.raw_model, self.step))
+        return out
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer update over total_batch_tokens tokens; returns the rank-averaged loss and stats."""
+        cfg, accum = self.cfg, self.loader.grad_accum
+        self.model.train()
+        lr = self.schedule(self.step)
+        set_lr(self.optimizer, lr)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(accum):
+            x, y = self.loader.next_batch()
+            x = x.to(self.device, non_blocking=True)
+            y = y.to(self.device, non_blocking=True)
+            # Only the last micro step all-reduces gradients.
+            sync = nullcontext() if (not self.env.ddp or micro == accum - 1) else self.model.no_sync()
+            with sync:
+                with self.autocast:
+                    _, loss = self.model(x, y)
+                loss = loss / accum
+                loss_sum += loss.detach()
+                self.scaler.scale(loss).backward()
+        distributed.all_reduce_mean(loss_sum)
+        train_loss = loss_sum.item()
+        if not math.isfinite(train_loss):
+            last = checkpoint.latest_checkpoint(self.ckpt_dir)
+            raise NonFiniteLoss(
+                f"non-finite training loss ({train_loss}) at step {self.step}; last good checkpoint: "
+                f"{last or 'none'}. Lower train.max_lr or check the data; the run stopped without saving.")
+        self.scaler.unscale_(self.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), cfg.grad_clip).item()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return {"train_loss": train_loss, "lr": lr, "grad_norm": grad_norm}
+
+    def fit(self) -> dict[str, float]:
+        cfg, env = self.cfg, self.env
+        step_tokens = cfg.total_batch_tokens
+        final: dict[str, float] = {}
+        bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", disable=not env.is_main,
+                   dynamic_ncols=True)
+        while self.step < cfg.max_steps:
+            if cfg.eval_every > 0 and self.step % cfg.eval_every == 0:
+                metrics = self.evaluate()
+                self.logger.log(self.step, metrics)
+                final.update(metrics)
+            t0 = time.perf_counter()
+            stats = self.train_step()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            tokens_per_sec = step_tokens / dt
+            stats.update(tokens_per_sec=tokens_per_sec, tokens_seen=(self.step + 1) * step_tokens, step_ms=dt * 1e3)
+            mfu = self.raw_model.estimate_mfu(tokens_per_sec / env.world_size, self.device)
+            if mfu is not None:
+                stats["mfu"] = mfu
+            if self.step % cfg.log_every == 0 or self.step == cfg.max_steps - 1:
+                self.logger.log(self.step, stats)
+            final.update(stats)
+            self.step += 1
+            bar.set_postfix(loss=f"{stats['train_loss']:.4f}", tok_s=f"{tokens_per_sec:,.0f}", refresh=False)
+            bar.update(1)
+            if self.step % cfg.ckpt_every == 0 and self.step < cfg.max_steps:
+                self.save()
+        bar.close()
+        metrics = self.evaluate()
+        self.logger.log(self.step, metrics)
+        final.update(metrics)
+        self.save()
+        return final

@@ -1,0 +1,96 @@
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from gptcore import checkpoint
+from gptcore.model import GPT, GPTConfig
+
+TINY = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64)
+
+
+def test_save_keeps_last_k_and_ignores_temp_files(tmp_path):
+    for step in (10, 20, 30, 40):
+        checkpoint.save_checkpoint(tmp_path, step, {"step": step}, keep=2)
+    (tmp_path / ".ckpt_0000050.pt.abc.tmp").write_bytes(b"half a file")
+    names = [p.name for p in checkpoint.list_checkpoints(tmp_path)]
+    assert names == ["ckpt_0000030.pt", "ckpt_0000040.pt"]
+    assert checkpoint.load_checkpoint(checkpoint.latest_checkpoint(tmp_path))["step"] == 40
+
+
+def test_kill_during_save_leaves_previous_checkpoint_intact(tmp_path):
+    checkpoint.save_checkpoint(tmp_path, 1, {"w": torch.ones(4)}, keep=3)
+    # A child process starts a big save and is SIGKILLed half way.
+    code = textwrap.dedent(f"""
+        import os, signal, torch
+        from gptcore import checkpoint
+        real_save = torch.save
+        def dying_save(obj, f):
+            f.write(b"x" * 1000); f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        torch.save = dying_save
+        checkpoint.save_checkpoint({str(tmp_path)!r}, 2, {{"w": torch.zeros(4)}}, keep=3)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=os.getcwd())
+    assert proc.returncode == -signal.SIGKILL
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["ckpt_0000001.pt"]
+    assert torch.equal(checkpoint.load_checkpoint(checkpoint.latest_checkpoint(tmp_path))["w"], torch.ones(4))
+
+
+def test_truncated_checkpoint_is_named(tmp_path):
+    path = tmp_path / "ckpt_0000001.pt"
+    checkpoint.save_checkpoint(tmp_path, 1, {"w": torch.ones(1000)}, keep=1)
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(ValueError, match="ckpt_0000001.pt: cannot read checkpoint"):
+        checkpoint.load_checkpoint(path)
+
+
+def test_fingerprint_and_diff():
+    a = {"train": {"max_lr": 6e-4, "seed": 1}, "model": {"n_layer": 2}}
+    b = {"train": {"max_lr": 1e-3, "seed": 1}, "model": {"n_layer": 2}}
+    assert checkpoint.fingerprint(a) == checkpoint.fingerprint({"model": {"n_layer": 2}, "train": {"seed": 1, "max_lr": 6e-4}})
+    assert checkpoint.fingerprint(a) != checkpoint.fingerprint(b)
+    assert checkpoint.param_diff(a, b) == ["train.max_lr: 0.0006 -> 0.001"]
+
+
+def test_find_resume_refuses_other_params(tmp_path):
+    params = {"train": {"max_lr": 6e-4}}
+    checkpoint.save_checkpoint(tmp_path, 5, {"step": 5, "params": params, "fingerprint": checkpoint.fingerprint(params)}, 2)
+    path, why = checkpoint.find_resume(tmp_path, params)
+    assert path is not None and "resuming" in why
+    path, why = checkpoint.find_resume(tmp_path, {"train": {"max_lr": 1e-3}})
+    assert path is None and "train.max_lr: 0.0006 -> 0.001" in why
+
+
+def test_nanogpt_checkpoint_with_compile_prefix_loads(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    sd = {f"_orig_mod.{k}": v for k, v in model.state_dict().items()}
+    torch.save({"model": sd, "model_args": dict(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64,
+                                                bias=True, dropout=0.0), "iter_num": 7}, tmp_path / "ckpt.pt")
+    loaded = checkpoint.load_model(tmp_path / "ckpt.pt")
+    for k, v in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v)
+
+
+def test_init_model_pads_vocab_and_checks_it():
+    m = checkpoint.init_model({"init_from": "scratch", "n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16,
+                               "vocab_size": "auto", "bias": True, "dropout": 0.0}, data_vocab_size=65)
+    assert m.config.vocab_size == 128
+    with pytest.raises(ValueError, match="smaller than the data's tokenizer vocabulary"):
+        checkpoint.init_model({"init_from": "scratch", "n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16,
+                               "vocab_size": 64}, data_vocab_size=65)
+    with pytest.raises(ValueError, match="model.init_from='nope'"):
+        checkpoint.init_model({"init_from": "nope", "n_layer": 1}, data_vocab_size=65)
+
+
+def test_final_model_exports_to_hugging_face(tmp_path):
+    model = GPT(TINY)
+    checkpoint.save_final(model, tmp_path, {"step": 3}, hf_vocab_size=60)
+    assert (tmp_path / "model.pt").is_file() and (tmp_path / "hf" / "config.json").is_file()
+    back = checkpoint.load_model(tmp_path / "model.pt")
+    assert torch.equal(back.transformer.wte.weight, model.transformer.wte.weight)
