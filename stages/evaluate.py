@@ -1,0 +1,64 @@
+"""Stage `evaluate`: val loss + a multiple-choice task (HellaSwag or cloze) + samples -> metrics/.
+
+`eval.model` is `checkpoint` (this run's model/model.pt) or OpenAI weights (`gpt2`, ...) / a Hugging Face GPT-2 dir,
+so the OpenAI baseline is measured by this same code on this same data.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from gptcore import cloze, distributed, evaluation, hellaswag, shards
+from gptcore.metrics import write_json
+from gptcore.multichoice import score_examples, write_predictions
+from gptcore.sampling import load_model_and_tokenizer, sample
+from gptcore.tokenizers import load_tokenizer
+from gptcore.trainer import autocast_context, resolve_dtype
+from stages.common import load_params
+
+SHARDS = Path("data/shards")
+MODEL = Path("model/model.pt")
+OUT = Path("metrics")
+
+
+def main() -> None:
+    p = load_params("eval")
+    env = distributed.setup(p["device"])
+    tok = load_tokenizer(SHARDS)
+    model_spec = str(MODEL) if p["model"] == "checkpoint" else p["model"]
+    model, model_tok = load_model_and_tokenizer(model_spec)
+    evaluation.check_same_tokenizer(model_tok, tok, model_spec, SHARDS)
+    model.to(env.device).eval()
+    dtype = resolve_dtype(p["dtype"], env.device)
+    autocast = autocast_context(env.device, dtype)
+    block = model.config.block_size
+
+    val_tokens = evaluation.first_tokens(shards.list_shards(SHARDS, "val"), p["val_tokens"])
+    loss = evaluation.val_loss(model, val_tokens, block, p["batch_size"], env.device, autocast, env.rank,
+                               env.world_size, progress=env.is_main)
+
+    if p["task"] == "hellaswag":
+        path = hellaswag.fetch_hellaswag("data/hellaswag", path=p["hellaswag_path"], progress=env.is_main)
+        examples = hellaswag.load_hellaswag(path, tok, limit=p["max_examples"])
+    elif p["task"] == "cloze":
+        examples = cloze.build_cloze(val_tokens, tok.eot, p["cloze_examples"], p["cloze_context"],
+                                     p["cloze_ending"], p["seed"])
+    else:
+        raise ValueError(f"eval.task={p['task']!r}: expected 'hellaswag' or 'cloze'")
+    result = score_examples(model, examples, device=env.device, batch_size=p["batch_size"], dtype=dtype,
+                            progress=env.is_main)
+
+    if env.is_main:
+        texts = sample(model, tok, p["sample_prompt"], p["samples"], p["sample_tokens"], p["temperature"],
+                       p["top_k"], p["seed"], env.device, autocast)
+        write_predictions(OUT / "predictions.jsonl", result)
+        evaluation.write_samples(OUT / "samples.txt", p["sample_prompt"], texts, model_spec)
+        metrics = {"eval": {"val_loss": loss, "val_tokens": len(val_tokens)},
+                   p["task"]: {"acc": result.acc, "acc_norm": result.acc_norm, "count": result.count}}
+        write_json(OUT / "eval.json", metrics)
+        print(f"[evaluate] {model_spec}: val_loss {loss:.4f}, {p['task']} acc {result.acc:.4f} "
+              f"acc_norm {result.acc_norm:.4f} ({result.count} examples)", flush=True)
+    distributed.teardown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Stage `train`: params -> model + loader + trainer -> checkpoints/, model/, metrics/train/ (dvclive).
+
+Run under torchrun (see dvc.yaml); a plain `python -m stages.train` runs one process.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from gptcore import checkpoint, distributed, evaluation, shards
+from gptcore.loader import TokenLoader
+from gptcore.metrics import StepLogger, write_json
+from gptcore.tokenizers import load_tokenizer, save_beside_shards, tokenizer_record
+from gptcore.trainer import Trainer, TrainConfig, autocast_context, resolve_dtype, run_fingerprint_params
+from stages.common import load_params
+
+SHARDS = Path("data/shards")
+CKPT_DIR = Path("checkpoints")
+MODEL_DIR = Path("model")
+LIVE_DIR = Path("metrics/train")
+
+
+def main() -> None:
+    model_params, cfg = load_params("model"), TrainConfig.from_params(load_params("train"))
+    env = distributed.setup(cfg.device)
+    tok = load_tokenizer(SHARDS)
+    data = tokenizer_record(tok)  # name, vocab_size, eot: part of what a checkpoint must match to resume
+
+    model = checkpoint.init_model(model_params, data["vocab_size"])
+    block_size = model.config.block_size
+    loader = TokenLoader(shards.list_shards(SHARDS, "train"), cfg.micro_batch, block_size, cfg.total_batch_tokens,
+                         env.rank, env.world_size, shuffle=cfg.shuffle, seed=cfg.seed)
+    val_tokens = evaluation.first_tokens(shards.list_shards(SHARDS, "val"), cfg.val_tokens)
+    autocast = autocast_context(env.device, resolve_dtype(cfg.dtype, env.device))
+
+    def val_loss(model, step: int) -> dict[str, float]:  # noqa: ANN001
+        return {"val_loss": evaluation.val_loss(model, val_tokens, block_size, cfg.val_batch, env.device, autocast,
+                                                env.rank, env.world_size, progress=env.is_main)}
+
+    run_params = run_fingerprint_params(model_params, cfg, data)
+    resume_path, why = checkpoint.find_resume(CKPT_DIR, run_params)
+    if env.is_main:
+        print(f"[train] {why}", flush=True)
+        if resume_path is None:
+            checkpoint.remove_checkpoints(CKPT_DIR)
+    distributed.barrier()
+    resume = checkpoint.load_checkpoint(resume_path) if resume_path else None
+    logger = StepLogger(LIVE_DIR, enabled=env.is_main, resume_step=resume["step"] if resume else None)
+    trainer = Trainer(model, loader, cfg, env, CKPT_DIR, logger, run_params, evaluators=[val_loss],
+                      resume_from=resume)
+    if env.is_main:
+        n = sum(p.numel() for p in model.parameters())
+        print(f"[train] {n / 1e6:.2f}M params, {env.world_size} x {env.device}, {trainer.dtype}, "
+              f"grad accumulation {loader.grad_accum}, {cfg.total_batch_tokens:,} tokens/step", flush=True)
+    final = trainer.fit()
+    logger.close()
+    if env.is_main:
+        checkpoint.save_final(trainer.raw_model, MODEL_DIR, {"data": data, "step": trainer.step, "final": final},
+                              hf_vocab_size=data["vocab_size"])
+        # The model folder carries its tokenizer, so sampling and evaluation need nothing else.
+        save_beside_shards(tok, MODEL_DIR)
+        write_json(MODEL_DIR / "manifest.json", {"tokenizer": data})
+    distributed.teardown()
+
+
+if __name__ == "__main__":
+    main()
