@@ -238,7 +238,7 @@ class GPT(nn.Module):
         model.lm_head.weight = model.transformer.wte.weight  # to_empty may untie; tie again
         _load_hf_state(model, state, model_dir)
 
-        model.set_dropout(override_args.get("dropout", 0.0))
+        model.set_dropout(override_args.get("dropout") or 0.0)  # None means the default, no dropout
         block_size = override_args.get("block_size")
         if block_size is not None and block_size != config.block_size:
             if block_size > config.block_size:

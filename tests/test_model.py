@@ -28,7 +28,9 @@ def transformers():
 def hf_model(transformers):
     """A small random Hugging Face GPT-2 (built offline), in eval mode."""
     torch.manual_seed(1234)
-    cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=64, vocab_size=100)
+    # weights 10x GPT-2's init scale: activations of order 1, where e.g. tanh-GELU and exact GELU differ
+    cfg = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=64, vocab_size=100,
+                                  initializer_range=0.2)
     hf = transformers.GPT2LMHeadModel(cfg).eval()
     with torch.no_grad():  # non-trivial LayerNorm gains and biases, so a mix-up of them cannot pass
         for name, p in hf.named_parameters():
@@ -138,6 +140,9 @@ def test_import_override_args(hf_dir):
     assert model.config.block_size == 32 and model.transformer.wpe.weight.shape == (32, 64)
     assert model.config.dropout == 0.1
     assert all(m.p == 0.1 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    # None values mean "keep the default" (stages pass every key, some unset)
+    model = GPT.from_pretrained(hf_dir, override_args={"dropout": None, "block_size": None})
+    assert model.config.block_size == 64 and model.config.dropout == 0.0
     with pytest.raises(ValueError, match="n_positions"):
         GPT.from_pretrained(hf_dir, override_args={"block_size": 65})
     with pytest.raises(ValueError, match="override_args"):
@@ -325,6 +330,14 @@ def test_generate_shapes_and_greedy_determinism():
     a = model.generate(prompt, 10, top_k=20, generator=torch.Generator().manual_seed(7))
     b = model.generate(prompt, 10, top_k=20, generator=torch.Generator().manual_seed(7))
     assert torch.equal(a, b) and model.training
+
+
+def test_generate_top_k_samples_only_the_k_best():
+    model = tiny_gpt()
+    prompt = tokens(batch=1, T=6).expand(500, 6)
+    top3 = set(our_logits(model, prompt[:1])[0, -1].topk(3).indices.tolist())
+    out = model.generate(prompt, 1, temperature=50.0, top_k=3, generator=torch.Generator().manual_seed(0))
+    assert set(out[:, -1].tolist()) == top3  # a nearly flat distribution over exactly the top 3
 
 
 def test_generate_respects_vocab_limit():
