@@ -1,0 +1,191 @@
+"""The multiple-choice row picker: hand-computed losses, truncation, fast path == reference, DDP counts."""
+import json
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gptcore.model import GPT, GPTConfig
+from gptcore.multichoice import (ChoiceResult, Example, fit_example, render_rows, score_examples,
+                                 score_examples_reference, write_predictions)
+
+# Next-token distributions of a bigram "model": P[a][b] = p(next = b | current = a).
+P = [[0.1, 0.2, 0.3, 0.4],
+     [0.25, 0.25, 0.25, 0.25],
+     [0.7, 0.1, 0.1, 0.1],
+     [0.05, 0.05, 0.1, 0.8]]
+
+
+class BigramLM(nn.Module):
+    """Logits at position t are log P[idx[t]], so every loss is -log of an entry of P, by hand.
+    Has the model interface but not nanoGPT's module layout (exercises the padded-rows fast path)."""
+
+    def __init__(self, probs: list[list[float]], block_size: int):
+        super().__init__()
+        V = len(probs)
+        self.config = SimpleNamespace(block_size=block_size, vocab_size=V)
+        self.lm_head = nn.Linear(V, V, bias=False)
+        with torch.no_grad():
+            self.lm_head.weight.copy_(torch.tensor(probs).log().T)
+
+    def hidden_states(self, idx):
+        return F.one_hot(idx, self.config.vocab_size).float()
+
+    def forward(self, idx, targets=None):
+        return self.lm_head(self.hidden_states(idx)), None
+
+
+def nll(prev: int, tokens: list[int]) -> list[float]:
+    out = []
+    for t in tokens:
+        out.append(-math.log(P[prev][t]))
+        prev = t
+    return out
+
+
+def tiny_gpt(seed: int = 0, block_size: int = 64) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(block_size=block_size, vocab_size=128, n_layer=2, n_head=2, n_embd=32)).eval()
+
+
+def random_examples(n: int, seed: int = 0, vocab: int = 128, max_context: int = 80) -> list[Example]:
+    rng = random.Random(seed)
+    return [Example(context=[rng.randrange(vocab) for _ in range(rng.randint(1, max_context))],
+                    endings=[[rng.randrange(vocab) for _ in range(rng.randint(1, 20))] for _ in range(4)],
+                    label=rng.randrange(4), index=1000 + i) for i in range(n)]
+
+
+def assert_same(ref: ChoiceResult, fast: ChoiceResult, tol: float = 1e-5) -> None:
+    assert (fast.count, fast.correct, fast.correct_norm) == (ref.count, ref.correct, ref.correct_norm)
+    assert len(fast.predictions) == len(ref.predictions)
+    for p, q in zip(ref.predictions, fast.predictions):
+        assert (q["index"], q["label"], q["pred"], q["pred_norm"]) == (p["index"], p["label"], p["pred"], p["pred_norm"])
+        for key in ("sum_losses", "mean_losses"):
+            assert q[key] == pytest.approx(p[key], rel=tol, abs=tol), (p["index"], key)
+
+
+def test_row_picker_matches_hand_computed_losses():
+    # context ends in token 0; sums pick ending 0, means pick ending 1 (longer but likelier per token)
+    ex = Example(context=[1, 0], endings=[[3], [3, 3, 3], [2, 0], [1]], label=1, index=7)
+    sums = [sum(nll(0, e)) for e in ex.endings]
+    means = [s / len(e) for s, e in zip(sums, ex.endings)]
+    assert sums[0] == pytest.approx(-math.log(0.4)) and means[1] == pytest.approx(-(math.log(0.4) + 2 * math.log(0.8)) / 3)
+    model = BigramLM(P, block_size=16)
+    for result in (score_examples_reference(model, [ex], device="cpu"),
+                   score_examples(model, [ex], device="cpu", progress=False)):
+        (pred,) = result.predictions
+        assert pred["sum_losses"] == pytest.approx(sums, rel=1e-6)
+        assert pred["mean_losses"] == pytest.approx(means, rel=1e-6)
+        assert (pred["index"], pred["pred"], pred["pred_norm"]) == (7, 0, 1)
+        assert (result.count, result.correct, result.correct_norm) == (1, 0, 1)
+        assert (result.acc, result.acc_norm) == (0.0, 1.0)
+
+
+def test_truncation_cuts_context_from_the_left_and_keeps_endings_whole():
+    ex = Example(context=[0, 1, 2, 3, 0, 1, 3, 2], endings=[[0, 0, 1], [1], [3, 3], [2, 1]], label=0)
+    context, endings = fit_example(ex, block_size=5)
+    assert context == [3, 2] and endings == ex.endings  # 5 - longest ending (3) = 2 context tokens
+    tokens, mask = render_rows(ex, block_size=5)
+    assert tokens.shape == (4, 5)
+    assert mask.sum(dim=1).tolist() == [3, 1, 2, 2]
+    assert tokens[1, :3].tolist() == [3, 2, 1] and mask[1].tolist() == [0, 0, 1, 0, 0]
+    # the model sees only the kept context: every ending is scored after token 2
+    model = BigramLM(P, block_size=5)
+    want = [sum(nll(2, e)) for e in ex.endings]
+    for result in (score_examples_reference(model, [ex], device="cpu"),
+                   score_examples(model, [ex], device="cpu", progress=False)):
+        assert result.predictions[0]["sum_losses"] == pytest.approx(want, rel=1e-6)
+
+
+def test_bad_examples_are_rejected_with_their_index():
+    with pytest.raises(ValueError, match="example 3: an ending of 8 tokens does not fit block_size 8"):
+        fit_example(Example([1], [[0] * 8, [1]], label=0, index=3), block_size=8)
+    with pytest.raises(ValueError, match="example 4: label 5"):
+        fit_example(Example([1], [[0], [1]], label=5, index=4), block_size=8)
+    with pytest.raises(ValueError, match="example 5: empty context"):
+        fit_example(Example([], [[0], [1]], label=0, index=5), block_size=8)
+    with pytest.raises(ValueError, match="world_size=2 but torch.distributed is not initialised"):
+        score_examples(BigramLM(P, 8), [], device="cpu", rank=0, world_size=2)
+
+
+@pytest.mark.parametrize("packed", [None, False], ids=["packed", "rows"])
+def test_fast_path_equals_one_forward_per_example_fp32(packed):
+    model = tiny_gpt()
+    examples = random_examples(200)  # contexts up to 80 tokens: many are cut to the 64-token block
+    ref = score_examples_reference(model, examples, device="cpu")
+    model.train()  # as inside a training loop: scoring runs in eval mode and restores the mode
+    fast = score_examples(model, examples, device="cpu", batch_size=16, packed=packed, progress=False)
+    assert model.training
+    assert_same(ref, fast)
+    assert ref.count == 200 and fast.examples_per_sec > 0
+
+
+def test_packed_forward_falls_back_when_the_model_trunk_differs():
+    class ShiftedGPT(GPT):
+        """nanoGPT layout, different maths (positions shifted by one): the packed path must not be used."""
+
+        def hidden_states(self, idx):
+            x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(1, idx.size(1) + 1))
+            for block in self.transformer.h:
+                x = block(x)
+            return self.transformer.ln_f(x)
+
+    torch.manual_seed(0)
+    model = ShiftedGPT(GPTConfig(block_size=32, vocab_size=64, n_layer=1, n_head=2, n_embd=16)).eval()
+    examples = random_examples(20, vocab=64, max_context=10)
+    with pytest.warns(UserWarning, match="packed shared-context forward does not reproduce"):
+        fast = score_examples(model, examples, device="cpu", progress=False)
+    assert_same(score_examples_reference(model, examples, device="cpu"), fast)
+
+
+def test_bfloat16_autocast_stays_close_to_fp32():
+    model = tiny_gpt()
+    examples = random_examples(30, seed=1)
+    fp32 = score_examples(model, examples, device="cpu", progress=False)
+    bf16 = score_examples(model, examples, device="cpu", dtype="bfloat16", progress=False)
+    for p, q in zip(fp32.predictions, bf16.predictions):
+        assert q["mean_losses"] == pytest.approx(p["mean_losses"], rel=2e-2)
+    with pytest.raises(ValueError, match="dtype='half-ish'"):
+        score_examples(model, examples, device="cpu", dtype="half-ish")
+
+
+def _ddp_worker(rank: int, world_size: int, init_file: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        result = score_examples(tiny_gpt(), random_examples(41, seed=2), device="cpu", batch_size=8, progress=False)
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump({"counts": [result.count, result.correct, result.correct_norm],
+                           "predictions": result.predictions}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_give_the_same_counts_and_predictions_as_one(tmp_path):
+    single = score_examples(tiny_gpt(), random_examples(41, seed=2), device="cpu", batch_size=8, progress=False)
+    out = tmp_path / "rank0.json"
+    mp.spawn(_ddp_worker, args=(2, str(tmp_path / "store"), str(out)), nprocs=2, join=True)
+    got = json.loads(out.read_text())
+    assert got["counts"] == [single.count, single.correct, single.correct_norm] and single.count == 41
+    assert [p["index"] for p in got["predictions"]] == [p["index"] for p in single.predictions]
+    for p, q in zip(single.predictions, got["predictions"]):
+        assert (q["pred"], q["pred_norm"]) == (p["pred"], p["pred_norm"])
+        assert q["mean_losses"] == pytest.approx(p["mean_losses"], rel=1e-5)
+
+
+def test_write_predictions_is_jsonl_and_atomic(tmp_path):
+    ex = Example(context=[1, 0], endings=[[3], [3, 3, 3], [2, 0], [1]], label=1, index=7)
+    result = score_examples(BigramLM(P, 16), [ex, Example([2], [[0], [1]], label=0, index=8)],
+                            device="cpu", progress=False)
+    path = write_predictions(tmp_path / "metrics" / "hellaswag_predictions.jsonl", result)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows == result.predictions and [r["index"] for r in rows] == [7, 8]
+    assert set(rows[0]) == {"index", "label", "pred", "pred_norm", "sum_losses", "mean_losses"}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["hellaswag_predictions.jsonl"]  # no temp left
+    assert result.to_metrics("hellaswag") == {"hellaswag.acc": 0.5, "hellaswag.acc_norm": 1.0, "hellaswag.count": 2}
