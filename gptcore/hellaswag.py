@@ -1,0 +1,150 @@
+"""HellaSwag validation data: download (size + sha256 checked, cached), parse, render to token examples.
+
+The official file is rowanz/hellaswag's data/hellaswag_val.jsonl (10,042 examples). Its byte size and
+sha256 are the ones Hugging Face `datasets` recorded for that URL (datasets/hellaswag/dataset_infos.json,
+"download_checksums"). Rendering follows build-nanogpt: the context tokens, then each ending encoded as
+" " + ending; scoring is gptcore.multichoice's job.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Callable, Iterable, Protocol
+
+from tqdm import tqdm
+
+from gptcore.multichoice import Example
+
+HELLASWAG_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
+HELLASWAG_VAL_SIZE = 12_246_618
+HELLASWAG_VAL_SHA256 = "0aa3b88843990f3f10a97b9575c94d7b71fb2205240ba04ae4884d9e9c992588"
+HELLASWAG_VAL_EXAMPLES = 10_042
+HELLASWAG_VAL_NAME = "hellaswag_val.jsonl"
+
+# A transport opens a URL and yields its bytes in chunks (tests pass a fake one; the default uses urllib).
+Transport = Callable[[str], Iterable[bytes]]
+
+
+class TextEncoder(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+
+def urllib_transport(url: str, timeout: float = 60.0, chunk: int = 1 << 16) -> Iterable[bytes]:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        while block := resp.read(chunk):
+            yield block
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _is_official(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size == HELLASWAG_VAL_SIZE and sha256_file(path) == HELLASWAG_VAL_SHA256
+
+
+def _place_hint(dest: Path) -> str:
+    return (f"place the official {HELLASWAG_VAL_NAME} ({HELLASWAG_VAL_SIZE:,} bytes, sha256 {HELLASWAG_VAL_SHA256}, "
+            f"from {HELLASWAG_VAL_URL}) at {dest}, or set eval.hellaswag_path to a local copy")
+
+
+def fetch_hellaswag(dest_dir: str | Path = "data/hellaswag", path: str | Path | None = None,
+                    transport: Transport | None = None, url: str = HELLASWAG_VAL_URL,
+                    progress: bool = True) -> Path:
+    """Path to HellaSwag val: `path` if given (a local copy, used as is), else the verified cached copy in
+    dest_dir, downloading it first when absent or damaged. The download goes to a temp name and is renamed
+    into place only once its size and sha256 match, so no half-written file is ever left behind."""
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"eval.hellaswag_path={path}: no such file")
+        return path
+    dest = Path(dest_dir) / HELLASWAG_VAL_NAME
+    if _is_official(dest):
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{HELLASWAG_VAL_NAME}.", suffix=".part")
+    try:
+        h, size = hashlib.sha256(), 0
+        with os.fdopen(fd, "wb") as f, tqdm(total=HELLASWAG_VAL_SIZE, unit="B", unit_scale=True,
+                                             desc=HELLASWAG_VAL_NAME, disable=not progress) as bar:
+            try:
+                for block in (transport or urllib_transport)(url):
+                    f.write(block)
+                    h.update(block)
+                    size += len(block)
+                    bar.update(len(block))
+            except (urllib.error.URLError, OSError, TimeoutError) as e:
+                raise ConnectionError(f"could not download {url} ({e}); {_place_hint(dest)}") from e
+        if size != HELLASWAG_VAL_SIZE:
+            what = "truncated" if size < HELLASWAG_VAL_SIZE else "too long"
+            raise ValueError(f"{url}: download {what}, got {size:,} of {HELLASWAG_VAL_SIZE:,} bytes; "
+                             f"nothing was written to {dest}")
+        if h.hexdigest() != HELLASWAG_VAL_SHA256:
+            raise ValueError(f"{url}: sha256 {h.hexdigest()} does not match the expected {HELLASWAG_VAL_SHA256}; "
+                             f"nothing was written to {dest}")
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return dest
+
+
+def _encode_all(tokenizer: TextEncoder, texts: list[str]) -> list[list[int]]:
+    batch = getattr(tokenizer, "encode_batch", None)
+    return batch(texts) if batch is not None else [tokenizer.encode(t) for t in texts]
+
+
+def read_hellaswag(path: str | Path, limit: int | None = None) -> list[dict]:
+    """The raw items (ctx, endings, label, ind) of a HellaSwag jsonl file, checked field by field."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: HellaSwag file not found; {_place_hint(path)}")
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit={limit}: must be >= 0 or None")
+    items = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if limit is not None and len(items) >= limit:
+                break
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg})") from e
+            for key in ("ctx", "endings", "label"):
+                if key not in item:
+                    raise ValueError(f"{where}: missing field {key!r}")
+            endings = item["endings"]
+            if not (isinstance(endings, list) and len(endings) == 4 and all(isinstance(e, str) for e in endings)):
+                raise ValueError(f"{where}: 'endings' must be a list of 4 strings")
+            try:  # the official file stores the label as an int; some copies store it as a string
+                label = int(item["label"])
+            except (TypeError, ValueError):
+                raise ValueError(f"{where}: label {item['label']!r} is not an integer") from None
+            if not 0 <= label < 4:
+                raise ValueError(f"{where}: label {label} is not in 0..3")
+            items.append({"ind": int(item.get("ind", len(items))), "ctx": str(item["ctx"]),
+                          "endings": endings, "label": label})
+    return items
+
+
+def load_hellaswag(path: str | Path, tokenizer: TextEncoder, limit: int | None = None) -> list[Example]:
+    """HellaSwag items as token Examples: context = encode(ctx), ending i = encode(" " + endings[i])."""
+    items = read_hellaswag(path, limit)
+    contexts = _encode_all(tokenizer, [it["ctx"] for it in items])
+    endings = _encode_all(tokenizer, [" " + e for it in items for e in it["endings"]])
+    return [Example(context=contexts[n], endings=endings[4 * n:4 * n + 4], label=it["label"], index=it["ind"])
+            for n, it in enumerate(items)]

@@ -1,0 +1,158 @@
+"""HellaSwag data: download against a fake transport (checksum, truncation, offline), parsing, the real file."""
+import hashlib
+import json
+import urllib.error
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+import gptcore.hellaswag as hs
+from gptcore.hellaswag import fetch_hellaswag, load_hellaswag, read_hellaswag
+from gptcore.model import GPT, GPTConfig
+from gptcore.multichoice import score_examples, score_examples_reference
+
+REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"
+
+ITEM = {"ind": 24, "activity_label": "Roof shingle removal", "ctx": "A man is sitting on a roof. he",
+        "endings": ["is using wrap to wrap a pair of skis.", "is ripping level tiles off.",
+                    "is holding a rubik's cube.", "starts pulling up roofing on a roof."],
+        "label": 3, "split": "val"}
+CONTENT = "".join(json.dumps({**ITEM, "ind": i, "label": i % 4}) + "\n" for i in range(50)).encode()
+
+
+class CharCodes:
+    """A stand-in tokenizer: one id per character."""
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+
+@pytest.fixture
+def official(monkeypatch):
+    """Pretend CONTENT is the official file (its size and sha256 become the expected ones)."""
+    monkeypatch.setattr(hs, "HELLASWAG_VAL_SIZE", len(CONTENT))
+    monkeypatch.setattr(hs, "HELLASWAG_VAL_SHA256", hashlib.sha256(CONTENT).hexdigest())
+
+
+def chunks(data: bytes, size: int = 100):
+    return lambda url: (data[i:i + size] for i in range(0, len(data), size))
+
+
+def test_download_verifies_renames_and_caches(tmp_path, official):
+    calls = []
+
+    def transport(url):
+        calls.append(url)
+        return chunks(CONTENT)(url)
+
+    path = fetch_hellaswag(tmp_path / "hs", transport=transport, progress=False)
+    assert path == tmp_path / "hs" / "hellaswag_val.jsonl" and path.read_bytes() == CONTENT
+    assert calls == [hs.HELLASWAG_VAL_URL]
+    assert fetch_hellaswag(tmp_path / "hs", transport=transport, progress=False) == path
+    assert len(calls) == 1  # verified cache, no second download
+    path.write_bytes(CONTENT[:-1] + b"x")  # a damaged cache is downloaded again
+    fetch_hellaswag(tmp_path / "hs", transport=transport, progress=False)
+    assert len(calls) == 2 and path.read_bytes() == CONTENT
+
+
+def test_checksum_mismatch_is_a_clear_error_and_leaves_no_file(tmp_path, official):
+    corrupt = CONTENT.replace(b"roof", b"ROOF")
+    assert len(corrupt) == len(CONTENT)
+    with pytest.raises(ValueError, match=f"sha256 .* does not match the expected {hs.HELLASWAG_VAL_SHA256}"):
+        fetch_hellaswag(tmp_path / "hs", transport=chunks(corrupt), progress=False)
+    assert list((tmp_path / "hs").iterdir()) == []
+
+
+def test_truncated_download_is_a_clear_error_and_leaves_no_file(tmp_path, official):
+    with pytest.raises(ValueError, match=f"download truncated, got 1,000 of {len(CONTENT):,} bytes"):
+        fetch_hellaswag(tmp_path / "hs", transport=chunks(CONTENT[:1000]), progress=False)
+    assert list((tmp_path / "hs").iterdir()) == []
+
+
+def test_offline_error_says_which_file_to_place_where(tmp_path):
+    def offline(url):
+        yield b'{"ind": 0'  # a partial first chunk, then the connection drops
+        raise urllib.error.URLError("Name or service not known")
+
+    dest = tmp_path / "hs" / "hellaswag_val.jsonl"
+    with pytest.raises(ConnectionError) as err:
+        fetch_hellaswag(tmp_path / "hs", transport=offline, progress=False)
+    msg = str(err.value)
+    assert "hellaswag_val.jsonl" in msg and str(dest) in msg and hs.HELLASWAG_VAL_SHA256 in msg
+    assert "eval.hellaswag_path" in msg and "12,246,618 bytes" in msg
+    assert list((tmp_path / "hs").iterdir()) == []
+
+
+def test_local_copy_is_used_as_is(tmp_path):
+    local = tmp_path / "my_copy.jsonl"
+    local.write_bytes(CONTENT)
+    assert fetch_hellaswag(tmp_path / "unused", path=local, transport=chunks(b"")) == local
+    with pytest.raises(FileNotFoundError, match="eval.hellaswag_path=.*nope.jsonl: no such file"):
+        fetch_hellaswag(tmp_path / "unused", path=tmp_path / "nope.jsonl")
+
+
+def test_rendering_is_context_then_space_prefixed_endings(tmp_path):
+    path = tmp_path / "val.jsonl"
+    path.write_bytes(CONTENT)
+    examples = load_hellaswag(path, CharCodes(), limit=3)
+    assert [e.index for e in examples] == [0, 1, 2] and [e.label for e in examples] == [0, 1, 2]
+    assert examples[0].context == [ord(c) for c in ITEM["ctx"]]
+    assert examples[0].endings[3] == [ord(c) for c in " " + ITEM["endings"][3]]
+
+
+@pytest.mark.parametrize("line, problem", [
+    ('{"ctx": "a", "endings": ["b", "c", "d", "e"], "label": 1', "not valid JSON"),
+    ('{"ctx": "a", "endings": ["b", "c", "d"], "label": 1}', "'endings' must be a list of 4 strings"),
+    ('{"ctx": "a", "endings": ["b", "c", "d", "e"], "label": 4}', "label 4 is not in 0..3"),
+    ('{"ctx": "a", "endings": ["b", "c", "d", "e"], "label": "x"}', "label 'x' is not an integer"),
+    ('{"endings": ["b", "c", "d", "e"], "label": 1}', "missing field 'ctx'"),
+])
+def test_bad_lines_name_the_file_and_line(tmp_path, line, problem):
+    path = tmp_path / "val.jsonl"
+    path.write_text(json.dumps(ITEM) + "\n" + line + "\n")
+    with pytest.raises(ValueError, match=f"val.jsonl:2: {problem}"):
+        read_hellaswag(path)
+
+
+def test_missing_file_says_where_to_place_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="HellaSwag file not found.*eval.hellaswag_path"):
+        read_hellaswag(tmp_path / "hellaswag_val.jsonl")
+
+
+@pytest.fixture(scope="module")
+def ref_examples():
+    if not REF.is_file():
+        pytest.skip(f"reference data absent: {REF} (a clone without ../shared/ref-data)")
+    from gptcore.tokenizers import get_tokenizer
+
+    return load_hellaswag(REF, get_tokenizer("gpt2"))
+
+
+def test_reference_file_parses_whole(ref_examples):
+    assert len(ref_examples) == hs.HELLASWAG_VAL_EXAMPLES == 10_042
+    assert Counter(e.label for e in ref_examples) == {0: 2515, 1: 2485, 2: 2584, 3: 2458}
+    assert [e.index for e in ref_examples] == list(range(10_042))
+    assert all(len(e.endings) == 4 and e.context and all(e.endings) for e in ref_examples)
+    first = json.loads(REF.open().readline())
+    from gptcore.tokenizers import get_tokenizer
+
+    tok = get_tokenizer("gpt2")
+    assert tok.decode(ref_examples[0].context) == first["ctx"]
+    assert [tok.decode(e) for e in ref_examples[0].endings] == [" " + e for e in first["endings"]]
+
+
+def test_reference_file_scores_on_a_small_random_gpt(ref_examples):
+    torch.manual_seed(0)
+    # block 96 < the longest rendered row (about 150 tokens): real contexts get cut
+    model = GPT(GPTConfig(block_size=96, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)).eval()
+    subset = sorted(ref_examples, key=lambda e: -len(e.context))[:8] + ref_examples[:16]
+    assert max(len(e.context) + max(map(len, e.endings)) for e in subset) > 96
+    ref = score_examples_reference(model, subset, device="cpu")
+    fast = score_examples(model, subset, device="cpu", batch_size=8, progress=False)
+    assert ref.count == 24
+    assert (fast.count, fast.correct, fast.correct_norm) == (ref.count, ref.correct, ref.correct_norm)
+    for p, q in zip(ref.predictions, fast.predictions):
+        assert (q["index"], q["pred"], q["pred_norm"]) == (p["index"], p["pred"], p["pred_norm"])
+        assert q["mean_losses"] == pytest.approx(p["mean_losses"], rel=1e-5)
