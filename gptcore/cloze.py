@@ -1,0 +1,76 @@
+"""A 4-way cloze task built from held-out tokens: pick the true continuation among random spans.
+
+Useful where HellaSwag is meaningless (char-level models, tiny corpora, other languages): from the val
+split, take a window of `context_len + ending_len` tokens inside one document; the true ending is the
+last `ending_len` tokens, the three distractors are `ending_len`-token spans from elsewhere in the
+split. Scored with gptcore.multichoice like HellaSwag (acc_norm is the usual figure).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from gptcore.multichoice import Example
+
+
+def _clean(tokens: np.ndarray, start: int, length: int, eot: int, allow_first: bool) -> bool:
+    """No document boundary inside tokens[start:start+length] (an eot may open the window if allowed)."""
+    window = tokens[start + 1 if allow_first else start:start + length]
+    return not bool((window == eot).any())
+
+
+def build_cloze(tokens: np.ndarray, eot: int, n_examples: int, context_len: int, ending_len: int, seed: int,
+                n_choices: int = 4) -> list[Example]:
+    """`n_examples` cloze Examples from a 1-D token array (a val shard, memory-mapped is fine).
+
+    Deterministic for a given (tokens, seed). Windows never cross a document boundary (an eot may only be
+    the first context token); example windows are distinct; distractors come from outside the example's
+    own window, contain no eot and differ from the true ending and from each other.
+    """
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 1:
+        raise ValueError(f"tokens: expected a 1-D array, got shape {tokens.shape}")
+    for name, value in (("n_examples", n_examples), ("context_len", context_len), ("ending_len", ending_len)):
+        if value < 1:
+            raise ValueError(f"{name}={value}: must be >= 1")
+    if n_choices < 2:
+        raise ValueError(f"n_choices={n_choices}: must be >= 2")
+    window = context_len + ending_len
+    if len(tokens) < window + ending_len:
+        raise ValueError(f"tokens: {len(tokens):,} tokens are too few for windows of {window} "
+                         f"(context_len={context_len} + ending_len={ending_len}) plus distractors")
+    rng = np.random.default_rng(seed)
+    n_starts = len(tokens) - window + 1
+    n_spans = len(tokens) - ending_len + 1
+    max_draws = 100 * n_examples * n_choices + 1000  # rejection sampling; bounded so bad input fails fast
+
+    used: set[int] = set()
+    examples: list[Example] = []
+    draws = 0
+    while len(examples) < n_examples:
+        draws += 1
+        if draws > max_draws:
+            raise ValueError(f"tokens: found only {len(examples)} of {n_examples} cloze windows of {window} tokens "
+                             f"without a document boundary; documents are too short or context_len/ending_len "
+                             f"too long")
+        start = int(rng.integers(n_starts))
+        if start in used or not _clean(tokens, start, window, eot, allow_first=True):
+            continue
+        truth = tokens[start + context_len:start + window].tolist()
+        endings = [truth]
+        while len(endings) < n_choices:
+            draws += 1
+            if draws > max_draws:
+                raise ValueError(f"tokens: could not find {n_choices - 1} distinct distractor spans of {ending_len} "
+                                 f"tokens without an eot; the split is too small or repetitive")
+            s = int(rng.integers(n_spans))
+            if start - ending_len < s < start + window or not _clean(tokens, s, ending_len, eot, allow_first=False):
+                continue
+            span = tokens[s:s + ending_len].tolist()
+            if span not in endings:
+                endings.append(span)
+        used.add(start)
+        label = int(rng.integers(n_choices))
+        endings[0], endings[label] = endings[label], endings[0]
+        examples.append(Example(context=tokens[start:start + context_len].tolist(), endings=endings,
+                                label=label, index=len(examples)))
+    return examples
