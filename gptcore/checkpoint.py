@@ -135,8 +135,10 @@ def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
     return ((vocab_size + multiple - 1) // multiple) * multiple
 
 
-def init_model(model_params: dict[str, Any], data_vocab_size: int) -> GPT:
+def init_model(model_params: dict[str, Any], data_vocab_size: int, seed: int = 1337) -> GPT:
     """The weights a run starts from, by `model.init_from`: scratch, OpenAI weights, a HF dir, or a .pt checkpoint.
+
+    Scratch weights come from `seed`, so every rank (and every rerun) builds the same initial model.
 
     `model.vocab_size: auto` pads the data's vocabulary; an explicit size must hold every token id of the data.
     """
@@ -146,6 +148,7 @@ def init_model(model_params: dict[str, Any], data_vocab_size: int) -> GPT:
     params["vocab_size"] = padded_vocab(data_vocab_size) if vocab in (None, "auto") else int(vocab)
     overrides = {"dropout": params.get("dropout", 0.0), "block_size": params.get("block_size")}
     if init_from == "scratch":
+        torch.manual_seed(seed)
         model = GPT(GPTConfig(**params))
     elif init_from in OPENAI_NAMES or Path(init_from).is_dir():
         model = GPT.from_pretrained(init_from, override_args=overrides)

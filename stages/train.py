@@ -25,7 +25,7 @@ def main() -> None:
     tok = load_tokenizer(SHARDS)
     data = tokenizer_record(tok)  # name, vocab_size, eot: part of what a checkpoint must match to resume
 
-    model = checkpoint.init_model(model_params, data["vocab_size"])
+    model = checkpoint.init_model(model_params, data["vocab_size"], seed=cfg.seed)
     block_size = model.config.block_size
     loader = TokenLoader(shards.list_shards(SHARDS, "train"), cfg.micro_batch, block_size, cfg.total_batch_tokens,
                          env.rank, env.world_size, shuffle=cfg.shuffle, seed=cfg.seed)
