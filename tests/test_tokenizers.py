@@ -31,6 +31,7 @@ def big_wordlevel(path: Path, n_words: int = 70_000, specials: tuple[str, ...] =
 
 
 def test_seed_tiktoken_cache_makes_gpt2_work_offline(tmp_path, monkeypatch):
+    import tiktoken
     import tiktoken.load
     import tiktoken.registry
 
@@ -53,6 +54,12 @@ def test_seed_tiktoken_cache_makes_gpt2_work_offline(tmp_path, monkeypatch):
     T.seed_tiktoken_cache()
     assert cached.stat().st_size > 100_000
 
+    enc = tiktoken.get_encoding("gpt2")  # tiktoken's own loader, from the seeded cache
+    assert enc.encode_ordinary("Hello world") == [15496, 995]
+    # our direct build from encoder.json is the very same encoding
+    ours = T.gpt2_encoding()
+    assert ours._mergeable_ranks == enc._mergeable_ranks and ours._pat_str == enc._pat_str
+    assert ours._special_tokens == enc._special_tokens == {"<|endoftext|>": 50256}
     tok = T.get_tokenizer("gpt2")
     assert (tok.name, tok.vocab_size, tok.eot) == ("gpt2", 50257, 50256)
     assert tok.encode("Hello world") == [15496, 995]

