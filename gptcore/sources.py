@@ -418,6 +418,9 @@ def fetch(cfg: dict[str, Any], out_dir: str | Path, transport: HubTransport | No
     max_docs = cfg.get("max_docs")
     if max_docs is not None and (not isinstance(max_docs, int) or max_docs < 1):
         raise ValueError(f"fetch.max_docs={max_docs!r}: must be a positive integer or null")
+    max_files = cfg.get("max_files")
+    if max_files is not None and (not isinstance(max_files, int) or max_files < 1):
+        raise ValueError(f"fetch.max_files={max_files!r}: must be a positive integer or null")
     text_column = cfg.get("text_column") or "text"
     out_dir = Path(out_dir)
     if source == "hub":
@@ -431,7 +434,7 @@ def fetch(cfg: dict[str, Any], out_dir: str | Path, transport: HubTransport | No
     elif source == "local":
         if not cfg.get("path"):
             raise ValueError("fetch.path: required for source 'local' (a file, a directory or a glob)")
-        files = local_files(cfg["path"])
+        files = local_files(cfg["path"])[: cfg.get("max_files")]
         batches = (b for f in files for b in read_local_file(f, text_column))
         name, label = cfg["path"], "local"
     else:
@@ -507,19 +510,22 @@ class Corpus:
                     doc += rg_rows
                     left -= rg_rows
                     continue
-                docs = pf.read_row_group(rg, columns=[col]).column(0).to_pylist()[: left]
-                skip = max(0, start_doc - doc)
-                row0 = n_docs - left
-                left -= len(docs)
-                _check_docs(path, docs, row0)
-                doc += len(docs)
-                for d in docs[skip:]:
-                    buf.append(d)
-                    size += len(d)
-                    if size >= target_bytes or len(buf) >= max_docs:
-                        yield buf_start, buf
-                        buf_start += len(buf)
-                        buf, size = [], 0
+                # record batches, not the whole row group: a hub file's row groups can be large
+                for rb in pf.iter_batches(batch_size=ROW_GROUP_DOCS, row_groups=[rg], columns=[col]):
+                    if left <= 0:
+                        break
+                    docs = rb.column(0).to_pylist()[:left]
+                    skip = max(0, start_doc - doc)
+                    _check_docs(path, docs, n_docs - left)
+                    left -= len(docs)
+                    doc += len(docs)
+                    for d in docs[skip:]:
+                        buf.append(d)
+                        size += len(d)
+                        if size >= target_bytes or len(buf) >= max_docs:
+                            yield buf_start, buf
+                            buf_start += len(buf)
+                            buf, size = [], 0
             if left > 0:
                 raise ValueError(f"{path}: has {n_docs - left} documents, {FETCH_RECORD} lists {n_docs}; run fetch again")
         if buf:

@@ -64,6 +64,8 @@ def test_local_dir_glob_and_file(tmp_path):
     assert list(corpus.texts()) == expected
     rec = src.fetch({"source": "local", "path": str(d / "*.jsonl"), "text_column": "body"}, tmp_path / "raw")
     assert list(src.open_corpus(tmp_path / "raw").texts()) == expected[5:8]
+    src.fetch({"source": "local", "path": str(d), "text_column": "body", "max_files": 1}, tmp_path / "raw")
+    assert list(src.open_corpus(tmp_path / "raw").texts()) == expected[:5]
     rec = src.fetch({"source": "local", "path": str(d / "c.txt"), "max_docs": 1}, tmp_path / "raw")
     assert list(src.open_corpus(tmp_path / "raw").texts()) == expected[8:9]
     assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == ["fetch.json", "local"]
@@ -142,6 +144,8 @@ def test_empty_corpus_and_bad_params(tmp_path):
         src.fetch({"source": "local", "pth": "x"}, tmp_path / "raw")
     with pytest.raises(ValueError, match="fetch.path: required"):
         src.fetch({"source": "local"}, tmp_path / "raw")
+    with pytest.raises(ValueError, match="fetch.max_files=-2"):
+        src.fetch({"source": "hub", "max_files": -2}, tmp_path / "raw")
     with pytest.raises(ValueError, match="fetch.max_docs=0"):
         src.fetch({"source": "package", "max_docs": 0}, tmp_path / "raw")
     with pytest.raises(FileNotFoundError, match="run the fetch stage first"):
@@ -207,6 +211,16 @@ def test_hub_max_docs_downloads_only_what_is_needed(tmp_path):
     assert [f["documents"] for f in rec["files"]] == [50, 10]
     texts = list(src.open_corpus(tmp_path / "raw").texts())
     assert len(texts) == 60 and texts[-1] == "file 1 doc 9"
+
+
+def test_hub_file_with_one_large_row_group_streams_and_skips(tmp_path):
+    hub = FakeHub(tmp_path, rows_per_file=3000)  # pq.write_table puts all 3000 rows in one row group
+    src.fetch({**HUB, "max_files": 1}, tmp_path / "raw", transport=hub)
+    corpus = src.open_corpus(tmp_path / "raw")
+    assert pq.ParquetFile(corpus.files()[0][0]).num_row_groups == 1
+    batches = list(corpus.batches(start_doc=1500, target_bytes=1000))
+    assert batches[0][0] == 1500 and max(len(b) for _, b in batches) < 100
+    assert [d for _, b in batches for d in b] == [f"file 0 doc {j}" for j in range(1500, 3000)]
 
 
 def test_hub_config_selection(tmp_path):
