@@ -16,6 +16,8 @@ import multiprocessing as mp
 import os
 import time
 from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -104,16 +106,29 @@ def _ordered_map(tasks: Iterable[tuple[int, list[str]]], workers: int, tok: Toke
             tokens, starts = encode_documents(tok, docs, dtype, first_doc)
             yield first_doc, tokens, starts
         return
-    # fork starts workers instantly and shares the built tokenizer; spawn where fork does not exist
+    # fork starts workers at once and shares the built tokenizer; spawn where fork does not exist.
+    # A process pool executor (rather than multiprocessing.Pool) reports a worker killed by the OS
+    # (e.g. out of memory) as BrokenProcessPool instead of waiting forever for its result.
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(tok, dtype.str)) as pool:
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # HF tokenizers: no thread pool in forked workers, no warning
+    try:
+        pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(tok, dtype.str))
+    finally:
+        if saved is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
+    try:
         pending: deque = deque()
         for task in tasks:
-            pending.append(pool.apply_async(_encode_task, (task,)))
+            pending.append(pool.submit(_encode_task, task))
             if len(pending) >= window:
-                yield pending.popleft().get()
+                yield pending.popleft().result()
         while pending:
-            yield pending.popleft().get()
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard_tokens: int, val_tokens: int,
@@ -145,6 +160,10 @@ def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard
             rate = n_tokens / max(time.perf_counter() - t0, 1e-9)
             bar.set_postfix_str(f"{writer.pos / 1e6:,.1f}M tok, {rate / 1e6:.2f}M tok/s", refresh=False)
         manifest = writer.finish(corpus.documents)
+    except BrokenProcessPool as e:
+        writer.abort()
+        raise RuntimeError(f"a tokenize worker process died (killed by the OS, e.g. out of memory?) after "
+                           f"{len(writer.manifest['shards'])} finished shards in {shard_dir}; rerun to resume") from e
     except BaseException:
         writer.abort()
         raise
@@ -213,7 +232,8 @@ def build_tokenizer(p: dict, corpus: Corpus, shard_dir: Path, reuse: bool) -> To
             tok = HFTokenizer(path, name="bpe")
     else:
         tok = get_tokenizer(spec, eot_token=p["eot_token"])
-    save_beside_shards(tok, shard_dir)
+    if not reuse:  # a resumed run keeps the very file its finished shards were made with
+        save_beside_shards(tok, shard_dir)
     return tok
 
 

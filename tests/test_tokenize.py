@@ -166,22 +166,38 @@ def test_token_id_beyond_dtype_is_an_error_and_finished_shards_stay(tmp_path):
     assert not list((tmp_path / "shards").glob(".*tmp"))
 
 
-def test_rerun_with_same_params_rewrites_nothing_and_new_params_replace(tmp_path, corpus_docs):
+class DiesOnPoison(WrapsAround):
+    def encode(self, text: str) -> list[int]:
+        if "poison" in text:
+            os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would
+        return [1] * len(text)
+
+
+def test_a_killed_worker_is_an_error_not_a_hang(tmp_path):
+    raw = make_raw(tmp_path, ["abcdefghij"] * 200 + ["poison"] + ["abc"] * 10)
+    with pytest.raises(RuntimeError, match="a tokenize worker process died.*after 4 finished shards"):
+        E.write_shards(open_corpus(raw), tmp_path / "shards", DiesOnPoison(), shard_tokens=500, val_tokens=0,
+                       workers=2, progress=False, batch_bytes=100)
+    assert len(S.read_manifest(tmp_path / "shards")["shards"]) == 4
+
+
+@pytest.mark.parametrize("spec", ["gpt2", "char"])
+def test_rerun_with_same_params_rewrites_nothing_and_new_params_replace(tmp_path, corpus_docs, spec):
     raw = make_raw(tmp_path, corpus_docs)
-    cfg = {"tokenizer": "gpt2", "shard_tokens": 6000, "val_tokens": 6000, "workers": 2}
+    cfg = {"tokenizer": spec, "shard_tokens": 6000 * (4 if spec == "char" else 1), "val_tokens": 6000, "workers": 2}
     m1 = E.tokenize(raw, tmp_path / "shards", cfg, progress=False)
     stamp = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (tmp_path / "shards").iterdir()}
     m2 = E.tokenize(raw, tmp_path / "shards", {**cfg, "workers": 1}, progress=False)  # workers do not matter
     assert m2 == m1
     assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (tmp_path / "shards").iterdir()} == stamp
-    m3 = E.tokenize(raw, tmp_path / "shards", {**cfg, "shard_tokens": 20_000}, progress=False)
+    m3 = E.tokenize(raw, tmp_path / "shards", {**cfg, "shard_tokens": cfg["shard_tokens"] * 3}, progress=False)
     assert m3["fingerprint"] != m1["fingerprint"]
     names = sorted(p.name for p in (tmp_path / "shards").glob("*.npy"))
     assert names == sorted(s["name"] for s in m3["shards"]) and len(names) < len(m1["shards"])
     assert S.verify(tmp_path / "shards") == []
     # a different corpus is a different fingerprint too
     raw2 = make_raw(tmp_path, corpus_docs[:-1], name="raw2")
-    m4 = E.tokenize(raw2, tmp_path / "shards", {**cfg, "shard_tokens": 20_000}, progress=False)
+    m4 = E.tokenize(raw2, tmp_path / "shards", {**cfg, "shard_tokens": cfg["shard_tokens"] * 3}, progress=False)
     assert m4["fingerprint"] != m3["fingerprint"] and m4["documents"] == len(corpus_docs) - 1
 
 
