@@ -82,7 +82,7 @@ def encode_documents(tok: Tokenizer, docs: list[str], dtype: np.dtype, first_doc
         lengths[i] = len(ids) + 1
     flat = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint32)
     limit = np.iinfo(dtype).max
-    if flat.size and (int(flat.max()) > limit or int(flat.min()) < 0):
+    if flat.size and (int(flat.max()) > limit or (flat.dtype.kind == "i" and int(flat.min()) < 0)):
         bad = int(np.argmax((flat > limit) | (flat < 0)))
         doc = first_doc + int(np.searchsorted(np.cumsum(lengths), bad, side="right"))
         raise ValueError(f"tokenizer {tok.name}: token id {int(flat[bad])} in document {doc} does not fit {dtype} "
@@ -110,15 +110,10 @@ def _ordered_map(tasks: Iterable[tuple[int, list[str]]], workers: int, tok: Toke
     # A process pool executor (rather than multiprocessing.Pool) reports a worker killed by the OS
     # (e.g. out of memory) as BrokenProcessPool instead of waiting forever for its result.
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    # HF tokenizers checks this when the workers are forked: no Rust thread pool there, and no warning
     saved = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # HF tokenizers: no thread pool in forked workers, no warning
-    try:
-        pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(tok, dtype.str))
-    finally:
-        if saved is None:
-            del os.environ["TOKENIZERS_PARALLELISM"]
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = saved
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(tok, dtype.str))
     try:
         pending: deque = deque()
         for task in tasks:
@@ -129,6 +124,10 @@ def _ordered_map(tasks: Iterable[tuple[int, list[str]]], workers: int, tok: Toke
             yield pending.popleft().result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        if saved is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
 
 
 def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard_tokens: int, val_tokens: int,

@@ -116,7 +116,10 @@ def gpt2_encoding():
     printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
     others = [b for b in range(256) if b not in set(printable)]
     table = {b: chr(b) for b in printable} | {256 + i: chr(b) for i, b in enumerate(others)}
-    ranks = {k.translate(table).encode("latin-1"): v for k, v in json.loads(data).items() if k != EOT_TEXT}
+    vocab = {k: v for k, v in json.loads(data).items() if k != EOT_TEXT}
+    # translate all keys in one call (the separator is outside the table, so it survives)
+    keys = "\u2028".join(vocab).translate(table).split("\u2028")
+    ranks = {k.encode("latin-1"): v for k, v in zip(keys, vocab.values())}
     return tiktoken.Encoding("gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
                              special_tokens={EOT_TEXT: 50256}, explicit_n_vocab=50257)
 
