@@ -29,6 +29,7 @@ from typing import Any, Iterable, Iterator, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tqdm import tqdm
 
 FETCH_RECORD = "fetch.json"
 LOCAL_SUFFIXES = (".parquet", ".jsonl", ".txt")
@@ -210,7 +211,7 @@ def _fsync_replace(tmp: Path, dst: Path) -> None:
 
 
 def write_documents(batches: Iterable[list[str]], out_dir: str | Path, max_docs: int | None = None,
-                    docs_per_file: int = DOCS_PER_FILE) -> list[dict]:
+                    docs_per_file: int = DOCS_PER_FILE, progress: bool = False) -> list[dict]:
     """Stream document batches into out_dir/documents_NNNNNN.parquet (column 'text'); returns file records."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -227,8 +228,10 @@ def write_documents(batches: Iterable[list[str]], out_dir: str | Path, max_docs:
         records.append({"path": dst.name, "documents": in_file, "bytes": dst.stat().st_size, "sha256": _file_sha256(dst)})
         writer = None
 
+    bar = tqdm(total=max_docs, unit="doc", unit_scale=True, desc="fetch", disable=not progress, dynamic_ncols=True)
     try:
         for batch in batches:
+            bar.update(min(len(batch), max_docs - total) if max_docs is not None else len(batch))
             if max_docs is not None:
                 batch = batch[: max(0, max_docs - total)]
             while batch:
@@ -251,6 +254,7 @@ def write_documents(batches: Iterable[list[str]], out_dir: str | Path, max_docs:
         if writer is not None:
             close()
     finally:
+        bar.close()
         if writer is not None:  # an error mid-stream: leave no partial file behind
             writer.close()
             tmp.unlink(missing_ok=True)
@@ -409,7 +413,8 @@ def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_col
 # ---------------------------------------------------------------------------------------------
 # the fetch stage
 
-def fetch(cfg: dict[str, Any], out_dir: str | Path, transport: HubTransport | None = None) -> dict:
+def fetch(cfg: dict[str, Any], out_dir: str | Path, transport: HubTransport | None = None,
+          progress: bool = False) -> dict:
     """Run the fetch stage for params.yaml's `fetch:` section; returns the fetch.json record."""
     unknown = set(cfg) - FETCH_KEYS
     if unknown:
@@ -444,7 +449,7 @@ def fetch(cfg: dict[str, Any], out_dir: str | Path, transport: HubTransport | No
     tmp_dir = out_dir / f".{label}.tmp"
     shutil.rmtree(tmp_dir, ignore_errors=True)
     try:
-        recs = write_documents(batches, tmp_dir, max_docs=max_docs)
+        recs = write_documents(batches, tmp_dir, max_docs=max_docs, progress=progress)
         if not recs:
             raise ValueError(f"fetch produced no documents ({source} {name}): the corpus is empty")
         shutil.rmtree(final, ignore_errors=True)

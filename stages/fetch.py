@@ -12,7 +12,7 @@ RAW = Path("data/raw")
 
 def main() -> None:
     try:
-        rec = fetch(load_params("fetch"), RAW)
+        rec = fetch(load_params("fetch"), RAW, progress=True)
     except (HubUnreachableError, FileNotFoundError, ValueError) as e:
         sys.exit(f"[fetch] {e}")
     print(f"[fetch] {rec['documents']:,} documents from {rec['source']} {rec['name']} "
