@@ -225,7 +225,7 @@ def build_tokenizer(p: dict, corpus: Corpus, shard_dir: Path, reuse: bool) -> To
         if reuse and path.is_file():
             tok = HFTokenizer(path, name="bpe")
         else:
-            tmp = shard_dir / f".bpe-{os.getpid()}.json"
+            tmp = shard_dir / f".{HF_TOKENIZER_FILE}.{os.getpid()}.tmp"  # a killed run's leftover gets cleared
             train_bpe(corpus.texts(), p["bpe_vocab_size"], tmp)
             os.replace(tmp, path)
             tok = HFTokenizer(path, name="bpe")
