@@ -339,7 +339,7 @@ def _offline_help(repo_id: str, config: str | None, why: str) -> str:
     where = f"https://huggingface.co/datasets/{repo_id}/tree/main" + (f" (config {config})" if config else "")
     return (f"cannot reach the Hugging Face hub for {repo_id}: {why}.\n"
             f"To fetch without the hub: on a machine with internet, download the parquet files of {where}, "
-            f"e.g. `huggingface-cli download {repo_id} --repo-type dataset --include '{_config_prefix_hint(config)}*' "
+            f"e.g. `hf download {repo_id} --repo-type dataset --include '{_config_prefix_hint(config)}*' "
             f"--local-dir data/local/{repo_id.split('/')[-1]}`, copy that folder here, then set in params.yaml:\n"
             f"  fetch: {{source: local, path: data/local/{repo_id.split('/')[-1]}, text_column: text}}")
 
@@ -391,9 +391,11 @@ def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_col
         size = listing[name].get("size")
         if not (local.is_file() and size is not None and local.stat().st_size == size):
             try:
-                local = transport.download(repo_id, name, hub_dir)
+                transport.download(repo_id, name, hub_dir)
             except Exception as e:
                 raise HubUnreachableError(_offline_help(repo_id, config, f"downloading {name}: {type(e).__name__}: {e}")) from e
+        if not local.is_file():
+            raise FileNotFoundError(f"{local}: the download of {name} left no file there")
         try:
             pf = pq.ParquetFile(local)
         except (pa.ArrowException, OSError) as e:
