@@ -114,12 +114,18 @@ def test_bad_examples_are_rejected_with_their_index():
         score_examples(BigramLM(P, 8), [], device="cpu", rank=0, world_size=2)
 
 
-@pytest.mark.parametrize("packed", [None, False], ids=["packed", "rows"])
-def test_fast_path_equals_one_forward_per_example_fp32(packed):
-    model = tiny_gpt()
+@pytest.fixture(scope="module")
+def reference_200():
     examples = random_examples(200)  # contexts up to 80 tokens: many are cut to the 64-token block
-    ref = score_examples_reference(model, examples, device="cpu")
-    model.train()  # as inside a training loop: scoring runs in eval mode and restores the mode
+    return examples, score_examples_reference(tiny_gpt(), examples, device="cpu")
+
+
+# packed=None is the default: the real GPT must pass the layout check (a warning here is an error)
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("packed", [True, False, None], ids=["packed", "rows", "default"])
+def test_fast_path_equals_one_forward_per_example_fp32(packed, reference_200):
+    examples, ref = reference_200
+    model = tiny_gpt().train()  # as inside a training loop: scoring runs in eval mode and restores the mode
     fast = score_examples(model, examples, device="cpu", batch_size=16, packed=packed, progress=False)
     assert model.training
     assert_same(ref, fast)
