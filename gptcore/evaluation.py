@@ -83,3 +83,29 @@ def write_samples(path: Path, prompt: str, texts: list[str], model_spec: str) ->
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(body, encoding="utf-8")
     tmp.replace(path)
+
+
+class ValLoss:
+    """Training-loop evaluator: `val_loss` over fixed val tokens (every rank calls it; all get the same value)."""
+
+    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, device: torch.device,
+                 autocast: ContextManager | None, rank: int = 0, world_size: int = 1, progress: bool = False) -> None:
+        self.args = (tokens, block_size, batch_size, device, autocast, rank, world_size, progress)
+
+    def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]:
+        return {"val_loss": val_loss(model, *self.args)}
+
+
+class ChoiceTask:
+    """Training-loop evaluator for a multiple-choice task (HellaSwag): `<name>_acc_norm` and `<name>_acc`."""
+
+    def __init__(self, name: str, examples: list, batch_size: int, device: torch.device, dtype: torch.dtype,
+                 progress: bool = False) -> None:
+        self.name, self.examples = name, examples
+        self.kwargs = dict(device=device, batch_size=batch_size, dtype=dtype, progress=progress)
+
+    def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]:
+        from .multichoice import score_examples
+
+        r = score_examples(model, self.examples, **self.kwargs)
+        return {f"{self.name}_acc_norm": r.acc_norm, f"{self.name}_acc": r.acc}

@@ -13,8 +13,8 @@ class CosineSchedule:
     max_steps: int
 
     def __post_init__(self) -> None:
-        if self.warmup_steps < 0 or self.max_steps <= 0:
-            raise ValueError(f"train.warmup_steps={self.warmup_steps} and train.max_steps={self.max_steps} must be >= 0 and > 0")
+        if self.warmup_steps < 0 or self.max_steps < 0:
+            raise ValueError(f"train.warmup_steps={self.warmup_steps} and train.max_steps={self.max_steps} must be >= 0")
         if self.warmup_steps > self.max_steps:
             raise ValueError(f"train.warmup_steps={self.warmup_steps} exceeds train.max_steps={self.max_steps}")
 

@@ -29,7 +29,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 # Params that change how a run is executed or reported but not the weights it ends with: they may differ on resume.
 NOT_IN_FINGERPRINT = {"nproc", "micro_batch", "compile", "device", "eval_every", "ckpt_every", "keep_checkpoints",
-                      "log_every", "hellaswag_every", "hellaswag_examples", "val_tokens", "val_batch"}
+                      "log_every", "hellaswag", "hellaswag_path", "hellaswag_examples", "val_tokens", "val_batch"}
 
 
 class NonFiniteLoss(RuntimeError):
@@ -61,6 +61,9 @@ class TrainConfig:
     device: str = "auto"
     nproc: int = 1
     log_every: int = 1
+    hellaswag: bool = False  # also score HellaSwag at each eval (needs GPT-2 BPE data)
+    hellaswag_path: str | None = None
+    hellaswag_examples: int | None = None  # None: all 10,042
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "TrainConfig":

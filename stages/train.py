@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gptcore import checkpoint, distributed, evaluation, shards
+from gptcore import checkpoint, distributed, evaluation, hellaswag, shards
 from gptcore.loader import TokenLoader
 from gptcore.metrics import StepLogger, write_json
 from gptcore.tokenizers import load_tokenizer, save_beside_shards, tokenizer_record
@@ -30,11 +30,13 @@ def main() -> None:
     loader = TokenLoader(shards.list_shards(SHARDS, "train"), cfg.micro_batch, block_size, cfg.total_batch_tokens,
                          env.rank, env.world_size, shuffle=cfg.shuffle, seed=cfg.seed)
     val_tokens = evaluation.first_tokens(shards.list_shards(SHARDS, "val"), cfg.val_tokens)
-    autocast = autocast_context(env.device, resolve_dtype(cfg.dtype, env.device))
-
-    def val_loss(model, step: int) -> dict[str, float]:  # noqa: ANN001
-        return {"val_loss": evaluation.val_loss(model, val_tokens, block_size, cfg.val_batch, env.device, autocast,
-                                                env.rank, env.world_size, progress=env.is_main)}
+    dtype = resolve_dtype(cfg.dtype, env.device)
+    evaluators = [evaluation.ValLoss(val_tokens, block_size, cfg.val_batch, env.device,
+                                     autocast_context(env.device, dtype), env.rank, env.world_size, env.is_main)]
+    if cfg.hellaswag:
+        path = hellaswag.fetch_hellaswag("data/hellaswag", path=cfg.hellaswag_path, progress=env.is_main)
+        examples = hellaswag.load_hellaswag(path, tok, limit=cfg.hellaswag_examples)
+        evaluators.append(evaluation.ChoiceTask("hellaswag", examples, cfg.val_batch, env.device, dtype, env.is_main))
 
     run_params = run_fingerprint_params(model_params, cfg, data)
     resume_path, why = checkpoint.find_resume(CKPT_DIR, run_params)
@@ -45,7 +47,7 @@ def main() -> None:
     distributed.barrier()
     resume = checkpoint.load_checkpoint(resume_path) if resume_path else None
     logger = StepLogger(LIVE_DIR, enabled=env.is_main, resume_step=resume["step"] if resume else None)
-    trainer = Trainer(model, loader, cfg, env, CKPT_DIR, logger, run_params, evaluators=[val_loss],
+    trainer = Trainer(model, loader, cfg, env, CKPT_DIR, logger, run_params, evaluators=evaluators,
                       resume_from=resume)
     if env.is_main:
         n = sum(p.numel() for p in model.parameters())
