@@ -108,7 +108,8 @@ def render_rows(example: Example, block_size: int) -> tuple[torch.Tensor, torch.
     return tokens, mask
 
 
-def masked_row_losses(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def masked_row_losses(logits: torch.Tensor, tokens: torch.Tensor,
+                      mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed and mean cross-entropy over the masked (ending) tokens of each row: ([K], [K])."""
     shift_logits = logits[:, :-1, :].float()
     shift_tokens = tokens[:, 1:]

@@ -65,7 +65,8 @@ def assert_same(ref: ChoiceResult, fast: ChoiceResult, tol: float = 1e-5) -> Non
     assert (fast.count, fast.correct, fast.correct_norm) == (ref.count, ref.correct, ref.correct_norm)
     assert len(fast.predictions) == len(ref.predictions)
     for p, q in zip(ref.predictions, fast.predictions):
-        assert (q["index"], q["label"], q["pred"], q["pred_norm"]) == (p["index"], p["label"], p["pred"], p["pred_norm"])
+        keys = ("index", "label", "pred", "pred_norm")
+        assert [q[k] for k in keys] == [p[k] for k in keys]
         for key in ("sum_losses", "mean_losses"):
             assert q[key] == pytest.approx(p[key], rel=tol, abs=tol), (p["index"], key)
 
@@ -75,7 +76,8 @@ def test_row_picker_matches_hand_computed_losses():
     ex = Example(context=[1, 0], endings=[[3], [3, 3, 3], [2, 0], [1]], label=1, index=7)
     sums = [sum(nll(0, e)) for e in ex.endings]
     means = [s / len(e) for s, e in zip(sums, ex.endings)]
-    assert sums[0] == pytest.approx(-math.log(0.4)) and means[1] == pytest.approx(-(math.log(0.4) + 2 * math.log(0.8)) / 3)
+    assert sums[0] == pytest.approx(-math.log(0.4))
+    assert means[1] == pytest.approx(-(math.log(0.4) + 2 * math.log(0.8)) / 3)
     model = BigramLM(P, block_size=16)
     for result in (score_examples_reference(model, [ex], device="cpu"),
                    score_examples(model, [ex], device="cpu", progress=False)):
