@@ -161,7 +161,7 @@ print(json.dumps({{"tokens": m["tokens"]["val"] + m["tokens"]["train"], "seconds
 """
 
 IMAP = """
-import json, sys, time, multiprocessing as mp
+import json, resource, sys, time, multiprocessing as mp
 import numpy as np, pyarrow.parquet as pq
 sys.path.insert(0, {root!r})
 from gptcore.tokenizers import get_tokenizer
@@ -172,12 +172,15 @@ def tokenize_doc(doc):
 def docs():
     for b in pq.ParquetFile({parquet!r}).iter_batches(columns=["text"]):
         yield from b.column(0).to_pylist()
-t0 = time.perf_counter()
+def cpu():
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+t0, c0 = time.perf_counter(), cpu()
 n = 0
 with mp.Pool({cores}) as pool:
     for arr in pool.imap(tokenize_doc, docs(), chunksize=16):
         n += len(arr)
-print(json.dumps({{"tokens": n, "seconds": time.perf_counter() - t0}}))
+print(json.dumps({{"tokens": n, "seconds": time.perf_counter() - t0, "cpu_seconds": cpu() - c0}}))
 """
 
 
@@ -207,6 +210,7 @@ def main() -> None:
             if not args.no_imap:
                 imap, irss, _ = run_measured(IMAP.format(root=str(ROOT), parquet=str(d / "corpus.parquet"), cores=cores))
                 row["imap"] = imap["tokens"] / imap["seconds"]
+                row["imap_cpu"] = imap["tokens"] / imap["cpu_seconds"]
             rows.append(row)
             print(f"[bench] {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})}",
                   flush=True)
@@ -216,7 +220,7 @@ def main() -> None:
           "(parent + workers) / 1-core np tokens per CPU-second: the share of CPU spent encoding, which other load "
           "on the machine does not change. 'load' = 1-min load average after the run (> cores means contention).")
     head = f"{'corpus':>9} {'tokens':>8} {'1-core ord':>10} {'1-core np':>9} {'stage':>7} {'ratio ord':>9} {'ratio np':>8}"
-    head += "" if args.no_imap else f" {'imap/doc':>8} {'imap ratio':>10}"
+    head += "" if args.no_imap else f" {'imap/doc':>8} {'imap ratio':>10} {'imap cpu eff':>12}"
     head += f" {'cpu eff':>7} {'RSS sum':>8} {'PSS sum':>8} {'load':>5}"
     print(head)
     for r in rows:
@@ -224,7 +228,8 @@ def main() -> None:
                 f"{r['encode_numpy'] / 1e6:>9.2f} {r['stage'] / 1e6:>7.2f} "
                 f"{r['stage'] / (cores * r['encode_ordinary']):>9.1%} {r['stage'] / (cores * r['encode_numpy']):>8.1%}")
         if "imap" in r:
-            line += f" {r['imap'] / 1e6:>8.2f} {r['imap'] / (cores * r['encode_ordinary']):>10.1%}"
+            line += (f" {r['imap'] / 1e6:>8.2f} {r['imap'] / (cores * r['encode_ordinary']):>10.1%}"
+                     f" {r['imap_cpu'] / r['encode_ordinary_cpu']:>12.1%}")
         line += (f" {r['stage_cpu'] / r['encode_numpy_cpu']:>7.1%} {r['rss'] / 2**20:>5.0f} MB {r['pss'] / 2**20:>5.0f} MB"
                  f" {r['load']:>5.1f}")
         print(line)
