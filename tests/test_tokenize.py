@@ -87,11 +87,11 @@ def test_output_is_byte_identical_whatever_the_workers_and_batches(tmp_path, cor
     raw = make_raw(tmp_path, corpus_docs)
     cfg = {"tokenizer": "gpt2", "shard_tokens": 7777, "val_tokens": 5000}
     outs = []
-    for workers, batch_bytes in [(1, 1 << 20), (2, 3000), (3, 777)]:
+    for workers, task_bytes in [(1, 1 << 20), (2, 3000), (3, 777)]:
         d = tmp_path / f"s{workers}"
         corpus = open_corpus(raw)
         E.write_shards(corpus, d, get_tokenizer("gpt2"), shard_tokens=7777, val_tokens=5000, workers=workers,
-                       progress=False, batch_bytes=batch_bytes)
+                       progress=False, task_bytes=task_bytes)
         outs.append(shard_bytes(d))
     assert outs[0] == outs[1] == outs[2] and len(outs[0]) > 5
     E.tokenize(raw, tmp_path / "stage", {**cfg, "workers": 2}, progress=False)
@@ -158,7 +158,7 @@ def test_token_id_beyond_dtype_is_an_error_and_finished_shards_stay(tmp_path):
     raw = make_raw(tmp_path, docs)
     with pytest.raises(ValueError, match=r"token id 70000 in document 200 does not fit uint16"):
         E.write_shards(open_corpus(raw), tmp_path / "shards", WrapsAround(), shard_tokens=500, val_tokens=0,
-                       workers=2, progress=False, batch_bytes=100)
+                       workers=2, progress=False, task_bytes=100)
     m = S.read_manifest(tmp_path / "shards")
     assert not m["complete"] and len(m["shards"]) == 4  # 200 docs x 11 tokens = 2200 tokens = 4 full shards
     assert S.verify(tmp_path / "shards") == [f"{tmp_path / 'shards' / 'manifest.json'}: the tokenize run has not "
@@ -177,7 +177,7 @@ def test_a_killed_worker_is_an_error_not_a_hang(tmp_path):
     raw = make_raw(tmp_path, ["abcdefghij"] * 200 + ["poison"] + ["abc"] * 10)
     with pytest.raises(RuntimeError, match="a tokenize worker process died.*after 4 finished shards"):
         E.write_shards(open_corpus(raw), tmp_path / "shards", DiesOnPoison(), shard_tokens=500, val_tokens=0,
-                       workers=2, progress=False, batch_bytes=100)
+                       workers=2, progress=False, task_bytes=100)
     assert len(S.read_manifest(tmp_path / "shards")["shards"]) == 4
 
 
