@@ -1,0 +1,253 @@
+"""Plot data beside the training curves, and offline PNG rendering of dvc.yaml's top-level plots.
+
+Two jobs:
+  write_plot_data  the compare stage's share: reference lines (OpenAI GPT-2 124M val loss, GPT-2 and GPT-3 124M
+                   HellaSwag acc_norm) as step rows spanning the run, and the loss curves with a tokens_seen
+                   column, so dvc.yaml's plots can draw them against step or against tokens seen.
+  render           `dvc plots show --json` (or `dvc plots diff --json` for several revisions) -> one PNG per plot,
+                   drawn with vl-convert (Vega-Lite compiled and rendered locally). `dvc plots show` writes an
+                   HTML page that loads Vega from a CDN and stays blank offline; this needs no network.
+
+CLI (console script gptcore-render-plots):
+    gptcore-render-plots                        # the workspace's plots -> plots_png/*.png
+    gptcore-render-plots exp-a1b2c exp-d3e4f    # `dvc plots diff` of two experiments, curves overlaid
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+LIVE_DIR = Path("metrics/train")  # dvclive's folder (the train stage)
+PLOT_DATA_DIR = Path("metrics/plots")  # what write_plot_data writes (the compare stage)
+BASELINES = Path("conf/baselines.yaml")
+PNG_DIR = Path("plots_png")
+
+# dvclive step metrics that get a tokens_seen column for the plots against tokens seen.
+CURVES = ("train_loss", "val_loss", "hellaswag_acc_norm")
+
+
+# ---------------------------------------------------------------------------------------------
+# plot data (the compare stage)
+
+def read_step_tsv(path: str | Path) -> list[tuple[int, float]]:
+    """A dvclive step-metric TSV (header `step<TAB>name`) -> [(step, value)], in file order."""
+    path = Path(path)
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f, delimiter="\t"))
+    if not rows:
+        raise ValueError(f"{path}: empty file, expected a header `step<TAB>{path.stem}`")
+    header = rows[0]
+    name = path.stem
+    if "step" not in header or name not in header:
+        raise ValueError(f"{path}: header {header} lacks 'step' or {name!r}")
+    i, j = header.index("step"), header.index(name)
+    out = []
+    for lineno, row in enumerate(rows[1:], 2):
+        try:
+            out.append((int(row[i]), float(row[j])))
+        except (ValueError, IndexError):
+            raise ValueError(f"{path}: line {lineno}: expected an integer step and a number, got {row}") from None
+    return out
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temp name in the same folder, then rename: a kill never leaves half a file under `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _write_tsv(path: Path, header: list[str], rows: Iterable[Iterable[Any]]) -> None:
+    buf = io.StringIO()
+    w = csv.writer(buf, delimiter="\t", lineterminator="\n")
+    w.writerow(header)
+    w.writerows(rows)
+    _write_atomic(path, buf.getvalue().encode("utf-8"))
+
+
+def tokens_per_step(live_dir: str | Path = LIVE_DIR) -> float:
+    """Tokens per optimizer step, from dvclive's tokens_seen.tsv (tokens seen after step s = (s + 1) x this).
+
+    0 when the run took no step (train.max_steps 0): everything it logged is at zero tokens."""
+    path = Path(live_dir) / "plots" / "metrics" / "tokens_seen.tsv"
+    rows = read_step_tsv(path) if path.is_file() else []
+    if not rows:
+        return 0.0
+    step, tokens = rows[-1]
+    return tokens / (step + 1)
+
+
+def baseline_values(baselines: Mapping[str, Any]) -> dict[str, float]:
+    """conf/baselines.yaml -> the reference lines, named after model and metric."""
+    try:
+        gpt2 = baselines["gpt2_124m"]
+        out = {"gpt2_124m_val_loss": float(gpt2["val_loss"]),
+               "gpt2_124m_hellaswag_acc_norm": float(gpt2["hellaswag_acc_norm"])}
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{BASELINES}: gpt2_124m needs numeric val_loss and hellaswag_acc_norm ({e!r})") from None
+    gpt3 = baselines.get("gpt3_124m") or {}
+    if "hellaswag_acc_norm" in gpt3:
+        out["gpt3_124m_hellaswag_acc_norm"] = float(gpt3["hellaswag_acc_norm"])
+    return out
+
+
+def write_plot_data(live_dir: str | Path = LIVE_DIR, baselines: Mapping[str, Any] | str | Path = BASELINES,
+                    out_dir: str | Path = PLOT_DATA_DIR) -> list[Path]:
+    """Write the files dvc.yaml's top-level plots read besides dvclive's; returns their paths.
+
+    out_dir/baselines.tsv   step, tokens_seen and one column per reference figure, two rows: the run's first
+                            and last logged step, so each reference is a horizontal line across the run
+    out_dir/<curve>.tsv     step, tokens_seen, <curve> for train_loss, val_loss and hellaswag_acc_norm (those
+                            the run logged); an evaluation at step s has seen s steps of tokens, a training step s
+                            has seen s + 1
+    """
+    live_dir, out_dir = Path(live_dir), Path(out_dir)
+    if not isinstance(baselines, Mapping):
+        with open(baselines, encoding="utf-8") as f:
+            baselines = yaml.safe_load(f) or {}
+    refs = baseline_values(baselines)
+    metrics_dir = live_dir / "plots" / "metrics"
+    per_step = tokens_per_step(live_dir)
+    written: list[Path] = []
+    points: list[tuple[int, int]] = []  # (step, tokens_seen) of every row, for the reference lines' span
+    for name in CURVES:
+        src = metrics_dir / f"{name}.tsv"
+        if not src.is_file():
+            continue
+        done = 1 if name == "train_loss" else 0  # train_loss at step s is logged after that step's update
+        rows = [(s, round((s + done) * per_step), v) for s, v in read_step_tsv(src)]
+        points += [(s, t) for s, t, _ in rows]
+        dst = out_dir / f"{name}.tsv"
+        _write_tsv(dst, ["step", "tokens_seen", name], rows)
+        written.append(dst)
+    if not points:
+        raise FileNotFoundError(f"{metrics_dir}: no train_loss.tsv or val_loss.tsv rows; run the train stage first")
+    span = [(min(s for s, _ in points), min(t for _, t in points)),
+            (max(s for s, _ in points), max(t for _, t in points))]
+    dst = out_dir / "baselines.tsv"
+    _write_tsv(dst, ["step", "tokens_seen", *refs], ([s, t, *refs.values()] for s, t in span))
+    written.append(dst)
+    # a curve this run did not log (say, HellaSwag on the quick-start) must not linger from an earlier run
+    for name in CURVES:
+        stale = out_dir / f"{name}.tsv"
+        if stale not in written:
+            stale.unlink(missing_ok=True)
+    return written
+
+
+# ---------------------------------------------------------------------------------------------
+# offline rendering
+
+FORMATS = ("png", "svg", "html")
+
+
+def dvc_plots_json(revisions: list[str] | None = None, targets: list[str] | None = None,
+                   repo: str | Path = ".") -> dict[str, Any]:
+    """`dvc plots show --json` (no revisions: the workspace) or `dvc plots diff REV... --json`, parsed.
+
+    The filled Vega-Lite specs DVC would put in its HTML page, data included. DVC runs in `repo` with this
+    interpreter (`python -m dvc`), so the venv's DVC is used whatever PATH says."""
+    revisions, targets = list(revisions or []), list(targets or [])
+    cmd = [sys.executable, "-m", "dvc", "plots", "diff" if revisions else "show", *revisions, *targets, "--json"]
+    proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd[2:])}` failed in {Path(repo).resolve()} (exit {proc.returncode}):\n"
+                           f"{proc.stderr.strip() or proc.stdout.strip()}")
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        raise RuntimeError(f"`{' '.join(cmd[2:])}` printed no JSON:\n{proc.stdout[:2000]}") from None
+
+
+def plot_filename(name: str, fmt: str) -> str:
+    """A plot id (`loss`, `metrics/train/plots/metrics/lr.tsv`) -> a file name (`loss.png`, `metrics_train_..._lr.png`)."""
+    stem = re.sub(r"\.(tsv|csv|json|yaml)$", "", name)
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._") or "plot"
+    return f"{stem}.{fmt}"
+
+
+def _convert(spec: dict[str, Any], fmt: str, scale: float) -> bytes:
+    import vl_convert as vlc
+
+    if fmt == "png":
+        return vlc.vegalite_to_png(spec, scale=scale)
+    if fmt == "svg":
+        return vlc.vegalite_to_svg(spec).encode("utf-8")
+    if fmt == "html":  # Vega's JavaScript inlined: opens offline, interactive like `dvc plots show`
+        return vlc.vegalite_to_html(spec, bundle=True).encode("utf-8")
+    raise ValueError(f"format={fmt!r}: choose one of {', '.join(FORMATS)}")
+
+
+def render_plots(plots: Mapping[str, Any], out_dir: str | Path = PNG_DIR, fmt: str = "png", scale: float = 2.0,
+                 log=print) -> list[Path]:  # noqa: ANN001
+    """Render the Vega-Lite specs of `dvc plots show/diff --json` output to files in out_dir; returns them.
+
+    DVC's load errors (a plot file missing in a revision) are reported through `log`, as `dvc plots show` does,
+    and the rest of that plot is still drawn; a plot with no data at all is skipped."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format={fmt!r}: choose one of {', '.join(FORMATS)}")
+    out_dir = Path(out_dir)
+    for err in plots.get("errors", []):
+        where = " ".join(str(err[k]) for k in ("rev", "source") if err.get(k))
+        log(f"[plots] {err.get('name', 'plots')}: could not load {where}: {err.get('msg') or err.get('type')}")
+    data = plots.get("data", {})
+    if not data:
+        raise ValueError("no plots: dvc.yaml declares none, or DVC found none of their files")
+    written = []
+    for name, renderers in data.items():
+        for i, r in enumerate(renderers):
+            if r.get("type") != "vega":
+                log(f"[plots] {name}: {r.get('type')} plot left out (only Vega plots are rendered)")
+                continue
+            spec = dict(r["content"])
+            if not spec.get("data", {}).get("values"):
+                log(f"[plots] {name}: no data in any revision, skipped")
+                continue
+            # whole legend labels: DVC's series names are file::field and get cut at 160 px otherwise
+            spec["config"] = {**spec.get("config", {}), "legend": {"labelLimit": 0}}
+            filename = plot_filename(name if i == 0 else f"{name}_{i}", fmt)
+            path = out_dir / filename
+            _write_atomic(path, _convert(spec, fmt, scale))
+            written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        prog="gptcore-render-plots",
+        description="Render dvc.yaml's plots to image files without network (dvc plots show/diff --json + vl-convert).")
+    ap.add_argument("revisions", nargs="*",
+                    help="git revisions or experiment names to overlay (dvc plots diff); none: the workspace")
+    ap.add_argument("--targets", nargs="+", default=[], help="only these plot ids or files (default: all)")
+    ap.add_argument("--out", default=str(PNG_DIR), help=f"output folder (default: {PNG_DIR})")
+    ap.add_argument("--format", choices=FORMATS, default="png")
+    ap.add_argument("--scale", type=float, default=2.0, help="PNG pixels per Vega-Lite pixel (default: 2)")
+    ap.add_argument("--repo", default=".", help="the DVC project (default: the current folder)")
+    args = ap.parse_args(argv)
+    try:
+        plots = dvc_plots_json(args.revisions, args.targets, args.repo)
+        files = render_plots(plots, Path(args.repo) / args.out, args.format, args.scale,
+                             log=lambda m: print(m, file=sys.stderr))
+    except (RuntimeError, ValueError) as e:
+        sys.exit(f"gptcore-render-plots: {e}")
+    for path in files:
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
