@@ -152,7 +152,7 @@ def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard
     t0, n_tokens = time.perf_counter(), 0
     try:
         tasks = corpus.tasks(start_doc=start_doc, task_bytes=task_bytes)
-        for first_doc, tokens, starts in _ordered_map(tasks, workers, tok, dtype, window=4 * workers):
+        for first_doc, tokens, starts in _ordered_map(tasks, workers, tok, dtype, window=8 * workers):
             writer.add(first_doc, tokens, starts)
             n_tokens += len(tokens)
             bar.update(len(starts))

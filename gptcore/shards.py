@@ -286,7 +286,12 @@ class ShardWriter:
         self._split = split
         self._tmp = self.dir / f".{self._name}.{os.getpid()}.tmp"
         self._file = open(self._tmp, "wb")
-        self._file.write(b"\0" * NPY_HEADER_BYTES)  # the real header goes in once the length is known
+        # written for a full shard and hashed as we go, so closing one needs no second pass over the
+        # file; a shorter last shard gets its real header (and a fresh hash) when it closes
+        _, _, self._cap = self._current()
+        header = npy_header(self.dtype, self._cap)
+        self._file.write(header)
+        self._sha = hashlib.sha256(header)
         self._in_shard = 0
         self._docs_in_shard = 0
 
@@ -311,7 +316,9 @@ class ShardWriter:
                 self._open()
             _, _, cap = self._current()
             take = min(cap - self._in_shard, len(tokens) - at)
-            self._file.write(tokens[at:at + take].tobytes())
+            chunk = tokens[at:at + take].tobytes()
+            self._file.write(chunk)
+            self._sha.update(chunk)
             self._docs_in_shard += int(np.count_nonzero((starts >= at) & (starts < at + take)))
             self._in_shard += take
             self.pos += take
@@ -324,13 +331,14 @@ class ShardWriter:
 
     def _close(self, nxt: tuple[int, int]) -> None:
         f, tmp, name = self._file, self._tmp, self._name
-        f.seek(0)
-        f.write(npy_header(self.dtype, self._in_shard))
+        if self._in_shard != self._cap:
+            f.seek(0)
+            f.write(npy_header(self.dtype, self._in_shard))
         f.flush()
         os.fsync(f.fileno())
         f.close()
         self._file = None
-        sha = file_sha256(tmp)
+        sha = self._sha.hexdigest() if self._in_shard == self._cap else file_sha256(tmp)
         final = self.dir / name
         if final.exists():
             # a kill between rename and manifest update leaves a finished shard the manifest does not list:
