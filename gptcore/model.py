@@ -70,16 +70,17 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         # (B, T, C) -> (B, n_head, T, head_size)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        # flash / memory-efficient kernels where available; the causal mask is implicit, so no mask buffer
+        # flash / memory-efficient kernels where available; the causal mask is implicit, so no mask buffer.
+        # An explicit boolean mask (True = may attend) replaces it, e.g. for packed multiple-choice rows.
         p = self.attn_dropout.p if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=attn_mask is None)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -105,9 +106,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         # pre-norm residual stream, as in GPT-2
-        x = x + self.attn(self.ln_1(x))
+        x = x + self.attn(self.ln_1(x), attn_mask)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -145,22 +146,29 @@ class GPT(nn.Module):
 
     # ------------------------------------------------------------------ forward
 
-    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+    def hidden_states(
+        self, idx: torch.Tensor, pos: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Trunk output after the final LayerNorm, shape (B, T, n_embd), for token ids `idx` of shape (B, T).
 
         `forward` applies `lm_head` to every position of this; callers that need scores at only a few
         positions (e.g. the HellaSwag fast path) apply `model.lm_head` to just those rows and save the
-        (B, T, vocab) logits tensor.
+        (B, T, vocab) logits tensor. By default positions are 0..T-1 and attention is causal; the fast path
+        packs several sequences into one row and passes their position ids (B, T) and a boolean attention
+        mask (B, 1, T, T), True where a query may attend to a key.
         """
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (batch, time), got {tuple(idx.shape)}")
         T = idx.size(1)
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds the model's block_size {self.config.block_size}")
-        pos = torch.arange(T, dtype=torch.long, device=idx.device)
+        if pos is None:
+            if T > self.config.block_size:
+                raise ValueError(f"sequence length {T} exceeds the model's block_size {self.config.block_size}")
+            pos = torch.arange(T, dtype=torch.long, device=idx.device)
+        elif int(pos.max()) >= self.config.block_size:
+            raise ValueError(f"position id {int(pos.max())} exceeds the model's block_size {self.config.block_size}")
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
-            x = block(x)
+            x = block(x, attn_mask)
         return self.transformer.ln_f(x)
 
     def forward(

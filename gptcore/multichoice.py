@@ -13,18 +13,17 @@ full logits, masked loss (as in build-nanogpt). `score_examples` gives the same 
     it in one sequence, each ending attending to the context and to itself only, with its position
     ids continuing from the end of the context (a block-diagonal causal mask via SDPA);
   - many examples of similar length go through one forward; examples are sharded over DDP ranks.
-The packed forward needs nanoGPT-layout modules (transformer.wte/wpe/h/ln_f, blocks with
-ln_1/attn/ln_2/mlp, attention with c_attn/c_proj/n_head). It is checked once per call against
-`model.hidden_states`; a model without that layout (or that fails the check) uses padded rows
-through `model.hidden_states` instead, still projecting only the needed positions.
+The packed forward goes through `model.hidden_states(idx, pos=, attn_mask=)` (gptcore's GPT); a model
+whose trunk does not take position ids and a mask uses padded rows through `model.hidden_states(idx)`
+instead, still projecting only the needed positions.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import tempfile
 import time
-import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -288,49 +287,10 @@ def _build_rows(fitted: list[tuple[list[int], list[list[int]]]]) -> _Batch:
                   torch.tensor(pair_row), torch.tensor(row_len), [len(e) for _, e in fitted])
 
 
-def _has_nanogpt_layout(model: nn.Module) -> bool:
-    tr = getattr(model, "transformer", None)
-    if tr is None or not all(hasattr(tr, n) for n in ("wte", "wpe", "h", "ln_f")):
-        return False
-    return all(all(hasattr(blk, n) for n in ("ln_1", "attn", "ln_2", "mlp"))
-               and all(hasattr(blk.attn, n) for n in ("c_attn", "c_proj", "n_head")) for blk in tr.h)
-
-
-def _packed_hidden(model: nn.Module, idx: torch.Tensor, pos: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
-    """nanoGPT's trunk with explicit position ids and attention mask: final-LayerNorm hidden states [B, T, C]."""
-    tr = model.transformer
-    x = tr.wte(idx) + tr.wpe(pos)
-    B, T, C = x.shape
-    for blk in tr.h:
-        attn = blk.attn
-        nh = attn.n_head
-        q, k, v = attn.c_attn(blk.ln_1(x)).split(C, dim=2)
-        q, k, v = (t.view(B, T, nh, C // nh).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        x = x + attn.c_proj(y.transpose(1, 2).reshape(B, T, C))
-        x = x + blk.mlp(blk.ln_2(x))
-    return tr.ln_f(x)
-
-
-def _packed_is_exact(model: nn.Module, fitted: tuple[list[int], list[list[int]]], device: torch.device) -> bool:
-    """Guard against a model whose trunk differs from nanoGPT's: the packed forward must reproduce
-    model.hidden_states on the plain rows of one example. A layout mistake (positions, masking, missing
-    op) moves LayerNormed states by O(1); the tolerance only absorbs TF32/half-precision rounding."""
-    context, endings = fitted
-    batch = _build_packed([fitted])
-    try:
-        got = _packed_hidden(model, batch.idx.to(device), batch.pos.to(device), batch.attn_mask.to(device))[0]
-    except (RuntimeError, ValueError, IndexError, TypeError, AttributeError):  # e.g. other head/projection shapes
-        return False
-    ok = True
-    start = len(context)
-    for ending in endings:
-        row = torch.tensor([context + ending], device=device)
-        want = model.hidden_states(row)[0]
-        got_row = torch.cat([got[:len(context)], got[start:start + len(ending)]])
-        ok &= torch.allclose(got_row.float(), want.float(), atol=2e-2, rtol=2e-2)
-        start += len(ending)
-    return bool(ok)
+def _supports_packed(model: nn.Module) -> bool:
+    """The packed layout needs a trunk that takes position ids and an attention mask (gptcore's GPT does)."""
+    params = inspect.signature(model.hidden_states).parameters
+    return "pos" in params and "attn_mask" in params
 
 
 def _batch_losses(model: nn.Module, batch: _Batch, device: torch.device, dtype: torch.dtype | None,
@@ -339,7 +299,7 @@ def _batch_losses(model: nn.Module, batch: _Batch, device: torch.device, dtype: 
     idx, pos = batch.idx.to(device), batch.pos.to(device)
     with _autocast(device, dtype):
         if packed:
-            hidden = _packed_hidden(model, idx, pos, batch.attn_mask.to(device))
+            hidden = model.hidden_states(idx, pos=pos, attn_mask=batch.attn_mask.to(device))
         else:
             hidden = model.hidden_states(idx)
     hidden = hidden.flatten(0, 1)[batch.head_pos.to(device)]
@@ -396,14 +356,10 @@ def score_examples(model: nn.Module, examples: Sequence[Example], *, device: str
     t0 = time.perf_counter()
     try:
         if packed is None:
-            packed = _has_nanogpt_layout(model)
-            if packed and fitted and not _packed_is_exact(model, fitted[0], device):
-                warnings.warn(f"{type(model).__name__}: the packed shared-context forward does not reproduce "
-                              "model.hidden_states; scoring with padded rows instead")
-                packed = False
-        elif packed and not _has_nanogpt_layout(model):
-            raise ValueError(f"packed=True needs a nanoGPT-layout model (transformer.wte/wpe/h/ln_f); "
-                             f"{type(model).__name__} is not")
+            packed = _supports_packed(model)
+        elif packed and not _supports_packed(model):
+            raise ValueError(f"packed=True needs model.hidden_states(idx, pos=, attn_mask=); "
+                             f"{type(model).__name__} does not take them")
         length = (lambda f: _packed_length(*f)) if packed else (lambda f: max(len(f[0]) + len(e) for e in f[1]))
         # similar lengths in one batch waste little padding; results go back to input order below
         order = sorted(range(len(fitted)), key=lambda i: length(fitted[i]))

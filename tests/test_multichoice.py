@@ -122,7 +122,7 @@ def reference_200():
     return examples, score_examples_reference(tiny_gpt(), examples, device="cpu")
 
 
-# packed=None is the default: the real GPT must pass the layout check (a warning here is an error)
+# packed=None is the default: the real GPT takes the packed layout
 @pytest.mark.filterwarnings("error")
 @pytest.mark.parametrize("packed", [True, False, None], ids=["packed", "rows", "default"])
 def test_fast_path_equals_one_forward_per_example_fp32(packed, reference_200):
@@ -134,9 +134,9 @@ def test_fast_path_equals_one_forward_per_example_fp32(packed, reference_200):
     assert ref.count == 200 and fast.examples_per_sec > 0
 
 
-def test_packed_forward_falls_back_when_the_model_trunk_differs():
+def test_a_trunk_without_positions_and_mask_scores_padded_rows():
     class ShiftedGPT(GPT):
-        """nanoGPT layout, different maths (positions shifted by one): the packed path must not be used."""
+        """A different trunk (positions shifted by one) that takes no pos/attn_mask: padded rows only."""
 
         def hidden_states(self, idx):
             x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(1, idx.size(1) + 1))
@@ -147,9 +147,10 @@ def test_packed_forward_falls_back_when_the_model_trunk_differs():
     torch.manual_seed(0)
     model = ShiftedGPT(GPTConfig(block_size=32, vocab_size=64, n_layer=1, n_head=2, n_embd=16)).eval()
     examples = random_examples(20, vocab=64, max_context=10)
-    with pytest.warns(UserWarning, match="packed shared-context forward does not reproduce"):
-        fast = score_examples(model, examples, device="cpu", progress=False)
+    fast = score_examples(model, examples, device="cpu", progress=False)
     assert_same(score_examples_reference(model, examples, device="cpu"), fast)
+    with pytest.raises(ValueError, match="packed=True needs model.hidden_states"):
+        score_examples(model, examples, device="cpu", packed=True, progress=False)
 
 
 def test_bfloat16_autocast_stays_close_to_fp32():
