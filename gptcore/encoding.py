@@ -146,7 +146,7 @@ def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard
     writer = shards.ShardWriter(shard_dir, head, shard_tokens, val_tokens, resume=resume)
     if writer.complete:
         return writer.manifest
-    start_doc, offset = writer.resume_point
+    start_doc = writer.resume_point[0]  # the writer drops the already-written head of that document
     bar = tqdm(total=corpus.documents, initial=start_doc, unit="doc", unit_scale=True, disable=not progress,
                desc="tokenize", smoothing=0.05, dynamic_ncols=True)
     t0, n_tokens = time.perf_counter(), 0
