@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .atomic import atomic_write
 from .model import GPT, GPTConfig, strip_prefixes
 
 CKPT_RE = re.compile(r"^ckpt_(\d{7})\.pt$")
@@ -42,19 +41,9 @@ def param_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> li
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    """Write to a temp file in the same folder, fsync, then rename: a kill mid-save leaves the old file intact."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """torch.save through a temp file and a rename: a kill mid-save leaves the old file intact."""
+    with atomic_write(path, "wb") as f:
+        torch.save(obj, f)
 
 
 def list_checkpoints(ckpt_dir: Path) -> list[Path]:

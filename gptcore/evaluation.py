@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from . import distributed, shards
+from .atomic import write_text
 
 
 def first_tokens(paths: Sequence[Path], n: int) -> np.ndarray:
@@ -78,11 +79,7 @@ def check_same_tokenizer(model_tok: object, data_tok: object, model_spec: str, s
 
 def write_samples(path: Path, prompt: str, texts: list[str], model_spec: str) -> None:
     """Generated samples as a small text file (atomic), prompt shown once per sample."""
-    body = "".join(f"--- sample {i} ({model_spec}) ---\n{prompt}{t}\n\n" for i, t in enumerate(texts))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(body, encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, "".join(f"--- sample {i} ({model_spec}) ---\n{prompt}{t}\n\n" for i, t in enumerate(texts)))
 
 
 class ValLoss:

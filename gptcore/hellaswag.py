@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,6 +16,7 @@ from typing import Callable, Iterable, Protocol
 
 from tqdm import tqdm
 
+from gptcore.atomic import atomic_write
 from gptcore.multichoice import Example
 
 HELLASWAG_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -71,20 +70,18 @@ def fetch_hellaswag(dest_dir: str | Path = "data/hellaswag", path: str | Path | 
     dest = Path(dest_dir) / HELLASWAG_VAL_NAME
     if _is_official(dest):
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{HELLASWAG_VAL_NAME}.", suffix=".part")
-    try:
-        h, size = hashlib.sha256(), 0
-        with os.fdopen(fd, "wb") as f, tqdm(total=HELLASWAG_VAL_SIZE, unit="B", unit_scale=True,
+    # Checks raise inside atomic_write, so a truncated or corrupt download never reaches `dest`.
+    h, size = hashlib.sha256(), 0
+    with atomic_write(dest, "wb") as f, tqdm(total=HELLASWAG_VAL_SIZE, unit="B", unit_scale=True,
                                              desc=HELLASWAG_VAL_NAME, disable=not progress) as bar:
-            try:
-                for block in (transport or urllib_transport)(url):
-                    f.write(block)
-                    h.update(block)
-                    size += len(block)
-                    bar.update(len(block))
-            except (urllib.error.URLError, OSError, TimeoutError) as e:
-                raise ConnectionError(f"could not download {url} ({e}); {_place_hint(dest)}") from e
+        try:
+            for block in (transport or urllib_transport)(url):
+                f.write(block)
+                h.update(block)
+                size += len(block)
+                bar.update(len(block))
+        except (urllib.error.URLError, OSError, TimeoutError) as e:
+            raise ConnectionError(f"could not download {url} ({e}); {_place_hint(dest)}") from e
         if size != HELLASWAG_VAL_SIZE:
             what = "truncated" if size < HELLASWAG_VAL_SIZE else "too long"
             raise ValueError(f"{url}: download {what}, got {size:,} of {HELLASWAG_VAL_SIZE:,} bytes; "
@@ -92,11 +89,6 @@ def fetch_hellaswag(dest_dir: str | Path = "data/hellaswag", path: str | Path | 
         if h.hexdigest() != HELLASWAG_VAL_SHA256:
             raise ValueError(f"{url}: sha256 {h.hexdigest()} does not match the expected {HELLASWAG_VAL_SHA256}; "
                              f"nothing was written to {dest}")
-        os.replace(tmp, dest)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
     return dest
 
 

@@ -1,30 +1,13 @@
-"""Metrics files: step-wise training metrics through dvclive (rank 0 only), and atomic JSON summaries."""
+"""Step-wise training metrics through dvclive (rank 0 only), kept consistent across a kill and resume."""
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
-import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
-
-def write_json(path: str | Path, data: Any) -> None:
-    """Write JSON atomically (temp name, fsync, rename) so a kill never leaves half a metrics file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, sort_keys=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+from .atomic import atomic_write
 
 
 def truncate_step_metrics(live_dir: str | Path, from_step: int) -> None:
@@ -42,10 +25,8 @@ def truncate_step_metrics(live_dir: str | Path, from_step: int) -> None:
         kept = [r for r in body if int(r[step_col]) < from_step]
         if len(kept) == len(body):
             continue
-        tmp = tsv.with_suffix(".tsv.tmp")
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
+        with atomic_write(tsv) as f:
             csv.writer(f, delimiter="\t", lineterminator="\n").writerows([header, *kept])
-        os.replace(tmp, tsv)
 
 
 class StepLogger:

@@ -15,7 +15,6 @@ import math
 import numbers
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+
+from .atomic import atomic_write, write_text
 
 # Names `from_pretrained` accepts for OpenAI's checkpoints, and the Hub repositories that hold them.
 HF_GPT2_NAMES = {
@@ -266,7 +267,7 @@ class GPT(nn.Module):
         vocab_size keeps only the first rows of the (tied) embedding, e.g. 50257 of a 50304-padded model.
         Each file is written to a temporary name in save_dir and renamed into place.
         """
-        from safetensors.torch import save_file
+        from safetensors.torch import save as safetensors_bytes
 
         cfg = self.config
         if not cfg.bias:
@@ -323,9 +324,10 @@ class GPT(nn.Module):
         out = Path(save_dir)
         out.mkdir(parents=True, exist_ok=True)
         # weights first, config last: a directory with a config.json is a complete checkpoint
-        _atomic_write(out / "model.safetensors", lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
+        with atomic_write(out / "model.safetensors", "wb") as f:
+            f.write(safetensors_bytes(tensors, metadata={"format": "pt"}))
         text = json.dumps(hf_config, indent=2, sort_keys=True) + "\n"
-        _atomic_write(out / "config.json", lambda p: Path(p).write_text(text, encoding="utf-8"))
+        write_text(out / "config.json", text)
 
     # ------------------------------------------------------------------ optimizer
 
@@ -571,18 +573,6 @@ def _load_hf_state(model: GPT, state: dict[str, torch.Tensor], model_dir: Path) 
     if lm_head is not None and not torch.equal(lm_head.to(ours["transformer.wte.weight"].dtype),
                                                ours["transformer.wte.weight"]):
         raise ValueError(f"{model_dir}: lm_head.weight differs from wte.weight; GPT-2 ties them")
-
-
-def _atomic_write(path: Path, write) -> None:
-    """Call write(tmp_path) for a temporary file next to `path`, then rename it onto `path`."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # ---------------------------------------------------------------------- peak FLOP/s

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
-import tempfile
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -34,6 +32,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
+
+from .atomic import atomic_write
 
 # positions projected through lm_head at once: bounds the [positions, vocab] float32 logits in memory
 HEAD_CHUNK = 1024
@@ -405,15 +405,7 @@ def score_examples(model: nn.Module, examples: Sequence[Example], *, device: str
 def write_predictions(path: str | Path, result: ChoiceResult) -> Path:
     """One JSON object per example (index, label, pred, pred_norm, sum_losses, mean_losses); atomic."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for p in result.predictions:
-                f.write(json.dumps(p) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_write(path) as f:
+        for p in result.predictions:
+            f.write(json.dumps(p) + "\n")
     return path

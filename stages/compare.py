@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from gptcore.metrics import write_json
+from gptcore.atomic import write_json
 from gptcore.report import compare
 
 EVAL = Path("metrics/eval.json")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gptcore import cloze, distributed, evaluation, hellaswag, shards
-from gptcore.metrics import write_json
+from gptcore.atomic import write_json
 from gptcore.multichoice import score_examples, write_predictions
 from gptcore.sampling import load_model_and_tokenizer, sample
 from gptcore.tokenizers import load_tokenizer

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from gptcore import checkpoint, distributed, evaluation, hellaswag, shards
 from gptcore.loader import TokenLoader
-from gptcore.metrics import StepLogger, write_json
+from gptcore.atomic import write_json
+from gptcore.metrics import StepLogger
 from gptcore.tokenizers import load_tokenizer, save_beside_shards, tokenizer_record
 from gptcore.trainer import Trainer, TrainConfig, autocast_context, resolve_dtype, run_fingerprint_params
 from stages.common import load_params

@@ -1,0 +1,44 @@
+"""Atomic file writes: write beside the target under a hidden temp name, fsync, rename.
+
+A reader (or a rerun after kill -9) sees the old file or the new one, never half of one. Every file gptcore writes
+that a later step trusts (checkpoints, metrics, predictions, downloads, exports) goes through here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+
+@contextmanager
+def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
+    """Yield a file open on a temp name next to `path`; on a clean exit it replaces `path`, on an error it is removed.
+
+    Raise inside the block to abandon the write (a failed checksum, say): `path` stays as it was.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: str | Path, text: str) -> None:
+    with atomic_write(path) as f:
+        f.write(text)
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    with atomic_write(path) as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
