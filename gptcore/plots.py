@@ -27,6 +27,8 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
+from .atomic import atomic_write
+
 LIVE_DIR = Path("metrics/train")  # dvclive's folder (the train stage)
 PLOT_DATA_DIR = Path("metrics/plots")  # what write_plot_data writes (the compare stage)
 BASELINES = Path("conf/baselines.yaml")
@@ -60,24 +62,13 @@ def read_step_tsv(path: str | Path) -> list[tuple[int, float]]:
     return out
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temp name in the same folder, then rename: a kill never leaves half a file under `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _write_tsv(path: Path, header: list[str], rows: Iterable[Iterable[Any]]) -> None:
     buf = io.StringIO()
     w = csv.writer(buf, delimiter="\t", lineterminator="\n")
     w.writerow(header)
     w.writerows(rows)
-    _write_atomic(path, buf.getvalue().encode("utf-8"))
+    with atomic_write(path, "wb") as f:  # bytes: the same "\n" line ends on every OS
+        f.write(buf.getvalue().encode("utf-8"))
 
 
 def tokens_per_step(live_dir: str | Path = LIVE_DIR) -> float:
@@ -222,7 +213,8 @@ def render_plots(plots: Mapping[str, Any], out_dir: str | Path = PNG_DIR, fmt: s
             spec["config"] = {**spec.get("config", {}), "legend": {"labelLimit": 0}}
             filename = plot_filename(name if i == 0 else f"{name}_{i}", fmt)
             path = out_dir / filename
-            _write_atomic(path, _convert(spec, fmt, scale))
+            with atomic_write(path, "wb") as f:
+                f.write(_convert(spec, fmt, scale))
             written.append(path)
     return written
 
