@@ -17,6 +17,7 @@ import os
 import re
 import struct
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +243,10 @@ class ShardWriter:
         self._docs_in_shard = 0
         self._expect_doc = self.resume_point[0]
         self._drop = self.resume_point[1]
+        # finished shards are fsynced, renamed and recorded by one background thread, in order, so the
+        # tokenize loop keeps feeding the workers while a 200 MB shard goes to disk
+        self._closer = ThreadPoolExecutor(1, thread_name_prefix="shard-close")
+        self._closing: list[Future] = []
         if not self.manifest["complete"]:
             _atomic_json(self.dir / MANIFEST, self.manifest)
 
@@ -301,6 +306,7 @@ class ShardWriter:
         with eot) and `starts` the offset of each document in it."""
         if self.complete:
             raise RuntimeError(f"{self.dir}: the shards are already complete")
+        self._check_closed()
         if first_doc != self._expect_doc:
             raise RuntimeError(f"documents out of order: got {first_doc}, expected {self._expect_doc}")
         self._expect_doc += len(starts)
@@ -330,15 +336,29 @@ class ShardWriter:
                 self._close(nxt)
 
     def _close(self, nxt: tuple[int, int]) -> None:
-        f, tmp, name = self._file, self._tmp, self._name
+        """Hand the full (or last) shard to the closer thread; the next one can start at once."""
+        f = self._file
         if self._in_shard != self._cap:
             f.seek(0)
             f.write(npy_header(self.dtype, self._in_shard))
+        sha = self._sha.hexdigest() if self._in_shard == self._cap else None
+        record = {"name": self._name, "split": self._split, "tokens": self._in_shard,
+                  "documents": self._docs_in_shard, "sha256": sha, "next": {"doc": nxt[0], "offset": nxt[1]}}
+        self._closing.append(self._closer.submit(self._finalize, f, self._tmp, record))
+        self._file, self._tmp = None, None
+        self._check_closed()
+
+    def _check_closed(self, wait: bool = False) -> None:
+        """Raise the first error of the closer thread (e.g. a different finished shard in the way)."""
+        while self._closing and (wait or self._closing[0].done()):
+            self._closing.pop(0).result()
+
+    def _finalize(self, f, tmp: Path, record: dict) -> None:  # noqa: ANN001  (runs in the closer thread)
         f.flush()
         os.fsync(f.fileno())
         f.close()
-        self._file = None
-        sha = self._sha.hexdigest() if self._in_shard == self._cap else file_sha256(tmp)
+        name = record["name"]
+        sha = record["sha256"] = record["sha256"] or file_sha256(tmp)
         final = self.dir / name
         if final.exists():
             # a kill between rename and manifest update leaves a finished shard the manifest does not list:
@@ -351,9 +371,7 @@ class ShardWriter:
         else:
             os.replace(tmp, final)
             _fsync_dir(self.dir)
-        self.manifest["shards"].append({"name": name, "split": self._split, "tokens": self._in_shard,
-                                        "documents": self._docs_in_shard, "sha256": sha,
-                                        "next": {"doc": nxt[0], "offset": nxt[1]}})
+        self.manifest["shards"].append(record)
         _atomic_json(self.dir / MANIFEST, self.manifest)
 
     def finish(self, documents: int) -> dict:
@@ -371,6 +389,10 @@ class ShardWriter:
                              f"nothing is left for train: lower val_tokens")
         if self._file is not None and self._in_shard:
             self._close((documents, 0))
+        try:
+            self._check_closed(wait=True)
+        finally:
+            self._closer.shutdown()
         self.manifest["complete"] = True
         self.manifest["documents"] = documents
         self.manifest["tokens"] = {sp: sum(s["tokens"] for s in self.manifest["shards"] if s["split"] == sp)
@@ -379,9 +401,11 @@ class ShardWriter:
         return self.manifest
 
     def abort(self) -> None:
-        """Drop the shard being written (finished shards stay)."""
+        """Drop the shard being written; finished shards already handed to the closer are recorded."""
         if self._file is not None:
             self._file.close()
             self._file = None
         if self._tmp is not None:
             self._tmp.unlink(missing_ok=True)
+            self._tmp = None
+        self._closer.shutdown(wait=True)  # lets pending closes finish; their errors do not mask the caller's
