@@ -166,7 +166,7 @@ def dvc_plots_json(revisions: list[str] | None = None, targets: list[str] | None
 
 
 def plot_filename(name: str, fmt: str) -> str:
-    """A plot id (`loss`, `metrics/train/plots/metrics/lr.tsv`) -> a file name (`loss.png`, `metrics_train_..._lr.png`)."""
+    """A plot id -> a file name: `loss` -> `loss.png`, `metrics/train/plots/metrics/lr.tsv` -> `metrics_..._lr.png`."""
     stem = re.sub(r"\.(tsv|csv|json|yaml)$", "", name)
     stem = re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._") or "plot"
     return f"{stem}.{fmt}"
