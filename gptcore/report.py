@@ -4,11 +4,12 @@ from __future__ import annotations
 from typing import Any
 
 
-def compare(run: dict[str, Any], baselines: dict[str, Any]) -> dict[str, Any]:
+def compare(run: dict[str, Any], baselines: dict[str, Any], comparable: bool = True) -> dict[str, Any]:
     """`run` is evaluate's eval.json ({"eval": {"val_loss"}, "hellaswag": {"acc_norm"}, ...}).
 
     Returns {"baseline": {...}, "delta": {...}} with keys named after what they compare; a figure the run lacks
-    (say, HellaSwag on the quick-start, which evaluates the cloze task) gets a baseline but no delta.
+    (say, HellaSwag on the quick-start, which evaluates the cloze task) gets a baseline but no delta, and so does
+    every figure when the run is not `comparable` (another tokenizer: its loss is in other units).
     """
     gpt2, gpt3 = baselines["gpt2_124m"], baselines.get("gpt3_124m", {})
     ours = {
@@ -18,7 +19,9 @@ def compare(run: dict[str, Any], baselines: dict[str, Any]) -> dict[str, Any]:
     baseline = {"gpt2_val_loss": gpt2["val_loss"], "gpt2_hellaswag_acc_norm": gpt2["hellaswag_acc_norm"]}
     if "hellaswag_acc_norm" in gpt3:
         baseline["gpt3_hellaswag_acc_norm"] = gpt3["hellaswag_acc_norm"]
-    delta = {}
+    delta: dict[str, float] = {}
+    if not comparable:
+        return {"baseline": baseline, "delta": delta}
     if ours["val_loss"] is not None:
         delta["val_loss_vs_gpt2"] = ours["val_loss"] - gpt2["val_loss"]
     if ours["hellaswag_acc_norm"] is not None:

@@ -251,5 +251,6 @@ class Trainer:
         metrics = self.evaluate()
         self.logger.log(self.step, metrics)
         final.update(metrics)
-        self.save()
+        if self.step > 0:  # max_steps 0 (evaluate a starting point) leaves nothing worth resuming
+            self.save()
         return final

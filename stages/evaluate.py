@@ -52,7 +52,7 @@ def main() -> None:
                        p["top_k"], p["seed"], env.device, autocast)
         write_predictions(OUT / "predictions.jsonl", result)
         evaluation.write_samples(OUT / "samples.txt", p["sample_prompt"], texts, model_spec)
-        metrics = {"eval": {"val_loss": loss, "val_tokens": len(val_tokens)},
+        metrics = {"eval": {"val_loss": loss},
                    p["task"]: {"acc": result.acc, "acc_norm": result.acc_norm, "count": result.count}}
         write_json(OUT / "eval.json", metrics)
         print(f"[evaluate] {model_spec}: val_loss {loss:.4f}, {p['task']} acc {result.acc:.4f} "

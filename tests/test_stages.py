@@ -28,7 +28,7 @@ def test_evaluate_cloze_then_compare(trained):
     out = run_stage(trained, "evaluate")
     assert "cloze acc" in out.stdout
     metrics = read_json(trained / "metrics/eval.json")
-    assert 0 < metrics["eval"]["val_loss"] < 11 and metrics["eval"]["val_tokens"] == 2048
+    assert 0 < metrics["eval"]["val_loss"] < 11
     assert metrics["cloze"]["count"] == 40 and 0 <= metrics["cloze"]["acc_norm"] <= 1
     preds = (trained / "metrics/predictions.jsonl").read_text().splitlines()
     assert len(preds) == 40 and {"label", "pred_norm"} <= set(json.loads(preds[0]))
