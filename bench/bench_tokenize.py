@@ -4,6 +4,8 @@ Builds a synthetic English-like corpus (Shakespeare's word frequencies, sentence
 of 2 to 8 KB) of each requested size, fetches it as the local source, then reports in the same run:
   - single-process tiktoken GPT-2 `encode_ordinary` tokens/s (one core), and `encode_to_numpy` (what the
     workers use),
+  - the parallel ceiling: `cores` independent encoding processes with no pipeline (cores that share a
+    physical core or a turbo budget run slower together than alone),
   - the tokenize stage with all cores (workers=0): tokens/s, and its ratio to cores x single-core rate,
   - optionally a build-nanogpt-style per-document multiprocessing.Pool.imap (chunksize 16) for comparison,
   - peak memory of the stage's whole process tree (sum of RSS every 50 ms, sum of PSS every 500 ms).
@@ -97,7 +99,28 @@ def single_core_rates(parquet: Path, max_bytes: int = 40_000_000) -> dict:
     t_np, c_np = time.perf_counter() - t0, time.process_time() - c0
     assert n == n2
     return {"tokens": n, "bytes": size, "encode_ordinary": n / t_list, "encode_numpy": n / t_np,
-            "encode_ordinary_cpu": n / c_list, "encode_numpy_cpu": n / c_np}
+            "encode_ordinary_cpu": n / c_list, "encode_numpy_cpu": n / c_np,
+            "ceiling": parallel_ceiling(tok, docs[: len(docs) // 2])}
+
+
+def _encode_all(tok, docs: list[str], q) -> None:  # noqa: ANN001
+    q.put(sum(len(tok.encode_numpy(d)) for d in docs))
+
+
+def parallel_ceiling(tok, docs: list[str]) -> float:  # noqa: ANN001
+    """Aggregate tokens/s of `cores` independent processes each encoding the same documents, with no
+    pipeline at all: what the hardware gives when every core encodes at once (cores that share a
+    physical core, memory bandwidth or a turbo budget run slower together than alone)."""
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_encode_all, args=(tok, docs, q)) for _ in range(cpu_count())]
+    t0 = time.perf_counter()
+    for p in procs:
+        p.start()
+    n = sum(q.get() for _ in procs)
+    for p in procs:
+        p.join()
+    return n / (time.perf_counter() - t0)
 
 
 def _tree_pids(pid: int) -> list[int]:
@@ -239,10 +262,12 @@ def main() -> None:
     print(f"\ncores: {cores}   (tiktoken GPT-2; rates in million tokens/s; memory = peak of the stage's process tree)")
     print("ratio = stage tokens/s / (cores x 1-core tokens/s), wall clock; 'cpu eff' = stage tokens per CPU-second "
           "(parent + workers) / 1-core np tokens per CPU-second: the share of CPU spent encoding, which other load "
-          "on the machine does not change. 'load' = 1-min load average after the run (> cores means contention).")
+          "on the machine does not change. 'ceiling' = cores independent encode_numpy processes with no pipeline, "
+          "as a share of cores x 1-core np: the most any pipeline can reach here; 'stage/ceil' = stage tokens/s / "
+          "that. 'load' = 1-min load average after the run (> cores means contention).")
     head = f"{'corpus':>9} {'tokens':>8} {'1-core ord':>10} {'1-core np':>9} {'stage':>7} {'ratio ord':>9} {'ratio np':>8}"
     head += "" if args.no_imap else f" {'imap/doc':>8} {'imap ratio':>10} {'imap cpu eff':>12}"
-    head += f" {'cpu eff':>7} {'RSS sum':>8} {'PSS sum':>8} {'load':>5}"
+    head += f" {'cpu eff':>7} {'ceiling':>7} {'stage/ceil':>10} {'RSS sum':>8} {'PSS sum':>8} {'load':>5}"
     print(head)
     for r in rows:
         line = (f"{r['mb']:>6.0f} MB {r['stage_tokens'] / 1e6:>7.1f}M {r['encode_ordinary'] / 1e6:>10.2f} "
@@ -251,7 +276,8 @@ def main() -> None:
         if "imap" in r:
             line += (f" {r['imap'] / 1e6:>8.2f} {r['imap'] / (cores * r['encode_ordinary']):>10.1%}"
                      f" {r['imap_cpu'] / r['encode_ordinary_cpu']:>12.1%}")
-        line += (f" {r['stage_cpu'] / r['encode_numpy_cpu']:>7.1%} {r['rss'] / 2**20:>5.0f} MB {r['pss'] / 2**20:>5.0f} MB"
+        line += (f" {r['stage_cpu'] / r['encode_numpy_cpu']:>7.1%} {r['ceiling'] / (cores * r['encode_numpy']):>7.1%}"
+                 f" {r['stage'] / r['ceiling']:>10.1%} {r['rss'] / 2**20:>5.0f} MB {r['pss'] / 2**20:>5.0f} MB"
                  f" {r['load']:>5.1f}")
         print(line)
 
