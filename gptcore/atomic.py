@@ -1,10 +1,11 @@
-"""Atomic file writes: write beside the target under a hidden temp name, fsync, rename.
+"""Atomic file writes (write beside the target under a hidden temp name, fsync, rename) and file checksums.
 
 A reader (or a rerun after kill -9) sees the old file or the new one, never half of one. Every file gptcore writes
 that a later step trusts (checkpoints, metrics, predictions, downloads, exports) goes through here.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -45,7 +46,16 @@ def write_text(path: str | Path, text: str) -> None:
         f.write(text)
 
 
-def write_json(path: str | Path, data: Any) -> None:
+def write_json(path: str | Path, data: Any, indent: int = 2) -> None:
     with atomic_write(path) as f:
-        json.dump(data, f, indent=2)
+        json.dump(data, f, indent=indent, ensure_ascii=False)
         f.write("\n")
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 hex digest of a file, read in 4 MiB blocks (shards are 200 MB)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Protocol
 
 from tqdm import tqdm
 
-from gptcore.atomic import atomic_write
+from gptcore.atomic import atomic_write, file_sha256
 from gptcore.multichoice import Example
 
 HELLASWAG_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -39,16 +39,8 @@ def urllib_transport(url: str, timeout: float = 60.0, chunk: int = 1 << 16) -> I
             yield block
 
 
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _is_official(path: Path) -> bool:
-    return path.is_file() and path.stat().st_size == HELLASWAG_VAL_SIZE and sha256_file(path) == HELLASWAG_VAL_SHA256
+    return path.is_file() and path.stat().st_size == HELLASWAG_VAL_SIZE and file_sha256(path) == HELLASWAG_VAL_SHA256
 
 
 def _place_hint(dest: Path) -> str:

@@ -18,7 +18,6 @@ import argparse
 import csv
 import io
 import json
-import os
 import re
 import subprocess
 import sys

@@ -19,9 +19,10 @@ import struct
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+
+from .atomic import file_sha256, write_json
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -110,14 +111,6 @@ def load_tokens(path: str | Path) -> np.ndarray:
     return arr
 
 
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def verify(shard_dir: str | Path) -> list[str]:
     """Recheck every shard against manifest.json (size, dtype, token and document counts, sha256).
     Returns the problems found, one line each; an empty list means the shards are intact."""
@@ -176,16 +169,6 @@ def main(argv: list[str] | None = None) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # writing
-
-def _atomic_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, ensure_ascii=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
 
 def _fsync_dir(path: Path) -> None:
     try:
@@ -248,7 +231,7 @@ class ShardWriter:
         self._closer = ThreadPoolExecutor(1, thread_name_prefix="shard-close")
         self._closing: list[Future] = []
         if not self.manifest["complete"]:
-            _atomic_json(self.dir / MANIFEST, self.manifest)
+            write_json(self.dir / MANIFEST, self.manifest, indent=1)
 
     # -- resume -----------------------------------------------------------------------------
     def _adopt(self, old: dict) -> None:
@@ -372,7 +355,7 @@ class ShardWriter:
             os.replace(tmp, final)
             _fsync_dir(self.dir)
         self.manifest["shards"].append(record)
-        _atomic_json(self.dir / MANIFEST, self.manifest)
+        write_json(self.dir / MANIFEST, self.manifest, indent=1)
 
     def finish(self, documents: int) -> dict:
         """Close the last shard and mark the manifest complete; `documents` is the corpus size."""
@@ -397,7 +380,7 @@ class ShardWriter:
         self.manifest["documents"] = documents
         self.manifest["tokens"] = {sp: sum(s["tokens"] for s in self.manifest["shards"] if s["split"] == sp)
                                    for sp in SPLITS}
-        _atomic_json(self.dir / MANIFEST, self.manifest)
+        write_json(self.dir / MANIFEST, self.manifest, indent=1)
         return self.manifest
 
     def abort(self) -> None:

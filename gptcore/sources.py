@@ -13,7 +13,6 @@ document counts; `open_corpus` reads it back in batches without ever holding the
 from __future__ import annotations
 
 import glob as _glob
-import hashlib
 import html
 import importlib.util
 import json
@@ -31,6 +30,8 @@ from typing import Any, Iterable, Iterator, NamedTuple, Protocol
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
+
+from .atomic import file_sha256, write_json
 
 FETCH_RECORD = "fetch.json"
 LOCAL_SUFFIXES = (".parquet", ".jsonl", ".txt")
@@ -198,14 +199,6 @@ def read_local_file(path: Path, text_column: str, batch_docs: int = ROW_GROUP_DO
 # ---------------------------------------------------------------------------------------------
 # writing documents (package / local) and the fetch record
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _fsync_replace(tmp: Path, dst: Path) -> None:
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
@@ -246,7 +239,7 @@ def write_documents(batches: Iterable[list[str]], out_dir: str | Path, max_docs:
         nonlocal writer, in_file
         writer.close()
         _fsync_replace(tmp, dst)
-        records.append({"path": dst.name, "documents": in_file, "bytes": dst.stat().st_size, "sha256": _file_sha256(dst)})
+        records.append({"path": dst.name, "documents": in_file, "bytes": dst.stat().st_size, "sha256": file_sha256(dst)})
         writer, in_file = None, 0
 
     bar = tqdm(total=max_docs, unit="doc", unit_scale=True, desc="fetch", disable=not progress, dynamic_ncols=True)
@@ -291,9 +284,7 @@ def _write_record(out_dir: Path, record: dict) -> dict:
     if record["documents"] == 0:
         raise ValueError(f"fetch produced no documents ({record['source']} {record.get('name') or record.get('path')}): "
                          f"the corpus is empty")
-    tmp = out_dir / f".{FETCH_RECORD}.tmp"
-    tmp.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    _fsync_replace(tmp, out_dir / FETCH_RECORD)
+    write_json(out_dir / FETCH_RECORD, record)
     return record
 
 

