@@ -507,13 +507,7 @@ class Corpus:
             if doc + n_docs <= start_doc:
                 doc += n_docs
                 continue
-            if not path.is_file():
-                raise FileNotFoundError(f"{path}: listed in {self.root / FETCH_RECORD} but missing; run fetch again")
-            try:
-                pf = pq.ParquetFile(path)
-            except (pa.ArrowException, OSError) as e:
-                raise ValueError(f"{path}: not a readable parquet file ({e})") from None
-            _check_text_type(path, pf.schema_arrow, col)
+            pf = self._open(path)
             left = n_docs
             for rg in range(pf.num_row_groups):
                 if left <= 0:
@@ -544,6 +538,17 @@ class Corpus:
         if buf:
             yield buf_start, buf
 
+    def _open(self, path: Path) -> pq.ParquetFile:
+        """A listed parquet file, checked to exist, to parse and to hold a string text column."""
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: listed in {self.root / FETCH_RECORD} but missing; run fetch again")
+        try:
+            pf = pq.ParquetFile(path)
+        except (pa.ArrowException, OSError) as e:
+            raise ValueError(f"{path}: not a readable parquet file ({e})") from None
+        _check_text_type(path, pf.schema_arrow, self.text_column)
+        return pf
+
     def tasks(self, start_doc: int = 0, task_bytes: int = 4 << 20) -> Iterator["ReadTask"]:
         """Units of work for the tokenize workers, from document `start_doc` on, planned from parquet
         metadata alone: one task per row group, except that a row group holding more than
@@ -553,13 +558,7 @@ class Corpus:
             if doc + n_docs <= start_doc:
                 doc += n_docs
                 continue
-            if not path.is_file():
-                raise FileNotFoundError(f"{path}: listed in {self.root / FETCH_RECORD} but missing; run fetch again")
-            try:
-                pf = pq.ParquetFile(path)
-            except (pa.ArrowException, OSError) as e:
-                raise ValueError(f"{path}: not a readable parquet file ({e})") from None
-            _check_text_type(path, pf.schema_arrow, self.text_column)
+            pf = self._open(path)
             md = pf.metadata
             col = next(j for j in range(md.num_columns) if md.schema.column(j).path == self.text_column)
             file_row, left = 0, n_docs
