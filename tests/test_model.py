@@ -299,7 +299,8 @@ def test_configure_optimizers_groups():
     in_groups = decay["params"] + no_decay["params"]
     assert len({id(p) for p in in_groups}) == len(in_groups) == len(list(model.parameters()))
     assert opt.defaults["lr"] == 6e-4 and opt.defaults["betas"] == (0.9, 0.95)
-    assert not opt.defaults.get("fused")  # CPU: no fused kernel
+    assert opt.defaults.get("fused") is True  # the fused kernel on the CPU too
+    assert not model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type="mps").defaults.get("fused")
     # one step works (and the tied matrix is updated once, as one tensor)
     model.train()
     model(tokens(), tokens(seed=5))[1].backward()
