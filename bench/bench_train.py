@@ -1,5 +1,7 @@
 """Benchmark: training-step throughput of one model shape in fp32 eager, bf16 autocast, and the stage's default.
 
+fp32 eager is nanoGPT's CPU path (fp32, foreach AdamW); the stage's default adds bf16 autocast and fused AdamW.
+
 Prints tokens/s, ms/step, achieved TFLOP/s and MFU (when the device's peak is known or --peak-tflops is given), and
 each variant's loss after the last step beside fp32's. All variants train the same initial weights on the same real
 text (Shakespeare, GPT-2 BPE) through the train stage's own Trainer and loader.
@@ -40,12 +42,16 @@ def shakespeare_shard(folder: Path, tokens: int) -> Path:
     return path
 
 
-def run_variant(name: str, base: GPT, shard: Path, cfg: TrainConfig, steps: int, warmup: int) -> dict:
+def run_variant(name: str, base: GPT, shard: Path, cfg: TrainConfig, steps: int, warmup: int,
+                fused_adamw: bool = True) -> dict:
     env = distributed.setup(cfg.device)
     model = copy.deepcopy(base)
     loader = TokenLoader([shard], cfg.micro_batch, model.config.block_size, cfg.total_batch_tokens)
     with tempfile.TemporaryDirectory() as ckpt:
         trainer = Trainer(model, loader, cfg, env, Path(ckpt), StepLogger(ckpt, enabled=False), {})
+        if not fused_adamw:  # nanoGPT's CPU path: the default (foreach) AdamW
+            trainer.optimizer = torch.optim.AdamW(trainer.raw_model.param_groups(cfg.weight_decay), lr=cfg.max_lr,
+                                                  betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
         times, loss = [], float("nan")
         for i in range(steps):
             t0 = time.perf_counter()
@@ -83,17 +89,19 @@ def main() -> None:
     step_tokens = args.micro_batch * args.block_size
     default = TrainConfig(device=args.device, micro_batch=args.micro_batch, total_batch_tokens=step_tokens,
                           max_steps=args.steps, warmup_steps=min(10, args.steps), max_lr=6e-4)
-    variants = [("fp32 eager", replace(default, dtype="float32", compile=False)),
-                ("bf16 autocast", replace(default, dtype="bfloat16", compile=False)),
-                ("stage default", default)]
+    # (name, config, fused AdamW): the first row is nanoGPT's CPU path, the reference for speed-up and loss.
+    variants = [("fp32 eager", replace(default, dtype="float32", compile=False), False),
+                ("fp32 + fused", replace(default, dtype="float32", compile=False), True),
+                ("bf16 autocast", replace(default, dtype="bfloat16", compile=False), False),
+                ("stage default", default, True)]
     if args.compile:
-        variants.append(("bf16 + compile", replace(default, dtype="bfloat16", compile=True)))
+        variants.append(("default+compile", replace(default, compile=True), True))
     print(f"model {args.n_layer}L/{args.n_head}H/{args.n_embd}d, block {args.block_size}, "
           f"{sum(p.numel() for p in base.parameters()) / 1e6:.1f}M params, {step_tokens} tokens/step, "
           f"{args.steps} steps ({args.warmup} untimed), torch {torch.__version__}, {torch.get_num_threads()} threads")
     with tempfile.TemporaryDirectory() as d:
         shard = shakespeare_shard(Path(d), step_tokens * args.steps + 1)
-        rows = [run_variant(n, base, shard, cfg, args.steps, args.warmup) for n, cfg in variants]
+        rows = [run_variant(n, base, shard, cfg, args.steps, args.warmup, fused) for n, cfg, fused in variants]
     ref = rows[0]
     print(f"{'variant':16} {'dtype':9} {'compile':7} {'tok/s':>9} {'ms/step':>9} {'TFLOP/s':>8} {'MFU':>6} "
           f"{'speed-up':>8} {'loss':>8} {'vs fp32':>8}")
