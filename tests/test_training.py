@@ -127,3 +127,25 @@ def test_non_finite_loss_stops_with_the_step(tmp_path, shards):
     assert proc.returncode != 0
     assert "non-finite training loss" in proc.stderr and "at step" in proc.stderr
     assert "last good checkpoint" in proc.stderr
+
+
+def test_float16_with_grad_scaler_trains_and_resumes_its_scaler(tmp_path, shards):
+    project = make_project(tmp_path / "p", shards, dtype="float16", max_steps=4, ckpt_every=2)
+    out = run_train(project)
+    assert "torch.float16" in out.stdout
+    losses = [v for _, v in tsv(project, "train_loss")]
+    assert len(losses) == 4 and all(np.isfinite(losses))
+    ckpt = checkpoint.load_checkpoint(checkpoint.latest_checkpoint(project / "checkpoints"))
+    assert ckpt["scaler"] is not None and ckpt["scaler"]["scale"] > 0
+
+
+def test_fine_tune_from_a_hugging_face_dir_crops_the_block(tmp_path, shards):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=64, vocab_size=50257)
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "hf")
+    project = make_project(tmp_path / "p", shards, max_steps=2, eval_every=2,
+                           model={"init_from": str(tmp_path / "hf"), "block_size": 32})
+    run_train(project)
+    final = checkpoint.load_model(project / "model" / "model.pt")
+    assert final.config.block_size == 32 and final.config.vocab_size == 50257 and final.config.n_layer == 1
