@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from . import distributed, shards
 from .atomic import write_text
+from .multichoice import score_examples
 
 
 def first_tokens(paths: Sequence[Path], n: int) -> np.ndarray:
@@ -102,7 +103,5 @@ class ChoiceTask:
         self.kwargs = dict(device=device, batch_size=batch_size, dtype=dtype, progress=progress)
 
     def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]:
-        from .multichoice import score_examples
-
         r = score_examples(model, self.examples, **self.kwargs)
         return {f"{self.name}_acc_norm": r.acc_norm, f"{self.name}_acc": r.acc}
