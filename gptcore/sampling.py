@@ -13,6 +13,9 @@ from typing import ContextManager
 
 import torch
 
+from tqdm import tqdm
+
+from .atomic import write_text
 from .checkpoint import OPENAI_NAMES, load_model
 from .model import GPT
 from .tokenizers import Tokenizer, get_tokenizer, load_tokenizer
@@ -66,6 +69,29 @@ def sample(
         out = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen,
                              vocab_limit=tokenizer.vocab_size)
     return [tokenizer.decode(row[len(ids):].tolist()) for row in out]
+
+
+class TrainingSamples:
+    """Training-loop evaluator: on rank 0, `num_samples` continuations of `prompt`, written to out_dir/step_NNNNNNN.txt.
+
+    Sampling draws from its own generator seeded by (seed, step), never the global RNG, so a run with samples
+    resumes bit-exactly like one without. Returns no metrics.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, out_dir: str | Path, prompt: str, num_samples: int, max_new_tokens: int,
+                 seed: int, device: torch.device, is_main: bool, autocast: ContextManager | None = None) -> None:
+        self.tokenizer, self.out_dir, self.prompt = tokenizer, Path(out_dir), prompt
+        self.num_samples, self.max_new_tokens, self.seed = num_samples, max_new_tokens, seed
+        self.device, self.is_main, self.autocast = device, is_main, autocast
+
+    def __call__(self, model: GPT, step: int) -> dict[str, float]:
+        if self.is_main and self.num_samples > 0:
+            texts = sample(model, self.tokenizer, self.prompt, self.num_samples, self.max_new_tokens,
+                           seed=self.seed * 1_000_003 + step, device=self.device, autocast=self.autocast)
+            body = "".join(f"--- step {step}, sample {i} ---\n{self.prompt}{t}\n\n" for i, t in enumerate(texts))
+            write_text(self.out_dir / f"step_{step:07d}.txt", body)
+            tqdm.write(body.rstrip())
+        return {}
 
 
 def main(argv: list[str] | None = None) -> None:

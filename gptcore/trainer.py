@@ -29,7 +29,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 # Params that change how a run is executed or reported but not the weights it ends with: they may differ on resume.
 NOT_IN_FINGERPRINT = {"nproc", "micro_batch", "compile", "device", "eval_every", "ckpt_every", "keep_checkpoints",
-                      "log_every", "hellaswag", "hellaswag_path", "hellaswag_examples", "val_tokens", "val_batch"}
+                      "log_every", "hellaswag", "hellaswag_path", "hellaswag_examples", "val_tokens", "val_batch",
+                      "samples", "sample_prompt", "sample_tokens"}
 
 
 class NonFiniteLoss(RuntimeError):
@@ -64,6 +65,9 @@ class TrainConfig:
     hellaswag: bool = False  # also score HellaSwag at each eval (needs GPT-2 BPE data)
     hellaswag_path: str | None = None
     hellaswag_examples: int | None = None  # None: all 10,042
+    samples: int = 0  # text samples written at each eval (metrics/train/samples/)
+    sample_prompt: str = ""
+    sample_tokens: int = 32
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "TrainConfig":

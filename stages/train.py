@@ -10,6 +10,7 @@ from gptcore import checkpoint, distributed, evaluation, hellaswag, shards
 from gptcore.loader import TokenLoader
 from gptcore.atomic import write_json
 from gptcore.metrics import StepLogger
+from gptcore.sampling import TrainingSamples
 from gptcore.tokenizers import load_tokenizer, save_beside_shards, tokenizer_record
 from gptcore.trainer import Trainer, TrainConfig, autocast_context, resolve_dtype, run_fingerprint_params
 from stages.common import load_params
@@ -38,6 +39,10 @@ def main() -> None:
         path = hellaswag.fetch_hellaswag("data/hellaswag", path=cfg.hellaswag_path, progress=env.is_main)
         examples = hellaswag.load_hellaswag(path, tok, limit=cfg.hellaswag_examples)
         evaluators.append(evaluation.ChoiceTask("hellaswag", examples, cfg.val_batch, env.device, dtype, env.is_main))
+    (LIVE_DIR / "samples").mkdir(parents=True, exist_ok=True)  # a declared out, even when no samples are asked for
+    if cfg.samples > 0:
+        evaluators.append(TrainingSamples(tok, LIVE_DIR / "samples", cfg.sample_prompt, cfg.samples, cfg.sample_tokens,
+                                          cfg.seed, env.device, env.is_main, autocast_context(env.device, dtype)))
 
     run_params = run_fingerprint_params(model_params, cfg, data)
     resume_path, why = checkpoint.find_resume(CKPT_DIR, run_params)

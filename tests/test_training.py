@@ -99,8 +99,10 @@ def kill_after_checkpoint(project: Path, nproc: int, ckpt_step: int) -> None:
 
 @pytest.mark.parametrize("nproc,dtype", [(1, "float32"), (1, "bfloat16"), (2, "float32")])
 def test_killed_run_resumes_bit_identically(tmp_path, shards, nproc, dtype):
-    straight = make_project(tmp_path / "straight", shards, nproc=nproc, dtype=dtype, max_steps=12)
-    killed = make_project(tmp_path / "killed", shards, nproc=nproc, dtype=dtype, max_steps=12)
+    # with text samples at each eval: they draw from their own generator, so resume stays exact
+    opts = dict(nproc=nproc, dtype=dtype, max_steps=12, samples=1, sample_tokens=4)
+    straight = make_project(tmp_path / "straight", shards, **opts)
+    killed = make_project(tmp_path / "killed", shards, **opts)
     run_train(straight, nproc)
     kill_after_checkpoint(killed, nproc, ckpt_step=6)
     out = run_train(killed, nproc)
@@ -110,6 +112,10 @@ def test_killed_run_resumes_bit_identically(tmp_path, shards, nproc, dtype):
     # The step metrics neither lose nor repeat a step across the kill.
     assert tsv(killed, "train_loss") == tsv(straight, "train_loss")
     assert [s for s, _ in tsv(killed, "val_loss")] == [0, 5, 10, 12]
+    samples = sorted(p.name for p in (killed / "metrics/train/samples").iterdir())
+    assert samples == ["step_0000000.txt", "step_0000005.txt", "step_0000010.txt", "step_0000012.txt"]
+    assert (killed / "metrics/train/samples/step_0000012.txt").read_text() == \
+        (straight / "metrics/train/samples/step_0000012.txt").read_text()
 
 
 def test_changed_params_start_fresh_never_resume(tmp_path, shards):
