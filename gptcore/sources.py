@@ -152,14 +152,20 @@ def _check_docs(path: Path, docs: list, first_row: int) -> list[str]:
     return docs
 
 
+def open_parquet(path: Path, text_column: str, fix: str = "") -> pq.ParquetFile:
+    """A parquet file checked to parse and to hold a string `text_column`; `fix` ends the error (what to do)."""
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"{path}: not a readable parquet file ({e}){fix}") from None
+    _check_text_type(path, pf.schema_arrow, text_column)
+    return pf
+
+
 def read_local_file(path: Path, text_column: str, batch_docs: int = ROW_GROUP_DOCS) -> Iterator[list[str]]:
     """Documents of one local file in batches; bad input raises ValueError naming the file and row/line."""
     if path.suffix == ".parquet":
-        try:
-            pf = pq.ParquetFile(path)
-        except (pa.ArrowException, OSError) as e:
-            raise ValueError(f"{path}: not a readable parquet file ({e})") from None
-        _check_text_type(path, pf.schema_arrow, text_column)
+        pf = open_parquet(path, text_column)
         row = 0
         for batch in pf.iter_batches(batch_size=batch_docs, columns=[text_column]):
             docs = batch.column(0).to_pylist()
@@ -402,11 +408,7 @@ def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_col
                 raise HubUnreachableError(_offline_help(repo_id, config, f"downloading {name}: {type(e).__name__}: {e}")) from e
         if not local.is_file():
             raise FileNotFoundError(f"{local}: the download of {name} left no file there")
-        try:
-            pf = pq.ParquetFile(local)
-        except (pa.ArrowException, OSError) as e:
-            raise ValueError(f"{local}: downloaded file is not readable parquet ({e}); delete it and fetch again") from None
-        _check_text_type(local, pf.schema_arrow, text_column)
+        pf = open_parquet(local, text_column, fix="; delete the downloaded file and fetch again")
         rows = pf.metadata.num_rows
         if max_docs is not None:
             rows = min(rows, max_docs - total)
@@ -542,12 +544,7 @@ class Corpus:
         """A listed parquet file, checked to exist, to parse and to hold a string text column."""
         if not path.is_file():
             raise FileNotFoundError(f"{path}: listed in {self.root / FETCH_RECORD} but missing; run fetch again")
-        try:
-            pf = pq.ParquetFile(path)
-        except (pa.ArrowException, OSError) as e:
-            raise ValueError(f"{path}: not a readable parquet file ({e})") from None
-        _check_text_type(path, pf.schema_arrow, self.text_column)
-        return pf
+        return open_parquet(path, self.text_column)
 
     def tasks(self, start_doc: int = 0, task_bytes: int = 4 << 20) -> Iterator["ReadTask"]:
         """Units of work for the tokenize workers, from document `start_doc` on, planned from parquet
