@@ -95,11 +95,8 @@ def load_model(path: str | Path, override_args: dict[str, Any] | None = None) ->
     block_size = override_args.pop("block_size", None)
     if block_size is not None and block_size < config.block_size:
         model.crop_block_size(block_size)
-    if "dropout" in override_args:
-        model.config.dropout = override_args["dropout"]
-        for m in model.modules():
-            if isinstance(m, torch.nn.Dropout):
-                m.p = override_args["dropout"]
+    if override_args.get("dropout") is not None:
+        model.set_dropout(override_args["dropout"])
     return model
 
 
