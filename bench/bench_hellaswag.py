@@ -4,7 +4,7 @@ Same model, same examples, same run, in float32 and bfloat16; prints examples/s 
 how many predictions agree and the largest loss difference, and what the full 10,042 examples would take.
 
     python bench/bench_hellaswag.py                      # 6-layer 384-wide GPT, 500 real examples
-    python bench/bench_hellaswag.py --n_layer 12 --n_embd 768 --n_head 12 --examples 200 --device cuda
+    python bench/bench_hellaswag.py --n-layer 12 --n-embd 768 --n-head 12 --examples 200 --device cuda
 """
 from __future__ import annotations
 
@@ -41,12 +41,12 @@ def main() -> None:
     ap.add_argument("--path", default=None, help="HellaSwag jsonl (default: data/hellaswag's official copy, "
                                                  "else ../shared/ref-data's preprocessed copy)")
     ap.add_argument("--examples", type=int, default=500)
-    ap.add_argument("--n_layer", type=int, default=6)
-    ap.add_argument("--n_head", type=int, default=6)
-    ap.add_argument("--n_embd", type=int, default=384)
-    ap.add_argument("--vocab_size", type=int, default=50304)
-    ap.add_argument("--block_size", type=int, default=1024)
-    ap.add_argument("--batch_size", type=int, default=32, help="examples per forward on the fast path")
+    ap.add_argument("--n-layer", type=int, default=6)
+    ap.add_argument("--n-head", type=int, default=6)
+    ap.add_argument("--n-embd", type=int, default=384)
+    ap.add_argument("--vocab-size", type=int, default=50304)
+    ap.add_argument("--block-size", type=int, default=1024)
+    ap.add_argument("--batch-size", type=int, default=32, help="examples per forward on the fast path")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=0)
