@@ -18,10 +18,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gptcore.hellaswag import HELLASWAG_VAL_EXAMPLES, load_hellaswag  # noqa: E402
-from gptcore.model import GPT, GPTConfig  # noqa: E402
-from gptcore.multichoice import ChoiceResult, score_examples, score_examples_reference  # noqa: E402
-from gptcore.tokenizers import get_tokenizer  # noqa: E402
+from gptcore.eval.hellaswag import HELLASWAG_VAL_EXAMPLES, load_hellaswag  # noqa: E402
+from gptcore.model.gpt import GPT, GPTConfig  # noqa: E402
+from gptcore.eval.multichoice import ChoiceResult, score_examples, score_examples_reference  # noqa: E402
+from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
 
 REF = ROOT / ".." / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"
 OFFICIAL = ROOT / "data" / "hellaswag" / "hellaswag_val.jsonl"

@@ -36,9 +36,9 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gptcore.encoding import cpu_count  # noqa: E402
-from gptcore.sources import fetch, package_documents  # noqa: E402
-from gptcore.tokenizers import get_tokenizer  # noqa: E402
+from gptcore.data.tokenize import cpu_count  # noqa: E402
+from gptcore.data.sources import fetch, package_documents  # noqa: E402
+from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
 
 
 def english_like_corpus(path: Path, size_mb: float, seed: int = 0) -> tuple[int, int]:
@@ -193,7 +193,7 @@ def run_measured(code: str) -> tuple[dict, int, int]:
 STAGE = """
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
-from gptcore.encoding import tokenize
+from gptcore.data.tokenize import tokenize
 def cpu():
     a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
@@ -208,7 +208,7 @@ IMAP = """
 import json, resource, sys, time, multiprocessing as mp
 import numpy as np, pyarrow.parquet as pq
 sys.path.insert(0, {root!r})
-from gptcore.tokenizers import get_tokenizer
+from gptcore.data.tokenizers import get_tokenizer
 enc = get_tokenizer("gpt2")._enc
 def tokenize_doc(doc):
     ids = [enc.eot_token] + enc.encode_ordinary(doc)

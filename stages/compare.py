@@ -7,9 +7,9 @@ from pathlib import Path
 import yaml
 
 from gptcore.atomic import write_json
-from gptcore.plots import write_plot_data
-from gptcore.report import compare
-from gptcore.tokenizers import load_tokenizer
+from gptcore.report.plots import write_plot_data
+from gptcore.report.compare import compare
+from gptcore.data.tokenizers import load_tokenizer
 
 EVAL = Path("metrics/eval.json")
 BASELINES = Path("conf/baselines.yaml")

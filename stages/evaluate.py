@@ -7,12 +7,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gptcore import cloze, distributed, evaluation, hellaswag, shards
+from gptcore.eval import cloze
+from gptcore import distributed
+from gptcore.eval import val_loss as evaluation
+from gptcore.eval import hellaswag
+from gptcore.data import shards
 from gptcore.atomic import write_json
-from gptcore.multichoice import score_examples, write_predictions
-from gptcore.sampling import load_model_and_tokenizer, sample
-from gptcore.tokenizers import load_tokenizer
-from gptcore.trainer import autocast_context, resolve_dtype
+from gptcore.eval.multichoice import score_examples, write_predictions
+from gptcore.eval.sampling import load_model_and_tokenizer, sample
+from gptcore.data.tokenizers import load_tokenizer
+from gptcore.precision import autocast_context, resolve_dtype
 from stages.common import load_params
 
 SHARDS = Path("data/shards")

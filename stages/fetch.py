@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gptcore.sources import HubUnreachableError, fetch
+from gptcore.data.sources import HubUnreachableError, fetch
 from stages.common import load_params
 
 RAW = Path("data/raw")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gptcore.encoding import tokenize
+from gptcore.data.tokenize import tokenize
 from stages.common import load_params
 
 RAW = Path("data/raw")

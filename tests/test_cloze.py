@@ -8,8 +8,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptcore.cloze import build_cloze
-from gptcore.multichoice import score_examples
+from gptcore.eval.cloze import build_cloze
+from gptcore.eval.multichoice import score_examples
 
 EOT = 50
 

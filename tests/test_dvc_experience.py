@@ -17,9 +17,10 @@ import pytest
 import yaml
 from dvc.utils.hydra import compose_and_dump
 
-from gptcore import encoding, sources
-from gptcore.model import GPTConfig
-from gptcore.trainer import TrainConfig
+from gptcore.data import tokenize as encoding
+from gptcore.data import sources
+from gptcore.model.gpt import GPTConfig
+from gptcore.train.loop import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import gptcore.hellaswag as hs
-from gptcore.hellaswag import fetch_hellaswag, load_hellaswag, read_hellaswag
-from gptcore.model import GPT, GPTConfig
-from gptcore.multichoice import score_examples, score_examples_reference
+import gptcore.eval.hellaswag as hs
+from gptcore.eval.hellaswag import fetch_hellaswag, load_hellaswag, read_hellaswag
+from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.eval.multichoice import score_examples, score_examples_reference
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"
 
@@ -125,7 +125,7 @@ def test_missing_file_says_where_to_place_it(tmp_path):
 def ref_examples():
     if not REF.is_file():
         pytest.skip(f"reference data absent: {REF} (a clone without ../shared/ref-data)")
-    from gptcore.tokenizers import get_tokenizer
+    from gptcore.data.tokenizers import get_tokenizer
 
     return load_hellaswag(REF, get_tokenizer("gpt2"))
 
@@ -136,7 +136,7 @@ def test_reference_file_parses_whole(ref_examples):
     assert [e.index for e in ref_examples] == list(range(10_042))
     assert all(len(e.endings) == 4 and e.context and all(e.endings) for e in ref_examples)
     first = json.loads(REF.open().readline())
-    from gptcore.tokenizers import get_tokenizer
+    from gptcore.data.tokenizers import get_tokenizer
 
     tok = get_tokenizer("gpt2")
     assert tok.decode(ref_examples[0].context) == first["ctx"]

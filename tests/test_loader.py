@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from gptcore.loader import TokenLoader
+from gptcore.data.loader import TokenLoader
 
 
 @pytest.fixture

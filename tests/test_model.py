@@ -6,8 +6,11 @@ import math
 import pytest
 import torch
 
-from gptcore import model as model_mod
-from gptcore.model import GPT, GPTConfig, peak_flops, peak_flops_for_name, strip_prefixes
+from gptcore.model import flops as flops_mod
+from gptcore.model.flops import device_peak_flops as peak_flops, estimate_mfu, flops_per_token, peak_flops_for_name
+from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.model.hf import load_hf_gpt2, save_hf_gpt2
+from gptcore.model.load import strip_prefixes
 
 TINY = dict(block_size=64, vocab_size=100, n_layer=2, n_head=2, n_embd=64)
 
@@ -66,7 +69,7 @@ def our_logits(model, idx):
 
 
 def test_import_matches_hf_logits(hf_model, hf_dir):
-    model = GPT.from_pretrained(hf_dir).eval()
+    model = load_hf_gpt2(hf_dir).eval()
     assert model.config == GPTConfig(block_size=64, vocab_size=100, n_layer=2, n_head=2, n_embd=64)
     assert model.lm_head.weight is model.transformer.wte.weight
     idx = tokens()
@@ -74,8 +77,8 @@ def test_import_matches_hf_logits(hf_model, hf_dir):
 
 
 def test_export_loads_in_hf_with_same_logits(transformers, hf_dir, tmp_path):
-    model = GPT.from_pretrained(hf_dir).eval()
-    model.save_pretrained(tmp_path)
+    model = load_hf_gpt2(hf_dir).eval()
+    save_hf_gpt2(model, tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["model_type"] == "gpt2" and cfg["architectures"] == ["GPT2LMHeadModel"]
     assert (cfg["n_positions"], cfg["n_ctx"], cfg["n_embd"], cfg["n_layer"], cfg["n_head"]) == (64, 64, 64, 2, 2)
@@ -90,23 +93,23 @@ def test_export_loads_in_hf_with_same_logits(transformers, hf_dir, tmp_path):
 
 def test_export_import_round_trip_is_exact(tmp_path):
     model = tiny_gpt()
-    model.save_pretrained(tmp_path)
-    again = GPT.from_pretrained(tmp_path)
+    save_hf_gpt2(model, tmp_path)
+    again = load_hf_gpt2(tmp_path)
     assert again.config == model.config
     ours, theirs = model.state_dict(), again.state_dict()
     assert ours.keys() == theirs.keys()
     for k in ours:
         assert torch.equal(ours[k], theirs[k]), k
     # exporting twice over the same directory replaces the files
-    model.save_pretrained(tmp_path)
+    save_hf_gpt2(model, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
 
 
 def test_export_trims_padded_vocab(transformers, tmp_path):
     model = tiny_gpt(vocab_size=128)  # 100 real tokens padded to 128
-    model.save_pretrained(tmp_path, vocab_size=100)
+    save_hf_gpt2(model, tmp_path, vocab_size=100)
     assert json.loads((tmp_path / "config.json").read_text())["vocab_size"] == 100
-    back = GPT.from_pretrained(tmp_path)
+    back = load_hf_gpt2(tmp_path)
     assert back.config.vocab_size == 100
     assert torch.equal(back.transformer.wte.weight, model.transformer.wte.weight[:100])
     idx = tokens(seed=2)
@@ -115,7 +118,7 @@ def test_export_trims_padded_vocab(transformers, tmp_path):
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
     torch.testing.assert_close(hf_logits(hf, idx), expected, atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="vocab_size"):
-        model.save_pretrained(tmp_path, vocab_size=129)
+        save_hf_gpt2(model, tmp_path, vocab_size=129)
 
 
 def test_import_pytorch_bin_without_prefix_and_with_mask_buffers(hf_model, tmp_path):
@@ -130,44 +133,44 @@ def test_import_pytorch_bin_without_prefix_and_with_mask_buffers(hf_model, tmp_p
     state["lm_head.weight"] = state["wte.weight"].clone()
     torch.save(state, tmp_path / "pytorch_model.bin")
     hf_model.config.to_json_file(tmp_path / "config.json")
-    model = GPT.from_pretrained(tmp_path).eval()
+    model = load_hf_gpt2(tmp_path).eval()
     idx = tokens(seed=3)
     torch.testing.assert_close(our_logits(model, idx), hf_logits(hf_model, idx), atol=1e-4, rtol=0)
 
 
 def test_import_override_args(hf_dir):
-    model = GPT.from_pretrained(hf_dir, override_args={"dropout": 0.1, "block_size": 32})
+    model = load_hf_gpt2(hf_dir, override_args={"dropout": 0.1, "block_size": 32})
     assert model.config.block_size == 32 and model.transformer.wpe.weight.shape == (32, 64)
     assert model.config.dropout == 0.1
     assert all(m.p == 0.1 for m in model.modules() if isinstance(m, torch.nn.Dropout))
     # None values mean "keep the default" (stages pass every key, some unset)
-    model = GPT.from_pretrained(hf_dir, override_args={"dropout": None, "block_size": None})
+    model = load_hf_gpt2(hf_dir, override_args={"dropout": None, "block_size": None})
     assert model.config.block_size == 64 and model.config.dropout == 0.0
     with pytest.raises(ValueError, match="n_positions"):
-        GPT.from_pretrained(hf_dir, override_args={"block_size": 65})
+        load_hf_gpt2(hf_dir, override_args={"block_size": 65})
     with pytest.raises(ValueError, match="override_args"):
-        GPT.from_pretrained(hf_dir, override_args={"n_layer": 3})
+        load_hf_gpt2(hf_dir, override_args={"n_layer": 3})
 
 
 def test_import_bad_inputs(hf_dir, tmp_path):
     with pytest.raises(ValueError, match="neither a local"):
-        GPT.from_pretrained(tmp_path / "nope")
+        load_hf_gpt2(tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match="config.json"):
-        GPT.from_pretrained(tmp_path)
+        load_hf_gpt2(tmp_path)
     (tmp_path / "config.json").write_text((hf_dir / "config.json").read_text())
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
-        GPT.from_pretrained(tmp_path)
+        load_hf_gpt2(tmp_path)
     cfg = json.loads((hf_dir / "config.json").read_text())
     cfg["activation_function"] = "relu"
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="activation_function"):
-        GPT.from_pretrained(tmp_path)
+        load_hf_gpt2(tmp_path)
     cfg["activation_function"] = "gelu_new"
     cfg["n_embd"] = 32  # weights no longer fit the config
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     (tmp_path / "model.safetensors").write_bytes((hf_dir / "model.safetensors").read_bytes())
     with pytest.raises(ValueError, match="shape"):
-        GPT.from_pretrained(tmp_path)
+        load_hf_gpt2(tmp_path)
 
 
 def test_named_gpt2_offline_gives_clear_error(monkeypatch):
@@ -178,7 +181,7 @@ def test_named_gpt2_offline_gives_clear_error(monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     with pytest.raises(RuntimeError) as err:
-        GPT.from_pretrained("gpt2")
+        load_hf_gpt2("gpt2")
     message = str(err.value)
     assert "openai-community/gpt2" in message and "download" in message
     assert "local Hugging Face directory" in message
@@ -186,7 +189,7 @@ def test_named_gpt2_offline_gives_clear_error(monkeypatch):
 
 def test_bias_free_model_cannot_export(tmp_path):
     with pytest.raises(ValueError, match="bias=False"):
-        tiny_gpt(bias=False).save_pretrained(tmp_path)
+        save_hf_gpt2(tiny_gpt(bias=False), tmp_path)
     assert not (tmp_path / "config.json").exists()
 
 
@@ -200,7 +203,7 @@ def test_gpt2_124m_parameter_count():
     assert model.get_num_params(non_embedding=False) == 124_439_808
     assert model.get_num_params() == 124_439_808 - 1024 * 768
     # PaLM estimate: 6N + 12 L H Q T
-    assert model.flops_per_token() == 6 * (124_439_808 - 1024 * 768) + 12 * 12 * 12 * 64 * 1024
+    assert flops_per_token(model) == 6 * (124_439_808 - 1024 * 768) + 12 * 12 * 12 * 64 * 1024
 
 
 def test_parameter_names_match_hf_layout():
@@ -375,10 +378,10 @@ def test_strip_prefixes():
 
 def test_estimate_mfu():
     model = tiny_gpt()
-    assert model.estimate_mfu(1e5) is None  # CPU, no peak given: no made-up number
-    assert model.estimate_mfu(1e5, device="cpu") is None
-    mfu = model.estimate_mfu(1e5, peak_flops=1e12)
-    assert mfu == pytest.approx(model.flops_per_token() * 1e5 / 1e12)
+    assert estimate_mfu(model, 1e5) is None  # CPU, no peak given: no made-up number
+    assert estimate_mfu(model, 1e5, device="cpu") is None
+    mfu = estimate_mfu(model, 1e5, peak_flops=1e12)
+    assert mfu == pytest.approx(flops_per_token(model) * 1e5 / 1e12)
     assert 0 < mfu < 1
     assert peak_flops("cpu") is None
 
@@ -409,11 +412,11 @@ def test_peak_flops_table(name, expected):
 
 
 def test_peak_flops_uses_cuda_device_name(monkeypatch):
-    monkeypatch.setattr(model_mod.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(model_mod.torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-40GB")
+    monkeypatch.setattr(flops_mod.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(flops_mod.torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-40GB")
     assert peak_flops("cuda:0") == 312e12
-    mfu = tiny_gpt().estimate_mfu(1e6, device="cuda")
-    assert mfu == pytest.approx(tiny_gpt().flops_per_token() * 1e6 / 312e12)
+    mfu = estimate_mfu(tiny_gpt(), 1e6, device="cuda")
+    assert mfu == pytest.approx(flops_per_token(tiny_gpt()) * 1e6 / 312e12)
 
 
 # ---------------------------------------------------------------------------- CUDA (skipped without a GPU)
@@ -462,5 +465,5 @@ def test_cuda_compiled_model_matches_eager_and_its_state_dict_loads():
 @cuda
 def test_cuda_peak_flops_is_a_table_value_or_none():
     value = peak_flops("cuda")
-    assert value is None or value in dict(model_mod._PEAK_FLOPS).values()
+    assert value is None or value in dict(flops_mod._PEAK_FLOPS).values()
     assert value == peak_flops_for_name(torch.cuda.get_device_name())

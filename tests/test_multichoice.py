@@ -11,8 +11,8 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptcore.model import GPT, GPTConfig
-from gptcore.multichoice import (ChoiceResult, Example, fit_example, render_rows, score_examples,
+from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.eval.multichoice import (ChoiceResult, Example, fit_example, render_rows, score_examples,
                                  score_examples_reference, write_predictions)
 
 # Next-token distributions of a bigram "model": P[a][b] = p(next = b | current = a).

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from gptcore.optim import CosineSchedule, lr_at
+from gptcore.train.optim import CosineSchedule, lr_at
 
 MAX, MIN, WARM, STEPS = 6e-4, 6e-5, 715, 19073
 

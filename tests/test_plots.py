@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gptcore import plots
+from gptcore.report import plots
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINES = {"gpt2_124m": {"val_loss": 3.2924, "hellaswag_acc_norm": 0.2955},

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from gptcore import shards as S
+from gptcore.data import shards as S
 
 
 def docs_stream(lengths: list[int], eot: int = 9, dtype=np.uint16):

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from gptcore import sources as src
+from gptcore.data import sources as src
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data"
 

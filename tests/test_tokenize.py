@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptcore import encoding as E
-from gptcore import shards as S
-from gptcore.sources import fetch, open_corpus
-from gptcore.tokenizers import get_tokenizer, load_tokenizer
+from gptcore.data import tokenize as E
+from gptcore.data import shards as S
+from gptcore.data.sources import fetch, open_corpus
+from gptcore.data.tokenizers import get_tokenizer, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = ROOT / ".." / "shared" / "ref-data"
@@ -230,7 +230,7 @@ def test_kill_9_then_rerun_is_byte_identical(tmp_path):
     docs = synthetic_docs(12_000, seed=7, max_words=400)  # ~10 MB of text: a few seconds on one worker
     raw = make_raw(tmp_path, docs)
     cfg = {"tokenizer": "gpt2", "shard_tokens": 50_000, "val_tokens": 150_000, "workers": 1}  # ~50 shards
-    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from gptcore.encoding import tokenize; "
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from gptcore.data.tokenize import tokenize; "
             f"tokenize({str(raw)!r}, {str(tmp_path / 'shards')!r}, {cfg!r}, progress=False)")
     proc = subprocess.Popen([sys.executable, "-c", code])
     manifest = tmp_path / "shards" / "manifest.json"

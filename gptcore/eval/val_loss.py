@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from . import distributed, shards
-from .atomic import write_text
-from .multichoice import score_examples
+from gptcore import distributed
+from gptcore.data import shards
+from gptcore.atomic import write_text
+from gptcore.eval.multichoice import score_examples
 
 
 def first_tokens(paths: Sequence[Path], n: int) -> np.ndarray:

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from . import shards
+from gptcore.data import shards
 
 
 @dataclass

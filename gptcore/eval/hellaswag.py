@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Protocol
 from tqdm import tqdm
 
 from gptcore.atomic import atomic_write, file_sha256
-from gptcore.multichoice import Example
+from gptcore.eval.multichoice import Example
 
 HELLASWAG_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 HELLASWAG_VAL_SIZE = 12_246_618

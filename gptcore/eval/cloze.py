@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gptcore.multichoice import Example
+from gptcore.eval.multichoice import Example
 
 
 def _clean(tokens: np.ndarray, start: int, length: int, eot: int, allow_first: bool) -> bool:

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from .atomic import atomic_write
+from gptcore.atomic import atomic_write
 
 LIVE_DIR = Path("metrics/train")  # dvclive's folder (the train stage)
 PLOT_DATA_DIR = Path("metrics/plots")  # what write_plot_data writes (the compare stage)

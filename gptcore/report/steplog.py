@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Mapping
 
-from .atomic import atomic_write
+from gptcore.atomic import atomic_write
 
 
 def truncate_step_metrics(live_dir: str | Path, from_step: int) -> None:

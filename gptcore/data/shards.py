@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .atomic import file_sha256, write_json
+from gptcore.atomic import file_sha256, write_json
 
 MANIFEST = "manifest.json"
 FORMAT = 1

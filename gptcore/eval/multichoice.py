@@ -22,7 +22,6 @@ from __future__ import annotations
 import inspect
 import json
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -33,7 +32,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .atomic import atomic_write
+from gptcore.atomic import atomic_write
+from gptcore.precision import DTYPES, autocast_context
 
 # positions projected through lm_head at once: bounds the [positions, vocab] float32 logits in memory
 HEAD_CHUNK = 1024
@@ -134,20 +134,12 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 
 def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """A dtype from a torch dtype or one of precision.DTYPES' names (the caller has already resolved fallbacks)."""
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
-    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
-    if dtype not in names:
-        raise ValueError(f"dtype={dtype!r}: expected one of {sorted(names)}")
-    return names[dtype]
-
-
-def _autocast(device: torch.device, dtype: torch.dtype | None):
-    """Mixed precision for the forward when a half dtype is asked for; losses are always float32."""
-    if dtype is None or dtype == torch.float32:
-        return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: expected one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
 
 
 def _prediction(example: Example, sum_losses: Sequence[float], mean_losses: Sequence[float]) -> dict:
@@ -182,7 +174,7 @@ def score_examples_reference(model: nn.Module, examples: Sequence[Example], *, d
         for ex in tqdm(examples, desc="multichoice (reference)", unit="ex", disable=not progress):
             tokens, mask = render_rows(ex, block_size)
             tokens, mask = tokens.to(device), mask.to(device)
-            with _autocast(device, dtype):
+            with autocast_context(device, dtype):
                 logits, _ = model(tokens)
             if logits.shape[:2] != tokens.shape:
                 raise RuntimeError(f"model(idx) returned logits {tuple(logits.shape)}; the reference path needs "
@@ -297,7 +289,7 @@ def _batch_losses(model: nn.Module, batch: _Batch, device: torch.device, dtype: 
                   packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed and mean ending loss per row of the batch: ([R], [R]) float32 on the CPU."""
     idx, pos = batch.idx.to(device), batch.pos.to(device)
-    with _autocast(device, dtype):
+    with autocast_context(device, dtype):
         if packed:
             hidden = model.hidden_states(idx, pos=pos, attn_mask=batch.attn_mask.to(device))
         else:
@@ -311,7 +303,7 @@ def _batch_losses(model: nn.Module, batch: _Batch, device: torch.device, dtype: 
     pair_row = batch.pair_row[by_head].to(device)
     losses = torch.empty(len(pair_head), device=device)
     for c, start in enumerate(range(0, len(hidden), HEAD_CHUNK)):
-        with _autocast(device, dtype):
+        with autocast_context(device, dtype):
             logits = model.lm_head(hidden[start:start + HEAD_CHUNK])
         logits = logits.float()
         lo, hi = bounds[c], bounds[c + 1]

@@ -25,9 +25,9 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from . import shards
-from .sources import Corpus, ReadTask, open_corpus, read_task
-from .tokenizers import (
+from gptcore.data import shards
+from gptcore.data.sources import Corpus, ReadTask, open_corpus, read_task
+from gptcore.data.tokenizers import (
     CHAR_VOCAB_FILE,
     HF_TOKENIZER_FILE,
     CharTokenizer,

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from .atomic import file_sha256, write_json
+from gptcore.atomic import file_sha256, write_json
 
 FETCH_RECORD = "fetch.json"
 LOCAL_SUFFIXES = (".parquet", ".jsonl", ".txt")

@@ -16,16 +16,18 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from . import checkpoint, distributed
-from .distributed import DistEnv
-from .metrics import StepLogger
-from .model import GPT
-from .optim import CosineSchedule, set_lr
+from gptcore.train import checkpoint
+from gptcore import distributed
+from gptcore.distributed import DistEnv
+from gptcore.report.steplog import StepLogger
+from gptcore.model.flops import estimate_mfu
+from gptcore.model.gpt import GPT
+from gptcore.model.load import strip_prefixes
+from gptcore.precision import DTYPES, autocast_context, resolve_dtype
+from gptcore.train.optim import CosineSchedule, set_lr
 
 # An evaluator runs on every rank at the eval cadence and returns metrics for rank 0 to log.
 Evaluator = Callable[[GPT, int], dict[str, float]]
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # Params that change how a run is executed or reported but not the weights it ends with: they may differ on resume.
 NOT_IN_FINGERPRINT = {"nproc", "micro_batch", "compile", "device", "eval_every", "ckpt_every", "keep_checkpoints",
@@ -81,25 +83,6 @@ class TrainConfig:
         return cfg
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """The precision actually used: bf16 falls back to fp32 on CPUs without native bf16 (it would only be slower)."""
-    dtype = DTYPES[name]
-    if dtype == torch.bfloat16 and device.type == "cpu":
-        fast = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)() or getattr(
-            torch.cpu, "_is_amx_tile_supported", lambda: False)()
-        if not fast:
-            return torch.float32
-    if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        return torch.float16
-    return dtype
-
-
-def autocast_context(device: torch.device, dtype: torch.dtype) -> ContextManager:
-    if dtype == torch.float32:
-        return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
 def run_fingerprint_params(model_params: dict[str, Any], train_cfg: TrainConfig, data: dict[str, Any]) -> dict:
     """The params that shape the weights of a run; a checkpoint resumes only into a run with the same ones."""
     train = {k: v for k, v in asdict(train_cfg).items() if k not in NOT_IN_FINGERPRINT}
@@ -152,7 +135,7 @@ class Trainer:
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def _restore(self, ckpt: dict[str, Any]) -> None:
-        self.raw_model.load_state_dict(checkpoint.strip_prefixes(ckpt["model"]))
+        self.raw_model.load_state_dict(strip_prefixes(ckpt["model"]))
         self.optimizer.load_state_dict(ckpt["optimizer"])
         if ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
@@ -240,7 +223,7 @@ class Trainer:
             dt = time.perf_counter() - t0
             tokens_per_sec = step_tokens / dt
             stats.update(tokens_per_sec=tokens_per_sec, tokens_seen=(self.step + 1) * step_tokens, step_ms=dt * 1e3)
-            mfu = self.raw_model.estimate_mfu(tokens_per_sec / env.world_size, self.device)
+            mfu = estimate_mfu(self.raw_model, tokens_per_sec / env.world_size, self.device)
             if mfu is not None:
                 stats["mfu"] = mfu
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps - 1:

@@ -15,10 +15,11 @@ import torch
 
 from tqdm import tqdm
 
-from .atomic import write_text
-from .checkpoint import OPENAI_NAMES, load_model
-from .model import GPT
-from .tokenizers import Tokenizer, get_tokenizer, load_tokenizer
+from gptcore.atomic import write_text
+from gptcore.model.hf import load_hf_gpt2
+from gptcore.model.load import OPENAI_NAMES, load_model
+from gptcore.model.gpt import GPT
+from gptcore.data.tokenizers import Tokenizer, get_tokenizer, load_tokenizer
 
 
 def read_prompt(prompt: str) -> str:
@@ -34,7 +35,7 @@ def read_prompt(prompt: str) -> str:
 def load_model_and_tokenizer(model: str, tokenizer_dir: str | Path | None = None) -> tuple[GPT, Tokenizer]:
     """A checkpoint file / model dir (tokenizer from beside it, or `tokenizer_dir`), or OpenAI weights with GPT-2 BPE."""
     if model in OPENAI_NAMES or (Path(model).is_dir() and (Path(model) / "config.json").exists()):
-        return GPT.from_pretrained(model), load_tokenizer(tokenizer_dir) if tokenizer_dir else get_tokenizer("gpt2")
+        return load_hf_gpt2(model), load_tokenizer(tokenizer_dir) if tokenizer_dir else get_tokenizer("gpt2")
     path = Path(model)
     if path.is_dir():
         path = path / "model.pt"
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--device", default="auto")
     args = ap.parse_args(argv)
-    from .distributed import pick_device
+    from gptcore.distributed import pick_device
 
     device = pick_device(args.device)
     model, tok = load_model_and_tokenizer(args.model, args.tokenizer_dir)

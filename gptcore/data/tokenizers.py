@@ -19,7 +19,7 @@ from typing import Iterable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
-from .atomic import atomic_write, file_sha256, write_text
+from gptcore.atomic import atomic_write, file_sha256, write_text
 
 EOT_TEXT = "<|endoftext|>"
 MANIFEST = "manifest.json"

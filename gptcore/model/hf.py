@@ -1,0 +1,259 @@
+"""Hugging Face GPT-2 checkpoints in and out: OpenAI's weights (or any HF GPT-2 folder) -> GPT, and GPT -> HF.
+
+Hugging Face stores GPT-2's projections as Conv1D (weight shape [in, out]); GPT uses nn.Linear ([out, in]), so
+those four weights are transposed on the way in and out. Everything else maps one to one. `transformers` is not
+needed for either direction.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from gptcore.atomic import atomic_write, write_text
+from gptcore.model.gpt import GPT, GPTConfig
+
+# Names `from_pretrained` accepts for OpenAI's checkpoints, and the Hub repositories that hold them.
+HF_GPT2_NAMES = {
+    "gpt2": "openai-community/gpt2",
+    "gpt2-medium": "openai-community/gpt2-medium",
+    "gpt2-large": "openai-community/gpt2-large",
+    "gpt2-xl": "openai-community/gpt2-xl",
+}
+# Hugging Face keeps these as Conv1D, i.e. transposed relative to nn.Linear.
+_CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+GPT2_EOT = 50256  # <|endoftext|> in the GPT-2 BPE vocabulary
+# Hugging Face keeps these as Conv1D, i.e. transposed relative to nn.Linear.
+_CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+
+def load_hf_gpt2(name_or_dir: str | os.PathLike, override_args: dict | None = None) -> GPT:
+    """OpenAI's GPT-2 (`gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl`, fetched from the Hugging Face Hub
+    or its local cache) or a local Hugging Face GPT-2 directory (config.json plus model.safetensors,
+    a sharded model.safetensors.index.json, or pytorch_model.bin). Does not need `transformers`.
+
+    override_args may set `dropout` (default 0.0) and a `block_size` no larger than the checkpoint's
+    n_positions (the position table is cropped).
+    """
+    override_args = dict(override_args or {})
+    unknown = set(override_args) - {"dropout", "block_size"}
+    if unknown:
+        raise ValueError(f"override_args may only set 'dropout' and 'block_size', got {sorted(unknown)}")
+
+    path = Path(name_or_dir)
+    if path.is_dir():
+        model_dir = path
+    elif str(name_or_dir) in HF_GPT2_NAMES:
+        model_dir = _download_gpt2(str(name_or_dir))
+    else:
+        raise ValueError(
+            f"{str(name_or_dir)!r} is neither a local Hugging Face GPT-2 directory nor one of "
+            f"{', '.join(HF_GPT2_NAMES)}"
+        )
+
+    config = _config_from_hf(model_dir)
+    state = _read_hf_weights(model_dir)
+
+    # build on the meta device (no wasted init of up to 1.5B weights), then give it real storage
+    with torch.device("meta"):
+        model = GPT(config)
+    model.to_empty(device="cpu")
+    model.lm_head.weight = model.transformer.wte.weight  # to_empty may untie; tie again
+    _load_hf_state(model, state, model_dir)
+
+    model.set_dropout(override_args.get("dropout") or 0.0)  # None means the default, no dropout
+    block_size = override_args.get("block_size")
+    if block_size is not None and block_size != config.block_size:
+        if block_size > config.block_size:
+            raise ValueError(
+                f"override_args block_size={block_size} is larger than {model_dir}'s "
+                f"n_positions={config.block_size}"
+            )
+        model.crop_block_size(block_size)
+    return model
+
+
+
+def save_hf_gpt2(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None = None) -> None:
+    """Write `model` as a Hugging Face GPT-2 checkpoint (config.json + model.safetensors, fp32) that
+    `transformers.GPT2LMHeadModel.from_pretrained(save_dir)` loads with the same logits.
+
+    vocab_size keeps only the first rows of the (tied) embedding, e.g. 50257 of a 50304-padded model.
+    Each file is written to a temporary name in save_dir and renamed into place.
+    """
+    from safetensors.torch import save as safetensors_bytes
+
+    cfg = model.config
+    if not cfg.bias:
+        raise ValueError(
+            "a bias=False model cannot be exported as Hugging Face GPT-2, whose Linear and LayerNorm "
+            "layers always have biases"
+        )
+    vocab_size = cfg.vocab_size if vocab_size is None else vocab_size
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 0 < vocab_size <= cfg.vocab_size:
+        raise ValueError(f"vocab_size must be an int in [1, {cfg.vocab_size}], got {vocab_size!r}")
+
+    tensors = {}
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight":
+            continue  # tied to wte; Hugging Face re-ties it from tie_word_embeddings
+        t = t.detach().to(device="cpu", dtype=torch.float32)
+        if name == "transformer.wte.weight":
+            t = t[:vocab_size]
+        if name.endswith(_CONV1D_SUFFIXES):
+            t = t.t()
+        tensors[name] = t.contiguous().clone()
+
+    hf_config = {
+        "activation_function": "gelu_new",
+        "architectures": ["GPT2LMHeadModel"],
+        "attn_pdrop": cfg.dropout,
+        "bos_token_id": GPT2_EOT if vocab_size > GPT2_EOT else None,
+        "embd_pdrop": cfg.dropout,
+        "eos_token_id": GPT2_EOT if vocab_size > GPT2_EOT else None,
+        "initializer_range": 0.02,
+        "layer_norm_epsilon": 1e-5,
+        "model_type": "gpt2",
+        "n_ctx": cfg.block_size,
+        "n_embd": cfg.n_embd,
+        "n_head": cfg.n_head,
+        "n_inner": None,
+        "n_layer": cfg.n_layer,
+        "n_positions": cfg.block_size,
+        "reorder_and_upcast_attn": False,
+        "resid_pdrop": cfg.dropout,
+        "scale_attn_by_inverse_layer_idx": False,
+        "scale_attn_weights": True,
+        "summary_activation": None,
+        "summary_first_dropout": 0.1,
+        "summary_proj_to_labels": True,
+        "summary_type": "cls_index",
+        "summary_use_proj": True,
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+        "use_cache": True,
+        "vocab_size": vocab_size,
+    }
+
+    out = Path(save_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    # weights first, config last: a directory with a config.json is a complete checkpoint
+    with atomic_write(out / "model.safetensors", "wb") as f:
+        f.write(safetensors_bytes(tensors, metadata={"format": "pt"}))
+    text = json.dumps(hf_config, indent=2, sort_keys=True) + "\n"
+    write_text(out / "config.json", text)
+
+
+
+def _download_gpt2(name: str) -> Path:
+    """Local directory holding OpenAI's `name` checkpoint, from the Hub or the Hugging Face cache."""
+    repo = HF_GPT2_NAMES[name]
+    try:
+        from huggingface_hub import snapshot_download
+
+        # snapshot_download falls back to the local cache when the Hub cannot be reached
+        return Path(snapshot_download(repo_id=repo, allow_patterns=["config.json", "model.safetensors"]))
+    except Exception as e:
+        raise RuntimeError(
+            f"could not fetch GPT-2 '{name}' ({repo}) from the Hugging Face Hub or its cache: "
+            f"{type(e).__name__}: {e}\n"
+            f"On a machine with internet, download it with\n"
+            f"  huggingface-cli download {repo} config.json model.safetensors --local-dir <dir>\n"
+            f"(or transformers.GPT2LMHeadModel.from_pretrained('{name}').save_pretrained('<dir>')), copy <dir> "
+            f"here and pass that local Hugging Face directory to GPT.from_pretrained instead of '{name}'."
+        ) from e
+
+
+def _config_from_hf(model_dir: Path) -> GPTConfig:
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing; a Hugging Face GPT-2 directory needs config.json")
+    try:
+        hf = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from e
+    if hf.get("model_type", "gpt2") != "gpt2":
+        raise ValueError(f"{path}: model_type is {hf['model_type']!r}, expected 'gpt2'")
+    # refuse variants whose maths differ from the model above instead of silently loading them wrong
+    expect = {
+        "activation_function": ("gelu_new", "gelu_pytorch_tanh"),
+        "layer_norm_epsilon": (1e-5,),
+        "scale_attn_weights": (True,),
+        "scale_attn_by_inverse_layer_idx": (False,),
+        "tie_word_embeddings": (True,),
+    }
+    for key, allowed in expect.items():
+        if key in hf and hf[key] not in allowed:
+            raise ValueError(f"{path}: {key}={hf[key]!r} is not supported (expected one of {allowed})")
+    if hf.get("n_inner") not in (None, 4 * hf.get("n_embd", 768)):
+        raise ValueError(f"{path}: n_inner={hf['n_inner']} is not supported (only 4 * n_embd)")
+    try:
+        return GPTConfig(
+            block_size=hf.get("n_positions", hf.get("n_ctx", 1024)),
+            vocab_size=hf.get("vocab_size", 50257),
+            n_layer=hf.get("n_layer", 12),
+            n_head=hf.get("n_head", 12),
+            n_embd=hf.get("n_embd", 768),
+            dropout=0.0,
+            bias=True,
+        )
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e
+
+
+def _read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a Hugging Face checkpoint directory, read directly (no transformers)."""
+    from safetensors.torch import load_file
+
+    single = model_dir / "model.safetensors"
+    index = model_dir / "model.safetensors.index.json"
+    bin_file = model_dir / "pytorch_model.bin"
+    if single.is_file():
+        return load_file(str(single), device="cpu")
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        state: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            state.update(load_file(str(model_dir / shard), device="cpu"))
+        return state
+    if bin_file.is_file():
+        return torch.load(bin_file, map_location="cpu", weights_only=True)
+    raise FileNotFoundError(
+        f"{model_dir}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin found"
+    )
+
+
+def _load_hf_state(model: GPT, state: dict[str, torch.Tensor], model_dir: Path) -> None:
+    """Copy a Hugging Face GPT-2 state dict into `model`, transposing Conv1D weights."""
+    ours = model.state_dict()
+    expected = set(ours) - {"lm_head.weight"}  # tied: filled through wte
+    seen: set[str] = set()
+    lm_head = None
+    for key, tensor in state.items():
+        if key.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # Hugging Face's causal-mask buffers, not parameters
+        if key == "lm_head.weight":
+            lm_head = tensor
+            continue
+        if not key.startswith("transformer."):
+            key = "transformer." + key  # GPT2Model (no LM head) checkpoints lack the prefix
+        if key not in ours:
+            raise ValueError(f"{model_dir}: unexpected tensor {key!r} for GPT-2 ({tuple(tensor.shape)})")
+        if key.endswith(_CONV1D_SUFFIXES):
+            tensor = tensor.t()
+        if tuple(tensor.shape) != tuple(ours[key].shape):
+            raise ValueError(
+                f"{model_dir}: {key} has shape {tuple(tensor.shape)}, config.json implies {tuple(ours[key].shape)}"
+            )
+        with torch.no_grad():
+            ours[key].copy_(tensor)
+        seen.add(key)
+    missing = sorted(expected - seen)
+    if missing:
+        raise ValueError(f"{model_dir}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
+    if lm_head is not None and not torch.equal(lm_head.to(ours["transformer.wte.weight"].dtype),
+                                               ours["transformer.wte.weight"]):
+        raise ValueError(f"{model_dir}: lm_head.weight differs from wte.weight; GPT-2 ties them")
