@@ -108,12 +108,37 @@ def test_rendering_is_context_then_space_prefixed_endings(tmp_path):
     ('{"ctx": "a", "endings": ["b", "c", "d", "e"], "label": 4}', "label 4 is not in 0..3"),
     ('{"ctx": "a", "endings": ["b", "c", "d", "e"], "label": "x"}', "label 'x' is not an integer"),
     ('{"endings": ["b", "c", "d", "e"], "label": 1}', "missing field 'ctx'"),
+    ('{"ctx": "a", "label": 1}', "missing field 'endings'"),
+    ('{"ctx": "a", "endings": ["b", "c", "d", "e"]}', "missing field 'label'"),
+    ('{"ctx": "a", "endings": ["b", "c", "d", "e", "f"], "label": 1}', r"'endings' must be a list of 4 strings \(got 5"),
+    ('{"ctx": "a", "endings": "bcde", "label": 1}', "'endings' must be a list of 4 strings"),
+    ('{"ctx": "a", "endings": ["b", "c", "d", "e"], "label": true}', "label True is not an integer"),
+    ('{"ctx": "a", "endings": ["b", "c", "d", "e"], "label": 1.5}', "label 1.5 is not an integer"),
+    ('{"ctx": "a", "endings": ["b", "c", "d", "e"], "label": -1}', "label -1 is not in 0..3"),
+    ('{"ind": "x7", "ctx": "a", "endings": ["b", "c", "d", "e"], "label": 1}', "ind 'x7' is not an integer"),
+    ('{"ind": 2.5, "ctx": "a", "endings": ["b", "c", "d", "e"], "label": 1}', "ind 2.5 is not an integer"),
+    ('{"ind": null, "ctx": "a", "endings": ["b", "c", "d", "e"], "label": 1}', "ind None is not an integer"),
+    ('{"ctx": 3, "endings": ["b", "c", "d", "e"], "label": 1}', "'ctx' is int, not a string"),
+    ('["a", ["b", "c", "d", "e"], 1]', "a JSON list, expected an object"),
+    (b'{"ctx": "caf\xe9", "endings": ["b", "c", "d", "e"], "label": 1}', "not UTF-8 \\(byte 0xe9 at column 13\\)"),
 ])
 def test_bad_lines_name_the_file_and_line(tmp_path, line, problem):
     path = tmp_path / "val.jsonl"
-    path.write_text(json.dumps(ITEM) + "\n" + line + "\n")
+    line = line if isinstance(line, bytes) else line.encode()
+    path.write_bytes(json.dumps(ITEM).encode() + b"\n" + line + b"\n" + json.dumps(ITEM).encode() + b"\n")
     with pytest.raises(ValueError, match=f"val.jsonl:2: {problem}"):
         read_hellaswag(path)
+
+
+def test_a_bad_line_is_found_past_good_ones_and_a_string_label_is_accepted(tmp_path):
+    """Some copies store the label as a string of digits: accepted; line numbers count blank lines too."""
+    path = tmp_path / "val.jsonl"
+    good = dict(ITEM, label="2", ind=7)
+    path.write_text(json.dumps(good) + "\n\n" + json.dumps(ITEM) + "\n" + "{oops\n")
+    with pytest.raises(ValueError, match="val.jsonl:4: not valid JSON"):
+        read_hellaswag(path)
+    items = read_hellaswag(path, limit=2)
+    assert [(it["ind"], it["label"]) for it in items] == [(7, 2), (ITEM["ind"], ITEM["label"])]
 
 
 def test_missing_file_says_where_to_place_it(tmp_path):

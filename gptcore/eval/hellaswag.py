@@ -89,39 +89,61 @@ def _encode_all(tokenizer: TextEncoder, texts: list[str]) -> list[list[int]]:
     return batch(texts) if batch is not None else [tokenizer.encode(t) for t in texts]
 
 
+def _int_field(item: dict, key: str, where: str) -> int:
+    """An integer field: an int (not a bool) or a string of digits, as some copies store the label."""
+    value = item[key]
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"{where}: {key} {value!r} is not an integer")
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{where}: {key} {value!r} is not an integer") from None
+
+
+def parse_hellaswag_line(raw: bytes, where: str, default_ind: int) -> dict:
+    """One jsonl line -> {ind, ctx, endings, label}; ValueError starting with `where` (file:line) otherwise."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
+    try:
+        item = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+    if not isinstance(item, dict):
+        raise ValueError(f"{where}: a JSON {type(item).__name__}, expected an object with ctx, endings, label")
+    for key in ("ctx", "endings", "label"):
+        if key not in item:
+            raise ValueError(f"{where}: missing field {key!r}")
+    if not isinstance(item["ctx"], str):
+        raise ValueError(f"{where}: 'ctx' is {type(item['ctx']).__name__}, not a string")
+    endings = item["endings"]
+    if not (isinstance(endings, list) and len(endings) == 4 and all(isinstance(e, str) for e in endings)):
+        got = f"{len(endings)} items" if isinstance(endings, list) else type(endings).__name__
+        raise ValueError(f"{where}: 'endings' must be a list of 4 strings (got {got})")
+    label = _int_field(item, "label", where)
+    if not 0 <= label < 4:
+        raise ValueError(f"{where}: label {label} is not in 0..3")
+    ind = _int_field(item, "ind", where) if "ind" in item else default_ind
+    return {"ind": ind, "ctx": item["ctx"], "endings": endings, "label": label}
+
+
 def read_hellaswag(path: str | Path, limit: int | None = None) -> list[dict]:
-    """The raw items (ctx, endings, label, ind) of a HellaSwag jsonl file, checked field by field."""
+    """The raw items (ctx, endings, label, ind) of a HellaSwag jsonl file, checked field by field; a bad line
+    of any kind raises ValueError naming the file and line number."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: HellaSwag file not found; {_place_hint(path)}")
     if limit is not None and limit < 0:
         raise ValueError(f"limit={limit}: must be >= 0 or None")
-    items = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    items: list[dict] = []
+    with open(path, "rb") as f:  # bytes: a non-UTF-8 line is reported with its number, not as a codec error
+        for lineno, raw in enumerate(f, start=1):
             if limit is not None and len(items) >= limit:
                 break
-            if not line.strip():
+            if not raw.strip():
                 continue
-            where = f"{path}:{lineno}"
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg})") from e
-            for key in ("ctx", "endings", "label"):
-                if key not in item:
-                    raise ValueError(f"{where}: missing field {key!r}")
-            endings = item["endings"]
-            if not (isinstance(endings, list) and len(endings) == 4 and all(isinstance(e, str) for e in endings)):
-                raise ValueError(f"{where}: 'endings' must be a list of 4 strings")
-            try:  # the official file stores the label as an int; some copies store it as a string
-                label = int(item["label"])
-            except (TypeError, ValueError):
-                raise ValueError(f"{where}: label {item['label']!r} is not an integer") from None
-            if not 0 <= label < 4:
-                raise ValueError(f"{where}: label {label} is not in 0..3")
-            items.append({"ind": int(item.get("ind", len(items))), "ctx": str(item["ctx"]),
-                          "endings": endings, "label": label})
+            items.append(parse_hellaswag_line(raw, f"{path}:{lineno}", len(items)))
     return items
 
 
