@@ -7,9 +7,9 @@ from pathlib import Path
 import yaml
 
 from gptcore.atomic import write_json
+from gptcore.data.shards import read_manifest
 from gptcore.report.plots import write_plot_data
-from gptcore.report.compare import compare
-from gptcore.data.tokenizers import load_tokenizer
+from gptcore.report.compare import compare, describe
 
 EVAL = Path("metrics/eval.json")
 BASELINES = Path("conf/baselines.yaml")
@@ -22,13 +22,14 @@ PLOT_DATA = Path("metrics/plots")
 def main() -> None:
     run = json.loads(EVAL.read_text(encoding="utf-8"))
     baselines = yaml.safe_load(BASELINES.read_text(encoding="utf-8"))
-    # GPT-2's figures are comparable only with runs on GPT-2 BPE tokens (a char-level loss is another unit).
-    same_tokenizer = load_tokenizer(SHARDS).name == "gpt2"
-    summary = compare(run, baselines, comparable=same_tokenizer)
+    # what the run was evaluated on: a delta needs the baseline's data and tokenizer
+    manifest = read_manifest(SHARDS)
+    data = {"tokenizer": manifest["tokenizer"]["name"], "dataset": (manifest.get("source") or {}).get("name")}
+    summary = compare(run, baselines, data)
     write_json(OUT, summary)
     write_plot_data(LIVE_DIR, baselines, PLOT_DATA)
-    for key, value in summary["delta"].items():
-        print(f"[compare] {key}: run - GPT-2 124M = {value:+.4f}")
+    for line in describe(summary, baselines):
+        print(f"[compare] {line}")
 
 
 if __name__ == "__main__":

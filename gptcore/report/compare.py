@@ -1,16 +1,52 @@
-"""Set a run's evaluation metrics beside published reference figures: baseline values and run - baseline deltas."""
+"""Set a run's evaluation metrics beside published reference figures: baseline values and run - baseline deltas.
+
+A delta is written only when the run measured the same thing as the baseline: the same task on the same split
+(HellaSwag: the full 10,042-example val set) and the same data in the same units (val loss: FineWeb-Edu val in
+GPT-2 BPE tokens). Otherwise `comparable` says why the delta is absent.
+"""
 from __future__ import annotations
 
 from typing import Any
 
+from gptcore.eval.hellaswag import HELLASWAG_VAL_EXAMPLES
 
-def compare(run: dict[str, Any], baselines: dict[str, Any], comparable: bool = True) -> dict[str, Any]:
-    """`run` is evaluate's eval.json ({"eval": {"val_loss"}, "hellaswag": {"acc_norm"}, ...}).
+FINEWEB_EDU = "HuggingFaceFW/fineweb-edu"
+# delta key -> (run figure, baseline entry in conf/baselines.yaml, that entry's figure)
+DELTAS = {
+    "val_loss_vs_gpt2": ("val_loss", "gpt2_124m", "val_loss"),
+    "hellaswag_acc_norm_vs_gpt2": ("hellaswag_acc_norm", "gpt2_124m", "hellaswag_acc_norm"),
+    "hellaswag_acc_norm_vs_gpt3": ("hellaswag_acc_norm", "gpt3_124m", "hellaswag_acc_norm"),
+}
 
-    Returns {"baseline": {...}, "delta": {...}} with keys named after what they compare; a figure the run lacks
-    (say, HellaSwag on the quick-start, which evaluates the cloze task) gets a baseline but no delta, and so does
-    every figure when the run is not `comparable` (another tokenizer: its loss is in other units).
-    """
+
+def why_not_comparable(figure: str, run: dict[str, Any], data: dict[str, Any]) -> str | None:
+    """None when the run's `figure` was measured as the baselines' was; else the reason, in words."""
+    if data.get("tokenizer") != "gpt2":
+        return f"the run's tokenizer is {data.get('tokenizer')!r}, the baseline's GPT-2 BPE (other units)"
+    if figure == "val_loss":
+        if run.get("eval", {}).get("val_loss") is None:
+            return "the run has no val loss"
+        if data.get("dataset") != FINEWEB_EDU:
+            return f"the run's val split is from {data.get('dataset')!r}, the baseline's from {FINEWEB_EDU} val"
+        return None
+    if figure == "hellaswag_acc_norm":
+        hs = run.get("hellaswag")
+        if not hs or hs.get("acc_norm") is None:
+            return "the run has no HellaSwag figure (eval.task is not hellaswag)"
+        if hs.get("count") != HELLASWAG_VAL_EXAMPLES:
+            return (f"the run scored {hs.get('count')} HellaSwag examples, the baseline the full "
+                    f"{HELLASWAG_VAL_EXAMPLES:,} (eval.max_examples: null)")
+        return None
+    raise ValueError(f"no comparability rule for {figure!r}")
+
+
+def compare(run: dict[str, Any], baselines: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """`run` is evaluate's eval.json ({"eval": {"val_loss"}, "hellaswag": {"acc_norm", "count"}, ...}); `data` says
+    what the run was evaluated on ({"tokenizer": name, "dataset": the fetched dataset's name}).
+
+    Returns {"baseline": {...}, "delta": {...}, "comparable": {...}}: each delta key names the baseline it subtracts
+    (`_vs_gpt2`: OpenAI GPT-2 124M, `_vs_gpt3`: GPT-3 Small); `comparable[key]` names the baseline and says whether
+    the delta was written, with the reason when it was not."""
     gpt2, gpt3 = baselines["gpt2_124m"], baselines.get("gpt3_124m", {})
     ours = {
         "val_loss": run.get("eval", {}).get("val_loss"),
@@ -20,12 +56,26 @@ def compare(run: dict[str, Any], baselines: dict[str, Any], comparable: bool = T
     if "hellaswag_acc_norm" in gpt3:
         baseline["gpt3_hellaswag_acc_norm"] = gpt3["hellaswag_acc_norm"]
     delta: dict[str, float] = {}
-    if not comparable:
-        return {"baseline": baseline, "delta": delta}
-    if ours["val_loss"] is not None:
-        delta["val_loss_vs_gpt2"] = ours["val_loss"] - gpt2["val_loss"]
-    if ours["hellaswag_acc_norm"] is not None:
-        delta["hellaswag_acc_norm_vs_gpt2"] = ours["hellaswag_acc_norm"] - gpt2["hellaswag_acc_norm"]
-        if "gpt3_hellaswag_acc_norm" in baseline:
-            delta["hellaswag_acc_norm_vs_gpt3"] = ours["hellaswag_acc_norm"] - baseline["gpt3_hellaswag_acc_norm"]
-    return {"baseline": baseline, "delta": delta}
+    comparable: dict[str, dict[str, Any]] = {}
+    for key, (figure, name, base_figure) in DELTAS.items():
+        if base_figure not in baselines.get(name, {}):
+            continue
+        reason = why_not_comparable(figure, run, data)
+        comparable[key] = {"baseline": name, "comparable": reason is None}
+        if reason is None:
+            delta[key] = ours[figure] - baselines[name][base_figure]
+        else:
+            comparable[key]["reason"] = reason
+    return {"baseline": baseline, "delta": delta, "comparable": comparable}
+
+
+def describe(summary: dict[str, Any], baselines: dict[str, Any]) -> list[str]:
+    """One line per delta: 'key: run - <the baseline's description> = +x', or why it is not given."""
+    lines = []
+    for key, c in summary["comparable"].items():
+        desc = baselines.get(c["baseline"], {}).get("description", c["baseline"])
+        if c["comparable"]:
+            lines.append(f"{key}: run - {desc} = {summary['delta'][key]:+.4f}")
+        else:
+            lines.append(f"{key}: not comparable with {desc}: {c['reason']}")
+    return lines
