@@ -3,6 +3,9 @@
 Reads top to bottom, as nanoGPT's model.py: config -> attention -> MLP -> block -> GPT (forward, sizes,
 optimizer groups, sampling). Loading and saving weights live beside it (hf.py, load.py), FLOP accounting in
 flops.py: this file does no I/O.
+
+The design follows Andrej Karpathy's nanoGPT (model.py) and build-nanogpt (train_gpt2.py), MIT licensed: GPTConfig,
+the fused q/k/v projection and its split, the scaled residual init, weight tying and the optimizer groups (NOTICE).
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 
-
 @dataclass
 class GPTConfig:
+    """The shape of a GPT: context length, vocabulary, depth, heads, width, dropout and biases."""
+
     block_size: int = 1024  # maximum context length
     vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for faster matmuls
     n_layer: int = 12
@@ -41,6 +45,8 @@ class GPTConfig:
 
 
 class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention: one matmul makes q, k and v for every head."""
+
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.n_head = config.n_head
@@ -54,6 +60,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T, C) -> (B, T, C); causal unless `attn_mask` (True = may attend) is given."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         # (B, T, C) -> (B, n_head, T, head_size)
@@ -69,6 +76,8 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
+    """The position-wise feed-forward layer: n_embd -> 4 n_embd -> GELU -> n_embd."""
+
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
@@ -78,10 +87,13 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) -> (B, T, C)."""
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
 
 
 class Block(nn.Module):
+    """One transformer layer: attention then MLP, each on a LayerNorm'd residual stream."""
+
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias)
@@ -90,6 +102,7 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T, C) -> (B, T, C)."""
         # pre-norm residual stream, as in GPT-2
         x = x + self.attn(self.ln_1(x), attn_mask)
         x = x + self.mlp(self.ln_2(x))
@@ -97,6 +110,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    """GPT-2: token and position embeddings, n_layer blocks, a final LayerNorm and a tied LM head."""
+
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
