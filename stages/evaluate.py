@@ -1,7 +1,8 @@
 """Stage `evaluate`: val loss + a multiple-choice task (HellaSwag or cloze) + samples -> metrics/.
 
-`eval.model` is `checkpoint` (this run's model/model.pt) or OpenAI weights (`gpt2`, ...) / a Hugging Face GPT-2 dir,
-so the OpenAI baseline is measured by this same code on this same data.
+`eval.model` is `checkpoint` (this run's model/ folder) or any other model spec (gptcore.model.load: OpenAI weights
+`gpt2`, ..., a Hugging Face GPT-2 folder, a checkpoint file), so the OpenAI baseline is measured by this same code on
+this same data.
 """
 from __future__ import annotations
 
@@ -14,22 +15,25 @@ from gptcore.eval import hellaswag
 from gptcore.data import shards
 from gptcore.atomic import write_json
 from gptcore.eval.multichoice import score_examples, write_predictions
-from gptcore.eval.sampling import load_model_and_tokenizer, sample
+from gptcore.eval.sampling import sample, tokenizer_for
 from gptcore.data.tokenizers import load_tokenizer
+from gptcore.model.load import load_model
 from gptcore.precision import autocast_context, resolve_dtype
 from stages.common import load_params
 
 SHARDS = Path("data/shards")
-MODEL = Path("model/model.pt")
+MODEL = Path("model")
 OUT = Path("metrics")
 
 
 def main() -> None:
+    """Score eval.model on the val shards and the task; rank 0 writes metrics/eval.json, predictions, samples."""
     p = load_params("eval")
     env = distributed.setup(p["device"])
     tok = load_tokenizer(SHARDS)
     model_spec = str(MODEL) if p["model"] == "checkpoint" else p["model"]
-    model, model_tok = load_model_and_tokenizer(model_spec)
+    model = load_model(model_spec)
+    model_tok = tokenizer_for(model_spec, model)
     evaluation.check_same_tokenizer(model_tok, tok, model_spec, SHARDS)
     model.to(env.device).eval()
     dtype = resolve_dtype(p["dtype"], env.device)
@@ -53,7 +57,7 @@ def main() -> None:
 
     if env.is_main:
         texts = sample(model, tok, p["sample_prompt"], p["samples"], p["sample_tokens"], p["temperature"],
-                       p["top_k"], p["seed"], env.device, autocast)
+                       p["top_k"], p["seed"], env.device, dtype)
         write_predictions(OUT / "predictions.jsonl", result)
         evaluation.write_samples(OUT / "samples.txt", p["sample_prompt"], texts, model_spec)
         metrics = {"eval": {"val_loss": loss},

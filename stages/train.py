@@ -28,6 +28,7 @@ LIVE_DIR = Path("metrics/train")
 
 
 def main() -> None:
+    """Build the model, loader and evaluators from params, resume if the params match, train, save model/."""
     model_params, cfg = load_params("model"), TrainConfig.from_params(load_params("train"))
     env = distributed.setup(cfg.device)
     tok = load_tokenizer(SHARDS)
@@ -48,7 +49,7 @@ def main() -> None:
     (LIVE_DIR / "samples").mkdir(parents=True, exist_ok=True)  # a declared out, even when no samples are asked for
     if cfg.samples > 0:
         evaluators.append(TrainingSamples(tok, LIVE_DIR / "samples", cfg.sample_prompt, cfg.samples, cfg.sample_tokens,
-                                          cfg.seed, env.device, env.is_main, autocast_context(env.device, dtype)))
+                                          cfg.seed, env.device, env.is_main, dtype))
 
     run_params = run_fingerprint_params(model_params, cfg, data)
     resume_path, why = checkpoint.find_resume(CKPT_DIR, run_params)

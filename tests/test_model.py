@@ -138,20 +138,6 @@ def test_import_pytorch_bin_without_prefix_and_with_mask_buffers(hf_model, tmp_p
     torch.testing.assert_close(our_logits(model, idx), hf_logits(hf_model, idx), atol=1e-4, rtol=0)
 
 
-def test_import_override_args(hf_dir):
-    model = load_hf_gpt2(hf_dir, override_args={"dropout": 0.1, "block_size": 32})
-    assert model.config.block_size == 32 and model.transformer.wpe.weight.shape == (32, 64)
-    assert model.config.dropout == 0.1
-    assert all(m.p == 0.1 for m in model.modules() if isinstance(m, torch.nn.Dropout))
-    # None values mean "keep the default" (stages pass every key, some unset)
-    model = load_hf_gpt2(hf_dir, override_args={"dropout": None, "block_size": None})
-    assert model.config.block_size == 64 and model.config.dropout == 0.0
-    with pytest.raises(ValueError, match="n_positions"):
-        load_hf_gpt2(hf_dir, override_args={"block_size": 65})
-    with pytest.raises(ValueError, match="override_args"):
-        load_hf_gpt2(hf_dir, override_args={"n_layer": 3})
-
-
 def test_import_bad_inputs(hf_dir, tmp_path):
     with pytest.raises(ValueError, match="neither a local"):
         load_hf_gpt2(tmp_path / "nope")
@@ -184,7 +170,7 @@ def test_named_gpt2_offline_gives_clear_error(monkeypatch):
         load_hf_gpt2("gpt2")
     message = str(err.value)
     assert "openai-community/gpt2" in message and "download" in message
-    assert "local Hugging Face directory" in message
+    assert "give that folder as the model" in message
 
 
 def test_bias_free_model_cannot_export(tmp_path):

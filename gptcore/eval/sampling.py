@@ -1,25 +1,22 @@
 """Text samples from a trained checkpoint or OpenAI's weights, decoded with the run's own tokenizer.
 
 CLI (nanoGPT's sample.py, as a console script):
-    gptcore-sample --model model/model.pt --prompt "ROMEO:" --num-samples 3 --max-new-tokens 200
+    gptcore-sample --model model --prompt "ROMEO:" --num-samples 3 --max-new-tokens 200
     gptcore-sample --model gpt2 --prompt FILE:prompt.txt --temperature 0.8 --top-k 200 --seed 1
 """
 from __future__ import annotations
 
 import argparse
-from contextlib import nullcontext
 from pathlib import Path
-from typing import ContextManager
 
 import torch
-
 from tqdm import tqdm
 
 from gptcore.atomic import write_text
-from gptcore.model.hf import load_hf_gpt2
-from gptcore.model.load import OPENAI_NAMES, load_model
+from gptcore.data.tokenizers import MANIFEST, GPT2Tokenizer, Tokenizer, load_tokenizer
 from gptcore.model.gpt import GPT
-from gptcore.data.tokenizers import Tokenizer, get_tokenizer, load_tokenizer
+from gptcore.model.load import load_model
+from gptcore.precision import autocast_context, resolve_dtype
 
 
 def read_prompt(prompt: str) -> str:
@@ -32,16 +29,18 @@ def read_prompt(prompt: str) -> str:
     return prompt
 
 
-def load_model_and_tokenizer(model: str, tokenizer_dir: str | Path | None = None) -> tuple[GPT, Tokenizer]:
-    """A checkpoint file / model dir (tokenizer from beside it, or `tokenizer_dir`), or OpenAI weights with GPT-2 BPE."""
-    if model in OPENAI_NAMES or (Path(model).is_dir() and (Path(model) / "config.json").exists()):
-        return load_hf_gpt2(model), load_tokenizer(tokenizer_dir) if tokenizer_dir else get_tokenizer("gpt2")
-    path = Path(model)
-    if path.is_dir():
-        path = path / "model.pt"
-    if not path.is_file():
-        raise FileNotFoundError(f"--model {model}: no checkpoint there (expected a .pt file, a model dir, or {OPENAI_NAMES})")
-    return load_model(path), load_tokenizer(tokenizer_dir or path.parent)
+def tokenizer_for(spec: str, model: GPT, tokenizer_dir: str | Path | None = None) -> Tokenizer:
+    """The tokenizer that goes with the model `spec` names: `tokenizer_dir`'s, else the one recorded beside the
+    model (this project's model/ folder, or the folder above its hf/ export), else GPT-2 BPE as nanoGPT's
+    sample.py assumes (OpenAI's weights, foreign checkpoints)."""
+    path = Path(spec)
+    beside = [path, path.parent] if path.is_dir() else [path.parent] if path.is_file() else []
+    found = [d for d in beside if (d / MANIFEST).is_file()]
+    tok = load_tokenizer(tokenizer_dir) if tokenizer_dir else load_tokenizer(found[0]) if found else GPT2Tokenizer()
+    if tok.vocab_size > model.config.vocab_size:
+        raise ValueError(f"{spec}: its vocabulary ({model.config.vocab_size}) is smaller than tokenizer {tok.name}'s "
+                         f"({tok.vocab_size}); name the folder holding its tokenizer's manifest.json")
+    return tok
 
 
 @torch.no_grad()
@@ -55,9 +54,11 @@ def sample(
     top_k: int | None = 200,
     seed: int = 1337,
     device: torch.device | str = "cpu",
-    autocast: ContextManager | None = None,
+    dtype: torch.dtype | None = None,
 ) -> list[str]:
-    """`num_samples` continuations of `prompt` (the end-of-text token when empty), decoded, prompt excluded."""
+    """`num_samples` continuations of `prompt` (the end-of-text token when empty), decoded, prompt excluded.
+
+    `dtype` is the autocast precision (already resolved by precision.resolve_dtype); None runs in fp32."""
     device = torch.device(device)
     ids = tokenizer.encode(read_prompt(prompt)) if prompt else [tokenizer.eot]
     if not ids:
@@ -66,7 +67,7 @@ def sample(
     x = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)
     gen = torch.Generator(device=device).manual_seed(seed)
     model = model.to(device)
-    with autocast or nullcontext():
+    with autocast_context(device, dtype):
         out = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen,
                              vocab_limit=tokenizer.vocab_size)
     return [tokenizer.decode(row[len(ids):].tolist()) for row in out]
@@ -80,15 +81,16 @@ class TrainingSamples:
     """
 
     def __init__(self, tokenizer: Tokenizer, out_dir: str | Path, prompt: str, num_samples: int, max_new_tokens: int,
-                 seed: int, device: torch.device, is_main: bool, autocast: ContextManager | None = None) -> None:
+                 seed: int, device: torch.device, is_main: bool, dtype: torch.dtype | None = None) -> None:
         self.tokenizer, self.out_dir, self.prompt = tokenizer, Path(out_dir), prompt
         self.num_samples, self.max_new_tokens, self.seed = num_samples, max_new_tokens, seed
-        self.device, self.is_main, self.autocast = device, is_main, autocast
+        self.device, self.is_main, self.dtype = device, is_main, dtype
 
     def __call__(self, model: GPT, step: int) -> dict[str, float]:
+        """Write this step's samples (rank 0); no metrics."""
         if self.is_main and self.num_samples > 0:
             texts = sample(model, self.tokenizer, self.prompt, self.num_samples, self.max_new_tokens,
-                           seed=self.seed * 1_000_003 + step, device=self.device, autocast=self.autocast)
+                           seed=self.seed * 1_000_003 + step, device=self.device, dtype=self.dtype)
             body = "".join(f"--- step {step}, sample {i} ---\n{self.prompt}{t}\n\n" for i, t in enumerate(texts))
             write_text(self.out_dir / f"step_{step:07d}.txt", body)
             tqdm.write(body.rstrip())
@@ -96,9 +98,11 @@ class TrainingSamples:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """gptcore-sample: print samples from a model spec (see gptcore.model.load)."""
     ap = argparse.ArgumentParser(prog="gptcore-sample", description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="model/model.pt", help="checkpoint .pt, model dir, HF GPT-2 dir or gpt2[-medium|-large|-xl]")
-    ap.add_argument("--tokenizer-dir", default=None, help="folder with manifest.json (default: beside the checkpoint)")
+    ap.add_argument("--model", default="model", help="model/ folder, checkpoint .pt, HF GPT-2 folder or "
+                                                     "gpt2[-medium|-large|-xl]")
+    ap.add_argument("--tokenizer-dir", default=None, help="folder with manifest.json (default: beside the model)")
     ap.add_argument("--prompt", default="", help="prompt text, or FILE:path")
     ap.add_argument("--num-samples", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=200)
@@ -106,13 +110,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--top-k", type=int, default=200)
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 | float16 (bf16 falls back where slow)")
     args = ap.parse_args(argv)
     from gptcore.distributed import pick_device
 
     device = pick_device(args.device)
-    model, tok = load_model_and_tokenizer(args.model, args.tokenizer_dir)
+    model = load_model(args.model)
+    tok = tokenizer_for(args.model, model, args.tokenizer_dir)
     texts = sample(model, tok, args.prompt, args.num_samples, args.max_new_tokens, args.temperature,
-                   args.top_k or None, args.seed, device)
+                   args.top_k or None, args.seed, device, resolve_dtype(args.dtype, device))
     for i, text in enumerate(texts):
         print(f"--- sample {i} ---\n{read_prompt(args.prompt)}{text}")
 

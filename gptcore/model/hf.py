@@ -15,7 +15,7 @@ import torch
 from gptcore.atomic import atomic_write, write_text
 from gptcore.model.gpt import GPT, GPTConfig
 
-# Names `from_pretrained` accepts for OpenAI's checkpoints, and the Hub repositories that hold them.
+# The one list of OpenAI's GPT-2 checkpoints a model spec may name, and the Hub repositories that hold them.
 HF_GPT2_NAMES = {
     "gpt2": "openai-community/gpt2",
     "gpt2-medium": "openai-community/gpt2-medium",
@@ -25,24 +25,13 @@ HF_GPT2_NAMES = {
 # Hugging Face keeps these as Conv1D, i.e. transposed relative to nn.Linear.
 _CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 GPT2_EOT = 50256  # <|endoftext|> in the GPT-2 BPE vocabulary
-# Hugging Face keeps these as Conv1D, i.e. transposed relative to nn.Linear.
-_CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
-
-def load_hf_gpt2(name_or_dir: str | os.PathLike, override_args: dict | None = None) -> GPT:
+def load_hf_gpt2(name_or_dir: str | os.PathLike) -> GPT:
     """OpenAI's GPT-2 (`gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl`, fetched from the Hugging Face Hub
     or its local cache) or a local Hugging Face GPT-2 directory (config.json plus model.safetensors,
-    a sharded model.safetensors.index.json, or pytorch_model.bin). Does not need `transformers`.
-
-    override_args may set `dropout` (default 0.0) and a `block_size` no larger than the checkpoint's
-    n_positions (the position table is cropped).
+    a sharded model.safetensors.index.json, or pytorch_model.bin), without dropout. Does not need `transformers`.
     """
-    override_args = dict(override_args or {})
-    unknown = set(override_args) - {"dropout", "block_size"}
-    if unknown:
-        raise ValueError(f"override_args may only set 'dropout' and 'block_size', got {sorted(unknown)}")
-
     path = Path(name_or_dir)
     if path.is_dir():
         model_dir = path
@@ -63,18 +52,7 @@ def load_hf_gpt2(name_or_dir: str | os.PathLike, override_args: dict | None = No
     model.to_empty(device="cpu")
     model.lm_head.weight = model.transformer.wte.weight  # to_empty may untie; tie again
     _load_hf_state(model, state, model_dir)
-
-    model.set_dropout(override_args.get("dropout") or 0.0)  # None means the default, no dropout
-    block_size = override_args.get("block_size")
-    if block_size is not None and block_size != config.block_size:
-        if block_size > config.block_size:
-            raise ValueError(
-                f"override_args block_size={block_size} is larger than {model_dir}'s "
-                f"n_positions={config.block_size}"
-            )
-        model.crop_block_size(block_size)
     return model
-
 
 
 def save_hf_gpt2(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None = None) -> None:
@@ -147,7 +125,6 @@ def save_hf_gpt2(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None
     write_text(out / "config.json", text)
 
 
-
 def _download_gpt2(name: str) -> Path:
     """Local directory holding OpenAI's `name` checkpoint, from the Hub or the Hugging Face cache."""
     repo = HF_GPT2_NAMES[name]
@@ -163,7 +140,7 @@ def _download_gpt2(name: str) -> Path:
             f"On a machine with internet, download it with\n"
             f"  huggingface-cli download {repo} config.json model.safetensors --local-dir <dir>\n"
             f"(or transformers.GPT2LMHeadModel.from_pretrained('{name}').save_pretrained('<dir>')), copy <dir> "
-            f"here and pass that local Hugging Face directory to GPT.from_pretrained instead of '{name}'."
+            f"here and give that folder as the model instead of '{name}'."
         ) from e
 
 

@@ -1,4 +1,15 @@
-"""Turning a model spec into a GPT: scratch, OpenAI's weights, a Hugging Face folder or a checkpoint file."""
+"""The one way to turn a model spec into a GPT, used by `model.init_from`, `eval.model` and `gptcore-sample`.
+
+A spec is one of:
+  scratch                                  fresh weights from the model params (model.init_from only)
+  gpt2, gpt2-medium, gpt2-large, gpt2-xl   OpenAI's weights (Hugging Face Hub or its cache)
+  a folder with config.json                a Hugging Face GPT-2 folder
+  a folder with model.pt                   this project's model/ folder
+  a .pt file                               this project's checkpoints and model.pt, nanoGPT's ckpt.pt
+                                           (`model_args`), build-nanogpt's checkpoints (`config`, a pickled
+                                           GPTConfig dataclass, read without running pickled code)
+Block size: a smaller one crops the position table, a larger one is an error.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,8 +20,12 @@ import torch
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.model.hf import HF_GPT2_NAMES, load_hf_gpt2
 
-
+MODEL_FILE = "model.pt"  # the final weights in this project's model/ folder
+SPECS = (f"'scratch', one of {', '.join(HF_GPT2_NAMES)}, a Hugging Face GPT-2 folder, this project's model/ "
+         f"folder, or a checkpoint file (.pt)")
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile, DistributedDataParallel
+# build-nanogpt pickles its GPTConfig dataclass; run as a script its module is __main__, imported it is model
+_PICKLED_CONFIGS = ("__main__.GPTConfig", "model.GPTConfig", "train_gpt2.GPTConfig")
 
 
 def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -27,40 +42,84 @@ def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class _PickledConfig:
+    """Stand-in for a pickled config dataclass: unpickling only fills its fields, no foreign code runs."""
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, tuple) and len(state) == 2:  # (dict, slots) form
+            state = {**(state[0] or {}), **(state[1] or {})}
+        if not isinstance(state, dict):
+            raise ValueError(f"pickled GPTConfig has state of type {type(state).__name__}, expected a dict")
+        self.fields = dict(state)
+
+
 def read_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """A torch.save file as plain containers and tensors (weights_only: no pickled code runs); names the file on failure."""
+    """A torch.save file as plain containers and tensors (weights_only: no pickled code runs); names the file on failure.
+
+    A pickled `GPTConfig` (build-nanogpt) comes back as the plain dict of its fields."""
     try:
-        # Our checkpoints hold plain containers, tensors and numbers; weights_only keeps loading safe.
-        return torch.load(path, map_location=map_location, weights_only=True)
+        with torch.serialization.safe_globals([(_PickledConfig, name) for name in _PICKLED_CONFIGS]):
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # a truncated or foreign file: say which
         raise ValueError(f"{path}: cannot read checkpoint ({type(e).__name__}: {e})") from e
+    if not isinstance(ckpt, dict):
+        raise ValueError(f"{path}: not a checkpoint (a {type(ckpt).__name__}, expected a dict)")
+    if isinstance(ckpt.get("config"), _PickledConfig):
+        ckpt["config"] = ckpt["config"].fields
+    return ckpt
 
 
-def load_model(path: str | Path, override_args: dict[str, Any] | None = None) -> GPT:
-    """A GPT from one of our checkpoints / final model files, or a nanoGPT `ckpt.pt` (`model`, `model_args`)."""
-    ckpt = read_checkpoint(Path(path))
-    if "model_args" in ckpt:  # nanoGPT / build-nanogpt style
-        args = dict(ckpt["model_args"])
-    elif "model_config" in ckpt:
-        args = dict(ckpt["model_config"])
-    elif "config" in ckpt and isinstance(ckpt["config"], dict):
-        args = dict(ckpt["config"])
+def _from_checkpoint(path: Path) -> GPT:
+    ckpt = read_checkpoint(path)
+    # this project: model_config; nanoGPT: model_args; build-nanogpt: config
+    for key in ("model_config", "model_args", "config"):
+        if isinstance(ckpt.get(key), dict) and "model" in ckpt:
+            args = ckpt[key]
+            break
     else:
-        raise ValueError(f"{path}: not a GPT checkpoint (no model_config or model_args; keys: {sorted(ckpt)})")
+        raise ValueError(f"{path}: not a GPT checkpoint (no model with model_config, model_args or config; "
+                         f"keys: {sorted(ckpt)})")
     known = set(GPTConfig.__dataclass_fields__)
-    config = GPTConfig(**{k: v for k, v in args.items() if k in known})
+    try:
+        config = GPTConfig(**{k: v for k, v in args.items() if k in known})
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from e
     model = GPT(config)
-    model.load_state_dict(strip_prefixes(ckpt["model"]))
-    override_args = dict(override_args or {})
-    block_size = override_args.pop("block_size", None)
-    if block_size is not None and block_size < config.block_size:
-        model.crop_block_size(block_size)
-    if override_args.get("dropout") is not None:
-        model.set_dropout(override_args["dropout"])
+    # nanoGPT without flash attention keeps a causal-mask buffer `attn.bias`; it is not a weight
+    state = {k: v for k, v in strip_prefixes(ckpt["model"]).items() if not k.endswith(".attn.bias")}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise ValueError(f"{path}: weights do not fit GPT({config}): {e}") from e
     return model
 
 
-OPENAI_NAMES = tuple(HF_GPT2_NAMES)
+def load_model(spec: str | Path, block_size: int | None = None, dropout: float | None = None) -> GPT:
+    """A GPT with the weights `spec` names (see the module docstring); `block_size` crops, `dropout` is set if given."""
+    name, path = str(spec), Path(spec)
+    if name == "scratch":
+        raise ValueError("'scratch' names no weights: only model.init_from starts a model from scratch")
+    if name in HF_GPT2_NAMES:
+        model = load_hf_gpt2(name)
+    elif path.is_dir() and (path / MODEL_FILE).is_file():
+        model = _from_checkpoint(path / MODEL_FILE)
+    elif path.is_dir() and (path / "config.json").is_file():
+        model = load_hf_gpt2(path)
+    elif path.is_dir():
+        raise ValueError(f"{path}: a folder with neither {MODEL_FILE} (this project's model/ folder) nor config.json "
+                         f"(a Hugging Face GPT-2 folder)")
+    elif path.is_file():
+        model = _from_checkpoint(path)
+    else:
+        raise ValueError(f"model {name!r}: no such file or folder; expected {SPECS}")
+    if block_size is not None and block_size != model.config.block_size:
+        if block_size > model.config.block_size:
+            raise ValueError(f"block_size={block_size} is larger than {name}'s {model.config.block_size}: "
+                             f"its position table has no rows for the extra positions")
+        model.crop_block_size(block_size)
+    if dropout is not None:
+        model.set_dropout(dropout)
+    return model
 
 
 def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
@@ -69,28 +128,23 @@ def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
 
 
 def init_model(model_params: dict[str, Any], data_vocab_size: int, seed: int = 1337) -> GPT:
-    """The weights a run starts from, by `model.init_from`: scratch, OpenAI weights, a HF dir, or a .pt checkpoint.
+    """The weights a run starts from, by `model.init_from` (any spec of `load_model`, or scratch).
 
     Scratch weights come from `seed`, so every rank (and every rerun) builds the same initial model.
-
     `model.vocab_size: auto` pads the data's vocabulary; an explicit size must hold every token id of the data.
     """
     params = dict(model_params)
     init_from = str(params.pop("init_from", "scratch"))
     vocab = params.get("vocab_size", "auto")
     params["vocab_size"] = padded_vocab(data_vocab_size) if vocab in (None, "auto") else int(vocab)
-    overrides = {"dropout": params.get("dropout", 0.0), "block_size": params.get("block_size")}
     if init_from == "scratch":
         torch.manual_seed(seed)
         model = GPT(GPTConfig(**params))
-    elif init_from in OPENAI_NAMES or Path(init_from).is_dir():
-        model = load_hf_gpt2(init_from, override_args=overrides)
-    elif Path(init_from).is_file():
-        model = load_model(init_from, override_args=overrides)
     else:
-        raise ValueError(
-            f"model.init_from={init_from!r}: expected 'scratch', one of {OPENAI_NAMES}, a Hugging Face GPT-2 "
-            f"directory, or a checkpoint file (.pt); no such file or directory")
+        try:
+            model = load_model(init_from, block_size=params.get("block_size"), dropout=params.get("dropout", 0.0))
+        except ValueError as e:
+            raise ValueError(f"model.init_from={init_from!r}: {e}") from e
     if model.config.vocab_size < data_vocab_size:
         raise ValueError(
             f"model vocab_size={model.config.vocab_size} is smaller than the data's tokenizer vocabulary "

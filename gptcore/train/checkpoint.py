@@ -18,7 +18,7 @@ import torch
 from gptcore.atomic import atomic_write
 from gptcore.model.gpt import GPT
 from gptcore.model.hf import save_hf_gpt2
-from gptcore.model.load import read_checkpoint as load_checkpoint
+from gptcore.model.load import MODEL_FILE, read_checkpoint as load_checkpoint
 
 CKPT_RE = re.compile(r"^ckpt_(\d{7})\.pt$")
 
@@ -108,7 +108,7 @@ def save_final(model: GPT, out_dir: Path, extra: dict[str, Any], hf_vocab_size: 
     """The run's final weights as `model.pt` (config + weights + `extra`), plus a Hugging Face export when possible."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "model.pt"
+    path = out_dir / MODEL_FILE
     atomic_torch_save({"model": model.state_dict(), "model_config": asdict(model.config), **extra}, path)
     if model.config.bias:  # HF GPT-2 has biases everywhere; bias-free models stay in our format only
         save_hf_gpt2(model, out_dir / "hf", vocab_size=hf_vocab_size)

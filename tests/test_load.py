@@ -1,0 +1,155 @@
+"""The one model loader: every spec (scratch, HF folder, model/ folder, our checkpoints, nanoGPT, build-nanogpt),
+the same rules for block size everywhere, and the tokenizer that goes with a model."""
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from gptcore.data.tokenizers import CharTokenizer, save_beside_shards, tokenizer_record
+from gptcore.eval.sampling import main as sample_main, tokenizer_for
+from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.model.hf import save_hf_gpt2
+from gptcore.model.load import MODEL_FILE, init_model, load_model, read_checkpoint
+from gptcore.train import checkpoint
+
+TINY = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64)
+
+
+def tiny() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**TINY))
+
+
+def same_weights(a: GPT, b: GPT) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def build_nanogpt_checkpoint(path, sd_path, module: str) -> None:
+    """Save a checkpoint the way build-nanogpt's train_gpt2.py does: its GPTConfig dataclass pickled as is, the
+    compiled model's state dict (`_orig_mod.` keys). `module` is where the dataclass lives (__main__ or model)."""
+    body = textwrap.dedent("""
+        from dataclasses import dataclass
+        @dataclass
+        class GPTConfig:
+            block_size: int = 1024
+            vocab_size: int = 50257
+            n_layer: int = 12
+            n_head: int = 12
+            n_embd: int = 768
+    """)
+    save = textwrap.dedent(f"""
+        import torch
+        sd = {{"_orig_mod." + k: v for k, v in torch.load({str(sd_path)!r}).items()}}
+        cfg = GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=16)
+        torch.save({{"model": sd, "config": cfg, "step": 5, "val_loss": 3.25}}, {str(path)!r})
+    """)
+    if module == "__main__":
+        code = body + save
+    else:
+        (path.parent / f"{module}.py").write_text(body)
+        code = f"import sys; sys.path.insert(0, {str(path.parent)!r})\nfrom {module} import GPTConfig\n" + save
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=path.parent)
+
+
+@pytest.mark.parametrize("module", ["__main__", "model"])
+def test_build_nanogpt_checkpoint_loads_without_its_class(tmp_path, module):
+    model = tiny()
+    torch.save(model.state_dict(), tmp_path / "sd.pt")
+    build_nanogpt_checkpoint(tmp_path / "model_00005.pt", tmp_path / "sd.pt", module)
+    (tmp_path / f"{module}.py").unlink(missing_ok=True)  # the defining module is gone: nothing to import
+    ckpt = read_checkpoint(tmp_path / "model_00005.pt")
+    assert ckpt["config"] == {"block_size": 16, "vocab_size": 64, "n_layer": 1, "n_head": 2, "n_embd": 16}
+    assert ckpt["step"] == 5
+    assert same_weights(load_model(tmp_path / "model_00005.pt"), model)
+
+
+def test_pickled_code_never_runs(tmp_path):
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    torch.save({"model": {}, "config": Evil()}, tmp_path / "evil.pt")
+    with pytest.raises(ValueError, match="evil.pt: cannot read checkpoint"):
+        load_model(tmp_path / "evil.pt")
+    assert not marker.exists()
+
+
+def test_nanogpt_checkpoint_with_compile_prefix_loads(tmp_path):
+    model = tiny()
+    sd = {f"_orig_mod.{k}": v for k, v in model.state_dict().items()}
+    torch.save({"model": sd, "model_args": dict(TINY, bias=True, dropout=0.0), "iter_num": 7}, tmp_path / "ckpt.pt")
+    assert same_weights(load_model(tmp_path / "ckpt.pt"), model)
+
+
+def test_every_spec_loads_the_same_weights_everywhere(tmp_path):
+    """init_from, eval.model and gptcore-sample share one loader: each spec gives the same model in each."""
+    model = tiny()
+    folder = tmp_path / "model"
+    checkpoint.save_final(model, folder, {"step": 3}, hf_vocab_size=64)
+    ckpt = checkpoint.save_checkpoint(tmp_path / "ckpts", 3, {"model": model.state_dict(),
+                                                              "model_config": dict(TINY), "step": 3}, keep=1)
+    for spec in (folder, folder / MODEL_FILE, folder / "hf", ckpt):
+        assert same_weights(load_model(spec), model), spec
+        assert same_weights(init_model({"init_from": str(spec), "block_size": None}, data_vocab_size=60), model)
+
+
+def test_block_size_crops_when_smaller_and_refuses_when_larger(tmp_path):
+    model = tiny()
+    checkpoint.save_final(model, tmp_path, {"step": 1})
+    for spec in (tmp_path, tmp_path / "hf"):
+        small = load_model(spec, block_size=8)
+        assert small.config.block_size == 8 and small.transformer.wpe.weight.shape == (8, 16)
+        assert torch.equal(small.transformer.wpe.weight, model.transformer.wpe.weight[:8])
+        with pytest.raises(ValueError, match="block_size=17 is larger than .* 16"):
+            load_model(spec, block_size=17)
+        with pytest.raises(ValueError, match="model.init_from=.*block_size=32 is larger"):
+            init_model({"init_from": str(spec), "block_size": 32}, data_vocab_size=60)
+    assert load_model(tmp_path, dropout=0.1).config.dropout == 0.1
+
+
+def test_bad_specs_say_what_is_accepted(tmp_path):
+    with pytest.raises(ValueError, match="only model.init_from starts a model from scratch"):
+        load_model("scratch")
+    with pytest.raises(ValueError, match="'nope': no such file or folder; expected 'scratch', one of gpt2"):
+        load_model("nope")
+    with pytest.raises(ValueError, match="neither model.pt .* nor config.json"):
+        load_model(tmp_path)
+    (tmp_path / "x.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="x.pt: cannot read checkpoint"):
+        load_model(tmp_path / "x.pt")
+    torch.save({"step": 1}, tmp_path / "y.pt")
+    with pytest.raises(ValueError, match="y.pt: not a GPT checkpoint"):
+        load_model(tmp_path / "y.pt")
+
+
+def test_tokenizer_comes_from_beside_the_model(tmp_path):
+    tok = CharTokenizer("abcdefgh ")
+    model = GPT(GPTConfig(**{**TINY, "vocab_size": 64}))
+    checkpoint.save_final(model, tmp_path / "model", {"step": 1}, hf_vocab_size=tok.vocab_size)
+    save_beside_shards(tok, tmp_path / "model")
+    (tmp_path / "model" / "manifest.json").write_text(json.dumps({"tokenizer": tokenizer_record(tok)}))
+    for spec in (tmp_path / "model", tmp_path / "model" / MODEL_FILE, tmp_path / "model" / "hf"):
+        assert tokenizer_for(str(spec), model).name == "char"
+    # nothing recorded beside a foreign checkpoint: GPT-2 BPE, as nanoGPT's sample.py assumes, if the model fits it
+    torch.save({"model": model.state_dict(), "model_args": TINY}, tmp_path / "ckpt.pt")
+    with pytest.raises(ValueError, match="smaller than tokenizer gpt2's"):
+        tokenizer_for(str(tmp_path / "ckpt.pt"), model)
+    assert tokenizer_for(str(tmp_path / "ckpt.pt"), model, tmp_path / "model").name == "char"
+
+
+def test_sample_cli_reads_the_model_folder(tmp_path, capsys):
+    tok = CharTokenizer("abcdefgh ")
+    model = tiny()
+    checkpoint.save_final(model, tmp_path / "model", {"step": 1})
+    save_beside_shards(tok, tmp_path / "model")
+    (tmp_path / "model" / "manifest.json").write_text(json.dumps({"tokenizer": tokenizer_record(tok)}))
+    sample_main(["--model", str(tmp_path / "model"), "--prompt", "abc", "--num-samples", "2",
+                 "--max-new-tokens", "5", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert out.count("--- sample") == 2 and "abc" in out
