@@ -22,6 +22,7 @@ from gptcore.eval.hellaswag import HELLASWAG_VAL_EXAMPLES, load_hellaswag  # noq
 from gptcore.model.gpt import GPT, GPTConfig  # noqa: E402
 from gptcore.eval.multichoice import ChoiceResult, score_examples, score_examples_reference  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
+from gptcore.precision import DTYPES  # noqa: E402
 
 REF = ROOT / ".." / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"
 OFFICIAL = ROOT / "data" / "hellaswag" / "hellaswag_val.jsonl"
@@ -68,7 +69,7 @@ def main() -> None:
              f"{'norm agree':>11} {'max |dloss|':>11} {'acc_norm':>8} {'10,042 ex: reference / fast':>27}"
     rows = []
     for name in args.dtypes:
-        dtype = getattr(torch, name)
+        dtype = DTYPES[name]  # as asked, no fallback: the point is to time this precision
         t0 = time.perf_counter()
         ref = score_examples_reference(model, examples, device=args.device, dtype=dtype, progress=True)
         if args.device.startswith("cuda"):

@@ -18,7 +18,7 @@ from gptcore.eval.multichoice import score_examples, write_predictions
 from gptcore.eval.sampling import sample, tokenizer_for
 from gptcore.data.tokenizers import load_tokenizer
 from gptcore.model.load import load_model
-from gptcore.precision import autocast_context, resolve_dtype
+from gptcore.precision import resolve_dtype
 from stages.common import load_params
 
 SHARDS = Path("data/shards")
@@ -37,11 +37,10 @@ def main() -> None:
     evaluation.check_same_tokenizer(model_tok, tok, model_spec, SHARDS)
     model.to(env.device).eval()
     dtype = resolve_dtype(p["dtype"], env.device)
-    autocast = autocast_context(env.device, dtype)
     block = model.config.block_size
 
     val_tokens = evaluation.first_tokens(shards.list_shards(SHARDS, "val"), p["val_tokens"])
-    loss = evaluation.val_loss(model, val_tokens, block, p["batch_size"], env.device, autocast, env.rank,
+    loss = evaluation.val_loss(model, val_tokens, block, p["batch_size"], env.device, dtype, env.rank,
                                env.world_size, progress=env.is_main)
 
     if p["task"] == "hellaswag":

@@ -17,7 +17,7 @@ from gptcore.atomic import write_json
 from gptcore.report.steplog import StepLogger
 from gptcore.eval.sampling import TrainingSamples
 from gptcore.data.tokenizers import load_tokenizer, save_beside_shards, tokenizer_record
-from gptcore.precision import autocast_context, resolve_dtype
+from gptcore.precision import resolve_dtype
 from gptcore.train.loop import Trainer, TrainConfig, run_fingerprint_params
 from stages.common import load_params
 
@@ -41,7 +41,7 @@ def main() -> None:
     val_tokens = evaluation.first_tokens(shards.list_shards(SHARDS, "val"), cfg.val_tokens)
     dtype = resolve_dtype(cfg.dtype, env.device)
     evaluators = [evaluation.ValLoss(val_tokens, block_size, cfg.val_batch, env.device,
-                                     autocast_context(env.device, dtype), env.rank, env.world_size, env.is_main)]
+                                     dtype, env.rank, env.world_size, env.is_main)]
     if cfg.hellaswag:
         path = hellaswag.fetch_hellaswag("data/hellaswag", path=cfg.hellaswag_path, progress=env.is_main)
         examples = hellaswag.load_hellaswag(path, tok, limit=cfg.hellaswag_examples)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from gptcore.atomic import atomic_write
-from gptcore.precision import DTYPES, autocast_context
+from gptcore.precision import autocast_context
 
 # positions projected through lm_head at once: bounds the [positions, vocab] float32 logits in memory
 HEAD_CHUNK = 1024
@@ -133,15 +133,6 @@ def _unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
-def _as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    """A dtype from a torch dtype or one of precision.DTYPES' names (the caller has already resolved fallbacks)."""
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r}: expected one of {sorted(DTYPES)}")
-    return DTYPES[dtype]
-
-
 def _prediction(example: Example, sum_losses: Sequence[float], mean_losses: Sequence[float]) -> dict:
     sums, means = [float(x) for x in sum_losses], [float(x) for x in mean_losses]
     return {"index": example.index, "label": example.label,
@@ -161,9 +152,9 @@ def _result(predictions: list[dict], count: int, correct: int, correct_norm: int
 
 @torch.no_grad()
 def score_examples_reference(model: nn.Module, examples: Sequence[Example], *, device: str | torch.device,
-                             dtype: torch.dtype | str | None = None, progress: bool = False) -> ChoiceResult:
+                             dtype: torch.dtype | None = None, progress: bool = False) -> ChoiceResult:
     """One padded K-row forward per example with full logits (build-nanogpt style); no DDP sharding."""
-    device, dtype = torch.device(device), _as_dtype(dtype)
+    device = torch.device(device)
     model = _unwrap(model)
     block_size = model.config.block_size
     was_training = model.training
@@ -315,7 +306,7 @@ def _batch_losses(model: nn.Module, batch: _Batch, device: torch.device, dtype: 
 
 @torch.no_grad()
 def score_examples(model: nn.Module, examples: Sequence[Example], *, device: str | torch.device,
-                   batch_size: int = 32, dtype: torch.dtype | str | None = None, rank: int | None = None,
+                   batch_size: int = 32, dtype: torch.dtype | None = None, rank: int | None = None,
                    world_size: int | None = None, progress: bool = True, packed: bool | None = None) -> ChoiceResult:
     """Score multiple-choice examples by completion loss, fast; same predictions as the reference path.
 
@@ -326,7 +317,7 @@ def score_examples(model: nn.Module, examples: Sequence[Example], *, device: str
     layout when the model supports it, False forces padded rows through model.hidden_states.
     Model mode (train/eval) is restored afterwards, so this can run inside a training loop.
     """
-    device, dtype = torch.device(device), _as_dtype(dtype)
+    device = torch.device(device)
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size}: must be >= 1")
     distributed = dist.is_available() and dist.is_initialized()

@@ -5,9 +5,8 @@ are dealt round-robin to ranks, each rank sums token losses, and one all-reduce 
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
 from pathlib import Path
-from typing import ContextManager, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -18,6 +17,7 @@ from gptcore import distributed
 from gptcore.data import shards
 from gptcore.atomic import write_text
 from gptcore.eval.multichoice import score_examples
+from gptcore.precision import autocast_context
 
 
 def first_tokens(paths: Sequence[Path], n: int) -> np.ndarray:
@@ -41,7 +41,7 @@ def val_loss(
     block_size: int,
     batch_size: int,
     device: torch.device,
-    autocast: ContextManager | None = None,
+    dtype: torch.dtype | None = None,
     rank: int = 0,
     world_size: int = 1,
     progress: bool = False,
@@ -60,7 +60,7 @@ def val_loss(
         buf = np.stack([np.asarray(tokens[s : s + block_size + 1], dtype=np.int64) for s in starts])
         xy = torch.from_numpy(buf).to(device, non_blocking=True)
         x, y = xy[:, :-1], xy[:, 1:]
-        with autocast or nullcontext():
+        with autocast_context(device, dtype):
             logits, _ = model(x)
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction="sum")
         total[0] += loss.double()
@@ -88,8 +88,8 @@ class ValLoss:
     """Training-loop evaluator: `val_loss` over fixed val tokens (every rank calls it; all get the same value)."""
 
     def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, device: torch.device,
-                 autocast: ContextManager | None, rank: int = 0, world_size: int = 1, progress: bool = False) -> None:
-        self.args = (tokens, block_size, batch_size, device, autocast, rank, world_size, progress)
+                 dtype: torch.dtype | None, rank: int = 0, world_size: int = 1, progress: bool = False) -> None:
+        self.args = (tokens, block_size, batch_size, device, dtype, rank, world_size, progress)
 
     def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]:
         return {"val_loss": val_loss(model, *self.args)}
