@@ -12,7 +12,6 @@ from gptcore.eval import cloze
 from gptcore import distributed
 from gptcore.eval import val_loss as evaluation
 from gptcore.eval import hellaswag
-from gptcore.data import shards
 from gptcore.atomic import write_json
 from gptcore.eval.multichoice import score_examples, write_predictions
 from gptcore.eval.sampling import sample, tokenizer_for
@@ -39,7 +38,7 @@ def main() -> None:
     dtype = resolve_dtype(p["dtype"], env.device)
     block = model.config.block_size
 
-    val_tokens = evaluation.first_tokens(shards.list_shards(SHARDS, "val"), p["val_tokens"])
+    val_tokens = evaluation.val_stream(SHARDS, p["val_tokens"])
     loss = evaluation.val_loss(model, val_tokens, block, p["batch_size"], env.device, dtype, env.rank,
                                env.world_size, progress=env.is_main)
 
@@ -47,7 +46,7 @@ def main() -> None:
         path = hellaswag.fetch_hellaswag("data/hellaswag", path=p["hellaswag_path"], progress=env.is_main)
         examples = hellaswag.load_hellaswag(path, tok, limit=p["max_examples"])
     elif p["task"] == "cloze":
-        examples = cloze.build_cloze(val_tokens, tok.eot, p["cloze_examples"], p["cloze_context"],
+        examples = cloze.build_cloze(val_tokens[:p["val_tokens"]], tok.eot, p["cloze_examples"], p["cloze_context"],
                                      p["cloze_ending"], p["seed"])
     else:
         raise ValueError(f"eval.task={p['task']!r}: expected 'hellaswag' or 'cloze'")

@@ -38,7 +38,7 @@ def main() -> None:
     block_size = model.config.block_size
     loader = TokenLoader(shards.list_shards(SHARDS, "train"), cfg.micro_batch, block_size, cfg.total_batch_tokens,
                          env.rank, env.world_size, shuffle=cfg.shuffle, seed=cfg.seed)
-    val_tokens = evaluation.first_tokens(shards.list_shards(SHARDS, "val"), cfg.val_tokens)
+    val_tokens = evaluation.val_stream(SHARDS, cfg.val_tokens)
     dtype = resolve_dtype(cfg.dtype, env.device)
     evaluators = [evaluation.ValLoss(val_tokens, block_size, cfg.val_batch, env.device,
                                      dtype, env.rank, env.world_size, env.is_main)]

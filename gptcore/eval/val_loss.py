@@ -1,7 +1,8 @@
 """Validation loss over a fixed number of val tokens, the same whatever the world size or batch size.
 
-The first `val_tokens` tokens of the val split are cut into `block_size` windows (targets shifted by one); windows
-are dealt round-robin to ranks, each rank sums token losses, and one all-reduce gives the mean over all tokens.
+Exactly `val_tokens` targets are scored, as build-nanogpt does: the first `val_tokens + 1` tokens of the corpus are
+cut into `block_size` windows (targets shifted by one, the last window shorter when block_size does not divide
+val_tokens); windows are dealt round-robin to ranks, each rank sums token losses, one all-reduce gives the mean.
 """
 from __future__ import annotations
 
@@ -30,8 +31,22 @@ def first_tokens(paths: Sequence[Path], n: int) -> np.ndarray:
         if need <= 0:
             break
     if need > 0:
-        raise ValueError(f"val split has {n - need} tokens, fewer than the {n} asked for (eval.val_tokens / train.val_tokens)")
+        raise ValueError(f"the shards hold {n - need} tokens, fewer than the {n} asked for")
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def val_stream(shard_dir: Path, val_tokens: int) -> np.ndarray:
+    """The `val_tokens + 1` tokens whose `val_tokens` targets val_loss scores: the val split, then (when the split
+    holds exactly val_tokens) the next token of the corpus, the first of the train split, which the loader only
+    ever uses as an input."""
+    if val_tokens < 1:
+        raise ValueError(f"val_tokens={val_tokens}: must be at least 1")
+    val = shards.list_shards(shard_dir, "val")
+    have = sum(len(shards.load_tokens(p)) for p in val)
+    if have < val_tokens:
+        raise ValueError(f"{shard_dir}: the val split has {have:,} tokens, fewer than val_tokens={val_tokens:,} "
+                         f"(eval.val_tokens / train.val_tokens)")
+    return first_tokens(val + shards.list_shards(shard_dir, "train"), val_tokens + 1)
 
 
 @torch.no_grad()
@@ -46,18 +61,20 @@ def val_loss(
     world_size: int = 1,
     progress: bool = False,
 ) -> float:
-    """Mean next-token cross-entropy over all windows of `tokens` (a model returning (logits, loss) from forward)."""
-    n_windows = (len(tokens) - 1) // block_size
-    if n_windows == 0:
-        raise ValueError(f"{len(tokens)} val tokens do not fill one window of block_size={block_size} (+1)")
-    mine = list(range(rank, n_windows, world_size))
+    """Mean next-token cross-entropy over the len(tokens) - 1 targets of `tokens` (forward returns logits first)."""
+    n = len(tokens) - 1
+    if n < 1:
+        raise ValueError(f"{len(tokens)} val tokens hold no target")
+    starts = list(range(0, n, block_size))[rank::world_size]
+    full = [s for s in starts if s + block_size <= n]
+    # a shorter last window, when block_size does not divide n, goes in a batch of its own
+    batches = [full[i : i + batch_size] for i in range(0, len(full), batch_size)] + [[s] for s in starts if s not in full]
     was_training = model.training
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)  # summed loss, token count
-    bar = tqdm(range(0, len(mine), batch_size), desc="val loss", unit="batch", disable=not progress, leave=False)
-    for i in bar:
-        starts = [w * block_size for w in mine[i : i + batch_size]]
-        buf = np.stack([np.asarray(tokens[s : s + block_size + 1], dtype=np.int64) for s in starts])
+    for batch in tqdm(batches, desc="val loss", unit="batch", disable=not progress, leave=False):
+        length = min(block_size, n - batch[0])
+        buf = np.stack([np.asarray(tokens[s : s + length + 1], dtype=np.int64) for s in batch])
         xy = torch.from_numpy(buf).to(device, non_blocking=True)
         x, y = xy[:, :-1], xy[:, 1:]
         with autocast_context(device, dtype):
