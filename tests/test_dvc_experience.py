@@ -284,7 +284,7 @@ def test_metrics_diff_between_experiments(two_runs):
 @pytest.mark.slow
 def test_plots_diff_overlays_runs_and_renders_offline(two_runs, tmp_path):
     assert (two_runs / "metrics" / "plots" / "baselines.tsv").is_file(), (
-        "the compare stage wrote no metrics/plots/: stages/compare.py must call gptcore.plots.write_plot_data and "
+        "the compare stage wrote no metrics/plots/: stages/compare.py must call gptcore.report.plots.write_plot_data and "
         "dvc.yaml's compare stage declare metrics/plots (cache: false) as an out")
     diff = json.loads(run(two_runs, "dvc", "plots", "diff", "micro-base", "micro-lr", "--json"))
     loss = diff["data"]["loss"][0]["content"]["data"]["values"]
@@ -296,7 +296,8 @@ def test_plots_diff_overlays_runs_and_renders_offline(two_runs, tmp_path):
     hella = {r["filename::field"].rsplit("::", 1)[1] for r in diff["data"]["hellaswag"][0]["content"]["data"]["values"]}
     assert hella == {"gpt2_124m_hellaswag_acc_norm", "gpt3_124m_hellaswag_acc_norm"}  # no in-training HellaSwag here
 
-    out = run(two_runs, "gptcore-render-plots", "micro-base", "micro-lr", "--out", str(tmp_path / "png"))
+    (tmp_path / "diff.json").write_text(json.dumps(diff), encoding="utf-8")
+    out = run(two_runs, "gptcore-render-plots", str(tmp_path / "diff.json"), "--out", str(tmp_path / "png"))
     files = [Path(line) for line in out.splitlines()]
     assert {"loss.png", "loss_vs_tokens.png", "hellaswag.png"} <= {f.name for f in files}
     for f in files:
@@ -309,7 +310,7 @@ def test_plots_show_workspace(two_runs):
     """`dvc plots show` writes its HTML page (blank offline: Vega comes from a CDN); the renderer writes PNGs."""
     run(two_runs, "dvc", "plots", "show")
     assert "vega" in (two_runs / "dvc_plots" / "index.html").read_text(encoding="utf-8")
-    out = run(two_runs, "gptcore-render-plots")
+    out = run(two_runs, "sh", "-c", "dvc plots show --json | gptcore-render-plots")
     assert "plots_png/loss.png" in out.splitlines()
     assert (two_runs / "plots_png" / "loss.png").read_bytes().startswith(PNG_MAGIC)
 

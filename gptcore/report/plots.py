@@ -1,16 +1,16 @@
-"""Plot data beside the training curves, and offline PNG rendering of dvc.yaml's top-level plots.
+"""Plot data beside the training curves, and offline rendering of DVC's plot specs to image files.
 
 Two jobs:
-  write_plot_data  the compare stage's share: reference lines (OpenAI GPT-2 124M val loss, GPT-2 and GPT-3 124M
-                   HellaSwag acc_norm) as step rows spanning the run, and the loss curves with a tokens_seen
-                   column, so dvc.yaml's plots can draw them against step or against tokens seen.
-  render           `dvc plots show --json` (or `dvc plots diff --json` for several revisions) -> one PNG per plot,
+  write_plot_data  the compare stage's share: reference lines (conf/baselines.yaml's figures) as step rows
+                   spanning the run, and the loss curves with a tokens_seen column, so dvc.yaml's plots can draw
+                   them against step or against tokens seen.
+  render_plots     the JSON of `dvc plots show --json` (or `dvc plots diff REV... --json`) -> one file per plot,
                    drawn with vl-convert (Vega-Lite compiled and rendered locally). `dvc plots show` writes an
                    HTML page that loads Vega from a CDN and stays blank offline; this needs no network.
 
-CLI (console script gptcore-render-plots):
-    gptcore-render-plots                        # the workspace's plots -> plots_png/*.png
-    gptcore-render-plots exp-a1b2c exp-d3e4f    # `dvc plots diff` of two experiments, curves overlaid
+The library never runs DVC: you run it and pipe its JSON in (console script gptcore-render-plots):
+    dvc plots show --json | gptcore-render-plots                       # the workspace's plots -> plots_png/*.png
+    dvc plots diff exp-a1b2c exp-d3e4f --json | gptcore-render-plots  # two experiments, curves overlaid
 """
 from __future__ import annotations
 
@@ -19,18 +19,13 @@ import csv
 import io
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import yaml
-
 from gptcore.atomic import atomic_write
+from gptcore.report.baselines import baseline_values
 
-LIVE_DIR = Path("metrics/train")  # dvclive's folder (the train stage)
-PLOT_DATA_DIR = Path("metrics/plots")  # what write_plot_data writes (the compare stage)
-BASELINES = Path("conf/baselines.yaml")
 PNG_DIR = Path("plots_png")
 
 # dvclive step metrics that get a tokens_seen column for the plots against tokens seen.
@@ -70,7 +65,7 @@ def _write_tsv(path: Path, header: list[str], rows: Iterable[Iterable[Any]]) -> 
         f.write(buf.getvalue().encode("utf-8"))
 
 
-def tokens_per_step(live_dir: str | Path = LIVE_DIR) -> float:
+def tokens_per_step(live_dir: str | Path) -> float:
     """Tokens per optimizer step, from dvclive's tokens_seen.tsv (tokens seen after step s = (s + 1) x this).
 
     0 when the run took no step (train.max_steps 0): everything it logged is at zero tokens."""
@@ -82,23 +77,9 @@ def tokens_per_step(live_dir: str | Path = LIVE_DIR) -> float:
     return tokens / (step + 1)
 
 
-def baseline_values(baselines: Mapping[str, Any]) -> dict[str, float]:
-    """conf/baselines.yaml -> the reference lines, named after model and metric."""
-    try:
-        gpt2 = baselines["gpt2_124m"]
-        out = {"gpt2_124m_val_loss": float(gpt2["val_loss"]),
-               "gpt2_124m_hellaswag_acc_norm": float(gpt2["hellaswag_acc_norm"])}
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{BASELINES}: gpt2_124m needs numeric val_loss and hellaswag_acc_norm ({e!r})") from None
-    gpt3 = baselines.get("gpt3_124m") or {}
-    if "hellaswag_acc_norm" in gpt3:
-        out["gpt3_124m_hellaswag_acc_norm"] = float(gpt3["hellaswag_acc_norm"])
-    return out
-
-
-def write_plot_data(live_dir: str | Path = LIVE_DIR, baselines: Mapping[str, Any] | str | Path = BASELINES,
-                    out_dir: str | Path = PLOT_DATA_DIR) -> list[Path]:
-    """Write the files dvc.yaml's top-level plots read besides dvclive's; returns their paths.
+def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
+    """Write the files dvc.yaml's top-level plots read besides dvclive's (live_dir: dvclive's folder; baselines:
+    as report.baselines.read_baselines returns them); returns their paths.
 
     out_dir/baselines.tsv   step, tokens_seen and one column per reference figure, two rows: the run's first
                             and last logged step, so each reference is a horizontal line across the run
@@ -107,10 +88,7 @@ def write_plot_data(live_dir: str | Path = LIVE_DIR, baselines: Mapping[str, Any
                             has seen s + 1
     """
     live_dir, out_dir = Path(live_dir), Path(out_dir)
-    if not isinstance(baselines, Mapping):
-        with open(baselines, encoding="utf-8") as f:
-            baselines = yaml.safe_load(f) or {}
-    refs = baseline_values(baselines)
+    refs = baseline_values(dict(baselines))
     metrics_dir = live_dir / "plots" / "metrics"
     per_step = tokens_per_step(live_dir)
     written: list[Path] = []
@@ -144,24 +122,6 @@ def write_plot_data(live_dir: str | Path = LIVE_DIR, baselines: Mapping[str, Any
 # offline rendering
 
 FORMATS = ("png", "svg", "html")
-
-
-def dvc_plots_json(revisions: list[str] | None = None, targets: list[str] | None = None,
-                   repo: str | Path = ".") -> dict[str, Any]:
-    """`dvc plots show --json` (no revisions: the workspace) or `dvc plots diff REV... --json`, parsed.
-
-    The filled Vega-Lite specs DVC would put in its HTML page, data included. DVC runs in `repo` with this
-    interpreter (`python -m dvc`), so the venv's DVC is used whatever PATH says."""
-    revisions, targets = list(revisions or []), list(targets or [])
-    cmd = [sys.executable, "-m", "dvc", "plots", "diff" if revisions else "show", *revisions, *targets, "--json"]
-    proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"`{' '.join(cmd[2:])}` failed in {Path(repo).resolve()} (exit {proc.returncode}):\n"
-                           f"{proc.stderr.strip() or proc.stdout.strip()}")
-    try:
-        return json.loads(proc.stdout)
-    except ValueError:
-        raise RuntimeError(f"`{' '.join(cmd[2:])}` printed no JSON:\n{proc.stdout[:2000]}") from None
 
 
 def plot_filename(name: str, fmt: str) -> str:
@@ -218,23 +178,42 @@ def render_plots(plots: Mapping[str, Any], out_dir: str | Path = PNG_DIR, fmt: s
     return written
 
 
+def read_plots_json(source: str) -> dict[str, Any]:
+    """`dvc plots show/diff --json` output from a file, or from stdin when `source` is "-"."""
+    if source == "-":
+        if sys.stdin.isatty():
+            raise ValueError("no input: pipe in `dvc plots show --json` (or `dvc plots diff REV... --json`), "
+                             "or name a file holding it")
+        text, where = sys.stdin.read(), "stdin"
+    else:
+        try:
+            text, where = Path(source).read_text(encoding="utf-8"), source
+        except OSError as e:
+            raise ValueError(f"{source}: cannot read ({e.strerror})") from None
+    try:
+        plots = json.loads(text)
+    except ValueError:
+        raise ValueError(f"{where}: not JSON; expected the output of `dvc plots show --json`") from None
+    if not isinstance(plots, dict):
+        raise ValueError(f"{where}: expected the JSON object `dvc plots show --json` prints")
+    return plots
+
+
 def main(argv: list[str] | None = None) -> None:
+    """gptcore-render-plots: `dvc plots show/diff --json` output in, one image file per plot out."""
     ap = argparse.ArgumentParser(
         prog="gptcore-render-plots",
-        description="Render dvc.yaml's plots to image files without network (dvc plots show/diff --json + vl-convert).")
-    ap.add_argument("revisions", nargs="*",
-                    help="git revisions or experiment names to overlay (dvc plots diff); none: the workspace")
-    ap.add_argument("--targets", nargs="+", default=[], help="only these plot ids or files (default: all)")
+        description="Render DVC's plots to image files without network: "
+                    "dvc plots show --json | gptcore-render-plots (or dvc plots diff REV... --json | ...).")
+    ap.add_argument("json", nargs="?", default="-", help="a file holding dvc's JSON (default: read stdin)")
     ap.add_argument("--out", default=str(PNG_DIR), help=f"output folder (default: {PNG_DIR})")
     ap.add_argument("--format", choices=FORMATS, default="png")
     ap.add_argument("--scale", type=float, default=2.0, help="PNG pixels per Vega-Lite pixel (default: 2)")
-    ap.add_argument("--repo", default=".", help="the DVC project (default: the current folder)")
     args = ap.parse_args(argv)
     try:
-        plots = dvc_plots_json(args.revisions, args.targets, args.repo)
-        files = render_plots(plots, Path(args.repo) / args.out, args.format, args.scale,
-                             log=lambda m: print(m, file=sys.stderr))
-    except (RuntimeError, ValueError) as e:
+        plots = read_plots_json(args.json)
+        files = render_plots(plots, args.out, args.format, args.scale, log=lambda m: print(m, file=sys.stderr))
+    except ValueError as e:
         sys.exit(f"gptcore-render-plots: {e}")
     for path in files:
         print(path)
