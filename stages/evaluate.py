@@ -38,7 +38,7 @@ def main() -> None:
     dtype = resolve_dtype(p["dtype"], env.device)
     block = model.config.block_size
 
-    val_tokens = evaluation.val_stream(SHARDS, p["val_tokens"])
+    val_tokens = evaluation.val_stream(SHARDS, p["val_tokens"], tok.vocab_size)
     loss = evaluation.val_loss(model, val_tokens, block, p["batch_size"], env.device, dtype, env.rank,
                                env.world_size, progress=env.is_main)
 

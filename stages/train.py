@@ -36,9 +36,9 @@ def main() -> None:
 
     model = init_model(model_params, data["vocab_size"], seed=cfg.seed)
     block_size = model.config.block_size
-    loader = TokenLoader(shards.list_shards(SHARDS, "train"), cfg.micro_batch, block_size, cfg.total_batch_tokens,
-                         env.rank, env.world_size, shuffle=cfg.shuffle, seed=cfg.seed)
-    val_tokens = evaluation.val_stream(SHARDS, cfg.val_tokens)
+    loader = TokenLoader(shards.open_split(SHARDS, "train"), cfg.micro_batch, block_size, cfg.total_batch_tokens,
+                         env.rank, env.world_size, shuffle=cfg.shuffle, seed=cfg.seed, vocab_size=data["vocab_size"])
+    val_tokens = evaluation.val_stream(SHARDS, cfg.val_tokens, data["vocab_size"])
     dtype = resolve_dtype(cfg.dtype, env.device)
     evaluators = [evaluation.ValLoss(val_tokens, block_size, cfg.val_batch, env.device,
                                      dtype, env.rank, env.world_size, env.is_main)]

@@ -40,6 +40,7 @@ class TokenLoader:
         world_size: int = 1,
         shuffle: bool = False,
         seed: int = 0,
+        vocab_size: int | None = None,
     ) -> None:
         if not paths:
             raise ValueError("no training shards given to the loader")
@@ -55,6 +56,7 @@ class TokenLoader:
         self.rank, self.world_size = rank, world_size
         self.grad_accum = step_tokens // (per_micro * world_size)
         self.shuffle, self.seed = shuffle, seed
+        self.vocab_size = vocab_size  # ids at or above it are reported with shard and offset, not left to crash
         # Windows per shard from the header alone: the mmap costs no memory until a window is read.
         self._windows = [(len(shards.load_tokens(p)) - 1) // step_tokens for p in self.paths]
         if not any(self._windows):
@@ -95,6 +97,8 @@ class TokenLoader:
         k = s.micro * self.world_size + self.rank
         start = window * self.step_tokens + k * self.B * self.T
         buf = np.asarray(self._tokens(shard_index)[start : start + self.B * self.T + 1], dtype=np.int64)
+        if self.vocab_size is not None:
+            shards.check_token_range(buf, self.vocab_size, self.paths[shard_index], start)
         x = torch.from_numpy(buf[:-1]).view(self.B, self.T)
         y = torch.from_numpy(buf[1:]).view(self.B, self.T)
         self._advance()

@@ -111,6 +111,49 @@ def load_tokens(path: str | Path) -> np.ndarray:
     return arr
 
 
+def check_files(shard_dir: str | Path, m: dict, full: bool = True) -> list[str]:
+    """Problems of the shard files against manifest `m`, one line each naming the file: missing, wrong size or
+    dtype, token count, and shard files the manifest does not list. `full` also rereads every byte (sha256,
+    document count): tokenize's check before it reports complete; train and evaluate run the cheap part."""
+    shard_dir = Path(shard_dir)
+    problems = []
+    listed = set()
+    for s in m["shards"]:
+        path = shard_dir / s["name"]
+        listed.add(s["name"])
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+            continue
+        want = NPY_HEADER_BYTES + s["tokens"] * np.dtype(m["dtype"]).itemsize
+        if path.stat().st_size != want:
+            problems.append(f"{path}: {path.stat().st_size:,} bytes, the manifest's {s['tokens']:,} {m['dtype']} tokens "
+                            f"make {want:,}; the shard is truncated or damaged")
+            continue
+        try:
+            arr = load_tokens(path)
+        except ValueError as e:
+            problems.append(str(e))
+            continue
+        if arr.dtype != np.dtype(m["dtype"]):
+            problems.append(f"{path}: dtype {arr.dtype}, manifest says {m['dtype']}")
+            continue
+        if len(arr) != s["tokens"]:
+            problems.append(f"{path}: {len(arr)} tokens, manifest says {s['tokens']}")
+            continue
+        if not full:
+            continue
+        docs = int(np.count_nonzero(arr == m["eot"]))
+        if docs != s["documents"]:
+            problems.append(f"{path}: {docs} documents (eot tokens), manifest says {s['documents']}")
+        if file_sha256(path) != s["sha256"]:
+            problems.append(f"{path}: sha256 does not match the manifest (bytes changed since tokenize wrote it)")
+    if shard_dir.is_dir():
+        for p in sorted(shard_dir.iterdir()):
+            if _NAME.match(p.name) and p.name not in listed:
+                problems.append(f"{p}: shard file not listed in the manifest")
+    return problems
+
+
 def verify(shard_dir: str | Path) -> list[str]:
     """Recheck every shard against manifest.json (size, dtype, token and document counts, sha256).
     Returns the problems found, one line each; an empty list means the shards are intact."""
@@ -122,32 +165,40 @@ def verify(shard_dir: str | Path) -> list[str]:
     problems = []
     if not m.get("complete", False):
         problems.append(f"{shard_dir / MANIFEST}: the tokenize run has not finished ({len(m['shards'])} shards so far)")
-    listed = set()
-    for s in m["shards"]:
-        path = shard_dir / s["name"]
-        listed.add(s["name"])
-        if not path.is_file():
-            problems.append(f"{path}: missing")
-            continue
-        try:
-            arr = load_tokens(path)
-        except ValueError as e:
-            problems.append(str(e))
-            continue
-        if arr.dtype != np.dtype(m["dtype"]):
-            problems.append(f"{path}: dtype {arr.dtype}, manifest says {m['dtype']}")
-        if len(arr) != s["tokens"]:
-            problems.append(f"{path}: {len(arr)} tokens, manifest says {s['tokens']}")
-            continue
-        docs = int(np.count_nonzero(arr == m["eot"]))
-        if docs != s["documents"]:
-            problems.append(f"{path}: {docs} documents (eot tokens), manifest says {s['documents']}")
-        if file_sha256(path) != s["sha256"]:
-            problems.append(f"{path}: sha256 does not match the manifest")
-    for p in sorted(shard_dir.iterdir()):
-        if _NAME.match(p.name) and p.name not in listed:
-            problems.append(f"{p}: shard file not listed in the manifest")
-    return problems
+    return problems + check_files(shard_dir, m, full=True)
+
+
+def open_split(shard_dir: str | Path, split: str) -> list[Path]:
+    """The shards of one split for train and evaluate, after the cheap checks of the whole folder (manifest
+    complete, every listed shard at its size and dtype, no unlisted shard): ValueError naming the file otherwise.
+    A folder without a manifest (build-nanogpt's shards) gets only the per-file checks of load_tokens."""
+    shard_dir = Path(shard_dir)
+    if not (shard_dir / MANIFEST).exists():
+        paths = list_shards(shard_dir, split)
+        for p in paths:
+            load_tokens(p)
+        return paths
+    m = read_manifest(shard_dir)
+    if m.get("complete") is not True:
+        raise ValueError(f"{shard_dir / MANIFEST}: complete: false, the tokenize run has not finished "
+                         f"({len(m['shards'])} shards so far); rerun the tokenize stage to finish it")
+    problems = check_files(shard_dir, m, full=False)
+    if problems:
+        more = f" (and {len(problems) - 1} more: gptcore-verify-shards {shard_dir} lists them)" if len(problems) > 1 else ""
+        raise ValueError(f"{problems[0]}{more}; rerun the tokenize stage to rewrite the shards")
+    paths = [shard_dir / s["name"] for s in m["shards"] if s["split"] == split]
+    if not paths:
+        raise ValueError(f"{shard_dir / MANIFEST}: lists no {split} shards")
+    return paths
+
+
+def check_token_range(tokens: np.ndarray, vocab_size: int, path: str | Path, offset: int = 0) -> None:
+    """ValueError naming the shard and the token's offset in it if an id in `tokens` (the shard's tokens from
+    `offset` on) is outside 0..vocab_size-1; one vectorised max, so cheap enough for every batch."""
+    if tokens.size and int(tokens.max()) >= vocab_size:
+        at = int(np.argmax(tokens >= vocab_size))
+        raise ValueError(f"{path}: token id {int(tokens[at])} at token offset {offset + at:,} is outside the "
+                         f"vocabulary (vocab_size {vocab_size}); the shard is corrupt: rerun tokenize")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -376,12 +427,26 @@ class ShardWriter:
             self._check_closed(wait=True)
         finally:
             self._closer.shutdown()
+        self.check_finished()
         self.manifest["complete"] = True
         self.manifest["documents"] = documents
         self.manifest["tokens"] = {sp: sum(s["tokens"] for s in self.manifest["shards"] if s["split"] == sp)
                                    for sp in SPLITS}
         write_json(self.dir / MANIFEST, self.manifest, indent=1)
         return self.manifest
+
+    def check_finished(self) -> None:
+        """Reread every finished shard against the manifest (sha256, counts, no unlisted shard) before the run may
+        report complete: a flipped byte on disk must not reach DVC's hash and the trainer. On a problem the
+        manifest is left (or set back to) complete: false, and the error names the file."""
+        problems = check_files(self.dir, self.manifest, full=True)
+        if problems:
+            if self.manifest["complete"]:
+                self.manifest["complete"] = False
+                write_json(self.dir / MANIFEST, self.manifest, indent=1)
+            more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:4])})" if len(problems) > 1 else ""
+            raise ValueError(f"{problems[0]}{more}; the shards are not complete: delete the damaged or foreign "
+                             f"file(s) and rerun tokenize (it rewrites from the first missing shard on)")
 
     def abort(self) -> None:
         """Drop the shard being written; finished shards already handed to the closer are recorded."""

@@ -144,7 +144,11 @@ def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard
     head = {"tokenizer": tokenizer_record(tok), "vocab_size": tok.vocab_size, "eot": tok.eot, "dtype": dtype.name,
             **(header or {})}
     writer = shards.ShardWriter(shard_dir, head, shard_tokens, val_tokens, resume=resume)
-    if writer.complete:
+    if writer.complete:  # nothing to write, but the finished shards must still be the bytes the manifest lists
+        try:
+            writer.check_finished()
+        finally:
+            writer.abort()
         return writer.manifest
     start_doc = writer.resume_point[0]  # the writer drops the already-written head of that document
     bar = tqdm(total=corpus.documents, initial=start_doc, unit="doc", unit_scale=True, disable=not progress,

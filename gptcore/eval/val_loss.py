@@ -21,12 +21,15 @@ from gptcore.eval.multichoice import score_examples
 from gptcore.precision import autocast_context
 
 
-def first_tokens(paths: Sequence[Path], n: int) -> np.ndarray:
-    """The first n tokens across the given shards (in order), as a read-only view when they fit in one shard."""
+def first_tokens(paths: Sequence[Path], n: int, vocab_size: int | None = None) -> np.ndarray:
+    """The first n tokens across the given shards (in order), as a read-only view when they fit in one shard.
+    With `vocab_size`, an id outside the vocabulary is a ValueError naming the shard and offset."""
     parts, need = [], n
     for p in paths:
         toks = shards.load_tokens(p)
         parts.append(toks[:need])
+        if vocab_size is not None:
+            shards.check_token_range(parts[-1], vocab_size, p)
         need -= len(parts[-1])
         if need <= 0:
             break
@@ -35,18 +38,18 @@ def first_tokens(paths: Sequence[Path], n: int) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def val_stream(shard_dir: Path, val_tokens: int) -> np.ndarray:
+def val_stream(shard_dir: Path, val_tokens: int, vocab_size: int | None = None) -> np.ndarray:
     """The `val_tokens + 1` tokens whose `val_tokens` targets val_loss scores: the val split, then (when the split
     holds exactly val_tokens) the next token of the corpus, the first of the train split, which the loader only
-    ever uses as an input."""
+    ever uses as an input. The folder passes shards.open_split's checks; ids are checked against `vocab_size`."""
     if val_tokens < 1:
         raise ValueError(f"val_tokens={val_tokens}: must be at least 1")
-    val = shards.list_shards(shard_dir, "val")
+    val = shards.open_split(shard_dir, "val")
     have = sum(len(shards.load_tokens(p)) for p in val)
     if have < val_tokens:
         raise ValueError(f"{shard_dir}: the val split has {have:,} tokens, fewer than val_tokens={val_tokens:,} "
                          f"(eval.val_tokens / train.val_tokens)")
-    return first_tokens(val + shards.list_shards(shard_dir, "train"), val_tokens + 1)
+    return first_tokens(val + shards.open_split(shard_dir, "train"), val_tokens + 1, vocab_size)
 
 
 @torch.no_grad()
