@@ -34,7 +34,7 @@ class CountingLM(nn.Module):
         with torch.no_grad():
             self.lm_head.weight.copy_(table.T)
 
-    def hidden_states(self, idx):
+    def hidden_states(self, idx, pos=None, attn_mask=None):  # next-token odds depend on the current token only
         return F.one_hot(idx, self.config.vocab_size).float()
 
     def forward(self, idx, targets=None):

@@ -13,13 +13,10 @@ full logits, masked loss (as in build-nanogpt). `score_examples` gives the same 
     it in one sequence, each ending attending to the context and to itself only, with its position
     ids continuing from the end of the context (a block-diagonal causal mask via SDPA);
   - many examples of similar length go through one forward; examples are sharded over DDP ranks.
-The packed forward goes through `model.hidden_states(idx, pos=, attn_mask=)` (gptcore's GPT); a model
-whose trunk does not take position ids and a mask uses padded rows through `model.hidden_states(idx)`
-instead, still projecting only the needed positions.
+The packed forward goes through `model.hidden_states(idx, pos=, attn_mask=)` (gptcore's GPT).
 """
 from __future__ import annotations
 
-import inspect
 import json
 import time
 from dataclasses import dataclass, field
@@ -62,15 +59,6 @@ class ChoiceResult:
     acc_norm: float
     predictions: list[dict] = field(default_factory=list)
     examples_per_sec: float = 0.0
-
-    def summary(self) -> dict[str, float | int]:
-        """The numbers for eval.json: count, correct, correct_norm, acc, acc_norm."""
-        return {"count": self.count, "correct": self.correct, "correct_norm": self.correct_norm,
-                "acc": self.acc, "acc_norm": self.acc_norm}
-
-    def to_metrics(self, prefix: str) -> dict[str, float | int]:
-        """Flat metric names, e.g. prefix="hellaswag" -> hellaswag.acc, hellaswag.acc_norm, hellaswag.count."""
-        return {f"{prefix}.acc": self.acc, f"{prefix}.acc_norm": self.acc_norm, f"{prefix}.count": self.count}
 
 
 # -----------------------------------------------------------------------------
@@ -187,14 +175,14 @@ def score_examples_reference(model: nn.Module, examples: Sequence[Example], *, d
 class _Batch:
     """One forward's worth of examples, flattened to what the loss needs.
 
-    idx/pos [B, T] token and position ids; attn_mask [B, 1, T, T] (packed layout only, True = may attend);
+    idx/pos [B, T] token and position ids; attn_mask [B, 1, T, T] (True = may attend);
     head_pos [P] flat positions (into B*T) whose hidden state goes through lm_head, each once;
     pair_head [N] which head position predicts pair n, pair_target [N] its target token,
     pair_row [N] which (example, ending) row of this batch it belongs to; row_len [R] ending lengths.
     """
     idx: torch.Tensor
     pos: torch.Tensor
-    attn_mask: torch.Tensor | None
+    attn_mask: torch.Tensor
     head_pos: torch.Tensor
     pair_head: torch.Tensor
     pair_target: torch.Tensor
@@ -250,41 +238,12 @@ def _build_packed(fitted: list[tuple[list[int], list[list[int]]]]) -> _Batch:
                   torch.tensor(pair_target), torch.tensor(pair_row), torch.tensor(row_len), rows_per_example)
 
 
-def _build_rows(fitted: list[tuple[list[int], list[list[int]]]]) -> _Batch:
-    """Fallback layout: one padded row context+ending per ending, as the reference but batched."""
-    rows = [(c, e) for c, endings in fitted for e in endings]
-    R, T = len(rows), max(len(c) + len(e) for c, e in rows)
-    idx = torch.zeros(R, T, dtype=torch.long)
-    head_pos, pair_target, pair_row, row_len = [], [], [], []
-    for r, (context, ending) in enumerate(rows):
-        full = context + ending
-        idx[r, :len(full)] = torch.tensor(full)
-        C = len(context)
-        for k, tok in enumerate(ending):
-            head_pos.append(r * T + C - 1 + k)
-            pair_target.append(tok)
-            pair_row.append(r)
-        row_len.append(len(ending))
-    pos = torch.arange(T).expand(R, T)
-    return _Batch(idx, pos, None, torch.tensor(head_pos), torch.arange(len(head_pos)), torch.tensor(pair_target),
-                  torch.tensor(pair_row), torch.tensor(row_len), [len(e) for _, e in fitted])
-
-
-def _supports_packed(model: nn.Module) -> bool:
-    """The packed layout needs a trunk that takes position ids and an attention mask (gptcore's GPT does)."""
-    params = inspect.signature(model.hidden_states).parameters
-    return "pos" in params and "attn_mask" in params
-
-
-def _batch_losses(model: nn.Module, batch: _Batch, device: torch.device, dtype: torch.dtype | None,
-                  packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch_losses(model: nn.Module, batch: _Batch, device: torch.device,
+                  dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed and mean ending loss per row of the batch: ([R], [R]) float32 on the CPU."""
     idx, pos = batch.idx.to(device), batch.pos.to(device)
     with autocast_context(device, dtype):
-        if packed:
-            hidden = model.hidden_states(idx, pos=pos, attn_mask=batch.attn_mask.to(device))
-        else:
-            hidden = model.hidden_states(idx)
+        hidden = model.hidden_states(idx, pos=pos, attn_mask=batch.attn_mask.to(device))
     hidden = hidden.flatten(0, 1)[batch.head_pos.to(device)]
     # sorted by head position, each chunk of head positions owns a contiguous range of pairs
     by_head = torch.argsort(batch.pair_head, stable=True)
@@ -307,14 +266,13 @@ def _batch_losses(model: nn.Module, batch: _Batch, device: torch.device, dtype: 
 @torch.no_grad()
 def score_examples(model: nn.Module, examples: Sequence[Example], *, device: str | torch.device,
                    batch_size: int = 32, dtype: torch.dtype | None = None, rank: int | None = None,
-                   world_size: int | None = None, progress: bool = True, packed: bool | None = None) -> ChoiceResult:
+                   world_size: int | None = None, progress: bool = True) -> ChoiceResult:
     """Score multiple-choice examples by completion loss, fast; same predictions as the reference path.
 
     rank/world_size default to torch.distributed's when it is initialised (else 0/1): this rank scores
     examples[rank::world_size], counts are all-reduced and predictions gathered to rank 0 (in the input
     order). Every rank must call this. `batch_size` is examples per forward; `dtype` bfloat16/float16 runs
-    the forward under autocast (None or float32: full precision). `packed=None` uses the shared-context
-    layout when the model supports it, False forces padded rows through model.hidden_states.
+    the forward under autocast (None or float32: full precision).
     Model mode (train/eval) is restored afterwards, so this can run inside a training loop.
     """
     device = torch.device(device)
@@ -338,21 +296,15 @@ def score_examples(model: nn.Module, examples: Sequence[Example], *, device: str
     model.eval()
     t0 = time.perf_counter()
     try:
-        if packed is None:
-            packed = _supports_packed(model)
-        elif packed and not _supports_packed(model):
-            raise ValueError(f"packed=True needs model.hidden_states(idx, pos=, attn_mask=); "
-                             f"{type(model).__name__} does not take them")
-        length = (lambda f: _packed_length(*f)) if packed else (lambda f: max(len(f[0]) + len(e) for e in f[1]))
         # similar lengths in one batch waste little padding; results go back to input order below
-        order = sorted(range(len(fitted)), key=lambda i: length(fitted[i]))
+        order = sorted(range(len(fitted)), key=lambda i: _packed_length(*fitted[i]))
         local: list[dict | None] = [None] * len(shard)
         bar = tqdm(total=len(shard), desc="multichoice", unit="ex", disable=not progress or rank != 0)
         for b in range(0, len(order), batch_size):
             ids = order[b:b + batch_size]
             part = [fitted[i] for i in ids]
-            batch = _build_packed(part) if packed else _build_rows(part)
-            sums, means = _batch_losses(model, batch, device, dtype, packed)
+            batch = _build_packed(part)
+            sums, means = _batch_losses(model, batch, device, dtype)
             r = 0
             for i, k in zip(ids, batch.rows_per_example):
                 local[i] = _prediction(shard[i], sums[r:r + k].tolist(), means[r:r + k].tolist())
