@@ -10,6 +10,8 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class DistEnv:
+    """Where this process sits: its global and local rank, the world size and its device."""
+
     rank: int
     local_rank: int
     world_size: int
@@ -22,11 +24,8 @@ class DistEnv:
 
     @property
     def ddp(self) -> bool:
+        """More than one process: the model is wrapped in DistributedDataParallel."""
         return self.world_size > 1
-
-    @property
-    def device_type(self) -> str:
-        return self.device.type
 
 
 def pick_device(device: str = "auto", local_rank: int = 0) -> torch.device:
@@ -90,14 +89,6 @@ def all_gather_objects(obj: object) -> list[object]:
     out: list[object] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
-
-
-def broadcast_object(obj: object, src: int = 0) -> object:
-    if not active():
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
 
 
 def barrier() -> None:

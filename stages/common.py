@@ -7,11 +7,6 @@ from typing import Any
 import yaml
 
 
-def repo_root() -> Path:
-    """The DVC project root: stages run with it as the working directory (dvc.yaml's wdir)."""
-    return Path.cwd()
-
-
 def load_params(section: str, path: str | Path = "params.yaml") -> dict[str, Any]:
     """Return one top-level section of params.yaml, with a clear error when it is missing."""
     path = Path(path)
