@@ -28,6 +28,9 @@ class CharCodes:
     def encode(self, text: str) -> list[int]:
         return [ord(c) for c in text]
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
 
 @pytest.fixture
 def official(monkeypatch):

@@ -146,6 +146,9 @@ class WrapsAround:
     def encode(self, text: str) -> list[int]:
         return [70_000] if "poison" in text else [1] * len(text)
 
+    def encode_numpy(self, text: str) -> np.ndarray:
+        return np.asarray(self.encode(text), dtype=np.uint32)
+
     def encode_batch(self, texts):
         return [self.encode(t) for t in texts]
 

@@ -56,8 +56,12 @@ def shard_name(split: str, index: int) -> str:
 # ---------------------------------------------------------------------------------------------
 # reading
 
-def read_manifest(shard_dir: str | Path) -> dict:
-    """shard_dir/manifest.json as a dict; FileNotFoundError / ValueError naming the file otherwise."""
+SHARD_KEYS = ("tokenizer", "vocab_size", "eot", "dtype", "shard_tokens", "shards")
+
+
+def read_manifest(shard_dir: str | Path, require: tuple[str, ...] = SHARD_KEYS) -> dict:
+    """shard_dir/manifest.json as a dict holding the `require`d keys (a model/ folder's manifest has only the
+    tokenizer); FileNotFoundError / ValueError naming the file otherwise. The one reader of manifest.json."""
     path = Path(shard_dir) / MANIFEST
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no manifest; run the tokenize stage")
@@ -65,7 +69,9 @@ def read_manifest(shard_dir: str | Path) -> dict:
         m = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
-    for key in ("tokenizer", "vocab_size", "eot", "dtype", "shard_tokens", "shards"):
+    if not isinstance(m, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    for key in require:
         if key not in m:
             raise ValueError(f"{path}: missing key {key!r}")
     return m

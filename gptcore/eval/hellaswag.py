@@ -12,11 +12,12 @@ import json
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable
 
 from tqdm import tqdm
 
 from gptcore.atomic import atomic_write, file_sha256
+from gptcore.data.tokenizers import Tokenizer
 from gptcore.eval.multichoice import Example
 
 HELLASWAG_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -27,10 +28,6 @@ HELLASWAG_VAL_NAME = "hellaswag_val.jsonl"
 
 # A transport opens a URL and yields its bytes in chunks (tests pass a fake one; the default uses urllib).
 Transport = Callable[[str], Iterable[bytes]]
-
-
-class TextEncoder(Protocol):
-    def encode(self, text: str) -> list[int]: ...
 
 
 def urllib_transport(url: str, timeout: float = 60.0, chunk: int = 1 << 16) -> Iterable[bytes]:
@@ -82,11 +79,6 @@ def fetch_hellaswag(dest_dir: str | Path = "data/hellaswag", path: str | Path | 
             raise ValueError(f"{url}: sha256 {h.hexdigest()} does not match the expected {HELLASWAG_VAL_SHA256}; "
                              f"nothing was written to {dest}")
     return dest
-
-
-def _encode_all(tokenizer: TextEncoder, texts: list[str]) -> list[list[int]]:
-    batch = getattr(tokenizer, "encode_batch", None)
-    return batch(texts) if batch is not None else [tokenizer.encode(t) for t in texts]
 
 
 def _int_field(item: dict, key: str, where: str) -> int:
@@ -147,10 +139,10 @@ def read_hellaswag(path: str | Path, limit: int | None = None) -> list[dict]:
     return items
 
 
-def load_hellaswag(path: str | Path, tokenizer: TextEncoder, limit: int | None = None) -> list[Example]:
+def load_hellaswag(path: str | Path, tokenizer: Tokenizer, limit: int | None = None) -> list[Example]:
     """HellaSwag items as token Examples: context = encode(ctx), ending i = encode(" " + endings[i])."""
     items = read_hellaswag(path, limit)
-    contexts = _encode_all(tokenizer, [it["ctx"] for it in items])
-    endings = _encode_all(tokenizer, [" " + e for it in items for e in it["endings"]])
+    contexts = tokenizer.encode_batch([it["ctx"] for it in items])
+    endings = tokenizer.encode_batch([" " + e for it in items for e in it["endings"]])
     return [Example(context=contexts[n], endings=endings[4 * n:4 * n + 4], label=it["label"], index=it["ind"])
             for n, it in enumerate(items)]

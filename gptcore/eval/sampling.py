@@ -13,7 +13,8 @@ import torch
 from tqdm import tqdm
 
 from gptcore.atomic import write_text
-from gptcore.data.tokenizers import MANIFEST, GPT2Tokenizer, Tokenizer, load_tokenizer
+from gptcore.data.shards import MANIFEST
+from gptcore.data.tokenizers import GPT2Tokenizer, Tokenizer, load_tokenizer
 from gptcore.model.gpt import GPT
 from gptcore.model.load import load_model
 from gptcore.precision import autocast_context, resolve_dtype
