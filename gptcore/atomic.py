@@ -1,4 +1,4 @@
-"""Atomic file writes (write beside the target under a hidden temp name, fsync, rename) and file checksums.
+"""Atomic file writes (write beside the target under a hidden temp name, fsync, rename) and checksums.
 
 A reader (or a rerun after kill -9) sees the old file or the new one, never half of one. Every file gptcore writes
 that a later step trusts (checkpoints, metrics, predictions, downloads, exports) goes through here.
@@ -59,3 +59,8 @@ def file_sha256(path: str | Path) -> str:
         while block := f.read(1 << 22):
             h.update(block)
     return h.hexdigest()
+
+
+def json_sha256(obj: Any) -> str:
+    """sha256 hex digest of `obj` as canonical JSON (sorted keys; non-JSON values as str): the one params fingerprint."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()

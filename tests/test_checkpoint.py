@@ -53,14 +53,14 @@ def test_truncated_checkpoint_is_named(tmp_path):
 def test_fingerprint_and_diff():
     a = {"train": {"max_lr": 6e-4, "seed": 1}, "model": {"n_layer": 2}}
     b = {"train": {"max_lr": 1e-3, "seed": 1}, "model": {"n_layer": 2}}
-    assert checkpoint.fingerprint(a) == checkpoint.fingerprint({"model": {"n_layer": 2}, "train": {"seed": 1, "max_lr": 6e-4}})
-    assert checkpoint.fingerprint(a) != checkpoint.fingerprint(b)
+    assert checkpoint.run_fingerprint(a) == checkpoint.run_fingerprint({"model": {"n_layer": 2}, "train": {"seed": 1, "max_lr": 6e-4}})
+    assert checkpoint.run_fingerprint(a) != checkpoint.run_fingerprint(b)
     assert checkpoint.param_diff(a, b) == ["train.max_lr: 0.0006 -> 0.001"]
 
 
 def test_find_resume_refuses_other_params(tmp_path):
     params = {"train": {"max_lr": 6e-4}}
-    checkpoint.save_checkpoint(tmp_path, 5, {"step": 5, "params": params, "fingerprint": checkpoint.fingerprint(params)}, 2)
+    checkpoint.save_checkpoint(tmp_path, 5, {"step": 5, "params": params, "fingerprint": checkpoint.run_fingerprint(params)}, 2)
     path, why = checkpoint.find_resume(tmp_path, params)
     assert path is not None and "resuming" in why
     path, why = checkpoint.find_resume(tmp_path, {"train": {"max_lr": 1e-3}})

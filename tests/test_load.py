@@ -11,7 +11,6 @@ import torch
 from gptcore.data.tokenizers import CharTokenizer, save_beside_shards, tokenizer_record
 from gptcore.eval.sampling import main as sample_main, tokenizer_for
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.model.hf import save_hf_gpt2
 from gptcore.model.load import MODEL_FILE, init_model, load_model, read_checkpoint
 from gptcore.train import checkpoint
 

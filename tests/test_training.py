@@ -11,7 +11,7 @@ import pytest
 import torch
 from stagekit import env, make_project, run_stage, stage_cmd, tsv, write_gpt2_shards
 
-from gptcore.model.load import init_model, load_model
+from gptcore.model.load import load_model
 from gptcore.train import checkpoint
 from gptcore.model.gpt import GPT, GPTConfig
 

@@ -11,8 +11,6 @@ workers (rather than shipping text through pipes) keep the parent's share of the
 
 from __future__ import annotations
 
-import hashlib
-import json
 import multiprocessing as mp
 import os
 import time
@@ -25,6 +23,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
+from gptcore.atomic import json_sha256
 from gptcore.data import shards
 from gptcore.data.sources import Corpus, ReadTask, open_corpus, read_task
 from gptcore.data.tokenizers import (
@@ -70,14 +69,13 @@ def encode_documents(tok: Tokenizer, docs: list[str], dtype: np.dtype, first_doc
     """Concatenate [eot] + tokens of every document as `dtype`; return (tokens, start offset of each document).
 
     Raises ValueError if a token id does not fit dtype (rather than letting it wrap)."""
-    enc = getattr(tok, "encode_numpy", None)
     parts: list[np.ndarray] = []
     eot = np.array([tok.eot], dtype=np.uint32)
     lengths = np.empty(len(docs), dtype=np.int64)
     for i, d in enumerate(docs):
         if not isinstance(d, str):
             raise ValueError(f"document {first_doc + i} is {type(d).__name__}, not a string")
-        ids = enc(d) if enc is not None else np.asarray(tok.encode(d), dtype=np.int64)
+        ids = tok.encode_numpy(d)
         parts.append(eot)
         parts.append(ids)
         lengths[i] = len(ids) + 1
@@ -209,12 +207,12 @@ def _tokenizer_identity(p: dict) -> dict:
     return ident
 
 
-def fingerprint(p: dict, corpus: Corpus) -> str:
-    """sha256 over everything that determines the shards' bytes (not the worker count)."""
+def shards_fingerprint(p: dict, corpus: Corpus) -> str:
+    """atomic.json_sha256 over everything that determines the shards' bytes (not the worker count)."""
     inputs = [{k: f.get(k) for k in ("path", "documents", "bytes", "sha256")} for f in corpus.record["files"]]
     blob = {"format": shards.FORMAT, **_tokenizer_identity(p), "shard_tokens": p["shard_tokens"],
             "val_tokens": p["val_tokens"], "text_column": corpus.text_column, "inputs": inputs}
-    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
+    return json_sha256(blob)
 
 
 def build_tokenizer(p: dict, corpus: Corpus, shard_dir: Path, reuse: bool) -> Tokenizer:
@@ -249,7 +247,7 @@ def tokenize(raw_dir: str | Path, shard_dir: str | Path, cfg: dict[str, Any], pr
     corpus = open_corpus(raw_dir)
     shard_dir = Path(shard_dir)
     shard_dir.mkdir(parents=True, exist_ok=True)
-    fp = fingerprint(p, corpus)
+    fp = shards_fingerprint(p, corpus)
     try:
         old = shards.read_manifest(shard_dir)
     except (FileNotFoundError, ValueError):

@@ -6,8 +6,6 @@ loader state, every rank's RNG state, the step, and the run's params with their 
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from dataclasses import asdict
 from pathlib import Path
@@ -15,7 +13,7 @@ from typing import Any
 
 import torch
 
-from gptcore.atomic import atomic_write
+from gptcore.atomic import atomic_write, json_sha256
 from gptcore.model.gpt import GPT
 from gptcore.model.hf import save_hf_gpt2
 from gptcore.model.load import MODEL_FILE, read_checkpoint as load_checkpoint
@@ -23,10 +21,9 @@ from gptcore.model.load import MODEL_FILE, read_checkpoint as load_checkpoint
 CKPT_RE = re.compile(r"^ckpt_(\d{7})\.pt$")
 
 
-def fingerprint(params: dict[str, Any]) -> str:
-    """A short stable hash of the params that shape a run (canonical JSON, sorted keys)."""
-    blob = json.dumps(params, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+def run_fingerprint(params: dict[str, Any]) -> str:
+    """The hash of the params that shape a run's weights (atomic.json_sha256, as the shards' fingerprint)."""
+    return json_sha256(params)
 
 
 def param_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -93,7 +90,8 @@ def find_resume(ckpt_dir: Path, run_params: dict[str, Any]) -> tuple[Path | None
     if last is None:
         return None, f"no checkpoint in {ckpt_dir}: starting from step 0"
     ckpt = load_checkpoint(last)
-    if ckpt.get("fingerprint") == fingerprint(run_params):
+    # equal params also resume a checkpoint whose fingerprint was written in an older (16-hex) form
+    if ckpt.get("fingerprint") == run_fingerprint(run_params) or ckpt.get("params") == run_params:
         return last, f"resuming from {last} (step {ckpt['step']})"
     diff = param_diff(ckpt.get("params", {}), run_params) or ["(params not recorded)"]
     return None, f"{last} was written by a run with other params, so it is not resumed; starting fresh ({'; '.join(diff)})"

@@ -10,7 +10,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -104,7 +104,7 @@ class Trainer:
     ) -> None:
         self.cfg, self.env, self.loader = cfg, env, loader
         self.ckpt_dir, self.logger = Path(ckpt_dir), logger
-        self.run_params, self.fingerprint = run_params, checkpoint.fingerprint(run_params)
+        self.run_params, self.fingerprint = run_params, checkpoint.run_fingerprint(run_params)
         self.evaluators = evaluators or []
         self.device = env.device
         self.dtype = resolve_dtype(cfg.dtype, self.device)
