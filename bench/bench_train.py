@@ -6,7 +6,7 @@ Prints tokens/s, ms/step, achieved TFLOP/s and MFU (when the device's peak is kn
 each variant's loss after the last step beside fp32's. All variants train the same initial weights on the same real
 text (Shakespeare, GPT-2 BPE) through the train stage's own Trainer and loader.
 
-    python bench/bench_train.py                          # GPT-2 124M shape at block 256 (the issue's CPU figure)
+    python bench/bench_train.py                          # GPT-2 124M shape at block 256 (a CPU-sized step)
     python bench/bench_train.py --n-layer 4 --n-embd 256 --steps 10
 """
 from __future__ import annotations

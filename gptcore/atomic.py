@@ -42,11 +42,13 @@ def _umask() -> int:
 
 
 def write_text(path: str | Path, text: str) -> None:
+    """Replace `path` with `text` (UTF-8) atomically."""
     with atomic_write(path) as f:
         f.write(text)
 
 
 def write_json(path: str | Path, data: Any, indent: int = 2) -> None:
+    """Replace `path` with `data` as indented JSON (UTF-8, trailing newline) atomically."""
     with atomic_write(path) as f:
         json.dump(data, f, indent=indent, ensure_ascii=False)
         f.write("\n")

@@ -59,12 +59,14 @@ def setup(device: str = "auto") -> DistEnv:
 
 
 def teardown() -> None:
+    """Wait for every rank, then leave the process group (no-op in a single process)."""
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
 
 
 def active() -> bool:
+    """True inside a process group of more than one rank."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
@@ -76,6 +78,7 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
 
 
 def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
+    """Average a tensor over ranks in place (no-op in a single process)."""
     if active():
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         t /= dist.get_world_size()
@@ -92,5 +95,6 @@ def all_gather_objects(obj: object) -> list[object]:
 
 
 def barrier() -> None:
+    """Wait for every rank (no-op in a single process)."""
     if active():
         dist.barrier()

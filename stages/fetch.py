@@ -11,6 +11,7 @@ RAW = Path("data/raw")
 
 
 def main() -> None:
+    """Fetch params.yaml's `fetch:` source into data/raw/; one line naming the problem on bad input."""
     try:
         rec = fetch(load_params("fetch"), RAW, progress=True)
     except (HubUnreachableError, FileNotFoundError, ValueError) as e:

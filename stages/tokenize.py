@@ -15,6 +15,7 @@ SHARDS = Path("data/shards")
 
 
 def main() -> None:
+    """Tokenize data/raw/ into data/shards/ by params.yaml's `tokenize:`; one line naming the problem on bad input."""
     try:
         m = tokenize(RAW, SHARDS, load_params("tokenize"))
     except (FileNotFoundError, ValueError) as e:

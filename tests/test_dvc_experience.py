@@ -1,4 +1,4 @@
-"""Issue 6, the DVC experience: Hydra presets, `dvc exp run -S`, `dvc exp show`, `dvc metrics diff`,
+"""The DVC experience: Hydra presets, `dvc exp run -S`, `dvc exp show`, `dvc metrics diff`,
 `dvc plots diff` and the offline renderer, the Chinese path.
 
 The fast tests compose the presets exactly as `dvc exp run` does. The slow ones run real `dvc` commands in a temp

@@ -23,6 +23,8 @@ from gptcore.data import shards
 
 @dataclass
 class LoaderState:
+    """Where the loader is: epoch, shard in the epoch's order, window in the shard's, micro batch in the window."""
+
     epoch: int = 0
     shard: int = 0  # position in this epoch's shard order
     window: int = 0  # position in this shard's window order
@@ -30,6 +32,8 @@ class LoaderState:
 
 
 class TokenLoader:
+    """Training batches (x, y) of micro_batch x block_size tokens from memory-mapped shards; rank-disjoint, resumable."""
+
     def __init__(
         self,
         paths: Sequence[Path],
@@ -69,6 +73,7 @@ class TokenLoader:
 
     @property
     def windows_per_epoch(self) -> int:
+        """Optimizer steps (windows of step_tokens + 1 tokens) in one pass over the shards."""
         return sum(self._windows)
 
     def _shard_order(self, epoch: int) -> list[int]:
@@ -122,9 +127,11 @@ class TokenLoader:
         s.epoch += 1
 
     def state_dict(self) -> dict:
+        """The position to resume from, with the settings it is only valid for."""
         return {**asdict(self.state), "seed": self.seed, "shuffle": self.shuffle, "step_tokens": self.step_tokens}
 
     def load_state_dict(self, d: dict) -> None:
+        """Resume at a position saved by state_dict (same tokens per step)."""
         if d.get("step_tokens", self.step_tokens) != self.step_tokens:
             raise ValueError(f"loader state is for {d['step_tokens']} tokens per step, this run uses {self.step_tokens}")
         self.state = LoaderState(epoch=d["epoch"], shard=d["shard"], window=d["window"], micro=d["micro"])

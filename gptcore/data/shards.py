@@ -50,6 +50,7 @@ def npy_header(dtype: np.dtype, n: int) -> bytes:
 
 
 def shard_name(split: str, index: int) -> str:
+    """File name of shard `index` of `split`, e.g. val_000000.npy."""
     return f"{split}_{index:06d}.npy"
 
 
@@ -314,6 +315,7 @@ class ShardWriter:
 
     @property
     def complete(self) -> bool:
+        """True once every shard is written and the manifest says so."""
         return bool(self.manifest["complete"])
 
     # -- layout -----------------------------------------------------------------------------

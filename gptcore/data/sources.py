@@ -302,6 +302,8 @@ class HubUnreachableError(ConnectionError):
 
 
 class HubTransport(Protocol):
+    """How fetch reaches a dataset hub: list a repo's files, download one (tests pass a fake)."""
+
     def list_files(self, repo_id: str) -> dict[str, dict]:
         """repo path -> {"size": int | None, "sha256": str | None} for every file of a dataset repo."""
         ...
@@ -319,6 +321,7 @@ class HfHubTransport:
         self.probe_timeout = probe_timeout
 
     def probe(self) -> None:
+        """Raise OSError within probe_timeout seconds when the hub endpoint (or its proxy) cannot be reached."""
         from huggingface_hub import constants
 
         if constants.HF_HUB_OFFLINE:
@@ -332,6 +335,7 @@ class HfHubTransport:
         socket.create_connection((host, port), timeout=self.probe_timeout).close()
 
     def list_files(self, repo_id: str) -> dict[str, dict]:
+        """repo path -> {"size", "sha256"} for every file of a dataset repo."""
         from huggingface_hub import HfApi
         from huggingface_hub.hf_api import RepoFile
 
@@ -342,6 +346,7 @@ class HfHubTransport:
         return out
 
     def download(self, repo_id: str, filename: str, local_dir: Path) -> Path:
+        """Download one file of a dataset repo to local_dir (resuming a partial one); its path."""
         from huggingface_hub import hf_hub_download
 
         return Path(hf_hub_download(repo_id, filename, repo_type="dataset", local_dir=local_dir))
@@ -485,13 +490,16 @@ class Corpus:
 
     @property
     def documents(self) -> int:
+        """Number of documents fetch wrote."""
         return int(self.record["documents"])
 
     @property
     def text_column(self) -> str:
+        """The parquet column holding each document's text."""
         return self.record.get("text_column") or "text"
 
     def files(self) -> list[tuple[Path, int]]:
+        """(parquet path, documents in it) for every file, in order."""
         return [(self.root / f["path"], int(f["documents"])) for f in self.record["files"]]
 
     def batches(self, start_doc: int = 0, target_bytes: int = 1 << 20, max_docs: int = 8192) -> Iterator[tuple[int, list[str]]]:

@@ -91,10 +91,12 @@ class GPT2Tokenizer:
         self.eot = self._enc.eot_token
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of ordinary text (special-token strings are encoded as text)."""
         return self._enc.encode_ordinary(text)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         # a plain loop: the caller parallelises over processes, tiktoken's thread pool would oversubscribe
+        """encode() of each text."""
         enc = self._enc.encode_ordinary
         return [enc(t) for t in texts]
 
@@ -103,6 +105,7 @@ class GPT2Tokenizer:
         return self._enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
 
     def decode(self, ids: list[int]) -> str:
+        """The text of token ids."""
         return self._enc.decode(list(ids))
 
     def __reduce__(self):  # rebuild in worker processes instead of pickling the Rust object
@@ -130,6 +133,7 @@ class CharTokenizer:
 
     @classmethod
     def build(cls, texts: Iterable[str]) -> "CharTokenizer":
+        """The vocabulary of every character in `texts`."""
         seen: set[str] = set()
         for t in texts:
             seen.update(t)
@@ -138,9 +142,11 @@ class CharTokenizer:
         return cls(seen)
 
     def encode(self, text: str) -> list[int]:
+        """One id per character; ValueError on a character outside the vocabulary."""
         return self.encode_numpy(text).tolist()
 
     def encode_numpy(self, text: str) -> np.ndarray:
+        """encode() as a uint32 array, vectorised over the code points."""
         cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
         ids = self._lut[np.minimum(cps, len(self._lut) - 1)]
         bad = (ids < 0) | (cps >= len(self._lut))
@@ -150,9 +156,11 @@ class CharTokenizer:
         return ids.astype(np.uint32)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """encode() of each text."""
         return [self.encode(t) for t in texts]
 
     def decode(self, ids: list[int]) -> str:
+        """The characters of ids (the end-of-text id as <|endoftext|>)."""
         chars, eot = self.chars, self.eot
         out = []
         for i in ids:
@@ -166,12 +174,14 @@ class CharTokenizer:
         return "".join(out)
 
     def save(self, path: str | Path) -> Path:
+        """Write the vocabulary as JSON (atomic); returns `path`."""
         path = Path(path)
         write_text(path, json.dumps({"type": "char", "chars": self.chars, "eot": self.eot}, ensure_ascii=False))
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> "CharTokenizer":
+        """The vocabulary `save` wrote; ValueError naming the file otherwise."""
         path = Path(path)
         try:
             meta = json.loads(path.read_text(encoding="utf-8"))
@@ -223,19 +233,24 @@ class HFTokenizer:
         raise ValueError(f"{self.path}: no {EOT_TEXT} and no special token to use as end-of-text; pass eot_token")
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of ordinary text (special-token strings are encoded as text)."""
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         # encode_batch runs on a Rust thread pool; the tokenize workers set TOKENIZERS_PARALLELISM=false
+        """encode() of each text."""
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
     def encode_numpy(self, text: str) -> np.ndarray:
+        """encode() as a uint32 array."""
         return np.asarray(self.encode(text), dtype=np.uint32)
 
     def decode(self, ids: list[int]) -> str:
+        """The text of token ids, special tokens included."""
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def save(self, path: str | Path) -> Path:
+        """Write the tokenizer.json to `path` (unless it is already there); returns `path`."""
         path = Path(path)
         if path.resolve() != self.path.resolve():
             write_text(path, self._tok.to_str())

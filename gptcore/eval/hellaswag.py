@@ -31,6 +31,7 @@ Transport = Callable[[str], Iterable[bytes]]
 
 
 def urllib_transport(url: str, timeout: float = 60.0, chunk: int = 1 << 16) -> Iterable[bytes]:
+    """The bytes at `url`, in chunks, through urllib."""
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         while block := resp.read(chunk):
             yield block

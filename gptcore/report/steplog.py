@@ -44,6 +44,7 @@ class StepLogger:
         self.live = Live(str(live_dir), resume=resume, save_dvc_exp=False, dvcyaml=None, report=None)
 
     def log(self, step: int, metrics: Mapping[str, float | int | None]) -> None:
+        """Log `metrics` at `step` (rank 0); None and non-finite values are left out."""
         if self.live is None:
             return
         self.live.step = step
@@ -54,5 +55,6 @@ class StepLogger:
         self.live.make_summary()
 
     def close(self) -> None:
+        """Finish dvclive's run (writes its summary)."""
         if self.live is not None:
             self.live.end()

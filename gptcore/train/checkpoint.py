@@ -63,11 +63,13 @@ def save_checkpoint(ckpt_dir: Path, step: int, state: dict[str, Any], keep: int)
 
 
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    """The newest finished checkpoint in ckpt_dir, or None."""
     found = list_checkpoints(ckpt_dir)
     return found[-1] if found else None
 
 
 def capture_rng() -> dict[str, Any]:
+    """This process's torch (and CUDA) RNG states, to save in a checkpoint."""
     state: dict[str, Any] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
@@ -75,6 +77,7 @@ def capture_rng() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
+    """Set the RNG states capture_rng saved."""
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
@@ -98,6 +101,7 @@ def find_resume(ckpt_dir: Path, run_params: dict[str, Any]) -> tuple[Path | None
 
 
 def remove_checkpoints(ckpt_dir: Path) -> None:
+    """Delete every checkpoint in ckpt_dir (a fresh run must not resume an old one)."""
     for p in list_checkpoints(ckpt_dir):
         p.unlink(missing_ok=True)
 

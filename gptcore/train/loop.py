@@ -36,11 +36,13 @@ NOT_IN_FINGERPRINT = {"nproc", "micro_batch", "compile", "device", "eval_every",
 
 
 class NonFiniteLoss(RuntimeError):
-    pass
+    """The training loss became NaN or infinite; the run stops without saving."""
 
 
 @dataclass
 class TrainConfig:
+    """The `train:` params the loop and the train stage read."""
+
     micro_batch: int = 4
     total_batch_tokens: int = 524288
     max_steps: int = 19073
@@ -73,6 +75,7 @@ class TrainConfig:
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "TrainConfig":
+        """A TrainConfig from params.yaml's `train:` section; unknown keys and dtypes are errors."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(params) - known)
         if unknown:
@@ -90,6 +93,8 @@ def run_fingerprint_params(model_params: dict[str, Any], train_cfg: TrainConfig,
 
 
 class Trainer:
+    """The training loop over a GPT: DDP, gradient accumulation, mixed precision, clipping, evals, checkpoints."""
+
     def __init__(
         self,
         model: GPT,
@@ -167,6 +172,7 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
+        """Run every evaluator on the raw model at this step; their metrics, merged."""
         out: dict[str, float] = {}
         for ev in self.evaluators:
             out.update(ev(self.raw_model, self.step))
@@ -206,6 +212,7 @@ class Trainer:
         return {"train_loss": train_loss, "lr": lr, "grad_norm": grad_norm}
 
     def fit(self) -> dict[str, float]:
+        """Train from the current step to max_steps, evaluating, logging and checkpointing; the last metrics."""
         cfg, env = self.cfg, self.env
         step_tokens = cfg.total_batch_tokens
         final: dict[str, float] = {}

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class CosineSchedule:
+    """The learning rate at each step: linear warmup, cosine decay to min_lr, then flat."""
+
     max_lr: float
     min_lr: float
     warmup_steps: int
@@ -33,5 +35,6 @@ def lr_at(step: int, max_lr: float, min_lr: float, warmup_steps: int, max_steps:
 
 
 def set_lr(optimizer, lr: float) -> None:  # type: ignore[no-untyped-def]
+    """Set every parameter group's learning rate to `lr`."""
     for group in optimizer.param_groups:
         group["lr"] = lr
