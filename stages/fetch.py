@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 from gptcore.data.sources import HubUnreachableError, fetch
+from gptcore.process import FolderBusyError, FolderLock, stage_lifetime
 from stages.common import load_params
 
 RAW = Path("data/raw")
@@ -13,12 +14,14 @@ RAW = Path("data/raw")
 def main() -> None:
     """Fetch params.yaml's `fetch:` source into data/raw/; one line naming the problem on bad input."""
     try:
-        rec = fetch(load_params("fetch"), RAW, progress=True)
-    except (HubUnreachableError, FileNotFoundError, ValueError) as e:
+        with FolderLock(RAW, "fetch"):  # one fetch per folder: a second one refuses before it downloads or deletes
+            rec = fetch(load_params("fetch"), RAW, progress=True)
+    except (HubUnreachableError, FileNotFoundError, ValueError, FolderBusyError) as e:
         sys.exit(f"[fetch] {e}")
     print(f"[fetch] {rec['documents']:,} documents from {rec['source']} {rec['name']} "
           f"in {len(rec['files'])} file(s) -> {RAW}")
 
 
 if __name__ == "__main__":
-    main()
+    with stage_lifetime("fetch"):
+        main()

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from gptcore.data.tokenize import tokenize
+from gptcore.process import FolderBusyError, stage_lifetime
 from stages.common import load_params
 
 RAW = Path("data/raw")
@@ -18,11 +19,12 @@ def main() -> None:
     """Tokenize data/raw/ into data/shards/ by params.yaml's `tokenize:`; one line naming the problem on bad input."""
     try:
         m = tokenize(RAW, SHARDS, load_params("tokenize"))
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError, FolderBusyError) as e:
         sys.exit(f"[tokenize] {e}")
     print(f"[tokenize] {m['documents']:,} documents -> {m['tokens']['val']:,} val + {m['tokens']['train']:,} train "
           f"tokens in {len(m['shards'])} shards ({m['dtype']}, tokenizer {m['tokenizer']['name']}) -> {SHARDS}")
 
 
 if __name__ == "__main__":
-    main()
+    with stage_lifetime("tokenize"):
+        main()

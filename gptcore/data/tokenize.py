@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
@@ -25,6 +26,7 @@ from tqdm import tqdm
 
 from gptcore.atomic import json_sha256
 from gptcore.data import shards
+from gptcore.process import FolderLock, die_with_parent
 from gptcore.data.sources import Corpus, ReadTask, open_corpus, read_task
 from gptcore.data.tokenizers import (
     CHAR_VOCAB_FILE,
@@ -61,6 +63,8 @@ _DTYPE: np.dtype = np.dtype(np.uint16)
 
 def _init_worker(tok: Tokenizer, dtype: str) -> None:
     global _TOK, _DTYPE
+    die_with_parent()  # a killed tokenize (kill -9 included) takes its workers with it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: one line, not one per worker
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker process; the pool is the parallelism
     _TOK, _DTYPE = tok, np.dtype(dtype)
 
@@ -120,8 +124,14 @@ def _ordered_map(tasks: Iterable[ReadTask], workers: int, tok: Tokenizer, dtype:
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
+    except BaseException:
+        # interrupted or failed: do not wait for the tasks in flight; the workers exit after their current task
+        # (or die with this process)
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    else:
+        pool.shutdown(wait=True)
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
         if saved is None:
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
         else:
@@ -246,7 +256,12 @@ def tokenize(raw_dir: str | Path, shard_dir: str | Path, cfg: dict[str, Any], pr
     p = check_params(cfg)
     corpus = open_corpus(raw_dir)
     shard_dir = Path(shard_dir)
-    shard_dir.mkdir(parents=True, exist_ok=True)
+    # one tokenize per folder: a second run refuses here, before it clears or writes anything
+    with FolderLock(shard_dir, "tokenize"):
+        return _tokenize_locked(p, corpus, shard_dir, progress)
+
+
+def _tokenize_locked(p: dict, corpus: Corpus, shard_dir: Path, progress: bool) -> dict:
     fp = shards_fingerprint(p, corpus)
     try:
         old = shards.read_manifest(shard_dir)

@@ -1,0 +1,135 @@
+"""Process lifetime: one writer per output folder (an OS lock naming its holder), children that die with their
+parent (Linux PR_SET_PDEATHSIG), and a stage interrupted by Ctrl-C or SIGTERM exiting with one line.
+
+flock locks belong to the open file and the kernel drops them when the holder exits, however it exits, so a lock
+left by a killed run never blocks the next one. The pid in the lock file is only there to name the holder.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from filelock import lock_descriptor, unlock_descriptor
+
+LOCK_NAME = ".lock"
+_PR_SET_PDEATHSIG = 1
+
+
+class FolderBusyError(RuntimeError):
+    """Another live process holds the folder's lock; the message names it."""
+
+
+class FolderLock:
+    """An exclusive, non-blocking lock on `folder` (the file folder/.lock) held until release() or process exit.
+
+    `what` says who holds it ("train", "tokenize"), for the message a second run gets."""
+
+    def __init__(self, folder: str | Path, what: str) -> None:
+        self.folder, self.what = Path(folder), what
+        self.path = self.folder / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> "FolderLock":
+        """Take the lock now or raise FolderBusyError naming the holder's pid (never waits)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: the holder's pid must survive
+        try:
+            got = lock_descriptor(fd, blocking=False)
+        except OSError:
+            os.close(fd)
+            raise
+        if not got:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "a process that has not written its pid yet"
+            os.close(fd)
+            raise FolderBusyError(f"{self.folder} is in use by another run ({holder}); only one {self.what} may write "
+                                  f"there at a time: wait for it to finish or stop it")
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}, {self.what} since {stamp}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        """Give the lock up (the kernel does it anyway when this process exits)."""
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            unlock_descriptor(self._fd)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "FolderLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def holder_pid(folder: str | Path) -> int | None:
+    """The pid recorded in folder/.lock, if any (the lock may be free)."""
+    try:
+        text = (Path(folder) / LOCK_NAME).read_text(encoding="utf-8")
+    except OSError:
+        return None
+    parts = text.split()
+    return int(parts[1].rstrip(",")) if len(parts) > 1 and parts[0] == "pid" and parts[1].rstrip(",").isdigit() else None
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send `sig` to this process when its parent exits (Linux; a no-op elsewhere).
+
+    Survives exec (of non-setuid programs), so a launcher can set it for torchrun. If the parent is already gone
+    (we were reparented before the call), exit at once."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+        return  # not fatal: only orphan protection is lost
+    if os.getppid() != parent:
+        os.kill(os.getpid(), sig)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextmanager
+def stage_lifetime(stage: str, quiet: bool = False) -> Iterator[None]:
+    """Run a stage's body so that it dies with its parent (dvc, torchrun) and SIGTERM or Ctrl-C end it with one
+    line ("[stage] interrupted ...") and exit status 130 instead of a traceback; `quiet` (ranks other than 0)
+    prints nothing."""
+    die_with_parent()
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        why = str(e) or "SIGINT"
+        if not quiet:
+            print(f"[{stage}] interrupted ({why}); finished work is kept, rerun to resume", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)  # no interpreter teardown: no traceback from threads, atexit or half-shut pools
+
+
+def run_child(argv: Sequence[str], env: dict[str, str] | None = None) -> int:
+    """Run argv as a child that dies with this process, in its own process group, and return its exit status.
+
+    The terminal's Ctrl-C reaches only this process (the child has its own session); on it, or on SIGTERM, the
+    child's whole group is killed at once and KeyboardInterrupt propagates: one line, no screen of tracebacks from
+    torchrun and its workers."""
+    proc = subprocess.Popen(list(argv), env=env, preexec_fn=die_with_parent, start_new_session=True)
+    try:
+        return proc.wait()
+    except BaseException:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        raise

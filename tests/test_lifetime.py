@@ -1,0 +1,153 @@
+"""One writer per folder and no orphans: the folder lock, tokenize's workers dying with their parent, Ctrl-C as one
+line, and (slow) SIGKILL of `dvc repro` during tokenize and train leaving no process behind."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from test_tokenize import make_raw, shard_bytes, synthetic_docs
+
+from gptcore.data import shards as S
+from gptcore.data import tokenize as E
+from gptcore.process import FolderBusyError, FolderLock, holder_pid
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZE = {"tokenizer": "gpt2", "shard_tokens": 50_000, "val_tokens": 150_000, "workers": 2}
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    e["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{e['PATH']}"
+    return e
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    """A process and all its descendants, as psutil handles (they stay valid: pid reuse is detected)."""
+    p = psutil.Process(pid)
+    return [p] + p.children(recursive=True)
+
+
+def seconds_until_gone(procs: list[psutil.Process], limit: float = 10.0) -> float:
+    """Wait until none of `procs` runs (zombies count as gone); fail after `limit` seconds naming the survivors."""
+    t0 = time.monotonic()
+    while True:
+        alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > limit:
+            names = [f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in alive]
+            for p in alive:
+                p.kill()
+            pytest.fail(f"{len(alive)} process(es) outlived the kill by {limit} s: {names}")
+        time.sleep(0.05)
+
+
+def wait_for(predicate, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc is None or proc.poll() is None, "the run ended before the point the test waits for"
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+def finished_shards(shard_dir: Path) -> int:
+    try:
+        return len(json.loads((shard_dir / "manifest.json").read_text())["shards"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the lock
+
+def test_folder_lock_refuses_a_second_holder_naming_the_pid_and_a_dead_holder_blocks_nothing(tmp_path):
+    code = ("import sys, time; from gptcore.process import FolderLock; FolderLock(sys.argv[1], 'train').acquire(); "
+            "print('locked', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env(), stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(FolderBusyError, match=rf"{tmp_path} is in use by another run \(pid {holder.pid}, train since "):
+        FolderLock(tmp_path, "train").acquire()
+    holder.kill()  # SIGKILL: no cleanup ran; the kernel dropped the lock
+    holder.wait()
+    assert holder_pid(tmp_path) == holder.pid  # the stale record is still there ...
+    with FolderLock(tmp_path, "train"):  # ... and does not block
+        assert holder_pid(tmp_path) == os.getpid()
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory) -> Path:
+    """~10 MB of documents: a few seconds of tokenizing, long enough to be caught mid-run."""
+    return make_raw(tmp_path_factory.mktemp("raw"), synthetic_docs(12_000, seed=7, max_words=400))
+
+
+@pytest.fixture(scope="module")
+def reference(raw, tmp_path_factory) -> dict[str, bytes]:
+    out = tmp_path_factory.mktemp("ref") / "shards"
+    E.tokenize(raw, out, TOKENIZE, progress=False)
+    return shard_bytes(out)
+
+
+def tokenize_project(root: Path, raw: Path) -> Path:
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "raw").symlink_to(raw)
+    (root / "params.yaml").write_text(yaml.safe_dump({"tokenize": TOKENIZE}))
+    return root
+
+
+def start_tokenize(project: Path, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "stages.tokenize"], cwd=project, env=env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def test_two_tokenize_runs_in_one_folder_the_second_refuses_the_first_finishes_alone(tmp_path, raw, reference):
+    project = tokenize_project(tmp_path / "p", raw)
+    first = start_tokenize(project)
+    wait_for(lambda: holder_pid(project / "data" / "shards") == first.pid, first)
+    second = start_tokenize(project)
+    out2, err2 = second.communicate(timeout=120)
+    out1, err1 = first.communicate(timeout=300)
+    assert second.returncode == 1 and err2.strip().splitlines() == [
+        f"[tokenize] data/shards is in use by another run (pid {first.pid}, tokenize since "
+        + err2.split("tokenize since ")[1].split(")")[0] + "); only one tokenize may write there at a time: "
+        "wait for it to finish or stop it"]
+    assert first.returncode == 0, err1[-2000:]
+    assert shard_bytes(project / "data" / "shards") == reference and S.verify(project / "data" / "shards") == []
+
+
+def test_killed_tokenize_takes_its_workers_with_it_and_the_rerun_is_byte_identical(tmp_path, raw, reference):
+    project = tokenize_project(tmp_path / "p", raw)
+    stage = start_tokenize(project)
+    shards = project / "data" / "shards"
+    wait_for(lambda: finished_shards(shards) >= 2, stage)
+    procs = tree(stage.pid)
+    assert len(procs) >= 3, "expected the stage and its 2 pool workers"
+    stage.kill()
+    took = seconds_until_gone(procs)
+    print(f"tokenize: SIGKILL of the stage process, all {len(procs)} processes gone after {took:.2f} s")
+    rerun = start_tokenize(project)
+    out, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err[-2000:]
+    assert shard_bytes(shards) == reference and S.verify(shards) == []
+
+
+def test_ctrl_c_during_tokenize_prints_one_line(tmp_path, raw):
+    project = tokenize_project(tmp_path / "p", raw)
+    stage = start_tokenize(project, start_new_session=True)  # its own process group, as a terminal's job
+    wait_for(lambda: finished_shards(project / "data" / "shards") >= 1, stage)
+    procs = tree(stage.pid)
+    os.killpg(stage.pid, signal.SIGINT)  # what Ctrl-C does: SIGINT to every process of the foreground job
+    out, err = stage.communicate(timeout=60)
+    seconds_until_gone(procs)
+    assert stage.returncode == 130
+    assert err.strip().splitlines()[-1:] == ["[tokenize] interrupted (SIGINT); finished work is kept, rerun to resume"]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert not S.read_manifest(project / "data" / "shards")["complete"]
+    assert not list((project / "data" / "shards").glob(".*.tmp"))  # the shard being written was dropped
