@@ -1,6 +1,7 @@
 """Sources: package corpora, local files, the hub (through a fake transport), fetch output and bad input."""
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -187,7 +188,10 @@ def test_empty_corpus_and_bad_params(tmp_path):
 # the hub, through a fake transport
 
 class FakeHub:
-    """Stands in for huggingface_hub: a fixed file listing, 'downloads' write small parquet files."""
+    """Stands in for huggingface_hub: a fixed file listing at one commit (sha256 for the LFS parquet files, a git
+    blob id for README.md), 'downloads' write small parquet files; `serve` can be changed to serve other bytes."""
+
+    COMMIT = "4b0ae6e2ac18d3b17e1c7ac43d4f9b6c1e4f1a2d"
 
     def __init__(self, tmp_path: Path, rows_per_file: int = 50):
         self.files = {f"sample/10BT/{i:03d}_00000.parquet": i for i in range(3)}
@@ -199,19 +203,28 @@ class FakeHub:
             pq.write_table(pa.table({"text": [f"file {i} doc {j}" for j in range(self.rows)],
                                      "score": [1.0] * self.rows}), p)
             self.blobs[name] = p.read_bytes()
+        self.serve = dict(self.blobs)
         self.downloads: list[str] = []
+        self.resolved: list[str] = []
 
-    def list_files(self, repo_id):
+    def resolve(self, repo_id, revision):
         assert repo_id == "HuggingFaceFW/fineweb-edu"
-        out = {n: {"size": len(b), "sha256": f"sha-{n}"} for n, b in self.blobs.items()}
-        out["README.md"] = {"size": 10, "sha256": None}
+        self.resolved.append(revision)
+        return self.COMMIT
+
+    def list_files(self, repo_id, revision):
+        assert repo_id == "HuggingFaceFW/fineweb-edu" and revision == self.COMMIT  # listed at the resolved commit
+        out = {n: {"size": len(b), "sha256": hashlib.sha256(b).hexdigest(), "git_sha1": "0" * 40}
+               for n, b in self.blobs.items()}
+        out["README.md"] = {"size": 10, "sha256": None, "git_sha1": "1" * 40}
         return out
 
-    def download(self, repo_id, filename, local_dir):
+    def download(self, repo_id, filename, local_dir, revision):
+        assert revision == self.COMMIT
         self.downloads.append(filename)
         dst = Path(local_dir) / filename
         dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_bytes(self.blobs[filename])
+        dst.write_bytes(self.serve[filename])
         return dst
 
 
@@ -223,7 +236,8 @@ def test_hub_downloads_the_config_files_and_resumes(tmp_path):
     rec = src.fetch({**HUB, "max_files": 2}, tmp_path / "raw", transport=hub)
     assert hub.downloads == ["sample/10BT/000_00000.parquet", "sample/10BT/001_00000.parquet"]
     assert rec["documents"] == 100 and rec["files"][0]["path"] == "hub/sample/10BT/000_00000.parquet"
-    assert rec["files"][0]["sha256"] == "sha-sample/10BT/000_00000.parquet"
+    assert rec["files"][0]["sha256"] == hashlib.sha256(hub.blobs["sample/10BT/000_00000.parquet"]).hexdigest()
+    assert (rec["revision"], rec["revision_requested"]) == (FakeHub.COMMIT, "main") and hub.resolved == ["main"]
     texts = list(src.open_corpus(tmp_path / "raw").texts())
     assert texts[0] == "file 0 doc 0" and texts[-1] == "file 1 doc 49"
     # a rerun does not download what is already complete; a cut-off file is fetched again
@@ -233,6 +247,56 @@ def test_hub_downloads_the_config_files_and_resumes(tmp_path):
     rec = src.fetch(HUB, tmp_path / "raw", transport=hub)
     assert hub.downloads == ["sample/10BT/001_00000.parquet", "sample/10BT/002_00000.parquet"]
     assert rec["documents"] == 150
+
+
+def test_hub_file_of_the_right_size_but_other_bytes_is_downloaded_again(tmp_path):
+    hub = FakeHub(tmp_path)
+    src.fetch({**HUB, "max_files": 2}, tmp_path / "raw", transport=hub)
+    local = tmp_path / "raw" / "hub" / "sample/10BT/000_00000.parquet"
+    data = bytearray(local.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, other content (it used to pass: only the size was compared)
+    local.write_bytes(bytes(data))
+    hub.downloads.clear()
+    rec = src.fetch({**HUB, "max_files": 2}, tmp_path / "raw", transport=hub)
+    assert hub.downloads == ["sample/10BT/000_00000.parquet"]
+    assert local.read_bytes() == hub.blobs["sample/10BT/000_00000.parquet"]
+    assert rec["files"][0]["sha256"] == hashlib.sha256(local.read_bytes()).hexdigest()
+
+
+def test_hub_download_that_does_not_match_the_listing_is_refused_and_deleted(tmp_path):
+    hub = FakeHub(tmp_path)
+    name = "sample/10BT/001_00000.parquet"
+    good = hub.blobs[name]
+    hub.serve[name] = good[:-8] + bytes(8)  # a corrupted transfer: right size, wrong bytes
+    with pytest.raises(ValueError, match=rf"hub/{name}: the download does not match the hub's listing of "
+                                         rf"HuggingFaceFW/fineweb-edu@{FakeHub.COMMIT} \(sha256 [0-9a-f]+, the hub lists "
+                                         rf"{hashlib.sha256(good).hexdigest()}\); the file was deleted, fetch again"):
+        src.fetch({**HUB, "max_files": 2}, tmp_path / "raw", transport=hub)
+    assert not (tmp_path / "raw" / "hub" / name).exists() and not (tmp_path / "raw" / "fetch.json").exists()
+
+
+def test_hub_file_without_lfs_hash_is_checked_by_its_git_blob_id(tmp_path):
+    blob = tmp_path / "small.txt"
+    blob.write_bytes(b"hello\n")
+    # `git hash-object` of "hello\n"
+    assert src.git_blob_sha1(blob) == "ce013625030ba8dba906f756967f9e9ca394464a"
+    assert src.hub_file_mismatch(blob, {"size": 6, "sha256": None, "git_sha1": "ce013625030ba8dba906f756967f9e9ca394464a"}) is None
+    why = src.hub_file_mismatch(blob, {"size": 6, "sha256": None, "git_sha1": "0" * 40})
+    assert why.startswith("git blob id ce013625") and why.endswith("the hub lists " + "0" * 40)
+    assert src.hub_file_mismatch(blob, {"size": 7, "sha256": None}) == "6 bytes, the hub lists 7"
+
+
+def test_hub_revision_is_resolved_recorded_and_reaches_the_shard_manifest(tmp_path):
+    from gptcore.data.tokenize import tokenize
+
+    hub = FakeHub(tmp_path)
+    rec = src.fetch({**HUB, "revision": "v1.2", "max_files": 1}, tmp_path / "raw", transport=hub)
+    assert hub.resolved == ["v1.2"] and rec["revision"] == FakeHub.COMMIT and rec["revision_requested"] == "v1.2"
+    m = tokenize(tmp_path / "raw", tmp_path / "shards", {"tokenizer": "gpt2", "val_tokens": 100, "workers": 1},
+                 progress=False)
+    assert m["source"]["revision"] == FakeHub.COMMIT
+    with pytest.raises(ValueError, match=r"fetch.revision=1234: must be a branch, tag or commit sha as a string"):
+        src.fetch({**HUB, "revision": 1234}, tmp_path / "raw", transport=hub)
 
 
 def test_hub_max_docs_downloads_only_what_is_needed(tmp_path):
@@ -273,7 +337,7 @@ def test_hub_wrong_text_column(tmp_path):
 
 def test_unreachable_hub_fails_fast_with_local_instructions(tmp_path):
     class Offline(FakeHub):
-        def list_files(self, repo_id):
+        def resolve(self, repo_id, revision):
             raise ConnectionError("[Errno -2] Name or service not known")
 
     t0 = time.perf_counter()

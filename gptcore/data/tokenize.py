@@ -278,6 +278,6 @@ def _tokenize_locked(p: dict, corpus: Corpus, shard_dir: Path, progress: bool) -
     tok = build_tokenizer(p, corpus, shard_dir, reuse)
     header = {"fingerprint": fp, "params": {k: p[k] for k in ("tokenizer", "bpe_vocab_size", "eot_token",
                                                               "shard_tokens", "val_tokens")},
-              "source": {k: corpus.record.get(k) for k in ("source", "name", "config", "documents")}}
+              "source": {k: corpus.record.get(k) for k in ("source", "name", "config", "revision", "documents")}}
     return write_shards(corpus, shard_dir, tok, shard_tokens=p["shard_tokens"], val_tokens=p["val_tokens"],
                         workers=p["workers"], header=header, resume=old, progress=progress)
