@@ -254,7 +254,7 @@ def _batch_losses(model: nn.Module, batch: _Batch, device: torch.device,
     losses = torch.empty(len(pair_head), device=device)
     for c, start in enumerate(range(0, len(hidden), HEAD_CHUNK)):
         with autocast_context(device, dtype):
-            logits = model.lm_head(hidden[start:start + HEAD_CHUNK])
+            logits = model.logits(hidden[start:start + HEAD_CHUNK])
         logits = logits.float()
         lo, hi = bounds[c], bounds[c + 1]
         local = pair_head[lo:hi] - start

@@ -1,8 +1,11 @@
-"""GPT-2, exactly: the same modules, parameter names and numerics as Hugging Face's GPT2LMHeadModel.
+"""GPT-2, exactly: the same modules, parameter names and numerics as Hugging Face's GPT2LMHeadModel, plus the
+modern recipe's switches (rotary positions, RMSNorm, QK-norm, ReLU^2 or SwiGLU, untied head, zero-initialised
+output projections, logit soft-cap). Every switch is off by default, and off it changes nothing: the same
+state_dict keys and the same numbers as GPT-2.
 
-Reads top to bottom, as nanoGPT's model.py: config -> attention -> MLP -> block -> GPT (forward, sizes,
-optimizer groups, sampling). Loading and saving weights live beside it (hf.py, load.py), FLOP accounting in
-flops.py: this file does no I/O.
+Reads top to bottom, as nanoGPT's model.py: config -> norms and rotary -> attention -> MLP -> block -> GPT
+(forward, sizes, optimizer groups, sampling). Loading and saving weights live beside it (hf.py, load.py), FLOP
+accounting in flops.py: this file does no I/O.
 
 The design follows Andrej Karpathy's nanoGPT (model.py) and build-nanogpt (train_gpt2.py), MIT licensed: GPTConfig,
 the fused q/k/v projection and its split, the scaled residual init, weight tying and the optimizer groups (NOTICE).
@@ -23,7 +26,7 @@ from torch.nn import functional as F
 
 @dataclass
 class GPTConfig:
-    """The shape of a GPT: context length, vocabulary, depth, heads, width, dropout and biases."""
+    """The shape of a GPT: context length, vocabulary, depth, heads, width, dropout, biases and the modern switches."""
 
     block_size: int = 1024  # maximum context length
     vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for faster matmuls
@@ -32,6 +35,15 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True  # biases in Linear and LayerNorm, as in GPT-2
+    # the modern recipe's switches; the defaults are GPT-2
+    pos_encoding: str = "learned"  # learned (a position table, wpe) | rotary (RoPE on q and k, no table)
+    rope_base: float = 10000.0  # rotary: the wavelength base of the lowest frequency pair
+    norm: str = "layernorm"  # layernorm | rmsnorm (no mean subtraction, no bias)
+    qk_norm: bool = False  # RMSNorm of each head's q and k before attention (as Qwen3)
+    mlp: str = "gelu"  # gelu (GPT-2) | relu2 (ReLU squared) | swiglu (SiLU-gated, hidden size swiglu_hidden)
+    tie_embeddings: bool = True  # one matrix embeds tokens and scores them (GPT-2); false: a separate lm_head
+    zero_init_proj: bool = False  # output projections (attn and MLP c_proj) start at zero: each block starts as identity
+    logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2); None: no cap
 
     def __post_init__(self) -> None:
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
@@ -42,6 +54,64 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if not 0.0 <= float(self.dropout) < 1.0:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        choices = {"pos_encoding": POS_ENCODINGS, "norm": NORMS, "mlp": MLPS}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"GPTConfig.{name}={getattr(self, name)!r}: expected one of {', '.join(allowed)}")
+        for name in ("qk_norm", "tie_embeddings", "zero_init_proj", "bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"GPTConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.pos_encoding == "rotary" and (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"rotary positions need an even head size, got n_embd/n_head={self.n_embd // self.n_head}")
+        if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, numbers.Real) or self.rope_base <= 1:
+            raise ValueError(f"GPTConfig.rope_base must be a number > 1, got {self.rope_base!r}")
+        cap = self.logit_softcap
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, numbers.Real) or cap <= 0):
+            raise ValueError(f"GPTConfig.logit_softcap must be a number > 0 or null, got {cap!r}")
+
+    @property
+    def swiglu_hidden(self) -> int:
+        """SwiGLU's hidden width: 8/3 n_embd (three matrices hold as many weights as GELU's two of 4 n_embd),
+        rounded to the nearest multiple of 64 (768 -> 2048, 128 -> 320)."""
+        return max(64, 64 * round(8 * self.n_embd / 3 / 64))
+
+
+POS_ENCODINGS = ("learned", "rotary")
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "relu2", "swiglu")
+NORM_EPS = 1e-5  # LayerNorm's (GPT-2's) and RMSNorm's
+
+
+def make_norm(config: GPTConfig) -> nn.Module:
+    """The model's normalisation layer over n_embd: GPT-2's LayerNorm, or RMSNorm (a gain, no bias)."""
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd, eps=NORM_EPS)
+    return nn.LayerNorm(config.n_embd, eps=NORM_EPS, bias=config.bias)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (Su et al. 2021, RoFormer) in the rotate-half layout Hugging Face Llama uses:
+    channel i of a head pairs with channel i + head_size/2, and the pair turns by pos * base^(-2i/head_size)."""
+
+    def __init__(self, head_size: int, base: float):
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_size, 2, dtype=torch.float32) / head_size))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # derived, so not in the state_dict
+
+    def forward(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin for position ids `pos` (T,) or (B, T): (T, head_size) or (B, 1, T, head_size), float32."""
+        freqs = pos.to(torch.float32)[..., None] * self.inv_freq
+        angles = torch.cat((freqs, freqs), dim=-1)
+        if angles.dim() == 3:  # per-row positions: broadcast over heads
+            angles = angles[:, None]
+        return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate q or k (B, n_head, T, head_size) by the angles whose cos/sin Rotary gave."""
+    half = x.size(-1) // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
 
 
 class CausalSelfAttention(nn.Module):
@@ -58,15 +128,24 @@ class CausalSelfAttention(nn.Module):
         # a module (not a float) so that anything that resets nn.Dropout.p also reaches the attention dropout
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
+        if config.qk_norm:  # one gain per head channel, shared by the heads
+            self.q_norm = nn.RMSNorm(config.n_embd // config.n_head, eps=NORM_EPS)
+            self.k_norm = nn.RMSNorm(config.n_embd // config.n_head, eps=NORM_EPS)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, T, C) -> (B, T, C); causal unless `attn_mask` (True = may attend) is given."""
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """(B, T, C) -> (B, T, C); causal unless `attn_mask` (True = may attend) is given; `rope` is
+        Rotary's (cos, sin) when positions are rotary."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         # (B, T, C) -> (B, n_head, T, head_size)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         # flash / memory-efficient kernels where available; the causal mask is implicit, so no mask buffer.
         # An explicit boolean mask (True = may attend) replaces it, e.g. for packed multiple-choice rows.
         p = self.attn_dropout.p if self.training else 0.0
@@ -76,35 +155,50 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """The position-wise feed-forward layer: n_embd -> 4 n_embd -> GELU -> n_embd."""
+    """The position-wise feed-forward layer: n_embd -> 4 n_embd -> GELU (or ReLU^2) -> n_embd, or SwiGLU:
+    n_embd -> (gate, up) -> SiLU(gate) * up -> n_embd."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's "gelu_new"
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.kind = config.mlp
+        hidden = config.swiglu_hidden if self.kind == "swiglu" else 4 * config.n_embd
+        # swiglu: c_fc computes the gate and the value side by side, [gate; up] in its output rows
+        width = 2 * hidden if self.kind == "swiglu" else hidden
+        self.c_fc = nn.Linear(config.n_embd, width, bias=config.bias)
+        if self.kind == "gelu":
+            self.gelu = nn.GELU(approximate="tanh")  # GPT-2's "gelu_new"
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.c_proj._is_residual_proj = True
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, C) -> (B, T, C)."""
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        h = self.c_fc(x)
+        if self.kind == "gelu":
+            h = self.gelu(h)
+        elif self.kind == "relu2":
+            h = F.relu(h).square()
+        else:
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        return self.dropout(self.c_proj(h))
 
 
 class Block(nn.Module):
-    """One transformer layer: attention then MLP, each on a LayerNorm'd residual stream."""
+    """One transformer layer: attention then MLP, each on a normalised (LayerNorm or RMSNorm) residual stream."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias)
+        self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias)
+        self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """(B, T, C) -> (B, T, C)."""
         # pre-norm residual stream, as in GPT-2
-        x = x + self.attn(self.ln_1(x), attn_mask)
+        x = x + self.attn(self.ln_1(x), attn_mask, rope)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -115,18 +209,17 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-                ln_f=nn.LayerNorm(config.n_embd, eps=1e-5, bias=config.bias),
-            )
-        )
+        modules = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))
+        if config.pos_encoding == "learned":
+            modules["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        modules.update(drop=nn.Dropout(config.dropout), h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                       ln_f=make_norm(config))
+        self.transformer = nn.ModuleDict(modules)
+        if config.pos_encoding == "rotary":
+            self.rotary = Rotary(config.n_embd // config.n_head, config.rope_base)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        # weight tying (GPT-2 does it): one matrix embeds tokens and scores the next one
-        self.transformer.wte.weight = self.lm_head.weight
+        if config.tie_embeddings:  # GPT-2 does it: one matrix embeds tokens and scores the next one
+            self.transformer.wte.weight = self.lm_head.weight
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -136,6 +229,8 @@ class GPT(nn.Module):
             # depth (2 residual additions per layer)
             if getattr(module, "_is_residual_proj", False):
                 std = 0.02 / math.sqrt(2 * self.config.n_layer)
+                if self.config.zero_init_proj:
+                    std = 0.0
             nn.init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
@@ -147,13 +242,13 @@ class GPT(nn.Module):
     def hidden_states(
         self, idx: torch.Tensor, pos: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Trunk output after the final LayerNorm, shape (B, T, n_embd), for token ids `idx` of shape (B, T).
+        """Trunk output after the final norm, shape (B, T, n_embd), for token ids `idx` of shape (B, T).
 
-        `forward` applies `lm_head` to every position of this; callers that need scores at only a few
-        positions (e.g. the HellaSwag fast path) apply `model.lm_head` to just those rows and save the
+        `forward` applies `logits` to every position of this; callers that need scores at only a few
+        positions (e.g. the HellaSwag fast path) apply `model.logits` to just those rows and save the
         (B, T, vocab) logits tensor. By default positions are 0..T-1 and attention is causal; the fast path
         packs several sequences into one row and passes their position ids (B, T) and a boolean attention
-        mask (B, 1, T, T), True where a query may attend to a key.
+        mask (B, 1, T, T), True where a query may attend to a key. Both position encodings honour `pos`.
         """
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (batch, time), got {tuple(idx.shape)}")
@@ -164,17 +259,31 @@ class GPT(nn.Module):
             pos = torch.arange(T, dtype=torch.long, device=idx.device)
         elif int(pos.max()) >= self.config.block_size:
             raise ValueError(f"position id {int(pos.max())} exceeds the model's block_size {self.config.block_size}")
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        x = self.transformer.wte(idx)
+        rope = None
+        if self.config.pos_encoding == "learned":
+            x = x + self.transformer.wpe(pos)
+        else:
+            rope = self.rotary(pos)
+        x = self.transformer.drop(x)
         for block in self.transformer.h:
-            x = block(x, attn_mask)
+            x = block(x, attn_mask, rope)
         return self.transformer.ln_f(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Next-token scores for trunk outputs (..., n_embd): lm_head, then the soft-cap when one is set."""
+        logits = self.lm_head(hidden)
+        cap = self.config.logit_softcap
+        if cap is not None:
+            logits = cap * torch.tanh(logits / cap)
+        return logits
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits (B, T, vocab_size) for every position, and the mean cross-entropy against `targets`
         (positions whose target is -1 are ignored) or None when no targets are given."""
-        logits = self.lm_head(self.hidden_states(idx))
+        logits = self.logits(self.hidden_states(idx))
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
@@ -183,11 +292,15 @@ class GPT(nn.Module):
     # ------------------------------------------------------------------ sizes and surgery
 
     def get_num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count, the tied wte/lm_head matrix once. With non_embedding, the position embeddings
-        are left out (the token embeddings stay: as lm_head they do real compute)."""
+        """Parameter count, the tied wte/lm_head matrix once. With non_embedding, the lookup tables are left
+        out: the position embeddings, and the token embeddings when untied (tied, they are lm_head too and do
+        real compute)."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            n -= self.transformer.wpe.weight.numel()
+            if "wpe" in self.transformer:
+                n -= self.transformer.wpe.weight.numel()
+            if not self.config.tie_embeddings:
+                n -= self.transformer.wte.weight.numel()
         return n
 
     def crop_block_size(self, block_size: int) -> None:
@@ -196,7 +309,8 @@ class GPT(nn.Module):
         if not 0 < block_size <= self.config.block_size:
             raise ValueError(f"block_size must be in [1, {self.config.block_size}], got {block_size}")
         self.config.block_size = block_size
-        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
+        if "wpe" in self.transformer:  # rotary positions have no table
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
 
     def set_dropout(self, p: float) -> None:
         """Set every dropout in the model (embedding, attention, residual, MLP) and config.dropout to p."""
@@ -209,10 +323,18 @@ class GPT(nn.Module):
 
     # ------------------------------------------------------------------ optimizer
 
-    def param_groups(self, weight_decay: float) -> list[dict[str, Any]]:
-        """AdamW parameter groups: matrices and embeddings (dim >= 2) decay, biases and LayerNorm gains
-        (dim < 2) do not. Each group carries a "name" ("decay" / "no_decay") for logging."""
-        params = [p for p in self.parameters() if p.requires_grad]  # parameters() yields tied weights once
+    def hidden_matrices(self) -> list[nn.Parameter]:
+        """The 2-D weights inside the blocks (attention and MLP projections): what Muon updates. Embeddings,
+        lm_head, gains and biases are not among them."""
+        return [p for p in self.transformer.h.parameters() if p.dim() == 2 and p.requires_grad]
+
+    def param_groups(self, weight_decay: float, exclude: list[nn.Parameter] | None = None) -> list[dict[str, Any]]:
+        """AdamW parameter groups: matrices and embeddings (dim >= 2) decay, biases and norm gains (dim < 2)
+        do not; parameters in `exclude` (say, those Muon updates) are left out. Each group carries a "name"
+        ("decay" / "no_decay") for logging."""
+        skip = {id(p) for p in exclude or []}
+        # parameters() yields tied weights once
+        params = [p for p in self.parameters() if p.requires_grad and id(p) not in skip]
         return [
             {"name": "decay", "params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"name": "no_decay", "params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
@@ -225,10 +347,12 @@ class GPT(nn.Module):
         betas: tuple[float, float],
         eps: float = 1e-8,
         device_type: str = "cpu",
+        exclude: list[nn.Parameter] | None = None,
     ) -> torch.optim.AdamW:
         """AdamW over `param_groups(weight_decay)`, with the fused kernel on CUDA and on the CPU (torch >= 2.4
         has both; on the CPU it makes the 124M update about 4x faster than the foreach one). Logs nothing: read
-        `optimizer.param_groups` (each has "name") to report group sizes."""
+        `optimizer.param_groups` (each has "name") to report group sizes. Parameters in `exclude` are left to
+        another optimizer (train/optim.py gives the hidden matrices to Muon)."""
         if weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
         if learning_rate <= 0:
@@ -236,7 +360,7 @@ class GPT(nn.Module):
         use_fused = device_type in ("cuda", "cpu") and "fused" in inspect.signature(torch.optim.AdamW).parameters
         extra = {"fused": True} if use_fused else {}
         return torch.optim.AdamW(
-            self.param_groups(weight_decay), lr=learning_rate, betas=tuple(betas), eps=eps, **extra
+            self.param_groups(weight_decay, exclude), lr=learning_rate, betas=tuple(betas), eps=eps, **extra
         )
 
     # ------------------------------------------------------------------ sampling
@@ -274,7 +398,7 @@ class GPT(nn.Module):
             for _ in range(max_new_tokens):
                 idx_cond = idx[:, -self.config.block_size :]
                 # score only the last position: the other T-1 rows of logits are not needed
-                logits = self.lm_head(self.hidden_states(idx_cond)[:, -1, :]).float()
+                logits = self.logits(self.hidden_states(idx_cond)[:, -1, :]).float()
                 if vocab_limit is not None:
                     logits = logits[:, :vocab_limit]
                 if temperature == 0 or top_k == 1:

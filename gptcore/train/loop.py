@@ -24,7 +24,7 @@ from gptcore.model.flops import estimate_mfu
 from gptcore.model.gpt import GPT
 from gptcore.model.load import strip_prefixes
 from gptcore.precision import DTYPES, autocast_context, resolve_dtype
-from gptcore.train.optim import CosineSchedule, set_lr
+from gptcore.train.optim import OPTIMIZERS, CosineSchedule, build_optimizers, set_lr
 
 # An evaluator runs on every rank at the eval cadence and returns metrics for rank 0 to log.
 Evaluator = Callable[[GPT, int], dict[str, float]]
@@ -47,7 +47,10 @@ class TrainConfig:
     total_batch_tokens: int = 524288
     max_steps: int = 19073
     warmup_steps: int = 715
-    max_lr: float = 6e-4
+    max_lr: float = 6e-4  # AdamW's peak rate (every parameter, or those Muon does not update)
+    optimizer: str = "adamw"  # adamw | muon (Muon for the hidden matrices, AdamW for the rest)
+    muon_lr: float = 0.02  # Muon's peak rate; the schedule scales it as it scales max_lr
+    muon_momentum: float = 0.95
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     beta1: float = 0.9
@@ -83,12 +86,16 @@ class TrainConfig:
         cfg = cls(**params)
         if cfg.dtype not in DTYPES:
             raise ValueError(f"train.dtype={cfg.dtype!r}: expected one of {sorted(DTYPES)}")
+        if cfg.optimizer not in OPTIMIZERS:
+            raise ValueError(f"train.optimizer={cfg.optimizer!r}: expected one of {', '.join(OPTIMIZERS)}")
         return cfg
 
 
 def run_fingerprint_params(model_params: dict[str, Any], train_cfg: TrainConfig, data: dict[str, Any]) -> dict:
     """The params that shape the weights of a run; a checkpoint resumes only into a run with the same ones."""
     train = {k: v for k, v in asdict(train_cfg).items() if k not in NOT_IN_FINGERPRINT}
+    if train_cfg.optimizer == "adamw":  # Muon's settings do not touch an AdamW run
+        train = {k: v for k, v in train.items() if not k.startswith("muon_")}
     return {"model": dict(model_params), "train": train, "data": dict(data)}
 
 
@@ -119,9 +126,9 @@ class Trainer:
             torch.backends.cudnn.allow_tf32 = True
 
         self.raw_model = model.to(self.device)
-        self.optimizer = self.raw_model.configure_optimizers(
-            weight_decay=cfg.weight_decay, learning_rate=cfg.max_lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
-            device_type=self.device.type)
+        self.optimizer = build_optimizers(
+            self.raw_model, cfg.optimizer, cfg.max_lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.eps,
+            self.device.type, muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         self.schedule = CosineSchedule(cfg.max_lr, cfg.max_lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.max_steps)
         self.step = 0
@@ -183,7 +190,7 @@ class Trainer:
         cfg, accum = self.cfg, self.loader.grad_accum
         self.model.train()
         lr = self.schedule(self.step)
-        set_lr(self.optimizer, lr)
+        set_lr(self.optimizer, lr, cfg.max_lr)
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(accum):
@@ -205,9 +212,11 @@ class Trainer:
             raise NonFiniteLoss(
                 f"non-finite training loss ({train_loss}) at step {self.step}; last good checkpoint: "
                 f"{last or 'none'}. Lower train.max_lr or check the data; the run stopped without saving.")
-        self.scaler.unscale_(self.optimizer)
+        for opt in self.optimizer:  # GradScaler keeps per-optimizer state: unscale and step each
+            self.scaler.unscale_(opt)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), cfg.grad_clip).item()
-        self.scaler.step(self.optimizer)
+        for opt in self.optimizer:
+            self.scaler.step(opt)
         self.scaler.update()
         return {"train_loss": train_loss, "lr": lr, "grad_norm": grad_norm}
 

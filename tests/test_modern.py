@@ -1,0 +1,219 @@
+"""Issue 11: the modern recipe's switches (model and optimizer), each off by default and each tested on its own."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from gptcore.model.flops import flops_per_token
+from gptcore.model.gpt import GPT, GPTConfig, Rotary, apply_rotary
+from gptcore.train.optim import Optimizers, build_optimizers, set_lr
+
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64)
+MODERN = dict(bias=False, pos_encoding="rotary", norm="rmsnorm", qk_norm=True, mlp="swiglu", tie_embeddings=False,
+              zero_init_proj=True, logit_softcap=30.0)
+# each switch on its own, then all of them
+SWITCHES = [dict(pos_encoding="rotary"), dict(norm="rmsnorm"), dict(qk_norm=True), dict(mlp="relu2"),
+            dict(mlp="swiglu"), dict(tie_embeddings=False), dict(zero_init_proj=True), dict(logit_softcap=5.0),
+            dict(bias=False), MODERN]
+IDS = ["rotary", "rmsnorm", "qk_norm", "relu2", "swiglu", "untied", "zero_init", "softcap", "no_bias", "modern"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matmuls on several threads only contend (the machine's cores are shared): run these on one."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny(seed: int = 0, **switches) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**{**TINY, **switches}))
+
+
+def test_defaults_are_gpt2_keys_and_numbers():
+    """All switches off is GPT-2: same state_dict keys, shapes and init draws as the config without the new fields."""
+    a = tiny()
+    b = tiny(pos_encoding="learned", norm="layernorm", qk_norm=False, mlp="gelu", tie_embeddings=True,
+             zero_init_proj=False, logit_softcap=None)
+    assert list(a.state_dict()) == list(b.state_dict())
+    assert "transformer.wpe.weight" in a.state_dict() and a.lm_head.weight is a.transformer.wte.weight
+    assert not any(k.startswith("rotary") or "q_norm" in k for k in a.state_dict())
+    idx = torch.randint(0, 64, (2, 16))
+    assert torch.equal(a(idx)[0], b(idx)[0])
+
+
+@pytest.mark.parametrize("switches", SWITCHES, ids=IDS)
+def test_shapes_causality_and_overfitting(switches):
+    model = tiny(**switches)
+    idx = torch.randint(0, 64, (3, 16), generator=torch.Generator().manual_seed(1))
+    logits, loss = model(idx, idx)
+    assert logits.shape == (3, 16, 64) and loss.ndim == 0
+    # causality: changing token t changes no logits before t
+    other = idx.clone()
+    other[:, 9] = (other[:, 9] + 1) % 64
+    with torch.no_grad():
+        a, b = model(idx)[0], model(other)[0]
+    assert torch.allclose(a[:, :9], b[:, :9], atol=1e-6) and not torch.allclose(a[:, 9:], b[:, 9:])
+    # a tiny model overfits one batch
+    opt = build_optimizers(model, "adamw", 3e-3, 0.0, (0.9, 0.95), 1e-8, "cpu")
+    x = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(2))
+    y = torch.roll(x, -1, dims=1)
+    for _ in range(150):
+        _, loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.1
+
+
+def test_modern_model_overfits_with_muon():
+    model = tiny(**MODERN)
+    opt = build_optimizers(model, "muon", 3e-3, 0.0, (0.9, 0.95), 1e-8, "cpu", muon_lr=0.02)
+    x = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(2))
+    y = torch.roll(x, -1, dims=1)
+    for _ in range(150):
+        _, loss = model(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.1
+
+
+def rotate_by_hand(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
+    """An independent RoPE: pair channel i with i + d/2 and turn the pair (a, b) by angle pos * base^(-2i/d),
+    written as the 2x2 rotation [[cos, -sin], [sin, cos]] applied pair by pair with Python floats."""
+    B, H, T, d = x.shape
+    out = torch.empty_like(x, dtype=torch.float64)
+    for b in range(B):
+        for t in range(T):
+            p = float(pos[b, t]) if pos.dim() == 2 else float(pos[t])
+            for i in range(d // 2):
+                theta = p * base ** (-2 * i / d)
+                c, s = math.cos(theta), math.sin(theta)
+                a, bb = x[b, :, t, i].double(), x[b, :, t, i + d // 2].double()
+                out[b, :, t, i] = c * a - s * bb
+                out[b, :, t, i + d // 2] = s * a + c * bb
+    return out
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_rotary_matches_a_rotation_by_hand(per_row):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 8)
+    pos = torch.tensor([[0, 1, 2, 3, 4], [7, 2, 0, 9, 1]]) if per_row else torch.arange(5)
+    cos, sin = Rotary(8, 10000.0)(pos)
+    got = apply_rotary(x, cos, sin)
+    torch.testing.assert_close(got.double(), rotate_by_hand(x, pos, 10000.0), atol=1e-5, rtol=0)
+    # relative: q.k depends only on the position difference
+    q, k = torch.randn(1, 1, 1, 8).expand(1, 1, 2, 8), torch.randn(1, 1, 1, 8).expand(1, 1, 2, 8)
+    c, s = Rotary(8, 10000.0)(torch.tensor([3, 10]))
+    c2, s2 = Rotary(8, 10000.0)(torch.tensor([13, 20]))
+    d1 = (apply_rotary(q, c, s)[..., 1, :] * apply_rotary(k, c, s)[..., 0, :]).sum()
+    d2 = (apply_rotary(q, c2, s2)[..., 1, :] * apply_rotary(k, c2, s2)[..., 0, :]).sum()
+    torch.testing.assert_close(d1, d2, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("pos_encoding", ["learned", "rotary"])
+def test_hidden_states_honour_explicit_positions(pos_encoding):
+    """Packed rows (the eval fast path): a sequence placed mid-row with its own position ids 0.. and a mask that
+    hides the rest scores as it does alone."""
+    model = tiny(pos_encoding=pos_encoding, **({"norm": "rmsnorm"} if pos_encoding == "rotary" else {})).eval()
+    seq = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(3))
+    row = torch.cat([torch.randint(0, 64, (1, 4)), seq], dim=1)
+    pos = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4, 5]])
+    seg = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 1, 1])
+    mask = (seg[:, None] == seg[None, :]) & torch.ones(10, 10, dtype=torch.bool).tril()
+    with torch.no_grad():
+        alone = model.hidden_states(seq)
+        packed = model.hidden_states(row, pos, mask[None, None])
+    torch.testing.assert_close(packed[:, 4:], alone, atol=1e-5, rtol=0)
+
+
+def test_mlp_sizes_and_param_counts():
+    g, s = GPTConfig(n_embd=768), GPTConfig(n_embd=128, n_head=4)
+    assert g.swiglu_hidden == 2048 and s.swiglu_hidden == 320
+    sizes = dict(n_layer=1, n_head=4, n_embd=128, vocab_size=64, block_size=16)
+    gelu, swiglu = GPT(GPTConfig(**sizes)), GPT(GPTConfig(**sizes, mlp="swiglu"))
+    assert swiglu.transformer.h[0].mlp.c_fc.weight.shape == (2 * 320, 128)
+    assert swiglu.transformer.h[0].mlp.c_proj.weight.shape == (128, 320)
+    n_gelu = sum(p.numel() for p in gelu.transformer.h[0].mlp.parameters())
+    n_swiglu = sum(p.numel() for p in swiglu.transformer.h[0].mlp.parameters())
+    assert abs(n_swiglu - n_gelu) / n_gelu < 0.1  # comparable parameter count (122,880 + biases vs 131,072)
+
+
+def test_untied_head_flops_and_zero_init():
+    tied, untied = tiny(), tiny(tie_embeddings=False)
+    assert untied.lm_head.weight is not untied.transformer.wte.weight
+    assert untied.get_num_params(non_embedding=False) == tied.get_num_params(non_embedding=False) + 64 * 32
+    # the token table of an untied model is a lookup, not compute; lm_head is compute either way
+    assert untied.get_num_params() == tied.get_num_params()
+    assert flops_per_token(untied) == flops_per_token(tied)
+    rotary = tiny(pos_encoding="rotary")
+    assert rotary.get_num_params() == tied.get_num_params()  # no position table to leave out
+    z = tiny(zero_init_proj=True)
+    for block in z.transformer.h:
+        assert not block.attn.c_proj.weight.any() and not block.mlp.c_proj.weight.any()
+        assert block.attn.c_attn.weight.std() > 0.01
+
+
+def test_logit_softcap_bounds_logits_everywhere():
+    model = tiny(logit_softcap=2.0)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(100)
+    idx = torch.randint(0, 64, (2, 16))
+    logits = model(idx)[0]
+    assert logits.abs().max() <= 2.0 and logits.abs().max() > 1.9
+    h = model.hidden_states(idx)
+    torch.testing.assert_close(model.logits(h), 2.0 * torch.tanh(model.lm_head(h) / 2.0))
+    out = model.generate(idx[:, :4], 3, temperature=0)  # sampling goes through the cap as well
+    assert out.shape == (2, 7)
+
+
+def test_config_rejects_unknown_switch_values():
+    for bad in (dict(pos_encoding="alibi"), dict(norm="batchnorm"), dict(mlp="geglu"), dict(logit_softcap=0),
+                dict(qk_norm="yes"), dict(rope_base=1), dict(pos_encoding="rotary", n_head=4, n_embd=20)):
+        with pytest.raises(ValueError, match="GPTConfig|rotary"):
+            GPTConfig(**{**TINY, **bad})
+
+
+def test_muon_gets_the_blocks_matrices_and_adamw_the_rest():
+    model = tiny(**{**MODERN, "bias": True})
+    opt = build_optimizers(model, "muon", 3e-3, 0.1, (0.9, 0.95), 1e-8, "cpu", muon_lr=0.02, muon_momentum=0.9)
+    assert isinstance(opt, Optimizers) and list(opt.optimizers) == ["adamw", "muon"]
+    assert isinstance(opt.optimizers["muon"], torch.optim.Muon)
+    names = {id(p): n for n, p in model.named_parameters()}
+    muon = sorted(names[id(p)] for g in opt.optimizers["muon"].param_groups for p in g["params"])
+    adamw = sorted(names[id(p)] for g in opt.optimizers["adamw"].param_groups for p in g["params"])
+    expected_muon = sorted(f"transformer.h.{i}.{m}.weight" for i in range(2)
+                           for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"))
+    assert muon == expected_muon
+    assert "transformer.wte.weight" in adamw and "lm_head.weight" in adamw
+    assert any("q_norm" in n for n in adamw) and any(n.endswith("bias") for n in adamw)
+    assert not set(muon) & set(adamw) and len(muon) + len(adamw) == len(names)
+    group = opt.optimizers["muon"].param_groups[0]
+    assert group["lr"] == 0.02 and group["momentum"] == 0.9 and group["nesterov"]
+    # the schedule scales both optimizers' rates by the same factor
+    set_lr(opt, 1.5e-3, 3e-3)
+    assert group["lr"] == pytest.approx(0.01)
+    assert all(g["lr"] == 1.5e-3 for g in opt.optimizers["adamw"].param_groups)
+
+
+def test_optimizers_state_round_trip():
+    model = tiny(**MODERN)
+    opt = build_optimizers(model, "muon", 3e-3, 0.0, (0.9, 0.95), 1e-8, "cpu")
+    model(torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16)))[1].backward()
+    opt.step()
+    state = opt.state_dict()
+    assert set(state) == {"adamw", "muon"} and state["muon"]["state"]
+    fresh = build_optimizers(tiny(**MODERN), "muon", 3e-3, 0.0, (0.9, 0.95), 1e-8, "cpu")
+    fresh.load_state_dict(state)
+    assert fresh.state_dict()["muon"]["state"][0]["momentum_buffer"].equal(state["muon"]["state"][0]["momentum_buffer"])
+    with pytest.raises(ValueError, match="optimizer state holds"):
+        build_optimizers(tiny(**MODERN), "adamw", 3e-3, 0.0, (0.9, 0.95), 1e-8, "cpu").load_state_dict(state)
+    with pytest.raises(ValueError, match="train.optimizer"):
+        build_optimizers(model, "sgd", 3e-3, 0.0, (0.9, 0.95), 1e-8, "cpu")
