@@ -9,6 +9,8 @@ from gptcore.data.shards import read_manifest
 from gptcore.report.plots import write_plot_data
 from gptcore.report.baselines import read_baselines
 from gptcore.report.compare import describe, summarize
+from gptcore.report.speedrun import describe_speedrun, speedrun_summary
+from stages.common import load_params
 
 EVAL = Path("metrics/eval.json")
 BASELINES = Path("conf/baselines.yaml")
@@ -16,20 +18,36 @@ SHARDS = Path("data/shards")
 LIVE_DIR = Path("metrics/train")
 OUT = Path("metrics/summary.json")
 PLOT_DATA = Path("metrics/plots")
+MODEL_MANIFEST = Path("model/manifest.json")
+
+
+def read_target(params: dict) -> float | None:
+    """compare.target_val_loss, checked: a number > 0 or null."""
+    unknown = sorted(set(params) - {"target_val_loss"})
+    if unknown:
+        raise KeyError(f"params.yaml compare: unknown keys {unknown} (known: ['target_val_loss'])")
+    target = params.get("target_val_loss")
+    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float)) or target <= 0):
+        raise ValueError(f"params.yaml compare.target_val_loss={target!r}: expected a number > 0 or null")
+    return None if target is None else float(target)
 
 
 def main() -> None:
     """eval.json and the baselines -> summary.json (deltas where comparable) and the plots' data files."""
+    target = read_target(load_params("compare"))
     run = json.loads(EVAL.read_text(encoding="utf-8"))
     baselines = read_baselines(BASELINES)
     # what the run was evaluated on: a delta needs the baseline's data and tokenizer
     manifest = read_manifest(SHARDS)
     data = {"tokenizer": manifest["tokenizer"]["name"], "dataset": (manifest.get("source") or {}).get("name")}
     summary = summarize(run, baselines, data)
+    hardware = json.loads(MODEL_MANIFEST.read_text(encoding="utf-8")).get("hardware") if MODEL_MANIFEST.is_file() else None
+    summary["speedrun"] = speedrun_summary(LIVE_DIR, target, hardware)
     write_json(OUT, summary)
     write_plot_data(LIVE_DIR, baselines, PLOT_DATA)
     for line in describe(summary, baselines):
         print(f"[compare] {line}")
+    print(f"[compare] speedrun: {describe_speedrun(summary['speedrun'])}")
 
 
 if __name__ == "__main__":

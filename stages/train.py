@@ -73,7 +73,9 @@ def main() -> None:
                               hf_vocab_size=data["vocab_size"])
         # The model folder carries its tokenizer, so sampling and evaluation need nothing else.
         save_beside_shards(tok, MODEL_DIR)
-        write_json(MODEL_DIR / "manifest.json", {"tokenizer": data})
+        # where it trained: the compare stage turns training hours into GPU-hours with it
+        write_json(MODEL_DIR / "manifest.json", {"tokenizer": data, "hardware": {"device": env.device.type,
+                                                                                  "processes": env.world_size}})
     distributed.teardown()
 
 

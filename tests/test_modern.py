@@ -217,3 +217,54 @@ def test_optimizers_state_round_trip():
         build_optimizers(tiny(**MODERN), "adamw", 3e-3, 0.0, (0.9, 0.95), 1e-8, "cpu").load_state_dict(state)
     with pytest.raises(ValueError, match="train.optimizer"):
         build_optimizers(model, "sgd", 3e-3, 0.0, (0.9, 0.95), 1e-8, "cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# export to transformers
+
+@pytest.mark.parametrize("switches,arch", [
+    (dict(qk_norm=False, tie_embeddings=False), "llama"),
+    (dict(qk_norm=False, tie_embeddings=True), "llama"),
+    (dict(qk_norm=True, tie_embeddings=False), "qwen3"),
+], ids=["llama_untied", "llama_tied", "qwen3"])
+def test_export_loads_in_transformers_with_the_same_logits(tmp_path, switches, arch):
+    transformers = pytest.importorskip("transformers")
+    from gptcore.model.hf import export_hf
+
+    model = tiny(**{**MODERN, "logit_softcap": None, "zero_init_proj": False, "rope_base": 500.0, **switches})
+    with torch.no_grad():  # trained-looking norm gains, so a swapped or missing gain would show
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+    assert export_hf(model, tmp_path / "hf", vocab_size=60) == arch
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", torch_dtype=torch.float32).eval()
+    assert hf.config.model_type == arch
+    idx = torch.randint(0, 60, (2, 16), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        theirs = hf(idx).logits
+        ours = model.eval()(idx)[0][..., :60]
+    torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("switches,reason", [
+    (dict(), "logit soft-cap"),
+    (dict(logit_softcap=None, mlp="relu2"), "mlp relu2"),
+    (dict(logit_softcap=None, norm="layernorm"), "norm layernorm"),
+    (dict(logit_softcap=None, bias=True), "biases"),
+    (dict(logit_softcap=None, pos_encoding="learned"), "learned positions"),
+])
+def test_export_refuses_what_no_architecture_represents(tmp_path, switches, reason):
+    from gptcore.model.hf import NotRepresentable, export_hf
+    from gptcore.model.load import load_model
+    from gptcore.train import checkpoint
+
+    model = tiny(**{**MODERN, **switches})
+    with pytest.raises(NotRepresentable, match=reason) as e:
+        export_hf(model, tmp_path / "x")
+    assert "\n" not in str(e.value)
+    # the train stage's final save keeps our format and says why there is no export
+    checkpoint.save_final(model, tmp_path / "model", {"step": 1})
+    note = (tmp_path / "model" / "hf" / checkpoint.NOT_EXPORTED).read_text()
+    assert reason in note and len(note.splitlines()) == 1
+    idx = torch.randint(0, 64, (1, 8))
+    assert torch.equal(load_model(tmp_path / "model")(idx)[0], model(idx)[0])

@@ -41,9 +41,13 @@ def test_plot_data_tokens_and_baseline_span(tmp_path):
     assert sorted(p.name for p in written) == ["baselines.tsv", "train_loss.tsv", "val_loss.tsv"]
 
     train = read_tsv(out / "train_loss.tsv")
-    assert train[0] == ["step", "tokens_seen", "train_loss"]
+    assert train[0] == ["step", "tokens_seen", "train_loss", "train_loss_smooth"]
     # a training step s has consumed s + 1 batches ...
-    assert [(int(s), int(t)) for s, t, _ in train[1:]] == [(s, (s + 1) * 256) for s in range(10)]
+    assert [(int(s), int(t)) for s, t, _, _ in train[1:]] == [(s, (s + 1) * 256) for s in range(10)]
+    # the raw loss is kept; the smoothed one starts at the first value and lags behind a falling curve
+    assert [float(r[2]) for r in train[1:]] == [10.0 - s * 0.5 for s in range(10)]
+    smooth = [float(r[3]) for r in train[1:]]
+    assert smooth[0] == pytest.approx(10.0) and all(m > float(r[2]) for m, r in zip(smooth[1:], train[2:]))
     # ... an evaluation at step s runs before that step's update
     val = read_tsv(out / "val_loss.tsv")
     assert [(int(s), int(t)) for s, t, _ in val[1:]] == [(0, 0), (5, 1280), (10, 2560)]
@@ -206,3 +210,9 @@ def test_baselines_file_is_checked_and_named(tmp_path):
     (tmp_path / "b.yaml").write_text("gpt2_124m: {val_loss: 3.0}\n", encoding="utf-8")
     with pytest.raises(ValueError, match="b.yaml: gpt2_124m needs numeric hellaswag_acc_norm"):
         read_baselines(tmp_path / "b.yaml")
+
+
+def test_smooth_is_a_debiased_moving_average():
+    assert plots.smooth([4.0, 4.0, 4.0]) == pytest.approx([4.0, 4.0, 4.0])  # no pull towards zero at the start
+    m = plots.smooth([1.0, 3.0], beta=0.5)
+    assert m == pytest.approx([1.0, (0.25 * 1 + 0.5 * 3) / 0.75])

@@ -1,8 +1,10 @@
-"""Hugging Face GPT-2 checkpoints in and out: OpenAI's weights (or any HF GPT-2 folder) -> GPT, and GPT -> HF.
+"""Hugging Face checkpoints in and out: OpenAI's weights (or any HF GPT-2 folder) -> GPT, and GPT -> HF.
 
 Hugging Face stores GPT-2's projections as Conv1D (weight shape [in, out]); GPT uses nn.Linear ([out, in]), so
-those four weights are transposed on the way in and out. Everything else maps one to one. `transformers` is not
-needed for either direction.
+those four weights are transposed on the way in and out. Everything else maps one to one. A model with the modern
+switches exports to the transformers architecture that computes exactly what it does: Llama (RMSNorm, rotary in
+the rotate-half layout, SwiGLU, no biases) or Qwen3 (the same with QK-norm); `hf_architecture` says which, or
+why none does. `transformers` is not needed for any of this.
 """
 from __future__ import annotations
 
@@ -70,9 +72,10 @@ def save_hf_gpt2(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None
             "a bias=False model cannot be exported as Hugging Face GPT-2, whose Linear and LayerNorm "
             "layers always have biases"
         )
-    vocab_size = cfg.vocab_size if vocab_size is None else vocab_size
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 0 < vocab_size <= cfg.vocab_size:
-        raise ValueError(f"vocab_size must be an int in [1, {cfg.vocab_size}], got {vocab_size!r}")
+    arch, why = hf_architecture(cfg)
+    if arch != "gpt2":
+        raise ValueError(f"not a GPT-2 model: {why}" if arch is None else f"not a GPT-2 model: export it as {arch}")
+    vocab_size = _check_vocab(cfg, vocab_size)
 
     tensors = {}
     for name, t in model.state_dict().items():
@@ -123,6 +126,133 @@ def save_hf_gpt2(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None
         f.write(safetensors_bytes(tensors, metadata={"format": "pt"}))
     text = json.dumps(hf_config, indent=2, sort_keys=True) + "\n"
     write_text(out / "config.json", text)
+
+
+class NotRepresentable(ValueError):
+    """No transformers architecture computes what this model does; the message says why, in one line."""
+
+
+def hf_architecture(cfg: GPTConfig) -> tuple[str | None, str]:
+    """The transformers model_type that computes exactly what `cfg` does ("gpt2", "llama" or "qwen3"), and a
+    one-line description; or None and the reason none does. zero_init_proj is an init, so it never matters."""
+    gpt2 = dict(pos_encoding="learned", norm="layernorm", qk_norm=False, mlp="gelu", tie_embeddings=True,
+                logit_softcap=None, bias=True)
+    if all(getattr(cfg, k) == v for k, v in gpt2.items()):
+        return "gpt2", "GPT-2"
+    if cfg.pos_encoding == "learned":
+        return None, ("learned positions with the modern switches: GPT-2 needs all of layernorm, gelu, biases and "
+                      "tied embeddings, and Llama/Qwen3 use rotary positions")
+    reasons = []
+    if cfg.norm != "rmsnorm":
+        reasons.append("norm layernorm (Llama/Qwen3 use RMSNorm)")
+    if cfg.mlp != "swiglu":
+        reasons.append(f"mlp {cfg.mlp} (Llama/Qwen3 use SwiGLU)")
+    if cfg.bias:
+        reasons.append("biases (Llama/Qwen3 projections and norms have none)")
+    if cfg.logit_softcap is not None:
+        reasons.append("a logit soft-cap (Llama/Qwen3 have none)")
+    if reasons:
+        return None, "rotary positions with " + ", ".join(reasons)
+    if cfg.qk_norm:
+        return "qwen3", "Qwen3 (RMSNorm, rotary, SwiGLU, QK-norm, no biases)"
+    return "llama", "Llama (RMSNorm, rotary, SwiGLU, no biases)"
+
+
+def export_hf(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None = None) -> str:
+    """Write `model` as the transformers architecture that represents it exactly (GPT-2, Llama or Qwen3) and
+    return its model_type; raise NotRepresentable, with the reason in one line, when none does."""
+    arch, why = hf_architecture(model.config)
+    if arch is None:
+        raise NotRepresentable(f"no transformers architecture represents this model: {why}")
+    if arch == "gpt2":
+        save_hf_gpt2(model, save_dir, vocab_size)
+    else:
+        save_hf_llama(model, save_dir, vocab_size)
+    return arch
+
+
+def save_hf_llama(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None = None) -> None:
+    """Write an RMSNorm + rotary + SwiGLU bias-free `model` as Hugging Face Llama (or Qwen3 when it has QK-norm):
+    config.json + model.safetensors (fp32) that `AutoModelForCausalLM.from_pretrained` loads with the same logits.
+
+    The maps: c_attn's rows are [q; k; v] -> q_proj, k_proj, v_proj; c_fc's rows are [gate; up] -> gate_proj,
+    up_proj; c_proj -> o_proj / down_proj; ln_1/ln_2/ln_f -> input_layernorm/post_attention_layernorm/norm. Our
+    rotary pairs channel i with i + head_size/2, as Llama's rotate_half does, so q and k need no permutation.
+    """
+    from safetensors.torch import save as safetensors_bytes
+
+    cfg = model.config
+    arch, why = hf_architecture(cfg)
+    if arch not in ("llama", "qwen3"):
+        raise NotRepresentable(f"not a Llama/Qwen3 model: {why}")
+    vocab_size = _check_vocab(cfg, vocab_size)
+    C, hidden, head = cfg.n_embd, cfg.swiglu_hidden, cfg.n_embd // cfg.n_head
+    sd = {k: v.detach().to(device="cpu", dtype=torch.float32) for k, v in model.state_dict().items()}
+    tensors = {"model.embed_tokens.weight": sd["transformer.wte.weight"][:vocab_size],
+               "model.norm.weight": sd["transformer.ln_f.weight"]}
+    if not cfg.tie_embeddings:
+        tensors["lm_head.weight"] = sd["lm_head.weight"][:vocab_size]
+    for i in range(cfg.n_layer):
+        ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
+        q, k, v = sd[ours + "attn.c_attn.weight"].split(C, dim=0)
+        gate, up = sd[ours + "mlp.c_fc.weight"].split(hidden, dim=0)
+        tensors.update({
+            theirs + "self_attn.q_proj.weight": q, theirs + "self_attn.k_proj.weight": k,
+            theirs + "self_attn.v_proj.weight": v, theirs + "self_attn.o_proj.weight": sd[ours + "attn.c_proj.weight"],
+            theirs + "mlp.gate_proj.weight": gate, theirs + "mlp.up_proj.weight": up,
+            theirs + "mlp.down_proj.weight": sd[ours + "mlp.c_proj.weight"],
+            theirs + "input_layernorm.weight": sd[ours + "ln_1.weight"],
+            theirs + "post_attention_layernorm.weight": sd[ours + "ln_2.weight"],
+        })
+        if cfg.qk_norm:
+            tensors[theirs + "self_attn.q_norm.weight"] = sd[ours + "attn.q_norm.weight"]
+            tensors[theirs + "self_attn.k_norm.weight"] = sd[ours + "attn.k_norm.weight"]
+    tensors = {k: t.contiguous().clone() for k, t in tensors.items()}
+
+    from gptcore.model.gpt import NORM_EPS
+
+    hf_config = {
+        "architectures": ["Qwen3ForCausalLM" if arch == "qwen3" else "LlamaForCausalLM"],
+        "model_type": arch,
+        "attention_bias": False,
+        "attention_dropout": cfg.dropout,
+        "bos_token_id": GPT2_EOT if vocab_size > GPT2_EOT else None,
+        "eos_token_id": GPT2_EOT if vocab_size > GPT2_EOT else None,
+        "head_dim": head,
+        "hidden_act": "silu",
+        "hidden_size": C,
+        "initializer_range": 0.02,
+        "intermediate_size": hidden,
+        "max_position_embeddings": cfg.block_size,
+        "num_attention_heads": cfg.n_head,
+        "num_hidden_layers": cfg.n_layer,
+        "num_key_value_heads": cfg.n_head,
+        "rms_norm_eps": NORM_EPS,
+        # transformers >= 5 reads rope_parameters, older versions rope_theta/rope_scaling
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(cfg.rope_base)},
+        "rope_theta": float(cfg.rope_base),
+        "rope_scaling": None,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "torch_dtype": "float32",
+        "use_cache": True,
+        "vocab_size": vocab_size,
+    }
+    if arch == "llama":
+        hf_config["mlp_bias"] = False
+    else:
+        hf_config.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layer)
+    out = Path(save_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_write(out / "model.safetensors", "wb") as f:
+        f.write(safetensors_bytes(tensors, metadata={"format": "pt"}))
+    write_text(out / "config.json", json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+
+
+def _check_vocab(cfg: GPTConfig, vocab_size: int | None) -> int:
+    vocab_size = cfg.vocab_size if vocab_size is None else vocab_size
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 0 < vocab_size <= cfg.vocab_size:
+        raise ValueError(f"vocab_size must be an int in [1, {cfg.vocab_size}], got {vocab_size!r}")
+    return vocab_size
 
 
 def _download_gpt2(name: str) -> Path:

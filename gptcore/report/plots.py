@@ -77,6 +77,19 @@ def tokens_per_step(live_dir: str | Path) -> float:
     return tokens / (step + 1)
 
 
+SMOOTHING = 0.9  # weight of the past in the train loss's moving average: about the last 10 steps
+
+
+def smooth(values: list[float], beta: float = SMOOTHING) -> list[float]:
+    """Exponential moving average with the start-up bias removed (as TensorBoard's smoothing and Adam's moments):
+    m_t = beta m_{t-1} + (1 - beta) x_t, reported as m_t / (1 - beta^t), so early points are not pulled to 0."""
+    out, m = [], 0.0
+    for t, x in enumerate(values, 1):
+        m = beta * m + (1 - beta) * x
+        out.append(m / (1 - beta ** t))
+    return out
+
+
 def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
     """Write the files dvc.yaml's top-level plots read besides dvclive's (live_dir: dvclive's folder; baselines:
     as report.baselines.read_baselines returns them); returns their paths.
@@ -85,7 +98,8 @@ def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir:
                             and last logged step, so each reference is a horizontal line across the run
     out_dir/<curve>.tsv     step, tokens_seen, <curve> for train_loss, val_loss and hellaswag_acc_norm (those
                             the run logged); an evaluation at step s has seen s steps of tokens, a training step s
-                            has seen s + 1
+                            has seen s + 1. train_loss.tsv also has train_loss_smooth (see `smooth`), the raw
+                            column kept beside it
     """
     live_dir, out_dir = Path(live_dir), Path(out_dir)
     refs = baseline_values(dict(baselines))
@@ -101,7 +115,12 @@ def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir:
         rows = [(s, round((s + done) * per_step), v) for s, v in read_step_tsv(src)]
         points += [(s, t) for s, t, _ in rows]
         dst = out_dir / f"{name}.tsv"
-        _write_tsv(dst, ["step", "tokens_seen", name], rows)
+        if name == "train_loss":
+            smoothed = smooth([v for _, _, v in rows])
+            _write_tsv(dst, ["step", "tokens_seen", name, f"{name}_smooth"],
+                       ((s, t, v, round(m, 6)) for (s, t, v), m in zip(rows, smoothed)))
+        else:
+            _write_tsv(dst, ["step", "tokens_seen", name], rows)
         written.append(dst)
     if not points:
         raise FileNotFoundError(f"{metrics_dir}: no train_loss.tsv or val_loss.tsv rows; run the train stage first")

@@ -7,18 +7,20 @@ loader state, every rank's RNG state, the step, and the run's params with their 
 from __future__ import annotations
 
 import re
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from gptcore.atomic import atomic_write, json_sha256
+from gptcore.atomic import atomic_write, json_sha256, write_text
 from gptcore.model.gpt import GPT
-from gptcore.model.hf import save_hf_gpt2
+from gptcore.model.hf import NotRepresentable, export_hf
 from gptcore.model.load import MODEL_FILE, read_checkpoint as load_checkpoint
 
 CKPT_RE = re.compile(r"^ckpt_(\d{7})\.pt$")
+NOT_EXPORTED = "NOT_EXPORTED.txt"  # in model/hf when no transformers architecture represents the model
 
 
 def run_fingerprint(params: dict[str, Any]) -> str:
@@ -107,11 +109,21 @@ def remove_checkpoints(ckpt_dir: Path) -> None:
 
 
 def save_final(model: GPT, out_dir: Path, extra: dict[str, Any], hf_vocab_size: int | None = None) -> Path:
-    """The run's final weights as `model.pt` (config + weights + `extra`), plus a Hugging Face export when possible."""
+    """The run's final weights as `model.pt` (config + weights + `extra`), plus a Hugging Face export (GPT-2, Llama or
+    Qwen3) in out_dir/hf when one represents the model; otherwise out_dir/hf/NOT_EXPORTED.txt says why in one line."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / MODEL_FILE
     atomic_torch_save({"model": model.state_dict(), "model_config": asdict(model.config), **extra}, path)
-    if model.config.bias:  # HF GPT-2 has biases everywhere; bias-free models stay in our format only
-        save_hf_gpt2(model, out_dir / "hf", vocab_size=hf_vocab_size)
+    hf_dir = out_dir / "hf"
+    try:
+        arch = export_hf(model, hf_dir, vocab_size=hf_vocab_size)
+    except NotRepresentable as e:
+        shutil.rmtree(hf_dir, ignore_errors=True)  # no stale export of an earlier run
+        hf_dir.mkdir()
+        write_text(hf_dir / NOT_EXPORTED, f"{e}; model.pt holds the weights\n")
+        print(f"[train] no Hugging Face export: {e}", flush=True)
+    else:
+        (hf_dir / NOT_EXPORTED).unlink(missing_ok=True)
+        print(f"[train] Hugging Face export ({arch}): {hf_dir}", flush=True)
     return path
