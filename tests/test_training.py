@@ -156,3 +156,72 @@ def test_fine_tune_from_a_hugging_face_dir_crops_the_block(tmp_path, shards):
     run_train(project)
     final = load_model(project / "model" / "model.pt")
     assert final.config.block_size == 32 and final.config.vocab_size == 50257 and final.config.n_layer == 1
+
+
+# the modern recipe (issue 11): every model switch on, Muon for the hidden matrices
+MODERN_MODEL = {"bias": False, "pos_encoding": "rotary", "norm": "rmsnorm", "qk_norm": True, "mlp": "swiglu",
+                "tie_embeddings": False, "zero_init_proj": True, "logit_softcap": 30.0}
+MODERN_TRAIN = {"optimizer": "muon", "muon_lr": 0.02, "muon_momentum": 0.95, "weight_decay": 0.0}
+
+
+def test_modern_two_gloo_ranks_equal_one_rank_with_accumulation(tmp_path, shards):
+    one = make_project(tmp_path / "one", shards, model=MODERN_MODEL, **MODERN_TRAIN)
+    two = make_project(tmp_path / "two", shards, model=MODERN_MODEL, nproc=2, **MODERN_TRAIN)
+    run_train(one, 1)
+    out = run_train(two, 2)
+    assert "grad accumulation 1" in out.stdout and "2 x cpu" in out.stdout
+    a, b = tsv(one, "train_loss"), tsv(two, "train_loss")
+    assert [s for s, _ in a] == [s for s, _ in b] == list(range(10))
+    np.testing.assert_allclose([v for _, v in a], [v for _, v in b], atol=1e-5, rtol=0)
+    wa, wb = final_weights(one), final_weights(two)
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("nproc,dtype", [(1, "float32"), (1, "bfloat16")])
+def test_modern_killed_run_resumes_bit_identically(tmp_path, shards, nproc, dtype):
+    """Muon's momentum buffers and both optimizers' state travel in the checkpoint."""
+    opts = dict(nproc=nproc, dtype=dtype, max_steps=12, **MODERN_TRAIN)
+    straight = make_project(tmp_path / "straight", shards, model=MODERN_MODEL, **opts)
+    killed = make_project(tmp_path / "killed", shards, model=MODERN_MODEL, **opts)
+    run_train(straight, nproc)
+    kill_after_checkpoint(killed, nproc, ckpt_step=6)
+    ckpt = checkpoint.load_checkpoint(killed / "checkpoints" / "ckpt_0000006.pt")
+    assert set(ckpt["optimizer"]) == {"adamw", "muon"} and ckpt["optimizer"]["muon"]["state"]
+    out = run_train(killed, nproc)
+    assert "resuming from" in out.stdout
+    wa, wb = final_weights(straight), final_weights(killed)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert tsv(killed, "train_loss") == tsv(straight, "train_loss")
+    assert (killed / "model" / "hf" / checkpoint.NOT_EXPORTED).is_file()  # the soft-cap has no HF equivalent
+
+
+def test_a_llama_shaped_run_exports_to_hugging_face(tmp_path, shards):
+    transformers = pytest.importorskip("transformers")
+    model = {**MODERN_MODEL, "logit_softcap": None, "qk_norm": False}
+    project = make_project(tmp_path / "p", shards, model=model, max_steps=3, eval_every=3, **MODERN_TRAIN)
+    out = run_train(project)
+    assert "Hugging Face export (llama)" in out.stdout
+    hf = transformers.AutoModelForCausalLM.from_pretrained(project / "model" / "hf", torch_dtype=torch.float32)
+    ours = load_model(project / "model" / "model.pt").eval()
+    idx = torch.randint(0, 50257, (1, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, ours(idx)[0][..., :50257], atol=1e-4, rtol=0)
+
+
+def test_resume_survives_a_summary_cut_by_the_kill(tmp_path):
+    """dvclive rewrites metrics.json in place at each log; a SIGKILL mid-write leaves it empty, and resuming must
+    not choke on it (the next log rewrites it)."""
+    from gptcore.report.steplog import StepLogger
+
+    live = tmp_path / "metrics" / "train"
+    logger = StepLogger(live)
+    for step in range(4):
+        logger.log(step, {"train_loss": 5.0 - step})
+    logger.close()
+    (live / "metrics.json").write_text("")
+    logger = StepLogger(live, resume_step=2)
+    logger.log(2, {"train_loss": 1.5})
+    logger.close()
+    assert json.loads((live / "metrics.json").read_text())["train_loss"] == 1.5
+    assert tsv(tmp_path, "train_loss") == [(0, 5.0), (1, 4.0), (2, 1.5)]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 from typing import Mapping
@@ -40,6 +41,15 @@ class StepLogger:
         resume = bool(resume_step)
         if resume:
             truncate_step_metrics(live_dir, resume_step)
+            # dvclive rewrites its summary in place after every log; a kill mid-write leaves it empty or cut, and
+            # dvclive's resume would fail to parse it. It holds only the latest values: the next log rewrites it.
+            summary = Path(live_dir) / "metrics.json"
+            try:
+                json.loads(summary.read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                pass
+            except ValueError:
+                summary.unlink()
         # dvcyaml=None: dvc.yaml is ours and already declares the plots; never let dvclive rewrite it.
         self.live = Live(str(live_dir), resume=resume, save_dvc_exp=False, dvcyaml=None, report=None)
 
