@@ -37,8 +37,11 @@ class CountingLM(nn.Module):
     def hidden_states(self, idx, pos=None, attn_mask=None):  # next-token odds depend on the current token only
         return F.one_hot(idx, self.config.vocab_size).float()
 
+    def logits(self, hidden):
+        return self.lm_head(hidden)
+
     def forward(self, idx, targets=None):
-        return self.lm_head(self.hidden_states(idx)), None
+        return self.logits(self.hidden_states(idx)), None
 
 
 def test_examples_are_deterministic_and_well_formed():

@@ -38,8 +38,11 @@ class BigramLM(nn.Module):
     def hidden_states(self, idx, pos=None, attn_mask=None):
         return F.one_hot(idx, self.config.vocab_size).float()
 
+    def logits(self, hidden):
+        return self.lm_head(hidden)
+
     def forward(self, idx, targets=None):
-        return self.lm_head(self.hidden_states(idx)), None
+        return self.logits(self.hidden_states(idx)), None
 
 
 def nll(prev: int, tokens: list[int]) -> list[float]:

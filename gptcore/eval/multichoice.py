@@ -32,7 +32,7 @@ from tqdm import tqdm
 from gptcore.atomic import atomic_write
 from gptcore.precision import autocast_context
 
-# positions projected through lm_head at once: bounds the [positions, vocab] float32 logits in memory
+# positions scored through GPT.logits (lm_head, soft-cap) at once: bounds the [positions, vocab] float32 logits in memory
 HEAD_CHUNK = 1024
 
 
@@ -176,7 +176,7 @@ class _Batch:
     """One forward's worth of examples, flattened to what the loss needs.
 
     idx/pos [B, T] token and position ids; attn_mask [B, 1, T, T] (True = may attend);
-    head_pos [P] flat positions (into B*T) whose hidden state goes through lm_head, each once;
+    head_pos [P] flat positions (into B*T) whose hidden state goes through GPT.logits, each once;
     pair_head [N] which head position predicts pair n, pair_target [N] its target token,
     pair_row [N] which (example, ending) row of this batch it belongs to; row_len [R] ending lengths.
     """
