@@ -71,6 +71,42 @@ class FolderLock:
         self.release()
 
 
+def ancestors(pid: int | None = None) -> list[int]:
+    """This process's parent, grandparent, ... up to init (from /proc; on other systems the parent alone)."""
+    out, pid = [], os.getpid() if pid is None else pid
+    while True:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return out or [os.getppid()]
+        ppid = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:")), 0)
+        if ppid <= 1:
+            return out
+        out.append(ppid)
+        pid = ppid
+
+
+def lock_for_all_ranks(folder: str | Path, what: str, is_main: bool) -> FolderLock | None:
+    """The run's lock on `folder`, taken once per run: rank 0 takes it (unless the launcher that started torchrun,
+    one of its ancestors, already holds it) and every rank learns the outcome, so a busy folder stops all ranks
+    together before any of them writes. Returns the lock rank 0 took (keep it until the run ends), else None."""
+    from gptcore import distributed  # ground floor both; imported here so process.py stays free of torch at import
+
+    lock, refusal = None, None
+    if is_main:
+        try:
+            lock = FolderLock(folder, what).acquire()
+        except FolderBusyError as e:
+            if holder_pid(folder) not in ancestors():  # held by the launcher of this very run: ours already
+                refusal = str(e)
+    refusal = distributed.all_gather_objects(refusal)[0]  # rank 0's verdict, on every rank
+    if refusal:
+        if lock is not None:
+            lock.release()
+        raise FolderBusyError(refusal)
+    return lock
+
+
 def holder_pid(folder: str | Path) -> int | None:
     """The pid recorded in folder/.lock, if any (the lock may be free)."""
     try:

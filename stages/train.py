@@ -4,6 +4,8 @@ Run under torchrun (see dvc.yaml); a plain `python -m stages.train` runs one pro
 """
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from gptcore.model.load import init_model
@@ -19,6 +21,7 @@ from gptcore.eval.sampling import TrainingSamples
 from gptcore.data.tokenizers import load_tokenizer, save_beside_shards, tokenizer_record
 from gptcore.precision import resolve_dtype
 from gptcore.train.loop import Trainer, TrainConfig, run_fingerprint_params
+from gptcore.process import FolderBusyError, lock_for_all_ranks, stage_lifetime
 from stages.common import load_params
 
 SHARDS = Path("data/shards")
@@ -31,6 +34,10 @@ def main() -> None:
     """Build the model, loader and evaluators from params, resume if the params match, train, save model/."""
     model_params, cfg = load_params("model"), TrainConfig.from_params(load_params("train"))
     env = distributed.setup(cfg.device)
+    try:  # one training per checkpoints/ (and the model/ and metrics/train/ it writes): refuse before any work
+        run_lock = lock_for_all_ranks(CKPT_DIR, "train", env.is_main)  # noqa: F841  (held until the process ends)
+    except FolderBusyError as e:
+        sys.exit(f"[train] {e}" if env.is_main else 1)
     tok = load_tokenizer(SHARDS)
     data = tokenizer_record(tok)  # name, vocab_size, eot: part of what a checkpoint must match to resume
 
@@ -80,4 +87,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # dies with its parent (dvc, or torchrun for a worker); Ctrl-C / SIGTERM: one line from rank 0, none from others
+    with stage_lifetime("train", quiet=os.environ.get("RANK", "0") != "0"):
+        main()

@@ -151,3 +151,81 @@ def test_ctrl_c_during_tokenize_prints_one_line(tmp_path, raw):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert not S.read_manifest(project / "data" / "shards")["complete"]
     assert not list((project / "data" / "shards").glob(".*.tmp"))  # the shard being written was dropped
+
+
+# ---------------------------------------------------------------------------------------------
+# training
+
+# long enough (a few hundred tiny steps) that a second run started alongside is still refused while the first runs
+LONG = dict(max_steps=160, eval_every=80, ckpt_every=40, samples=0)
+
+
+@pytest.fixture(scope="module")
+def gpt2_shards(tmp_path_factory) -> Path:
+    from stagekit import write_gpt2_shards
+
+    return write_gpt2_shards(tmp_path_factory.mktemp("shards"))
+
+
+@pytest.fixture(scope="module")
+def solo(gpt2_shards, tmp_path_factory) -> Path:
+    """The reference: the same training, alone and uninterrupted."""
+    from stagekit import make_project, run_stage
+
+    project = make_project(tmp_path_factory.mktemp("solo") / "p", gpt2_shards, **LONG)
+    run_stage(project, "train")
+    return project
+
+
+def same_run(a: Path, b: Path) -> None:
+    """Bit-identical final weights and step metrics, each step once."""
+    import torch
+    from stagekit import tsv
+
+    from gptcore.train import checkpoint
+
+    wa = checkpoint.load_checkpoint(a / "model" / "model.pt")["model"]
+    wb = checkpoint.load_checkpoint(b / "model" / "model.pt")["model"]
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert tsv(a, "train_loss") == tsv(b, "train_loss")
+    assert [s for s, _ in tsv(b, "train_loss")] == list(range(LONG["max_steps"]))
+
+
+@pytest.mark.slow
+def test_two_trainings_in_one_folder_the_second_refuses_the_first_finishes_alone(tmp_path, gpt2_shards, solo):
+    from stagekit import env as stage_env
+    from stagekit import make_project, stage_cmd
+
+    project = make_project(tmp_path / "p", gpt2_shards, **LONG)
+    first = subprocess.Popen(stage_cmd("train"), cwd=project, env=stage_env(), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(lambda: holder_pid(project / "checkpoints") == first.pid, first)
+    # the second is a 2-process torchrun: rank 0 finds the lock taken and both ranks stop before any work
+    second = subprocess.run(stage_cmd("train", nproc=2), cwd=project, env=stage_env(), text=True,
+                            capture_output=True, timeout=300)
+    assert first.poll() is None, "the first training ended before the second was refused; make LONG longer"
+    assert second.returncode != 0
+    assert f"[train] checkpoints is in use by another run (pid {first.pid}, train since " in second.stderr
+    assert "only one train may write there at a time" in second.stderr
+    out, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err[-3000:]
+    same_run(solo, project)
+
+
+@pytest.mark.slow
+def test_killing_torchrun_takes_its_workers_and_the_rerun_matches_an_uninterrupted_run(tmp_path, gpt2_shards, solo):
+    from stagekit import env as stage_env
+    from stagekit import make_project, run_stage, stage_cmd
+
+    project = make_project(tmp_path / "p", gpt2_shards, **LONG, nproc=2)
+    top = subprocess.Popen(stage_cmd("train", nproc=2), cwd=project, env=stage_env(),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: (project / "checkpoints" / "ckpt_0000080.pt").exists(), top, timeout=300)
+    procs = tree(top.pid)
+    assert len(procs) >= 3, "expected torchrun and its 2 workers"
+    top.kill()  # SIGKILL of torchrun alone (as when dvc, its parent, is killed): nobody forwards anything
+    took = seconds_until_gone(procs)
+    print(f"train: SIGKILL of torchrun, all {len(procs)} processes gone after {took:.2f} s")
+    out = run_stage(project, "train", nproc=2)
+    assert "resuming from" in out.stdout
+    same_run(solo, project)
