@@ -229,3 +229,54 @@ def test_killing_torchrun_takes_its_workers_and_the_rerun_matches_an_uninterrupt
     out = run_stage(project, "train", nproc=2)
     assert "resuming from" in out.stdout
     same_run(solo, project)
+
+
+# ---------------------------------------------------------------------------------------------
+# SIGKILL of `dvc repro` itself (slow: real dvc in a temp clone of the committed HEAD)
+
+MICRO_TRAIN = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=32", "train.nproc=2",
+               "train.device=cpu", "train.dtype=float32", "train.micro_batch=4", "train.total_batch_tokens=256",
+               "train.max_steps=120", "train.warmup_steps=1", "train.eval_every=40", "train.val_tokens=1024",
+               "train.val_batch=8", "train.ckpt_every=20", "train.samples=0"]
+
+
+def dvc_clone(tmp_path: Path, overrides: list[str]) -> Path:
+    """A clone of the committed HEAD whose params.yaml is the quick-start composed with `overrides`, as
+    `dvc exp run -S` would write it."""
+    from dvc.utils.hydra import compose_and_dump
+
+    path = tmp_path / "repo"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(path)], check=True, timeout=120)
+    compose_and_dump(path / "params.yaml", str(path / "conf"), None, "config", "", overrides)
+    return path
+
+
+def start_dvc(clone: Path, *args: str) -> subprocess.Popen:
+    e = dict(env(), PYTHONPATH=str(clone))
+    return subprocess.Popen([sys.executable, "-m", "dvc", *args], cwd=clone, env=e, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 900) -> str:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_sigkill_of_dvc_repro_during_tokenize_leaves_no_process_and_the_rerun_is_byte_identical(tmp_path, raw,
+                                                                                                 reference):
+    jsonl = next(raw.parent.glob("*.jsonl"))
+    clone = dvc_clone(tmp_path, ["fetch.source=local", f"fetch.path={jsonl}", "fetch.name=null",
+                                 *[f"tokenize.{k}={v}" for k, v in TOKENIZE.items()]])
+    dvc = start_dvc(clone, "repro", "tokenize")
+    shards = clone / "data" / "shards"
+    wait_for(lambda: finished_shards(shards) >= 2, dvc, timeout=300)
+    procs = tree(dvc.pid)
+    assert any("stages.tokenize" in " ".join(p.cmdline()) for p in procs) and len(procs) >= 4
+    dvc.kill()
+    took = seconds_until_gone(procs)
+    dvc.communicate()  # reap it: DVC's own rwlock treats a zombie's pid as a live holder
+    print(f"dvc repro tokenize: SIGKILL of dvc, all {len(procs)} processes gone after {took:.2f} s")
+    finish(start_dvc(clone, "repro", "tokenize"))
+    assert shard_bytes(shards) == reference and S.verify(shards) == []
