@@ -24,7 +24,8 @@ from gptcore.train.loop import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-PRESETS = ("quickstart", "gpt2_124m", "gpt2_124m_openai", "shakespeare_char", "hongloumeng_char")
+PRESETS = ("quickstart", "gpt2_124m", "gpt2_124m_openai", "shakespeare_char", "hongloumeng_char", "modern_quickstart",
+           "modern_124m")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -78,7 +79,10 @@ def test_gpt2_124m_is_the_reproduction_recipe(tmp_path):
     assert (p["tokenize"]["tokenizer"], p["tokenize"]["shard_tokens"], p["tokenize"]["val_tokens"]) == (
         "gpt2", 100_000_000, 100_000_000)
     assert p["model"] == {"init_from": "scratch", "n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024,
-                          "vocab_size": 50304, "bias": True, "dropout": 0.0}
+                          "vocab_size": 50304, "bias": True, "dropout": 0.0, "pos_encoding": "learned",
+                          "rope_base": 10000.0, "norm": "layernorm", "qk_norm": False, "mlp": "gelu",
+                          "tie_embeddings": True, "zero_init_proj": False, "logit_softcap": None}
+    assert p["train"]["optimizer"] == "adamw"
     expected = {"nproc": 8, "device": "auto", "micro_batch": 64, "total_batch_tokens": 524288, "max_steps": 19073,
                 "warmup_steps": 715, "max_lr": 6e-4, "min_lr_ratio": 0.1, "weight_decay": 0.1, "beta1": 0.9,
                 "beta2": 0.95, "grad_clip": 1.0, "dtype": "bfloat16", "compile": True, "eval_every": 250,
@@ -101,6 +105,28 @@ def test_gpt2_124m_openai_differs_from_the_reproduction_only_where_it_must(tmp_p
                     ("train", "compile"): (True, False), ("train", "hellaswag"): (True, False),
                     ("eval", "model"): ("checkpoint", "gpt2")}
     # same data, same val split: the baseline is measured on exactly what the reproduction is evaluated on
+
+
+MODERN_SWITCHES = {"bias": False, "pos_encoding": "rotary", "norm": "rmsnorm", "qk_norm": True, "mlp": "swiglu",
+                   "tie_embeddings": False, "zero_init_proj": True, "logit_softcap": 30.0}
+
+
+@pytest.mark.parametrize("modern,base", [("modern_quickstart", "quickstart"), ("modern_124m", "gpt2_124m")])
+def test_modern_presets_are_their_base_with_the_switches_on(tmp_path, modern, base):
+    """The same data, size and evaluation as the GPT-2 preset: only the recipe (switches, optimizer, rates) differs."""
+    _, m = compose(tmp_path, f"preset={modern}")
+    _, b = compose(tmp_path, f"preset={base}")
+    for section in ("fetch", "tokenize", "eval", "compare"):
+        assert m[section] == b[section], section
+    assert {k: v for k, v in m["model"].items() if v != b["model"][k]} == MODERN_SWITCHES
+    assert m["train"]["optimizer"] == "muon" and b["train"]["optimizer"] == "adamw"
+    same = ("micro_batch", "total_batch_tokens", "nproc", "dtype", "seed", "val_tokens", "shuffle")
+    assert {k: m["train"][k] for k in same} == {k: b["train"][k] for k in same}
+    if modern == "modern_124m":  # the speedrun's budget and rates (see the preset's comment)
+        assert (m["train"]["max_steps"], m["train"]["max_lr"], m["train"]["muon_lr"]) == (5100, 0.0036, 0.02)
+        assert m["compare"]["target_val_loss"] == 3.2924
+    else:
+        assert m["train"]["max_steps"] == b["train"]["max_steps"]
 
 
 def test_char_presets(tmp_path):
