@@ -5,6 +5,7 @@ The fast tests compose the presets exactly as `dvc exp run` does. The slow ones 
 clone of the committed HEAD on a micro budget (a 1-layer, 32-wide model, a few steps)."""
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -360,3 +361,30 @@ def test_hongloumeng_char_tokenizes_trains_and_samples_chinese(two_runs):
     out = run(two_runs, "gptcore-sample", "--model", "model", "--prompt", "FILE:prompt.txt", "--num-samples", "2",
               "--max-new-tokens", "10", "--seed", "1")
     assert out.count("--- sample") == 2 and out.count("黛玉") >= 2 and len(han.findall(out)) > 10
+
+
+@pytest.mark.slow
+def test_modern_quickstart_on_a_micro_budget_reports_tokens_to_target(two_runs):
+    """`dvc exp run -S preset=modern_quickstart` (on the micro budget) -> summary.json's speedrun figures, which
+    agree with the run's own val-loss curve, and `dvc exp show` sorts experiments by tokens to target."""
+    micro = {"fetch.max_docs": 2, "tokenize.val_tokens": 8192, "model.n_layer": 1, "model.n_head": 2,
+             "model.n_embd": 32, "model.block_size": 32, "train.micro_batch": 8, "train.total_batch_tokens": 256,
+             "train.max_steps": 6, "train.warmup_steps": 1, "train.eval_every": 2, "train.val_tokens": 1024,
+             "train.val_batch": 8, "train.ckpt_every": 100, "eval.val_tokens": 2048, "eval.batch_size": 8,
+             "eval.cloze_examples": 20, "eval.cloze_context": 16, "eval.cloze_ending": 4, "eval.samples": 1,
+             "eval.sample_tokens": 8, "compare.target_val_loss": 10.8}
+    overrides = [a for k, v in micro.items() for a in ("-S", f"{k}={v}")]
+    out = run(two_runs, "dvc", "exp", "run", "-n", "modern-micro", "-S", "preset=modern_quickstart", *overrides)
+    assert "Stage 'tokenize' didn't change" in out and "[compare] speedrun:" in out
+    assert "no Hugging Face export" in out  # the soft-cap has no transformers equivalent
+    speed = json.loads((two_runs / "metrics" / "summary.json").read_text(encoding="utf-8"))["speedrun"]
+    val = [(int(r["step"]), float(r["val_loss"])) for r in
+           csv.DictReader(open(two_runs / "metrics/train/plots/metrics/val_loss.tsv"), delimiter="\t")]
+    assert [s for s, _ in val] == [0, 2, 4, 6]
+    hit = next((s for s, v in val if v <= 10.8), None)
+    assert speed["target_val_loss"] == 10.8 and speed["reached"] == (hit is not None)
+    assert speed["tokens_to_target"] == (None if hit is None else hit * 256)
+    assert speed["train_hours"] > 0 and speed["gpu_hours"] is None  # CPU: no GPU-hours
+    table = run(two_runs, "dvc", "exp", "show", "--no-pager", "--sort-by", "speedrun.tokens_to_target",
+                "--drop", ".*", "--keep", r"(Experiment|preset|speedrun\.tokens_to_target)$")
+    assert "modern-micro" in table and "modern_quickstart" in table

@@ -216,3 +216,42 @@ def test_smooth_is_a_debiased_moving_average():
     assert plots.smooth([4.0, 4.0, 4.0]) == pytest.approx([4.0, 4.0, 4.0])  # no pull towards zero at the start
     m = plots.smooth([1.0, 3.0], beta=0.5)
     assert m == pytest.approx([1.0, (0.25 * 1 + 0.5 * 3) / 0.75])
+
+
+# ---------------------------------------------------------------------------------------------
+# the speedrun metric (compare stage)
+
+def speedrun_run(live: Path) -> None:
+    """10 steps of 256 tokens at 100 ms each, evals at 0, 5, 10 with val loss 10, 8, 6."""
+    fake_run(live)
+    write_live(live, "step_ms", [(s, 100.0) for s in range(10)])
+
+
+def test_tokens_to_target_is_the_first_eval_at_or_below_it(tmp_path):
+    from gptcore.report.speedrun import describe_speedrun, speedrun_summary
+
+    live = tmp_path / "live"
+    speedrun_run(live)
+    s = speedrun_summary(live, 8.0)
+    assert (s["reached"], s["steps_to_target"], s["tokens_to_target"]) == (True, 5, 5 * 256)
+    assert s["train_hours"] == pytest.approx(1.0 / 3600) and s["hours_to_target"] == pytest.approx(0.5 / 3600)
+    assert s["gpu_hours"] is None and "1,280 tokens" in describe_speedrun(s)
+    gpu = speedrun_summary(live, 7.0, {"device": "cuda", "processes": 8})
+    assert gpu["tokens_to_target"] == 10 * 256 and gpu["gpu_hours"] == pytest.approx(8.0 / 3600)
+    assert gpu["gpu_hours_to_target"] == pytest.approx(8.0 / 3600)
+    never = speedrun_summary(live, 5.0)
+    assert not never["reached"] and never["tokens_to_target"] is None and never["hours_to_target"] is None
+    assert "never reached" in describe_speedrun(never)
+    none = speedrun_summary(live, None)
+    assert none["tokens_to_target"] is None and "null" in describe_speedrun(none)
+
+
+def test_compare_target_param_is_checked():
+    from stages.compare import read_target
+
+    assert read_target({"target_val_loss": 3}) == 3.0 and read_target({"target_val_loss": None}) is None
+    for bad in ({"target_val_loss": 0}, {"target_val_loss": "low"}, {"target_val_loss": True}):
+        with pytest.raises(ValueError, match="compare.target_val_loss"):
+            read_target(bad)
+    with pytest.raises(KeyError, match="unknown keys"):
+        read_target({"target_val_loss": 3.0, "target": 1})
