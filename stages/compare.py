@@ -44,7 +44,10 @@ def main() -> None:
     hardware = json.loads(MODEL_MANIFEST.read_text(encoding="utf-8")).get("hardware") if MODEL_MANIFEST.is_file() else None
     summary["speedrun"] = speedrun_summary(LIVE_DIR, target, hardware)
     write_json(OUT, summary)
-    write_plot_data(LIVE_DIR, baselines, PLOT_DATA)
+    # the evaluate stage's final multiple-choice score, for the acc_norm plot (cloze runs have no curve)
+    final = {task: run[task]["acc_norm"] for task in ("hellaswag", "cloze")
+             if isinstance(run.get(task), dict) and run[task].get("acc_norm") is not None}
+    write_plot_data(LIVE_DIR, baselines, PLOT_DATA, final)
     for line in describe(summary, baselines):
         print(f"[compare] {line}")
     print(f"[compare] speedrun: {describe_speedrun(summary['speedrun'])}")

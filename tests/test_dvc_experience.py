@@ -315,18 +315,20 @@ def test_plots_diff_overlays_runs_and_renders_offline(two_runs, tmp_path):
         "dvc.yaml's compare stage declare metrics/plots (cache: false) as an out")
     diff = json.loads(run(two_runs, "dvc", "plots", "diff", "micro-base", "micro-lr", "--json"))
     loss = diff["data"]["loss"][0]["content"]["data"]["values"]
-    series = {(r["rev"], r["filename::field"].rsplit("::", 1)[1]) for r in loss}
+    series = {(r["rev"], r["field"]) for r in loss}
     assert series == {(rev, f) for rev in ("micro-base", "micro-lr")
-                      for f in ("train_loss", "val_loss", "gpt2_124m_val_loss")}
+                      for f in ("train_loss", "train_loss_smooth", "val_loss", "gpt2_124m_val_loss")}
     tokens = diff["data"]["loss_vs_tokens"][0]["content"]["data"]["values"]
     assert max(int(r["tokens_seen"]) for r in tokens) == 6 * 256
-    hella = {r["filename::field"].rsplit("::", 1)[1] for r in diff["data"]["hellaswag"][0]["content"]["data"]["values"]}
-    assert hella == {"gpt2_124m_hellaswag_acc_norm", "gpt3_124m_hellaswag_acc_norm"}  # no in-training HellaSwag here
+    # no in-training HellaSwag here, but the cloze score of each run is a point on the acc_norm plot
+    acc = {(r["rev"], r["field"], r.get("task")) for r in diff["data"]["acc_norm"][0]["content"]["data"]["values"]}
+    assert {(rev, "acc_norm", "cloze") for rev in ("micro-base", "micro-lr")} <= acc
+    assert {f for _, f, _ in acc} == {"acc_norm", "gpt2_124m_hellaswag_acc_norm", "gpt3_124m_hellaswag_acc_norm"}
 
     (tmp_path / "diff.json").write_text(json.dumps(diff), encoding="utf-8")
     out = run(two_runs, "gptcore-render-plots", str(tmp_path / "diff.json"), "--out", str(tmp_path / "png"))
     files = [Path(line) for line in out.splitlines()]
-    assert {"loss.png", "loss_vs_tokens.png", "hellaswag.png"} <= {f.name for f in files}
+    assert {"loss.png", "loss_vs_tokens.png", "val_loss_vs_tokens_log.png", "acc_norm.png"} <= {f.name for f in files}
     for f in files:
         data = f.read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000, f

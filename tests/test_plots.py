@@ -66,14 +66,21 @@ def test_plot_data_hellaswag_curve_and_stale_files(tmp_path):
     live, out = tmp_path / "train", tmp_path / "plots"
     fake_run(live)
     write_live(live, "hellaswag_acc_norm", [(0, 0.25), (5, 0.26), (10, 0.27)])
-    names = {p.name for p in plots.write_plot_data(live, BASELINES, out)}
-    assert "hellaswag_acc_norm.tsv" in names
+    names = {p.name for p in plots.write_plot_data(live, BASELINES, out, {"hellaswag": 0.28})}
+    assert {"hellaswag_acc_norm.tsv", "acc_norm.tsv"} <= names
     assert read_tsv(out / "hellaswag_acc_norm.tsv")[-1] == ["10", "2560", "0.27"]
+    # the acc_norm plot's data: the training curve, then the evaluate stage's final score at the last step
+    assert read_tsv(out / "acc_norm.tsv") == [["step", "tokens_seen", "task", "acc_norm"],
+                                              ["0", "0", "hellaswag", "0.25"], ["5", "1280", "hellaswag", "0.26"],
+                                              ["10", "2560", "hellaswag", "0.27"], ["10", "2560", "hellaswag", "0.28"]]
 
-    # the next run logs no HellaSwag: its curve must not survive from the run before
+    # the next run logs no HellaSwag: its curve must not survive from the run before; a cloze run gets its point
     (live / "plots" / "metrics" / "hellaswag_acc_norm.tsv").unlink()
-    plots.write_plot_data(live, BASELINES, out)
+    plots.write_plot_data(live, BASELINES, out, {"cloze": 0.4})
     assert not (out / "hellaswag_acc_norm.tsv").exists()
+    assert read_tsv(out / "acc_norm.tsv")[1:] == [["10", "2560", "cloze", "0.4"]]
+    plots.write_plot_data(live, BASELINES, out)
+    assert not (out / "acc_norm.tsv").exists()
     assert not list(out.glob(".*.tmp")), "temp files left behind"
 
 
@@ -114,9 +121,11 @@ def test_dvc_yaml_plots_read_what_is_written():
     """Every series of dvc.yaml's top-level plots names a column its file really has (dvclive's or ours)."""
     dvc_yaml = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))
     defs = {k: v for d in dvc_yaml["plots"] for k, v in d.items()}
-    assert {"loss", "loss_vs_tokens", "hellaswag"} <= set(defs)
+    assert {"loss", "loss_vs_tokens", "val_loss_vs_tokens_log", "acc_norm"} <= set(defs)
     ours = {"baselines.tsv": {"step", "tokens_seen", *baseline_values(BASELINES)}}
     ours.update({f"{c}.tsv": {"step", "tokens_seen", c} for c in plots.CURVES})
+    ours["train_loss.tsv"].add("train_loss_smooth")
+    ours["acc_norm.tsv"] = {"step", "tokens_seen", "task", "acc_norm"}
     live = LIVE_DIR / "plots" / "metrics"
     for name, d in defs.items():
         for path, fields in d["y"].items():
@@ -128,11 +137,14 @@ def test_dvc_yaml_plots_read_what_is_written():
                 assert path.parent == PLOT_DATA, f"plot {name}: {path} is neither dvclive's nor ours"
                 columns = ours[path.name]
             assert d["x"] in columns and set(fields) <= columns, f"plot {name}: {path} has columns {columns}"
-    # the reference lines are in each of the three plots
-    assert "gpt2_124m_val_loss" in defs["loss"]["y"]["metrics/plots/baselines.tsv"]
-    assert defs["loss_vs_tokens"]["x"] == "tokens_seen"
-    assert set(defs["hellaswag"]["y"]["metrics/plots/baselines.tsv"]) == {
+    # the reference lines are in each plot; the templates are the project's (.dvc/plots/)
+    for name in ("loss", "loss_vs_tokens", "val_loss_vs_tokens_log"):
+        assert "gpt2_124m_val_loss" in defs[name]["y"]["metrics/plots/baselines.tsv"]
+    assert defs["loss_vs_tokens"]["x"] == defs["val_loss_vs_tokens_log"]["x"] == "tokens_seen"
+    assert set(defs["acc_norm"]["y"]["metrics/plots/baselines.tsv"]) == {
         "gpt2_124m_hellaswag_acc_norm", "gpt3_124m_hellaswag_acc_norm"}
+    for d in defs.values():
+        assert (ROOT / ".dvc" / "plots" / f"{d['template']}.json").is_file()
 
 
 def dvc_like_output(rows: list[dict], errors: list[dict] | None = None) -> dict:

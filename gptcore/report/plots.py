@@ -90,7 +90,8 @@ def smooth(values: list[float], beta: float = SMOOTHING) -> list[float]:
     return out
 
 
-def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
+def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir: str | Path,
+                    final_acc_norm: Mapping[str, float] | None = None) -> list[Path]:
     """Write the files dvc.yaml's top-level plots read besides dvclive's (live_dir: dvclive's folder; baselines:
     as report.baselines.read_baselines returns them); returns their paths.
 
@@ -100,6 +101,9 @@ def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir:
                             the run logged); an evaluation at step s has seen s steps of tokens, a training step s
                             has seen s + 1. train_loss.tsv also has train_loss_smooth (see `smooth`), the raw
                             column kept beside it
+    out_dir/acc_norm.tsv    step, tokens_seen, task, acc_norm: the HellaSwag curve logged in training, then
+                            `final_acc_norm` ({task: acc_norm} of the evaluate stage, HellaSwag or cloze) at the
+                            run's last step; absent when there is neither
     """
     live_dir, out_dir = Path(live_dir), Path(out_dir)
     refs = baseline_values(dict(baselines))
@@ -126,6 +130,18 @@ def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir:
         raise FileNotFoundError(f"{metrics_dir}: no train_loss.tsv or val_loss.tsv rows; run the train stage first")
     span = [(min(s for s, _ in points), min(t for _, t in points)),
             (max(s for s, _ in points), max(t for _, t in points))]
+    acc_rows = []
+    if (metrics_dir / "hellaswag_acc_norm.tsv").is_file():
+        acc_rows += [(s, round(s * per_step), "hellaswag", v)
+                     for s, v in read_step_tsv(metrics_dir / "hellaswag_acc_norm.tsv")]
+    for task, value in (final_acc_norm or {}).items():
+        acc_rows.append((span[1][0], span[1][1], task, value))
+    acc = out_dir / "acc_norm.tsv"
+    if acc_rows:
+        _write_tsv(acc, ["step", "tokens_seen", "task", "acc_norm"], acc_rows)
+        written.append(acc)
+    else:
+        acc.unlink(missing_ok=True)
     dst = out_dir / "baselines.tsv"
     _write_tsv(dst, ["step", "tokens_seen", *refs], ([s, t, *refs.values()] for s, t in span))
     written.append(dst)
