@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gptcore.data.tokenize import tokenize
 from gptcore.process import FolderBusyError, stage_lifetime
+from gptcore.data.tokenizers import MissingPackage
 from stages.common import load_params
 
 RAW = Path("data/raw")
@@ -19,7 +20,7 @@ def main() -> None:
     """Tokenize data/raw/ into data/shards/ by params.yaml's `tokenize:`; one line naming the problem on bad input."""
     try:
         m = tokenize(RAW, SHARDS, load_params("tokenize"))
-    except (FileNotFoundError, ValueError, FolderBusyError) as e:
+    except (FileNotFoundError, ValueError, FolderBusyError, MissingPackage) as e:
         sys.exit(f"[tokenize] {e}")
     print(f"[tokenize] {m['documents']:,} documents -> {m['tokens']['val']:,} val + {m['tokens']['train']:,} train "
           f"tokens in {len(m['shards'])} shards ({m['dtype']}, tokenizer {m['tokenizer']['name']}) -> {SHARDS}")

@@ -386,6 +386,8 @@ class ShardWriter:
         sha = self._sha.hexdigest() if self._in_shard == self._cap else None
         record = {"name": self._name, "split": self._split, "tokens": self._in_shard,
                   "documents": self._docs_in_shard, "sha256": sha, "next": {"doc": nxt[0], "offset": nxt[1]}}
+        if "encoder" in self.manifest:  # per shard too: a resumed run may finish with another encoder
+            record["encoder"] = self.manifest["encoder"]
         self._closing.append(self._closer.submit(self._finalize, f, self._tmp, record))
         self._file, self._tmp = None, None
         self._check_closed()

