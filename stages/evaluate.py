@@ -41,6 +41,7 @@ def main() -> None:
     val_tokens = evaluation.val_stream(SHARDS, p["val_tokens"], tok.vocab_size)
     loss = evaluation.val_loss(model, val_tokens, block, p["batch_size"], env.device, dtype, env.rank,
                                env.world_size, progress=env.is_main)
+    bpc = evaluation.bits_per_char(loss, val_tokens, tok)  # comparable across tokenizers, unlike val_loss
 
     if p["task"] == "hellaswag":
         path = hellaswag.fetch_hellaswag("data/hellaswag", path=p["hellaswag_path"], progress=env.is_main)
@@ -58,10 +59,10 @@ def main() -> None:
                        p["top_k"], p["seed"], env.device, dtype)
         write_predictions(OUT / "predictions.jsonl", result)
         evaluation.write_samples(OUT / "samples.txt", p["sample_prompt"], texts, model_spec)
-        metrics = {"eval": {"val_loss": loss},
+        metrics = {"eval": {"val_loss": loss, "bits_per_char": bpc},
                    p["task"]: {"acc": result.acc, "acc_norm": result.acc_norm, "count": result.count}}
         write_json(OUT / "eval.json", metrics)
-        print(f"[evaluate] {model_spec}: val_loss {loss:.4f}, {p['task']} acc {result.acc:.4f} "
+        print(f"[evaluate] {model_spec}: val_loss {loss:.4f} ({bpc:.4f} bits/char), {p['task']} acc {result.acc:.4f} "
               f"acc_norm {result.acc_norm:.4f} ({result.count} examples)", flush=True)
     distributed.teardown()
 

@@ -76,13 +76,22 @@ def main() -> None:
     final = trainer.fit()
     logger.close()
     if env.is_main:
-        checkpoint.save_final(trainer.raw_model, MODEL_DIR, {"data": data, "step": trainer.step, "final": final},
+        model, step, export = trainer.raw_model, trainer.step, {"export": cfg.export}
+        if cfg.export == "best":  # the weights of the lowest val loss seen, as nanoGPT keeps them
+            best = checkpoint.load_best(CKPT_DIR, trainer.best_step, trainer.fingerprint)
+            model.load_state_dict(best["model"])
+            step = trainer.best_step
+            export.update(best_step=trainer.best_step, best_val_loss=trainer.best_val_loss, trained_steps=trainer.step)
+        checkpoint.save_final(model, MODEL_DIR, {"data": data, "step": step, "final": final, **export},
                               hf_vocab_size=data["vocab_size"])
         # The model folder carries its tokenizer, so sampling and evaluation need nothing else.
         save_beside_shards(tok, MODEL_DIR)
         # where it trained: the compare stage turns training hours into GPU-hours with it
-        write_json(MODEL_DIR / "manifest.json", {"tokenizer": data, "hardware": {"device": env.device.type,
-                                                                                  "processes": env.world_size}})
+        write_json(MODEL_DIR / "manifest.json", {"tokenizer": data, "step": step, **export,
+                                                 "hardware": {"device": env.device.type, "processes": env.world_size}})
+        if cfg.export == "best":
+            print(f"[train] model/: the best weights, step {step} of {trainer.step} (val_loss "
+                  f"{trainer.best_val_loss:.4f})", flush=True)
     distributed.teardown()
 
 

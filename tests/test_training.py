@@ -225,3 +225,59 @@ def test_resume_survives_a_summary_cut_by_the_kill(tmp_path):
     logger.close()
     assert json.loads((live / "metrics.json").read_text())["train_loss"] == 1.5
     assert tsv(tmp_path, "train_loss") == [(0, 5.0), (1, 4.0), (2, 1.5)]
+
+
+@pytest.fixture(scope="module")
+def tiny_shards(tmp_path_factory):
+    """A train split of 400 tokens (one play's opening) and a val split from another play: a model memorises the
+    train tokens within a few dozen steps, and its val loss then rises."""
+    d = write_gpt2_shards(tmp_path_factory.mktemp("tiny"), n_plays=2, val_tokens=2048)
+    train = np.load(d / "train_000000.npy")
+    np.save(d / "train_000000.npy", train[-400:])
+    return d
+
+
+def best_opts(**kw):
+    return dict(dict(max_steps=40, warmup_steps=2, max_lr=1e-2, eval_every=4, ckpt_every=6, export="best",
+                     weight_decay=0.0, micro_batch=4, total_batch_tokens=128, val_tokens=1024), **kw)
+
+
+def val_curve(project: Path) -> list[tuple[int, float]]:
+    return tsv(project, "val_loss")
+
+
+def test_export_best_keeps_the_lowest_val_loss_weights(tmp_path, tiny_shards):
+    project = make_project(tmp_path / "p", tiny_shards, **best_opts())
+    out = run_train(project)
+    curve = val_curve(project)
+    best_step, best_loss = min(curve, key=lambda sv: sv[1])
+    assert curve[-1][1] > best_loss + 0.05 and best_step < 40, curve  # it overfits: best != final
+    assert f"model/: the best weights, step {best_step} of 40" in out.stdout
+    manifest = json.loads((project / "model" / "manifest.json").read_text())
+    assert manifest["export"] == "best" and manifest["best_step"] == best_step and manifest["step"] == best_step
+    assert manifest["best_val_loss"] == pytest.approx(best_loss, abs=1e-6)
+    metrics = json.loads((project / "metrics/train/metrics.json").read_text())
+    assert metrics["best_step"] == best_step and metrics["best_val_loss"] == pytest.approx(best_loss, abs=1e-6)
+    # the exported weights are those of best_step: their val loss is the best one, not the last one
+    from gptcore.eval.val_loss import first_tokens, val_loss
+    model = load_model(project / "model" / "model.pt")
+    toks = first_tokens([tiny_shards / "val_000000.npy"], 1024)
+    assert val_loss(model, toks, 32, 8, torch.device("cpu")) == pytest.approx(best_loss, abs=1e-5)
+    # only the best file the last checkpoint points at is kept
+    assert [p.name for p in checkpoint.list_best(project / "checkpoints")] == [f"best_{best_step:07d}.pt"]
+
+
+def test_export_best_survives_a_kill_exactly(tmp_path, tiny_shards):
+    straight = make_project(tmp_path / "straight", tiny_shards, **best_opts())
+    killed = make_project(tmp_path / "killed", tiny_shards, **best_opts())
+    run_train(straight)
+    kill_after_checkpoint(killed, 1, ckpt_step=24)
+    out = run_train(killed)
+    assert "resuming from" in out.stdout
+    a = checkpoint.load_checkpoint(straight / "model" / "model.pt")
+    b = checkpoint.load_checkpoint(killed / "model" / "model.pt")
+    # the best step lies before the kill: the resumed run took its best-so-far from the checkpoint and its file
+    assert a["step"] == b["step"] < 24 and a["best_val_loss"] == b["best_val_loss"]
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert json.loads((killed / "model/manifest.json").read_text()) == \
+        json.loads((straight / "model/manifest.json").read_text())

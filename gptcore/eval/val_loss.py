@@ -6,6 +6,7 @@ val_tokens); windows are dealt round-robin to ranks, each rank sums token losses
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Sequence
 
@@ -88,6 +89,26 @@ def val_loss(
     distributed.all_reduce_sum(total)
     model.train(was_training)
     return (total[0] / total[1]).item()
+
+
+def scored_chars(tokens: np.ndarray, tokenizer: object) -> int:
+    """How many characters the targets that `val_loss` scores (tokens[1:]) decode to, decoded document by document
+    (end-of-text tokens are scored but are no characters). Turns a loss per token into one per character, which
+    compares across tokenizers."""
+    targets = np.asarray(tokens[1:])
+    eot = getattr(tokenizer, "eot")
+    chars, start = 0, 0
+    for cut in [*np.flatnonzero(targets == eot).tolist(), len(targets)]:
+        if cut > start:
+            chars += len(tokenizer.decode(targets[start:cut].tolist()))
+        start = cut + 1
+    return chars
+
+
+def bits_per_char(loss: float, tokens: np.ndarray, tokenizer: object) -> float:
+    """`val_loss` over `tokens` (nats per target token) -> bits per character of the same text: loss x targets /
+    characters / ln 2."""
+    return loss * (len(tokens) - 1) / max(scored_chars(tokens, tokenizer), 1) / math.log(2)
 
 
 def check_same_tokenizer(model_tok: object, data_tok: object, model_spec: str, shard_dir: Path) -> None:

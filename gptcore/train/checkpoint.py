@@ -21,6 +21,7 @@ from gptcore.model.load import MODEL_FILE, read_checkpoint as load_checkpoint
 
 CKPT_RE = re.compile(r"^ckpt_(\d{7})\.pt$")
 NOT_EXPORTED = "NOT_EXPORTED.txt"  # in model/hf when no transformers architecture represents the model
+BEST_RE = re.compile(r"^best_(\d{7})\.pt$")
 
 
 def run_fingerprint(params: dict[str, Any]) -> str:
@@ -103,9 +104,54 @@ def find_resume(ckpt_dir: Path, run_params: dict[str, Any]) -> tuple[Path | None
 
 
 def remove_checkpoints(ckpt_dir: Path) -> None:
-    """Delete every checkpoint in ckpt_dir (a fresh run must not resume an old one)."""
-    for p in list_checkpoints(ckpt_dir):
+    """Delete every checkpoint and best-weights file (a fresh run must not inherit another run's best)."""
+    for p in list_checkpoints(ckpt_dir) + list_best(ckpt_dir):
         p.unlink(missing_ok=True)
+
+
+# -- the best weights (train.export: best) -----------------------------------------------------------------------
+# One file per improvement, named by step, rather than nanoGPT's single ckpt.pt overwritten on improvement: a
+# checkpoint records the best step it knows, so after a kill the resumed run finds exactly those weights even if a
+# later improvement (which the resumed run will redo) was written before the kill. Weights only: a 124M model's
+# file is 0.5 GB, written at the eval cadence when the val loss improves.
+
+def best_path(ckpt_dir: Path, step: int) -> Path:
+    """checkpoints/best_{step:07d}.pt"""
+    return Path(ckpt_dir) / f"best_{step:07d}.pt"
+
+
+def list_best(ckpt_dir: Path) -> list[Path]:
+    """Best-weights files, oldest first."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    return sorted(p for p in ckpt_dir.iterdir() if BEST_RE.match(p.name))
+
+
+def save_best(ckpt_dir: Path, step: int, model: GPT, val_loss: float, run_fingerprint: str) -> Path:
+    """The weights of a new lowest val loss, atomically, with their step, val loss and the run's fingerprint."""
+    path = best_path(ckpt_dir, step)
+    atomic_torch_save({"model": model.state_dict(), "model_config": asdict(model.config), "step": step,
+                       "val_loss": val_loss, "fingerprint": run_fingerprint}, path)
+    return path
+
+
+def prune_best(ckpt_dir: Path, keep_step: int | None) -> None:
+    """Delete the best-weights files other than that of `keep_step` (called right after a checkpoint is saved)."""
+    for p in list_best(ckpt_dir):
+        if keep_step is None or p != best_path(ckpt_dir, keep_step):
+            p.unlink(missing_ok=True)
+
+
+def load_best(ckpt_dir: Path, step: int, run_fingerprint: str) -> dict[str, Any]:
+    """The best weights recorded for `step`; ValueError naming the file if it is missing or of another run."""
+    path = best_path(ckpt_dir, step)
+    if not path.is_file():
+        raise ValueError(f"{path}: the best weights (step {step}) are missing; delete {ckpt_dir} and rerun train")
+    best = load_checkpoint(path)
+    if best.get("fingerprint") != run_fingerprint or int(best.get("step", -1)) != step:
+        raise ValueError(f"{path}: written by another run (fingerprint or step differ); delete {ckpt_dir} and rerun")
+    return best
 
 
 def save_final(model: GPT, out_dir: Path, extra: dict[str, Any], hf_vocab_size: int | None = None) -> Path:

@@ -35,6 +35,9 @@ NOT_IN_FINGERPRINT = {"nproc", "micro_batch", "compile", "device", "eval_every",
                       "samples", "sample_prompt", "sample_tokens"}
 
 
+EXPORTS = ("final", "best")
+
+
 class NonFiniteLoss(RuntimeError):
     """The training loss became NaN or infinite; the run stops without saving."""
 
@@ -75,6 +78,7 @@ class TrainConfig:
     samples: int = 0  # text samples written at each eval (metrics/train/samples/)
     sample_prompt: str = ""
     sample_tokens: int = 32
+    export: str = "final"  # final: the last weights go to model/; best: those of the lowest val loss at the eval cadence
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "TrainConfig":
@@ -88,6 +92,8 @@ class TrainConfig:
             raise ValueError(f"train.dtype={cfg.dtype!r}: expected one of {sorted(DTYPES)}")
         if cfg.optimizer not in OPTIMIZERS:
             raise ValueError(f"train.optimizer={cfg.optimizer!r}: expected one of {', '.join(OPTIMIZERS)}")
+        if cfg.export not in EXPORTS:
+            raise ValueError(f"train.export={cfg.export!r}: expected one of {', '.join(EXPORTS)}")
         return cfg
 
 
@@ -132,6 +138,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         self.schedule = CosineSchedule(cfg.max_lr, cfg.max_lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.max_steps)
         self.step = 0
+        # export=best: the lowest val loss seen at the eval cadence and its step (weights in checkpoints/best_*.pt)
+        self.best_val_loss, self.best_step = math.inf, None
         if resume_from is not None:
             self._restore(resume_from)
         # Dropout and any sampling differ per rank; weights start equal (DDP also broadcasts rank 0's).
@@ -153,6 +161,9 @@ class Trainer:
             self.scaler.load_state_dict(ckpt["scaler"])
         self.loader.load_state_dict(ckpt["loader"])
         self.step = int(ckpt["step"])
+        best = ckpt.get("best") or {}
+        if best.get("step") is not None:
+            self.best_val_loss, self.best_step = float(best["val_loss"]), int(best["step"])
         rngs = ckpt["rng"]
         if self.env.rank < len(rngs):
             checkpoint.restore_rng(rngs[self.env.rank])
@@ -174,8 +185,12 @@ class Trainer:
             "step": self.step,
             "params": self.run_params,
             "fingerprint": self.fingerprint,
+            "best": {"val_loss": self.best_val_loss, "step": self.best_step},
         }
-        return checkpoint.save_checkpoint(self.ckpt_dir, self.step, state, self.cfg.keep_checkpoints)
+        path = checkpoint.save_checkpoint(self.ckpt_dir, self.step, state, self.cfg.keep_checkpoints)
+        # best weights of steps before this checkpoint that it does not point at can go (newer ones never exist here)
+        checkpoint.prune_best(self.ckpt_dir, keep_step=self.best_step)
+        return path
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -183,7 +198,19 @@ class Trainer:
         out: dict[str, float] = {}
         for ev in self.evaluators:
             out.update(ev(self.raw_model, self.step))
+        out.update(self._track_best(out.get("val_loss")))
         return out
+
+    def _track_best(self, val_loss: float | None) -> dict[str, float]:
+        """export=best: keep the weights of a new lowest val loss (every rank sees the same all-reduced value;
+        rank 0 writes checkpoints/best_<step>.pt atomically, so the best-so-far survives a kill)."""
+        if self.cfg.export != "best" or val_loss is None:
+            return {}
+        if val_loss < self.best_val_loss:  # NaN never counts as better
+            self.best_val_loss, self.best_step = val_loss, self.step
+            if self.env.is_main:
+                checkpoint.save_best(self.ckpt_dir, self.step, self.raw_model, val_loss, self.fingerprint)
+        return {"best_val_loss": self.best_val_loss, "best_step": self.best_step}
 
     def train_step(self) -> dict[str, float]:
         """One optimizer update over total_batch_tokens tokens; returns the rank-averaged loss and stats."""
