@@ -1,4 +1,5 @@
-"""Benchmark: the tokenize stage's throughput on all cores vs (cores x single-core encode rate), and its memory.
+"""Benchmark: the tokenize stage's throughput on all cores vs (cores x single-core encode rate), and its memory,
+for each GPT-2 encoder (tokenize.encoder: tiktoken, gigatoken) side by side in one run.
 
 Builds a synthetic English-like corpus (Shakespeare's word frequencies, sentences and paragraphs, documents
 of 2 to 8 KB) of each requested size, fetches it as the local source, then reports in the same run:
@@ -10,8 +11,12 @@ of 2 to 8 KB) of each requested size, fetches it as the local source, then repor
   - optionally a build-nanogpt-style per-document multiprocessing.Pool.imap (chunksize 16) for comparison,
   - peak memory of the stage's whole process tree (sum of RSS every 50 ms, sum of PSS every 500 ms).
 
-    python bench/bench_tokenize.py                 # 50 MB and 150 MB corpora
-    python bench/bench_tokenize.py --sizes-mb 60 --no-imap
+Then, per encoder: where one core's time goes in the stage's steps, run one after another (read the parquet row
+groups into strings, encode them, write the shards), and the single-core rate on the real FineWeb-Edu reference
+documents (cold: each document once, fresh encoders) when ../shared/ref-data is there.
+
+    python bench/bench_tokenize.py                 # 50 MB and 150 MB corpora, both encoders
+    python bench/bench_tokenize.py --sizes-mb 60 --no-imap --encoders tiktoken gigatoken
 """
 from __future__ import annotations
 
@@ -36,9 +41,12 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gptcore.data.tokenize import cpu_count  # noqa: E402
-from gptcore.data.sources import fetch, package_documents  # noqa: E402
+from gptcore.data.tokenize import cpu_count, encode_documents  # noqa: E402
+from gptcore.data.sources import fetch, open_corpus, package_documents, read_task  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
+from gptcore.data import shards as S  # noqa: E402
+
+REF_DOCS = ROOT.parent / "shared" / "ref-data" / "fineweb_edu_sample.jsonl"
 
 
 def english_like_corpus(path: Path, size_mb: float, seed: int = 0) -> tuple[int, int]:
@@ -81,8 +89,8 @@ def english_like_corpus(path: Path, size_mb: float, seed: int = 0) -> tuple[int,
     return n_docs, total
 
 
-def single_core_rates(parquet: Path, max_bytes: int = 40_000_000) -> dict:
-    tok = get_tokenizer("gpt2")
+def single_core_rates(parquet: Path, encoder: str, max_bytes: int = 40_000_000) -> dict:
+    tok = get_tokenizer("gpt2", encoder=encoder)
     docs, size = [], 0
     for b in pq.ParquetFile(parquet).iter_batches(columns=["text"]):
         for d in b.column(0).to_pylist():
@@ -90,7 +98,7 @@ def single_core_rates(parquet: Path, max_bytes: int = 40_000_000) -> dict:
             size += len(d)
         if size >= max_bytes:
             break
-    enc = tok._enc.encode_ordinary
+    enc = tok.encode if encoder != "tiktoken" else tok._enc.encode_ordinary
     t0, c0 = time.perf_counter(), time.process_time()
     n = sum(len(enc(d)) for d in docs)
     t_list, c_list = time.perf_counter() - t0, time.process_time() - c0
@@ -199,7 +207,7 @@ def cpu():
     return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
 t0, c0 = time.perf_counter(), cpu()
 m = tokenize({raw!r}, {out!r}, {{"tokenizer": "gpt2", "shard_tokens": 100_000_000, "val_tokens": 1_000_000,
-                                 "workers": 0}}, progress=False)
+                                 "workers": 0, "encoder": {encoder!r}}}, progress=False)
 dt, dc = time.perf_counter() - t0, cpu() - c0
 print(json.dumps({{"tokens": m["tokens"]["val"] + m["tokens"]["train"], "seconds": dt, "cpu_seconds": dc}}))
 """
@@ -228,16 +236,62 @@ print(json.dumps({{"tokens": n, "seconds": time.perf_counter() - t0, "cpu_second
 """
 
 
+def stage_breakdown(raw: Path, out: Path, encoder: str) -> dict:
+    """One core, the stage's steps one after another over the whole corpus: read (parquet row groups -> str),
+    encode (str -> one uint16 array per task, as the workers do), write (ShardWriter: shards + sha256 + fsync)."""
+    tok = get_tokenizer("gpt2", encoder=encoder)
+    corpus = open_corpus(raw)
+    t0 = time.perf_counter()
+    texts = [(t.first_doc, read_task(t)) for t in corpus.tasks()]
+    t_read = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    encoded = [(first, *encode_documents(tok, docs, np.dtype(np.uint16), first)) for first, docs in texts]
+    t_encode = time.perf_counter() - t0
+    n = sum(len(tokens) for _, tokens, _ in encoded)
+    head = {"tokenizer": {"name": "gpt2"}, "vocab_size": tok.vocab_size, "eot": tok.eot, "dtype": "uint16"}
+    t0 = time.perf_counter()
+    writer = S.ShardWriter(out, head, 100_000_000, 1_000_000)
+    for first, tokens, starts in encoded:
+        writer.add(first, tokens, starts)
+    writer.finish(corpus.documents)
+    t_write = time.perf_counter() - t0
+    shutil.rmtree(out)
+    return {"tokens": n, "read": t_read, "encode": t_encode, "write": t_write}
+
+
+REAL = """
+import json, sys, time
+sys.path.insert(0, {root!r})
+from gptcore.data.tokenizers import get_tokenizer
+docs = [json.loads(line)["text"] for line in open({ref!r}, encoding="utf-8")]
+tok = get_tokenizer("gpt2", encoder={encoder!r})
+t0 = time.perf_counter()
+n = sum(len(tok.encode_numpy(d)) for d in docs)
+print(json.dumps({{"tokens": n, "seconds": time.perf_counter() - t0, "bytes": sum(len(d.encode()) for d in docs)}}))
+"""
+
+
+def real_docs_rate(encoder: str) -> dict | None:
+    """Single-core tokens/s on the FineWeb-Edu reference documents, each once, in a fresh process (cold caches)."""
+    if not REF_DOCS.is_file():
+        return None
+    out = subprocess.run([sys.executable, "-c", REAL.format(root=str(ROOT), ref=str(REF_DOCS), encoder=encoder)],
+                         capture_output=True, text=True, check=True).stdout
+    r = json.loads(out.strip().splitlines()[-1])
+    return {"tokens": r["tokens"], "rate": r["tokens"] / r["seconds"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes-mb", type=float, nargs="+", default=[50, 150])
+    ap.add_argument("--encoders", nargs="+", default=["tiktoken", "gigatoken"], choices=["tiktoken", "gigatoken"])
     ap.add_argument("--no-imap", action="store_true", help="skip the per-document Pool.imap comparison")
     ap.add_argument("--workdir", default=None, help="where to build corpora (default: a temp dir, removed after)")
     args = ap.parse_args()
     cores = cpu_count()
+    rows, parts = [], {}
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         tmp = Path(tmp)
-        rows = []
         for size in args.sizes_mb:
             d = tmp / f"c{size:g}"
             d.mkdir()
@@ -246,40 +300,68 @@ def main() -> None:
             fetch({"source": "local", "path": str(d / "corpus.parquet")}, d / "raw")
             print(f"[bench] corpus {n_bytes / 1e6:.1f} MB, {n_docs:,} documents of 2-8 KB "
                   f"(built in {time.perf_counter() - t0:.1f}s)", flush=True)
-            single = single_core_rates(d / "corpus.parquet")
-            stage, rss, pss = run_measured(STAGE.format(root=str(ROOT), raw=str(d / "raw"), out=str(d / "shards")))
-            row = {"mb": n_bytes / 1e6, "docs": n_docs, **single, "stage": stage["tokens"] / stage["seconds"],
-                   "stage_cpu": stage["tokens"] / stage["cpu_seconds"], "stage_tokens": stage["tokens"],
-                   "stage_s": stage["seconds"], "rss": rss, "pss": pss, "load": os.getloadavg()[0]}
-            if not args.no_imap:
-                imap, irss, _ = run_measured(IMAP.format(root=str(ROOT), parquet=str(d / "corpus.parquet"), cores=cores))
-                row["imap"] = imap["tokens"] / imap["seconds"]
-                row["imap_cpu"] = imap["tokens"] / imap["cpu_seconds"]
-            rows.append(row)
-            print(f"[bench] {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})}",
-                  flush=True)
+            for encoder in args.encoders:  # side by side on the same corpus, one after the other
+                single = single_core_rates(d / "corpus.parquet", encoder)
+                stage, rss, pss = run_measured(STAGE.format(root=str(ROOT), raw=str(d / "raw"),
+                                                            out=str(d / "shards"), encoder=encoder))
+                shutil.rmtree(d / "shards")
+                row = {"encoder": encoder, "mb": n_bytes / 1e6, "docs": n_docs, **single,
+                       "stage": stage["tokens"] / stage["seconds"], "stage_cpu": stage["tokens"] / stage["cpu_seconds"],
+                       "stage_tokens": stage["tokens"], "stage_s": stage["seconds"], "rss": rss, "pss": pss,
+                       "load": os.getloadavg()[0]}
+                if not args.no_imap and encoder == "tiktoken":
+                    imap, _, _ = run_measured(IMAP.format(root=str(ROOT), parquet=str(d / "corpus.parquet"),
+                                                          cores=cores))
+                    row["imap"] = imap["tokens"] / imap["seconds"]
+                    row["imap_cpu"] = imap["tokens"] / imap["cpu_seconds"]
+                rows.append(row)
+                print(f"[bench] {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})}",
+                      flush=True)
+                if size == args.sizes_mb[0]:
+                    parts[encoder] = stage_breakdown(d / "raw", d / "parts", encoder)
+                    print(f"[bench] steps on one core ({encoder}): {json.dumps(parts[encoder])}", flush=True)
             shutil.rmtree(d)
-    print(f"\ncores: {cores}   (tiktoken GPT-2; rates in million tokens/s; memory = peak of the stage's process tree)")
+    real = {e: real_docs_rate(e) for e in args.encoders}
+    print(f"\ncores: {cores}   (GPT-2 BPE; rates in million tokens/s; memory = peak of the stage's process tree)")
     print("ratio = stage tokens/s / (cores x 1-core tokens/s), wall clock; 'cpu eff' = stage tokens per CPU-second "
           "(parent + workers) / 1-core np tokens per CPU-second: the share of CPU spent encoding, which other load "
           "on the machine does not change. 'ceiling' = cores independent encode_numpy processes with no pipeline, "
           "as a share of cores x 1-core np: the most any pipeline can reach here; 'stage/ceil' = stage tokens/s / "
-          "that. 'load' = 1-min load average after the run (> cores means contention).")
-    head = f"{'corpus':>9} {'tokens':>8} {'1-core ord':>10} {'1-core np':>9} {'stage':>7} {'ratio ord':>9} {'ratio np':>8}"
-    head += "" if args.no_imap else f" {'imap/doc':>8} {'imap ratio':>10} {'imap cpu eff':>12}"
-    head += f" {'cpu eff':>7} {'ceiling':>7} {'stage/ceil':>10} {'RSS sum':>8} {'PSS sum':>8} {'load':>5}"
+          "that. 'load' = 1-min load average after the run (> cores means contention). 'vs tiktoken' = this "
+          "encoder's stage tokens/s / tiktoken's stage tokens/s on the same corpus.")
+    head = (f"{'encoder':>9} {'corpus':>9} {'tokens':>8} {'1-core ord':>10} {'1-core np':>9} {'stage':>7} "
+            f"{'ratio ord':>9} {'ratio np':>8}")
+    head += "" if args.no_imap else f" {'imap/doc':>8} {'imap ratio':>10}"
+    head += f" {'cpu eff':>7} {'ceiling':>7} {'stage/ceil':>10} {'vs tiktoken':>11} {'RSS sum':>8} {'PSS sum':>8} {'load':>5}"
     print(head)
+    base = {r["mb"]: r["stage"] for r in rows if r["encoder"] == "tiktoken"}
     for r in rows:
-        line = (f"{r['mb']:>6.0f} MB {r['stage_tokens'] / 1e6:>7.1f}M {r['encode_ordinary'] / 1e6:>10.2f} "
+        line = (f"{r['encoder']:>9} {r['mb']:>6.0f} MB {r['stage_tokens'] / 1e6:>7.1f}M {r['encode_ordinary'] / 1e6:>10.2f} "
                 f"{r['encode_numpy'] / 1e6:>9.2f} {r['stage'] / 1e6:>7.2f} "
                 f"{r['stage'] / (cores * r['encode_ordinary']):>9.1%} {r['stage'] / (cores * r['encode_numpy']):>8.1%}")
-        if "imap" in r:
-            line += (f" {r['imap'] / 1e6:>8.2f} {r['imap'] / (cores * r['encode_ordinary']):>10.1%}"
-                     f" {r['imap_cpu'] / r['encode_ordinary_cpu']:>12.1%}")
+        if not args.no_imap:
+            line += (f" {r['imap'] / 1e6:>8.2f} {r['imap'] / (cores * r['encode_ordinary']):>10.1%}" if "imap" in r
+                     else f" {'':>8} {'':>10}")
+        vs = f"{r['stage'] / base[r['mb']]:.2f}x" if r["mb"] in base else "-"
         line += (f" {r['stage_cpu'] / r['encode_numpy_cpu']:>7.1%} {r['ceiling'] / (cores * r['encode_numpy']):>7.1%}"
-                 f" {r['stage'] / r['ceiling']:>10.1%} {r['rss'] / 2**20:>5.0f} MB {r['pss'] / 2**20:>5.0f} MB"
+                 f" {r['stage'] / r['ceiling']:>10.1%} {vs:>11} {r['rss'] / 2**20:>5.0f} MB {r['pss'] / 2**20:>5.0f} MB"
                  f" {r['load']:>5.1f}")
         print(line)
+    if parts:
+        print(f"\nwhere one core's time goes ({args.sizes_mb[0]:g} MB corpus, the stage's steps run one after another; "
+              f"seconds per 100M tokens):")
+        print(f"{'encoder':>9} {'read':>7} {'encode':>7} {'write':>7}   shares")
+        for e, t in parts.items():
+            per = 1e8 / t["tokens"]
+            total = t["read"] + t["encode"] + t["write"]
+            print(f"{e:>9} {t['read'] * per:>7.1f} {t['encode'] * per:>7.1f} {t['write'] * per:>7.1f}   "
+                  f"read {t['read'] / total:.0%}, encode {t['encode'] / total:.0%}, write {t['write'] / total:.0%}")
+    if any(real.values()):
+        print("\nreal text, cold (FineWeb-Edu reference documents, each once, fresh process), one core:")
+        for e, r in real.items():
+            if r:
+                ratio = r["rate"] / real["tiktoken"]["rate"] if real.get("tiktoken") else float("nan")
+                print(f"{e:>9} {r['rate'] / 1e6:.2f}M tokens/s ({r['tokens']:,} tokens)  {ratio:.2f}x tiktoken")
 
 
 if __name__ == "__main__":
