@@ -237,9 +237,11 @@ class TiktokenFileTokenizer:
         return unicodedata.normalize("NFC", text) if self.nfc else text
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of ordinary text, after NFC where the pattern asks for it (special-token strings stay text)."""
         return self._enc.encode_ordinary(self._norm(text))
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """encode() of each text."""
         return [self.encode(t) for t in texts]
 
     def encode_numpy(self, text: str) -> np.ndarray:
@@ -247,6 +249,7 @@ class TiktokenFileTokenizer:
         return self._enc.encode_to_numpy(self._norm(text), allowed_special=set(), disallowed_special=())
 
     def decode(self, ids: list[int]) -> str:
+        """Text of token ids (special tokens as their strings; a cut UTF-8 sequence as U+FFFD)."""
         return self._enc.decode([int(i) for i in ids])
 
     def save(self, path: str | Path) -> Path:
