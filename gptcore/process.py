@@ -148,7 +148,8 @@ def stage_lifetime(stage: str, quiet: bool = False) -> Iterator[None]:
     except KeyboardInterrupt as e:
         why = str(e) or "SIGINT"
         if not quiet:
-            print(f"[{stage}] interrupted ({why}); finished work is kept, rerun to resume", file=sys.stderr, flush=True)
+            # on a line of its own: a progress bar may be half drawn on the current one
+            print(f"\n[{stage}] interrupted ({why}); finished work is kept, rerun to resume", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(130)  # no interpreter teardown: no traceback from threads, atexit or half-shut pools
 

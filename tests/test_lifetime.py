@@ -280,3 +280,21 @@ def test_sigkill_of_dvc_repro_during_tokenize_leaves_no_process_and_the_rerun_is
     print(f"dvc repro tokenize: SIGKILL of dvc, all {len(procs)} processes gone after {took:.2f} s")
     finish(start_dvc(clone, "repro", "tokenize"))
     assert shard_bytes(shards) == reference and S.verify(shards) == []
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_training_prints_one_line_and_the_rerun_resumes(tmp_path, gpt2_shards, solo):
+    from stagekit import env as stage_env
+    from stagekit import make_project, run_stage
+
+    project = make_project(tmp_path / "p", gpt2_shards, **LONG)
+    stage = subprocess.Popen([sys.executable, "-m", "stages.train"], cwd=project, env=stage_env(), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    wait_for(lambda: (project / "checkpoints" / "ckpt_0000040.pt").exists(), stage, timeout=300)
+    os.killpg(stage.pid, signal.SIGINT)
+    out, err = stage.communicate(timeout=60)
+    assert stage.returncode == 130
+    assert err.strip().splitlines()[-1] == "[train] interrupted (SIGINT); finished work is kept, rerun to resume"
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert "resuming from" in run_stage(project, "train").stdout
+    same_run(solo, project)
