@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -90,7 +92,22 @@ def test_shards_smaller_than_a_step_are_a_clear_error(shard_dir):
         TokenLoader(paths(shard_dir), 2, 8, 2048)
 
 
-def test_memory_mapped_not_loaded(shard_dir):
-    ld = TokenLoader(paths(shard_dir), 2, 8, 32)
+def resident_bytes() -> int:
+    """This process's resident set size now (Linux /proc), not its high-water mark."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the resident set size from Linux /proc")
+def test_a_batch_reads_its_window_not_the_shard(tmp_path):
+    n = 96 * 2**20  # a 192 MB shard, written through a memory map so the test itself never holds it
+    shard = np.lib.format.open_memmap(tmp_path / "train_000000.npy", mode="w+", dtype=np.uint16, shape=(n,))
+    shard[:] = 7
+    shard.flush()
+    del shard
+    before = resident_bytes()
+    ld = TokenLoader([tmp_path / "train_000000.npy"], 4, 64, 256)
+    x, _ = ld.next_batch()
     ld.next_batch()
-    assert isinstance(ld._open[1], np.memmap)
+    assert int(x[0, 0]) == 7
+    assert resident_bytes() - before < 32 * 2**20  # loading the shard would add 192 MB

@@ -72,15 +72,21 @@ def test_local_dir_glob_and_file(tmp_path):
     assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == ["fetch.json", "local"]
 
 
+def batched(docs, size):
+    """Lists of `size` documents (the last shorter), as fetch hands them to write_documents."""
+    docs = list(docs)
+    return (docs[i:i + size] for i in range(0, len(docs), size))
+
+
 def test_fetch_writes_row_groups_and_files_in_streaming_batches(tmp_path):
     docs = (f"document number {i} " * (i % 7 + 1) for i in range(2500))
-    recs = src.write_documents(src._batched(docs, 300), tmp_path, docs_per_file=1000)
+    recs = src.write_documents(batched(docs, 300), tmp_path, docs_per_file=1000)
     assert [r["documents"] for r in recs] == [1000, 1000, 500]
     pf = pq.ParquetFile(tmp_path / "documents_000000.parquet")
     assert pf.schema_arrow.names == ["text"] and pf.metadata.row_group(0).num_rows == 1000
     # row groups close at about 1 MiB of text: they are the tokenize workers' units of work
     big = (f"{i} " + "word " * (20 + i % 3000) for i in range(3000))
-    recs = src.write_documents(src._batched(big, 7), tmp_path / "big")
+    recs = src.write_documents(batched(big, 7), tmp_path / "big")
     pf = pq.ParquetFile(tmp_path / "big" / "documents_000000.parquet")
     sizes = [pf.metadata.row_group(i).column(0).total_uncompressed_size for i in range(pf.num_row_groups)]
     assert recs[0]["documents"] == 3000 and pf.num_row_groups > 10
