@@ -170,41 +170,6 @@ def test_hydra_is_enabled_for_dvc():
 # ---------------------------------------------------------------------------------------------
 # real dvc in a temp clone (slow)
 
-MICRO_PRESET = """\
-# @package _global_
-# A micro budget for tests: the quick-start's data and tokenizer, a 1-layer model, 6 steps.
-defaults:
-  - quickstart
-  - _self_
-
-preset: micro
-fetch:
-  max_docs: 2
-tokenize:
-  val_tokens: 8192
-model:
-  n_layer: 1
-  n_head: 2
-  n_embd: 32
-  block_size: 32
-train:
-  micro_batch: 8
-  total_batch_tokens: 256
-  max_steps: 6
-  warmup_steps: 1
-  eval_every: 3
-  val_tokens: 1024
-  val_batch: 8
-  ckpt_every: 100
-eval:
-  val_tokens: 2048
-  batch_size: 8
-  cloze_examples: 20
-  cloze_context: 16
-  cloze_ending: 4
-  samples: 1
-  sample_tokens: 8
-"""
 
 # hongloumeng_char on a micro budget, as -S overrides on top of the preset
 HLM_MICRO = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 32,
@@ -229,20 +194,15 @@ def run(clone: Path, *cmd: str, timeout: int = 600) -> str:
 
 
 @pytest.fixture(scope="module")
-def clone(tmp_path_factory) -> Path:
-    """A clone of the committed HEAD with a micro preset added and committed, as a user would add one."""
-    path = tmp_path_factory.mktemp("dvcexp") / "repo"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(path)], check=True, timeout=120)
-    (path / "conf" / "preset" / "micro.yaml").write_text(MICRO_PRESET, encoding="utf-8")
-    for cmd in (["git", "add", "conf/preset/micro.yaml"],
-                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "micro preset"]):
-        subprocess.run(cmd, cwd=path, check=True)
-    return path
+def clone(micro_repro) -> Path:
+    """The session's one temp clone (tests/conftest.py): the micro preset committed and already reproduced."""
+    return micro_repro.path
 
 
 @pytest.fixture(scope="module")
 def two_runs(clone) -> Path:
-    """`dvc exp run` twice: the micro preset, then the same with train.max_lr=1e-3."""
+    """`dvc exp run` twice: the micro preset (already reproduced: recorded without rerunning), then the same with
+    train.max_lr=1e-3."""
     run(clone, "dvc", "exp", "run", "-n", "micro-base", "-S", "preset=micro")
     out = run(clone, "dvc", "exp", "run", "-n", "micro-lr", "-S", "preset=micro", "-S", "train.max_lr=1e-3")
     # only train.max_lr changed: fetch and tokenize are not rerun
