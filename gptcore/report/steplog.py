@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Mapping
 
-from gptcore.atomic import atomic_write
+from gptcore.atomic import atomic_write, write_json
 
 
 def truncate_step_metrics(live_dir: str | Path, from_step: int) -> None:
@@ -29,6 +29,27 @@ def truncate_step_metrics(live_dir: str | Path, from_step: int) -> None:
             csv.writer(f, delimiter="\t", lineterminator="\n").writerows([header, *kept])
 
 
+def repair_summary(live_dir: str | Path) -> None:
+    """dvclive rewrites metrics.json in place, so a kill mid-write can leave it truncated, and dvclive cannot resume
+    from that: rebuild it from the step TSVs (each metric's last value, the last step), as dvclive would have."""
+    path = Path(live_dir) / "metrics.json"
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+        return
+    except FileNotFoundError:
+        return
+    except ValueError:
+        pass
+    summary: dict[str, float | int] = {}
+    for tsv in sorted((Path(live_dir) / "plots" / "metrics").rglob("*.tsv")):
+        with open(tsv, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f, delimiter="\t"))
+        if rows:
+            summary[tsv.stem] = float(rows[-1][tsv.stem])
+            summary["step"] = max(int(summary.get("step", 0)), int(rows[-1]["step"]))
+    write_json(path, summary, indent=4)
+
+
 class StepLogger:
     """dvclive on rank 0, nothing elsewhere. `resume_step` keeps the curves written before that step."""
 
@@ -41,15 +62,7 @@ class StepLogger:
         resume = bool(resume_step)
         if resume:
             truncate_step_metrics(live_dir, resume_step)
-            # dvclive rewrites its summary in place after every log; a kill mid-write leaves it empty or cut, and
-            # dvclive's resume would fail to parse it. It holds only the latest values: the next log rewrites it.
-            summary = Path(live_dir) / "metrics.json"
-            try:
-                json.loads(summary.read_text(encoding="utf-8"))
-            except FileNotFoundError:
-                pass
-            except ValueError:
-                summary.unlink()
+            repair_summary(live_dir)
         # dvcyaml=None: dvc.yaml is ours and already declares the plots; never let dvclive rewrite it.
         self.live = Live(str(live_dir), resume=resume, save_dvc_exp=False, dvcyaml=None, report=None)
 
