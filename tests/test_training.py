@@ -79,8 +79,26 @@ def test_two_gloo_ranks_equal_one_rank_with_accumulation(tmp_path, shards):
         torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=0)
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and all its descendants (Linux /proc). torchrun starts its workers in sessions of their own, so killing
+    torchrun's process group would leave them running: they must be killed one by one."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    return tree
+
+
 def kill_after_checkpoint(project: Path, nproc: int, ckpt_step: int) -> None:
-    """Start training, SIGKILL the whole process group once ckpt_step is saved and a later step was logged."""
+    """Start training, SIGKILL every process of it once ckpt_step is saved and a later step was logged."""
     proc = subprocess.Popen(train_cmd(nproc), cwd=project, env=env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     target = project / "checkpoints" / f"ckpt_{ckpt_step:07d}.pt"
@@ -93,7 +111,11 @@ def kill_after_checkpoint(project: Path, nproc: int, ckpt_step: int) -> None:
             time.sleep(0.02)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            for pid in process_tree(proc.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         proc.wait()
     assert proc.returncode == -signal.SIGKILL, "training finished before it could be killed"
 
