@@ -268,3 +268,47 @@ def test_export_refuses_what_no_architecture_represents(tmp_path, switches, reas
     assert reason in note and len(note.splitlines()) == 1
     idx = torch.randint(0, 64, (1, 8))
     assert torch.equal(load_model(tmp_path / "model")(idx)[0], model(idx)[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# everything else that works for GPT-2 works for the modern model
+
+def test_multiple_choice_fast_path_scores_a_modern_model_as_one_forward_per_example():
+    """HellaSwag and cloze pack several examples per row with explicit position ids: rotary, QK-norm and the
+    soft-cap must give the same losses as scoring each example alone."""
+    from test_multichoice import assert_same, random_examples
+
+    from gptcore.eval.multichoice import score_examples, score_examples_reference
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=128, n_layer=2, n_head=2, n_embd=32,
+                          **{**MODERN, "zero_init_proj": False, "logit_softcap": 3.0})).eval()
+    examples = random_examples(40)
+    ref = score_examples_reference(model, examples, device="cpu")
+    fast = score_examples(model, examples, device="cpu", batch_size=8, progress=False)
+    assert_same(ref, fast)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_compiled_modern_model_matches_eager_in_bf16_and_trains_with_muon():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=128, block_size=64, vocab_size=512, **MODERN)).cuda()
+    with torch.no_grad():  # zero-init projections would hide the attention path
+        for block in model.transformer.h:
+            block.attn.c_proj.weight.normal_(0, 0.02)
+            block.mlp.c_proj.weight.normal_(0, 0.02)
+    idx = torch.randint(0, 512, (4, 64), device="cuda")
+    compiled = torch.compile(model)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        eager, fast = model(idx)[0].float(), compiled(idx)[0].float()
+    torch.testing.assert_close(fast, eager, atol=0.05, rtol=0.05)
+    opt = build_optimizers(model, "muon", 3e-3, 0.0, (0.9, 0.95), 1e-8, "cuda")
+    losses = []
+    for _ in range(30):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = compiled(idx, idx)[1]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 1.0

@@ -315,3 +315,14 @@ def test_export_best_survives_a_kill_exactly(tmp_path, tiny_shards):
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert json.loads((killed / "model/manifest.json").read_text()) == \
         json.loads((straight / "model/manifest.json").read_text())
+
+
+def test_modern_float16_with_grad_scaler_steps_both_optimizers(tmp_path, shards):
+    project = make_project(tmp_path / "p", shards, model=MODERN_MODEL, dtype="float16", max_steps=4, ckpt_every=2,
+                           **MODERN_TRAIN)
+    out = run_train(project)
+    assert "torch.float16" in out.stdout
+    losses = [v for _, v in tsv(project, "train_loss")]
+    assert len(losses) == 4 and all(np.isfinite(losses))
+    ckpt = checkpoint.load_checkpoint(checkpoint.latest_checkpoint(project / "checkpoints"))
+    assert ckpt["scaler"]["scale"] > 0 and ckpt["optimizer"]["muon"]["state"]
