@@ -91,3 +91,15 @@ def test_encoder_param_is_checked():
         E.check_params({"tokenizer": "gpt2", "encoder": "fast"})
     with pytest.raises(ValueError, match="applies to tokenizer gpt2 only"):
         E.check_params({"tokenizer": "char", "encoder": "gigatoken"})
+
+
+def test_auto_encoder_is_gigatoken_where_installed_else_tiktoken(monkeypatch):
+    import importlib.util as iu
+
+    want = "gigatoken" if iu.find_spec("gigatoken") is not None else "tiktoken"
+    assert T.GPT2Tokenizer("auto").encoder == want
+    assert E.check_params({"tokenizer": "qwen2"})["encoder"] == "auto"  # the default, valid for every tokenizer
+    real = iu.find_spec
+    monkeypatch.setattr(iu, "find_spec", lambda name, *a: None if name == "gigatoken" else real(name, *a))
+    tok = T.GPT2Tokenizer("auto")
+    assert tok.encoder == "tiktoken" and tok.encode("Hello world") == [15496, 995]

@@ -47,7 +47,7 @@ from gptcore.data.tokenizers import (
 TOKENIZE_KEYS = {"tokenizer", "bpe_vocab_size", "shard_tokens", "val_tokens", "workers", "eot_token",
                  "tiktoken_pattern", "encoder"}
 DEFAULTS = {"tokenizer": "gpt2", "bpe_vocab_size": 8192, "shard_tokens": 100_000_000, "val_tokens": 100_000_000,
-            "workers": 0, "eot_token": None, "tiktoken_pattern": None, "encoder": "tiktoken"}
+            "workers": 0, "eot_token": None, "tiktoken_pattern": None, "encoder": "auto"}
 NULLABLE = {"eot_token", "tiktoken_pattern"}  # None is a value here, not "use the default"
 TASK_BYTES = 4 << 20  # row groups with more text than this are split into several tasks
 
@@ -207,9 +207,9 @@ def check_params(cfg: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"tokenize.workers={p['workers']!r}: must be 0 (all cores) or a positive integer")
     if p["encoder"] not in ENCODERS:
         raise ValueError(f"tokenize.encoder={p['encoder']!r}: expected one of {', '.join(ENCODERS)}")
-    if p["encoder"] != "tiktoken" and p["tokenizer"] != "gpt2":
+    if p["encoder"] == "gigatoken" and p["tokenizer"] != "gpt2":
         raise ValueError(f"tokenize.encoder={p['encoder']!r} applies to tokenizer gpt2 only "
-                         f"(tokenizer is {p['tokenizer']!r}); set it to tiktoken")
+                         f"(tokenizer is {p['tokenizer']!r}); set it to auto")
     is_ranks = str(p["tokenizer"]).endswith(".tiktoken")
     if is_ranks and p["tiktoken_pattern"] not in TIKTOKEN_PATTERNS:
         raise ValueError(f"tokenize.tiktoken_pattern={p['tiktoken_pattern']!r}: tokenizer {p['tokenizer']!r} is a "
