@@ -1,5 +1,6 @@
 """The evaluate and compare stages on a small trained checkpoint, including HellaSwag on real validation data."""
 import json
+import shutil
 
 import pytest
 from stagekit import REF_DATA, ROOT, make_project, run_stage, tsv, write_gpt2_shards
@@ -13,10 +14,19 @@ needs_hellaswag = pytest.mark.skipif(not HELLASWAG.exists(), reason=f"{HELLASWAG
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A tiny model trained for a few steps on real GPT-2 tokens; later tests evaluate it in place."""
+    """A tiny model trained for a few steps on real GPT-2 tokens, never modified by the tests that use it."""
     shards = write_gpt2_shards(tmp_path_factory.mktemp("shards"))
     project = make_project(tmp_path_factory.mktemp("proj"), shards, model=BIG_BLOCK, **TRAIN)
     run_stage(project, "train")
+    return project
+
+
+def evaluation_project(root, trained, **eval):
+    """A project of its own holding copies of the train stage's outs (model/, metrics/train/) and these eval params:
+    no test sees another's."""
+    project = make_project(root, trained / "data/shards", model=BIG_BLOCK, **TRAIN, eval=eval)
+    shutil.copytree(trained / "model", project / "model")
+    shutil.copytree(trained / "metrics" / "train", project / "metrics" / "train")
     return project
 
 
@@ -24,7 +34,8 @@ def read_json(path):
     return json.loads(path.read_text())
 
 
-def test_evaluate_cloze_then_compare(trained):
+def test_evaluate_cloze_then_compare(tmp_path, trained):
+    trained = evaluation_project(tmp_path / "p", trained)
     out = run_stage(trained, "evaluate")
     assert "cloze acc" in out.stdout
     metrics = read_json(trained / "metrics/eval.json")
@@ -47,9 +58,9 @@ def test_evaluate_cloze_then_compare(trained):
 
 
 @needs_hellaswag
-def test_evaluate_hellaswag_on_real_validation_examples(trained):
-    make_project(trained, trained / "data/shards", model=BIG_BLOCK, **TRAIN,
-                 eval={"task": "hellaswag", "hellaswag_path": str(HELLASWAG), "max_examples": 24})
+def test_evaluate_hellaswag_on_real_validation_examples(tmp_path, trained):
+    trained = evaluation_project(tmp_path / "p", trained, task="hellaswag", hellaswag_path=str(HELLASWAG),
+                                 max_examples=24)
     run_stage(trained, "evaluate")
     metrics = read_json(trained / "metrics/eval.json")
     assert metrics["hellaswag"]["count"] == 24
@@ -75,7 +86,7 @@ def test_evaluate_a_hugging_face_model_directory(tmp_path, trained):
     transformers = pytest.importorskip("transformers")
     cfg = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_positions=64, vocab_size=50257)
     transformers.GPT2LMHeadModel(cfg).save_pretrained(tmp_path / "hf")
-    make_project(trained, trained / "data/shards", model=BIG_BLOCK, **TRAIN, eval={"model": str(tmp_path / "hf")})
+    trained = evaluation_project(tmp_path / "p", trained, model=str(tmp_path / "hf"))
     out = run_stage(trained, "evaluate")
     assert str(tmp_path / "hf") in out.stdout
     assert read_json(trained / "metrics/eval.json")["eval"]["val_loss"] > 0
