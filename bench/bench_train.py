@@ -29,6 +29,7 @@ from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.data.sources import package_documents
 from gptcore.data.tokenizers import get_tokenizer
 from gptcore.train.loop import Trainer, TrainConfig
+from gptcore.train.params import TRAIN
 
 
 def shakespeare_shard(folder: Path, tokens: int) -> Path:
@@ -43,11 +44,11 @@ def shakespeare_shard(folder: Path, tokens: int) -> Path:
     return path
 
 
-def run_variant(name: str, base: GPT, shard: Path, cfg: TrainConfig, steps: int, warmup: int,
-                fused_adamw: bool = True) -> dict:
-    env = distributed.setup(cfg.device)
+def run_variant(name: str, base: GPT, shard: Path, cfg: TrainConfig, steps: int, warmup: int, device: str,
+                micro_batch: int, fused_adamw: bool = True) -> dict:
+    env = distributed.setup(device)
     model = copy.deepcopy(base)
-    loader = TokenLoader([shard], cfg.micro_batch, model.config.block_size, cfg.total_batch_tokens)
+    loader = TokenLoader([shard], micro_batch, model.config.block_size, cfg.total_batch_tokens)
     with tempfile.TemporaryDirectory() as ckpt:
         trainer = Trainer(model, loader, cfg, env, Path(ckpt), StepLogger(ckpt, enabled=False), {})
         if not fused_adamw:  # nanoGPT's CPU path: the default (foreach) AdamW
@@ -88,8 +89,11 @@ def main() -> None:
     base = GPT(GPTConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=args.block_size,
                          vocab_size=50304))
     step_tokens = args.micro_batch * args.block_size
-    default = TrainConfig(device=args.device, micro_batch=args.micro_batch, total_batch_tokens=step_tokens,
-                          max_steps=args.steps, warmup_steps=min(10, args.steps), max_lr=6e-4)
+    # the schema's defaults for everything the command line does not set
+    default = TrainConfig.from_params(TRAIN.validate({
+        "device": args.device, "micro_batch": args.micro_batch, "total_batch_tokens": step_tokens,
+        "max_steps": args.steps, "warmup_steps": min(10, args.steps), "max_lr": 6e-4, "eval_every": 0,
+        "val_tokens": args.block_size + 1, "ckpt_every": args.steps}))
     # (name, config, fused AdamW): the first row is nanoGPT's CPU path, the reference for speed-up and loss.
     variants = [("fp32 eager", replace(default, dtype="float32", compile=False), False),
                 ("fp32 + fused", replace(default, dtype="float32", compile=False), True),
@@ -102,7 +106,8 @@ def main() -> None:
           f"{args.steps} steps ({args.warmup} untimed), torch {torch.__version__}, {torch.get_num_threads()} threads")
     with tempfile.TemporaryDirectory() as d:
         shard = shakespeare_shard(Path(d), step_tokens * args.steps + 1)
-        rows = [run_variant(n, base, shard, cfg, args.steps, args.warmup, fused) for n, cfg, fused in variants]
+        rows = [run_variant(n, base, shard, cfg, args.steps, args.warmup, args.device, args.micro_batch, fused)
+                for n, cfg, fused in variants]
     ref = rows[0]
     print(f"{'variant':16} {'dtype':9} {'compile':7} {'tok/s':>9} {'ms/step':>9} {'TFLOP/s':>8} {'MFU':>6} "
           f"{'speed-up':>8} {'loss':>8} {'vs fp32':>8}")

@@ -1,19 +1,37 @@
-"""What every stage recipe shares: where params.yaml is and how to read one section of it."""
+"""What every stage recipe shares: reading one validated section of params.yaml, and user errors as one line."""
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
+from gptcore.params import ParamError, Section
+from gptcore.process import FolderBusyError
 
-def load_params(section: str, path: str | Path = "params.yaml") -> dict[str, Any]:
-    """Return one top-level section of params.yaml, with a clear error when it is missing."""
+PARAMS = Path("params.yaml")
+
+
+def load_params(schema: Section, path: str | Path = PARAMS) -> dict[str, Any]:
+    """One section of params.yaml, validated by its schema (defaults filled in); ParamError names the bad key."""
     path = Path(path)
-    if not path.exists():
+    if not path.is_file():
         raise FileNotFoundError(f"{path.resolve()}: params file not found (run stages from the project root)")
     with open(path, encoding="utf-8") as f:
         params = yaml.safe_load(f) or {}
-    if section not in params or not isinstance(params[section], dict):
-        raise KeyError(f"{path}: no '{section}:' section (found: {', '.join(sorted(params)) or 'nothing'})")
-    return dict(params[section])
+    if schema.name not in params:
+        raise ParamError(schema.name, None, f"missing section (found: {', '.join(sorted(params)) or 'nothing'})")
+    return schema.validate(params[schema.name])
+
+
+@contextmanager
+def user_errors(stage: str, path: str | Path = PARAMS) -> Iterator[None]:
+    """Turn a user's mistake (a bad param, a missing or bad input file, a busy folder) into one line on stderr, exit 1."""
+    try:
+        yield
+    except ParamError as e:
+        sys.exit(f"[{stage}] {path} {e}")
+    except (FileNotFoundError, ValueError, FolderBusyError) as e:
+        sys.exit(f"[{stage}] {e}")

@@ -18,7 +18,9 @@ from gptcore.eval.sampling import sample, tokenizer_for
 from gptcore.data.tokenizers import load_tokenizer
 from gptcore.model.load import load_model
 from gptcore.precision import resolve_dtype
-from stages.common import load_params
+from gptcore.data import shards
+from gptcore.eval.params import EVAL, check_val_tokens
+from stages.common import load_params, user_errors
 
 SHARDS = Path("data/shards")
 MODEL = Path("model")
@@ -27,36 +29,36 @@ OUT = Path("metrics")
 
 def main() -> None:
     """Score eval.model on the val shards and the task; rank 0 writes metrics/eval.json, predictions, samples."""
-    p = load_params("eval")
-    env = distributed.setup(p["device"])
-    tok = load_tokenizer(SHARDS)
-    model_spec = str(MODEL) if p["model"] == "checkpoint" else p["model"]
-    model = load_model(model_spec)
-    model_tok = tokenizer_for(model_spec, model)
-    evaluation.check_same_tokenizer(model_tok, tok, model_spec, SHARDS)
+    with user_errors("evaluate"):
+        # every check on the user's input (params, data, model, task file) before the val-loss pass
+        p = load_params(EVAL)
+        env = distributed.setup(p["device"])
+        tok = load_tokenizer(SHARDS)
+        model_spec = str(MODEL) if p["model"] == "checkpoint" else p["model"]
+        model = load_model(model_spec)
+        model_tok = tokenizer_for(model_spec, model)
+        evaluation.check_same_tokenizer(model_tok, tok, model_spec, SHARDS)
+        block = model.config.block_size
+        val_split = sum(len(shards.load_tokens(path)) for path in shards.open_split(SHARDS, "val"))
+        check_val_tokens(p, block, val_split)
+        val_tokens = evaluation.val_stream(SHARDS, p["val_tokens"], tok.vocab_size)
+        if p["task"] == "hellaswag":
+            path = hellaswag.fetch_hellaswag("data/hellaswag", path=p["hellaswag_path"], progress=env.is_main)
+            examples = hellaswag.load_hellaswag(path, tok, limit=p["max_examples"])
+        else:  # cloze (the schema allows nothing else)
+            examples = cloze.build_cloze(val_tokens[:p["val_tokens"]], tok.eot, p["cloze_examples"],
+                                         p["cloze_context"], p["cloze_ending"], p["seed"])
     model.to(env.device).eval()
     dtype = resolve_dtype(p["dtype"], env.device)
-    block = model.config.block_size
-
-    val_tokens = evaluation.val_stream(SHARDS, p["val_tokens"], tok.vocab_size)
     loss = evaluation.val_loss(model, val_tokens, block, p["batch_size"], env.device, dtype, env.rank,
                                env.world_size, progress=env.is_main)
     bpc = evaluation.bits_per_char(loss, val_tokens, tok)  # comparable across tokenizers, unlike val_loss
-
-    if p["task"] == "hellaswag":
-        path = hellaswag.fetch_hellaswag("data/hellaswag", path=p["hellaswag_path"], progress=env.is_main)
-        examples = hellaswag.load_hellaswag(path, tok, limit=p["max_examples"])
-    elif p["task"] == "cloze":
-        examples = cloze.build_cloze(val_tokens[:p["val_tokens"]], tok.eot, p["cloze_examples"], p["cloze_context"],
-                                     p["cloze_ending"], p["seed"])
-    else:
-        raise ValueError(f"eval.task={p['task']!r}: expected 'hellaswag' or 'cloze'")
     result = score_examples(model, examples, device=env.device, batch_size=p["batch_size"], dtype=dtype,
                             progress=env.is_main)
 
     if env.is_main:
         texts = sample(model, tok, p["sample_prompt"], p["samples"], p["sample_tokens"], p["temperature"],
-                       p["top_k"], p["seed"], env.device, dtype)
+                       p["top_k"], p["seed"], env.device, dtype) if p["samples"] else []
         write_predictions(OUT / "predictions.jsonl", result)
         evaluation.write_samples(OUT / "samples.txt", p["sample_prompt"], texts, model_spec)
         metrics = {"eval": {"val_loss": loss, "bits_per_char": bpc},

@@ -5,19 +5,22 @@ import sys
 from pathlib import Path
 
 from gptcore.data.sources import HubUnreachableError, fetch
-from gptcore.process import FolderBusyError, FolderLock, stage_lifetime
-from stages.common import load_params
+from gptcore.data.params import FETCH
+from gptcore.process import FolderLock, stage_lifetime
+from stages.common import load_params, user_errors
 
 RAW = Path("data/raw")
 
 
 def main() -> None:
     """Fetch params.yaml's `fetch:` source into data/raw/; one line naming the problem on bad input."""
-    try:
-        with FolderLock(RAW, "fetch"):  # one fetch per folder: a second one refuses before it downloads or deletes
-            rec = fetch(load_params("fetch"), RAW, progress=True)
-    except (HubUnreachableError, FileNotFoundError, ValueError, FolderBusyError) as e:
-        sys.exit(f"[fetch] {e}")
+    with user_errors("fetch"):
+        p = load_params(FETCH)
+        try:
+            with FolderLock(RAW, "fetch"):  # one fetch per folder: a second one refuses before it downloads or deletes
+                rec = fetch(p, RAW, progress=True)
+        except HubUnreachableError as e:
+            sys.exit(f"[fetch] {e}")
     print(f"[fetch] {rec['documents']:,} documents from {rec['source']} {rec['name']} "
           f"in {len(rec['files'])} file(s) -> {RAW}")
 

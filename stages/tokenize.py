@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 from gptcore.data.tokenize import tokenize
-from gptcore.process import FolderBusyError, stage_lifetime
+from gptcore.data.params import TOKENIZE
 from gptcore.data.tokenizers import MissingPackage
-from stages.common import load_params
+from gptcore.process import stage_lifetime
+from stages.common import load_params, user_errors
 
 RAW = Path("data/raw")
 SHARDS = Path("data/shards")
@@ -18,10 +19,11 @@ SHARDS = Path("data/shards")
 
 def main() -> None:
     """Tokenize data/raw/ into data/shards/ by params.yaml's `tokenize:`; one line naming the problem on bad input."""
-    try:
-        m = tokenize(RAW, SHARDS, load_params("tokenize"))
-    except (FileNotFoundError, ValueError, FolderBusyError, MissingPackage) as e:
-        sys.exit(f"[tokenize] {e}")
+    with user_errors("tokenize"):
+        try:
+            m = tokenize(RAW, SHARDS, load_params(TOKENIZE))
+        except MissingPackage as e:
+            sys.exit(f"[tokenize] {e}")
     print(f"[tokenize] {m['documents']:,} documents -> {m['tokens']['val']:,} val + {m['tokens']['train']:,} train "
           f"tokens in {len(m['shards'])} shards ({m['dtype']}, tokenizer {m['tokenizer']['name']}) -> {SHARDS}")
 

@@ -178,9 +178,9 @@ def test_empty_corpus_and_bad_params(tmp_path):
         src.fetch({"source": "local", "path": str(tmp_path / "*.parquet")}, tmp_path / "raw")
     with pytest.raises(ValueError, match="fetch.source='ftp'"):
         src.fetch({"source": "ftp"}, tmp_path / "raw")
-    with pytest.raises(ValueError, match="fetch.pth: unknown param"):
+    with pytest.raises(ValueError, match="fetch.pth='x': unknown"):
         src.fetch({"source": "local", "pth": "x"}, tmp_path / "raw")
-    with pytest.raises(ValueError, match="fetch.path: required"):
+    with pytest.raises(ValueError, match="fetch.path=None: required"):
         src.fetch({"source": "local"}, tmp_path / "raw")
     with pytest.raises(ValueError, match="fetch.max_files=-2"):
         src.fetch({"source": "hub", "max_files": -2}, tmp_path / "raw")

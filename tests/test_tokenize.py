@@ -263,21 +263,26 @@ def test_kill_9_then_rerun_is_byte_identical(tmp_path):
     assert not list((tmp_path / "shards").glob(".*tmp")) and S.verify(tmp_path / "shards") == []
 
 
+BASE = {"tokenizer": "gpt2", "val_tokens": 100}
+
+
 def test_bad_params_and_too_small_corpus(tmp_path, corpus_docs):
     raw = make_raw(tmp_path, corpus_docs[:20])
-    with pytest.raises(ValueError, match="tokenize.shard_size: unknown param"):
-        E.tokenize(raw, tmp_path / "s", {"shard_size": 5}, progress=False)
+    with pytest.raises(ValueError, match="tokenize.tokenizer=None: required"):
+        E.tokenize(raw, tmp_path / "s", {"val_tokens": 100}, progress=False)
+    with pytest.raises(ValueError, match="tokenize.shard_size=5: unknown param"):
+        E.tokenize(raw, tmp_path / "s", {**BASE, "shard_size": 5}, progress=False)
     with pytest.raises(ValueError, match="tokenize.workers=-1"):
-        E.tokenize(raw, tmp_path / "s", {"workers": -1}, progress=False)
+        E.tokenize(raw, tmp_path / "s", {**BASE, "workers": -1}, progress=False)
     with pytest.raises(ValueError, match="tokenize.shard_tokens='big'"):
-        E.tokenize(raw, tmp_path / "s", {"shard_tokens": "big"}, progress=False)
+        E.tokenize(raw, tmp_path / "s", {**BASE, "shard_tokens": "big"}, progress=False)
     with pytest.raises(FileNotFoundError, match="tokenize.tokenizer='nope.json'"):
-        E.tokenize(raw, tmp_path / "s", {"tokenizer": "nope.json"}, progress=False)
+        E.tokenize(raw, tmp_path / "s", {**BASE, "tokenizer": "nope.json"}, progress=False)
     with pytest.raises(ValueError, match="fewer than tokenize.val_tokens=1,000,000"):
-        E.tokenize(raw, tmp_path / "s", {"val_tokens": 1_000_000, "workers": 1}, progress=False)
+        E.tokenize(raw, tmp_path / "s", {**BASE, "val_tokens": 1_000_000, "workers": 1}, progress=False)
     assert not list((tmp_path / "s").glob("*.npy")) and not list((tmp_path / "s").glob(".*tmp"))
     with pytest.raises(FileNotFoundError, match="run the fetch stage first"):
-        E.tokenize(tmp_path / "nothing", tmp_path / "s", {}, progress=False)
+        E.tokenize(tmp_path / "nothing", tmp_path / "s", BASE, progress=False)
 
 
 def test_fineweb_reference_sample(tmp_path):

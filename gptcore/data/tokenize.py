@@ -27,6 +27,7 @@ from tqdm import tqdm
 from gptcore.atomic import json_sha256
 from gptcore.data import shards
 from gptcore.process import FolderLock, die_with_parent
+from gptcore.data.params import TOKENIZE
 from gptcore.data.sources import Corpus, ReadTask, open_corpus, read_task
 from gptcore.data.tokenizers import (
     CHAR_VOCAB_FILE,
@@ -39,16 +40,9 @@ from gptcore.data.tokenizers import (
     save_beside_shards,
     tokenizer_record,
     train_bpe,
-    ENCODERS,
-    TIKTOKEN_PATTERNS,
     qwen2_ranks_path,
 )
 
-TOKENIZE_KEYS = {"tokenizer", "bpe_vocab_size", "shard_tokens", "val_tokens", "workers", "eot_token",
-                 "tiktoken_pattern", "encoder"}
-DEFAULTS = {"tokenizer": "gpt2", "bpe_vocab_size": 8192, "shard_tokens": 100_000_000, "val_tokens": 100_000_000,
-            "workers": 0, "eot_token": None, "tiktoken_pattern": None, "encoder": "auto"}
-NULLABLE = {"eot_token", "tiktoken_pattern"}  # None is a value here, not "use the default"
 TASK_BYTES = 4 << 20  # row groups with more text than this are split into several tasks
 
 
@@ -192,34 +186,6 @@ def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard
 # ---------------------------------------------------------------------------------------------
 # the stage: params -> tokenizer -> shards
 
-def check_params(cfg: dict[str, Any]) -> dict[str, Any]:
-    """params.yaml's `tokenize:` section with defaults filled in; unknown keys are an error."""
-    unknown = set(cfg) - TOKENIZE_KEYS
-    if unknown:
-        raise ValueError(f"tokenize.{sorted(unknown)[0]}: unknown param (known: {', '.join(sorted(TOKENIZE_KEYS))})")
-    p = {**DEFAULTS, **{k: v for k, v in cfg.items() if v is not None or k in NULLABLE}}
-    for key in ("shard_tokens", "bpe_vocab_size"):
-        if not isinstance(p[key], int) or isinstance(p[key], bool) or p[key] < 1:
-            raise ValueError(f"tokenize.{key}={p[key]!r}: must be a positive integer")
-    if not isinstance(p["val_tokens"], int) or isinstance(p["val_tokens"], bool) or p["val_tokens"] < 0:
-        raise ValueError(f"tokenize.val_tokens={p['val_tokens']!r}: must be a non-negative integer")
-    if not isinstance(p["workers"], int) or isinstance(p["workers"], bool) or p["workers"] < 0:
-        raise ValueError(f"tokenize.workers={p['workers']!r}: must be 0 (all cores) or a positive integer")
-    if p["encoder"] not in ENCODERS:
-        raise ValueError(f"tokenize.encoder={p['encoder']!r}: expected one of {', '.join(ENCODERS)}")
-    if p["encoder"] == "gigatoken" and p["tokenizer"] != "gpt2":
-        raise ValueError(f"tokenize.encoder={p['encoder']!r} applies to tokenizer gpt2 only "
-                         f"(tokenizer is {p['tokenizer']!r}); set it to auto")
-    is_ranks = str(p["tokenizer"]).endswith(".tiktoken")
-    if is_ranks and p["tiktoken_pattern"] not in TIKTOKEN_PATTERNS:
-        raise ValueError(f"tokenize.tiktoken_pattern={p['tiktoken_pattern']!r}: tokenizer {p['tokenizer']!r} is a "
-                         f"tiktoken ranks file, name its pre-tokenization ({' | '.join(TIKTOKEN_PATTERNS)})")
-    if not is_ranks and p["tiktoken_pattern"] is not None:
-        raise ValueError(f"tokenize.tiktoken_pattern={p['tiktoken_pattern']!r}: only for a .tiktoken ranks file "
-                         f"(tokenizer is {p['tokenizer']!r}); set it to null")
-    return p
-
-
 def _tokenizer_identity(p: dict) -> dict:
     """What determines the token ids, for the fingerprint (not the encoder: every encoder gives the same ids)."""
     spec = str(p["tokenizer"])
@@ -278,7 +244,7 @@ def tokenize(raw_dir: str | Path, shard_dir: str | Path, cfg: dict[str, Any], pr
 
     If shard_dir holds a finished run with the same params fingerprint nothing is rewritten; an
     unfinished one is resumed; anything else there (another fingerprint) is cleared first."""
-    p = check_params(cfg)
+    p = TOKENIZE.validate(cfg)
     corpus = open_corpus(raw_dir)
     shard_dir = Path(shard_dir)
     # one tokenize per folder: a second run refuses here, before it clears or writes anything

@@ -23,6 +23,7 @@ import numpy as np
 from tiktoken_ext.openai_public import r50k_pat_str
 
 from gptcore.atomic import atomic_write, file_sha256, write_text
+from gptcore.data.params import ENCODERS
 from gptcore.data.shards import MANIFEST, read_manifest
 
 EOT_TEXT = "<|endoftext|>"
@@ -104,9 +105,6 @@ def gpt2_encoding():
                              special_tokens={EOT_TEXT: 50256}, explicit_n_vocab=50257)
 
 
-# tokenize.encoder: what encodes GPT-2 BPE (the ids are the same); auto = gigatoken where it is installed (about 6x
-# tiktoken's rate on one core, measured by bench/bench_tokenize.py), else tiktoken
-ENCODERS = ("auto", "tiktoken", "gigatoken")
 GIGATOKEN_DIST = "gigatoken==0.10.0"
 
 

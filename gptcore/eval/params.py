@@ -1,0 +1,40 @@
+"""The schema of params.yaml's `eval:` section, and the check of its val_tokens against the model and the data."""
+from __future__ import annotations
+
+from typing import Any
+
+from gptcore.params import REQUIRED, Param, ParamError, Section
+from gptcore.precision import DTYPES
+
+TASKS = ("hellaswag", "cloze")
+
+EVAL = Section("eval", {
+    "model": Param(str, "checkpoint", "checkpoint (this run's model/) | gpt2 | path to a Hugging Face GPT-2 folder"),
+    "task": Param(str, REQUIRED, "the multiple-choice task", choices=TASKS),
+    "hellaswag_path": Param(str, None, "a local HellaSwag val jsonl (null: download it)", also=(None,)),
+    "max_examples": Param(int, None, "score the first this many HellaSwag examples (null: all)", min=1, also=(None,)),
+    "device": Param(str, "auto", "auto (cuda, else mps, else cpu) | cpu | cuda | cuda:N | mps",
+                    pattern=r"auto|cpu|mps|cuda(:\d+)?"),
+    "dtype": Param(str, "bfloat16", "autocast precision (float32 turns it off)", choices=tuple(sorted(DTYPES))),
+    "batch_size": Param(int, 32, "sequences per forward pass", min=1),
+    "val_tokens": Param(int, REQUIRED, "val loss over the first val_tokens tokens of the val split", min=1),
+    "cloze_examples": Param(int, 500, "cloze questions cut from the val split", min=1),
+    "cloze_context": Param(int, 64, "context tokens of a cloze question", min=1),
+    "cloze_ending": Param(int, 16, "tokens of each cloze ending", min=1),
+    "seed": Param(int, 1337, "seed of the cloze questions and the samples", min=0),
+    "samples": Param(int, 3, "text samples written to metrics/samples.txt", min=0),
+    "sample_prompt": Param(str, REQUIRED, "prompt of those samples"),
+    "sample_tokens": Param(int, 64, "tokens per sample", min=1),
+    "temperature": Param(float, 0.8, "sampling temperature", above=0.0),
+    "top_k": Param(int, 200, "sample from the k most likely tokens (null: all)", min=1, also=(None,)),
+})
+
+
+def check_val_tokens(p: dict[str, Any], block_size: int, val_split_tokens: int | None = None) -> None:
+    """eval.val_tokens must fill one window of the model's context, and fit in the val split."""
+    if p["val_tokens"] < block_size + 1:
+        raise ParamError("eval.val_tokens", p["val_tokens"],
+                         f"must be >= the model's block_size + 1 = {block_size + 1} (one window and its targets)")
+    if val_split_tokens is not None and p["val_tokens"] > val_split_tokens:
+        raise ParamError("eval.val_tokens", p["val_tokens"],
+                         f"must be <= the {val_split_tokens:,} tokens of the val split (tokenize.val_tokens)")

@@ -1,0 +1,131 @@
+"""The schema mechanics of params.yaml: one `Section` per top-level section, one `Param` per key.
+
+Each section's schema lives beside the library code that reads it (gptcore/data/params.py for fetch and
+tokenize, gptcore/model/params.py, gptcore/train/params.py, gptcore/eval/params.py); conf/config.yaml shows
+the same keys, in the same order, with the same defaults (tests/test_params.py checks that). A bad value is
+a `ParamError` whose message is one line naming `section.key`, the value and what is allowed.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+REQUIRED: Any = "???"  # no default: conf/config.yaml shows `???` and every preset sets the key
+
+
+class ParamError(ValueError):
+    """A params.yaml value that is not allowed; str() is one line: `section.key=value: what is allowed`."""
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"{key}={value!r}: {allowed}")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One key: its type, default, allowed values and a one-line description."""
+
+    kind: type  # int, float, bool or str; bool is never accepted as an int or a float
+    default: Any = REQUIRED
+    doc: str = ""
+    min: float | None = None  # inclusive bounds for numbers
+    max: float | None = None
+    above: float | None = None  # exclusive lower bound for numbers
+    below: float | None = None  # exclusive upper bound for numbers
+    choices: tuple = ()  # for str: the only values allowed (empty: any string)
+    pattern: str = ""  # for str: a regular expression the whole value must match
+    also: tuple = ()  # literal values accepted besides the kind, e.g. (None,) or ("auto",)
+    resume_ok: bool = False  # train only: may differ from the checkpoint's run on resume (not in the fingerprint)
+
+    def allowed(self) -> str:
+        """What this key accepts, in words (the tail of a ParamError)."""
+        if self.choices:
+            what = "one of " + ", ".join(map(str, self.choices))
+        elif self.pattern:
+            what = f"a string matching {self.pattern}"
+        else:
+            what = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[self.kind]
+            bounds = [f">= {_num(self.min)}" if self.min is not None else "",
+                      f"> {_num(self.above)}" if self.above is not None else "",
+                      f"<= {_num(self.max)}" if self.max is not None else "",
+                      f"< {_num(self.below)}" if self.below is not None else ""]
+            bounds = [b for b in bounds if b]
+            if bounds:
+                what += " " + " and ".join(bounds)
+        extra = ["null" if a is None else str(a) for a in self.also]
+        return "must be " + " or ".join([what, *extra])
+
+    def check(self, key: str, value: Any) -> Any:
+        """The value as the code reads it (a float for float keys), or a ParamError."""
+        if any(value is a or (a is not None and value == a and type(value) is type(a)) for a in self.also):
+            return value
+        bad = ParamError(key, value, self.allowed())
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise bad
+            return value
+        if self.kind is str:
+            if (not isinstance(value, str) or (self.choices and value not in self.choices)
+                    or (self.pattern and not re.fullmatch(self.pattern, value))):
+                raise bad
+            return value
+        if isinstance(value, bool):
+            raise bad
+        if self.kind is int:
+            if not isinstance(value, int):
+                raise bad
+        elif self.kind is float:
+            # PyYAML reads `6e-4` (no dot) as a string; accept a numeric string, never a word like `fast`.
+            if isinstance(value, str):
+                try:
+                    value = float(value)
+                except ValueError:
+                    raise bad from None
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise bad
+            value = float(value)
+        if ((self.min is not None and value < self.min) or (self.max is not None and value > self.max)
+                or (self.above is not None and value <= self.above) or (self.below is not None and value >= self.below)):
+            raise bad
+        return value
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+class Section:
+    """The schema of one params.yaml section: its keys in order, and checks that relate several keys."""
+
+    def __init__(self, name: str, params: dict[str, Param],
+                 relations: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.name, self.params, self.relations = name, params, relations
+
+    def defaults(self) -> dict[str, Any]:
+        """Every key with its default (REQUIRED where a preset must set it), in schema order."""
+        return {k: p.default for k, p in self.params.items()}
+
+    def validate(self, values: Any) -> dict[str, Any]:
+        """The section with defaults filled in, in schema order; ParamError for unknown, missing or bad keys."""
+        if not isinstance(values, dict):
+            raise ParamError(self.name, values, f"must be a mapping of {', '.join(self.params)}")
+        for key in values:
+            if key not in self.params:
+                raise ParamError(f"{self.name}.{key}", values[key],
+                                 f"unknown param (known: {', '.join(self.params)})")
+        out: dict[str, Any] = {}
+        for key, param in self.params.items():
+            name = f"{self.name}.{key}"
+            if key not in values:
+                if param.default is REQUIRED:
+                    raise ParamError(name, None, "required (no default): set it in the preset or params.yaml")
+                out[key] = param.default
+                continue
+            if isinstance(values[key], str) and values[key] == REQUIRED:
+                raise ParamError(name, values[key], "required (no default): set it in the preset or params.yaml")
+            out[key] = param.check(name, values[key])
+        if self.relations is not None:
+            self.relations(out)
+        return out

@@ -1,0 +1,93 @@
+"""The schema of params.yaml's `train:` section, and the checks that relate it to the model and the data.
+
+`resume_ok=True` marks the params that change how a run is executed or reported but not the weights it ends
+with: they may differ when a run resumes from a checkpoint, so they stay out of the run's fingerprint.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from gptcore.params import REQUIRED, Param, ParamError, Section
+from gptcore.precision import DTYPES
+from gptcore.train.optim import OPTIMIZERS
+
+DEVICE = r"auto|cpu|mps|cuda(:\d+)?"
+EXPORTS = ("final", "best")
+
+
+def _relations(p: dict[str, Any]) -> None:
+    if p["warmup_steps"] > p["max_steps"]:
+        raise ParamError("train.warmup_steps", p["warmup_steps"], f"must be <= train.max_steps={p['max_steps']}")
+
+
+TRAIN = Section("train", {
+    "nproc": Param(int, 1, "processes (GPUs) torchrun starts on this machine", min=1, resume_ok=True),
+    "device": Param(str, "auto", "auto (cuda, else mps, else cpu) | cpu | cuda | cuda:N | mps", pattern=DEVICE,
+                    resume_ok=True),
+    "micro_batch": Param(int, REQUIRED, "sequences per forward pass on each process", min=1, resume_ok=True),
+    "total_batch_tokens": Param(int, REQUIRED, "tokens per optimizer step, over all processes and micro steps",
+                                min=1),
+    "max_steps": Param(int, REQUIRED, "optimizer steps (0: only evaluate and export the starting weights)", min=0),
+    "warmup_steps": Param(int, REQUIRED, "linear learning-rate warmup steps", min=0),
+    "max_lr": Param(float, REQUIRED, "AdamW's peak learning rate (with optimizer muon: for embeddings, lm_head, "
+                                     "gains and biases)", above=0.0),
+    "optimizer": Param(str, "adamw", "adamw | muon (torch.optim.Muon for the blocks' 2-D weights, AdamW for the rest)",
+                       choices=OPTIMIZERS),
+    "muon_lr": Param(float, 0.02, "Muon's peak rate (optimizer muon); the schedule scales it with max_lr", above=0.0),
+    "muon_momentum": Param(float, 0.95, "Muon's Nesterov momentum (optimizer muon)", min=0.0, below=1.0),
+    "min_lr_ratio": Param(float, 0.1, "final learning rate of the cosine decay, as a fraction of max_lr",
+                          min=0.0, max=1.0),
+    "weight_decay": Param(float, 0.1, "AdamW weight decay of the 2-D weights", min=0.0),
+    "beta1": Param(float, 0.9, "AdamW beta1", min=0.0, below=1.0),
+    "beta2": Param(float, 0.95, "AdamW beta2", min=0.0, below=1.0),
+    "eps": Param(float, 1.0e-08, "AdamW epsilon", above=0.0),
+    "grad_clip": Param(float, 1.0, "clip the global gradient norm to this", above=0.0),
+    "dtype": Param(str, "bfloat16", "autocast precision (float32 turns it off)", choices=tuple(sorted(DTYPES))),
+    "compile": Param(bool, False, "torch.compile the model", resume_ok=True),
+    "seed": Param(int, 1337, "seed of the initial weights, dropout and shuffling", min=0),
+    "eval_every": Param(int, REQUIRED, "evaluate every this many steps (0: only at the end)", min=0, resume_ok=True),
+    "val_tokens": Param(int, REQUIRED, "val loss over the first val_tokens tokens of the val split", min=1,
+                        resume_ok=True),
+    "val_batch": Param(int, 32, "sequences per forward pass when evaluating", min=1, resume_ok=True),
+    "ckpt_every": Param(int, REQUIRED, "save a checkpoint every this many steps", min=1, resume_ok=True),
+    "keep_checkpoints": Param(int, 2, "newest checkpoints kept in checkpoints/", min=1, resume_ok=True),
+    "shuffle": Param(bool, True, "shuffle shard and window order each epoch"),
+    "log_every": Param(int, 1, "log train metrics every this many steps", min=1, resume_ok=True),
+    "hellaswag": Param(bool, False, "HellaSwag at every eval (GPT-2 BPE data only)", resume_ok=True),
+    "hellaswag_path": Param(str, None, "a local HellaSwag val jsonl (null: download it)", also=(None,),
+                            resume_ok=True),
+    "hellaswag_examples": Param(int, None, "score the first this many HellaSwag examples (null: all 10,042)", min=1,
+                                also=(None,), resume_ok=True),
+    "samples": Param(int, 0, "text samples at each eval, written to metrics/train/samples/", min=0, resume_ok=True),
+    "sample_prompt": Param(str, "", "prompt of those samples", resume_ok=True),
+    "sample_tokens": Param(int, 32, "tokens per sample", min=1, resume_ok=True),
+    "export": Param(str, "final", "what model/ gets: final (the last weights) | best (those of the lowest val loss)",
+                    choices=EXPORTS),
+}, _relations)
+
+RESUME_OK = frozenset(k for k, p in TRAIN.params.items() if p.resume_ok)
+
+
+def check_run(model: dict[str, Any], train: dict[str, Any], world_size: int,
+              val_split_tokens: int | None = None) -> None:
+    """Checks between validated `model:` and `train:` sections, the process count and the val split's size."""
+    block = model["block_size"]
+    per_step = train["micro_batch"] * block * world_size
+    if train["total_batch_tokens"] % per_step:
+        raise ParamError("train.total_batch_tokens", train["total_batch_tokens"],
+                         f"must be a multiple of train.micro_batch * model.block_size * processes = "
+                         f"{train['micro_batch']} * {block} * {world_size} = {per_step}")
+    if train["val_tokens"] < block + 1:
+        raise ParamError("train.val_tokens", train["val_tokens"],
+                         f"must be >= model.block_size + 1 = {block + 1} (one window and its shifted targets)")
+    if val_split_tokens is not None and train["val_tokens"] > val_split_tokens:
+        raise ParamError("train.val_tokens", train["val_tokens"],
+                         f"must be <= the {val_split_tokens:,} tokens of the val split (tokenize.val_tokens)")
+
+
+def fingerprint_params(model: dict[str, Any], train: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """The params that shape the weights of a run; a checkpoint resumes only into a run with the same ones."""
+    shaping = {k: v for k, v in train.items() if k not in RESUME_OK}
+    if train["optimizer"] == "adamw":  # Muon's settings do not touch an AdamW run
+        shaping = {k: v for k, v in shaping.items() if not k.startswith("muon_")}
+    return {"model": dict(model), "train": shaping, "data": dict(data)}
