@@ -1,28 +1,33 @@
 """Stage `train`: params -> model + loader + trainer -> checkpoints/, model/, metrics/train/ (dvclive).
 
-Run under torchrun (see dvc.yaml); a plain `python -m stages.train` runs one process.
+`python -m stages.train` (dvc.yaml's cmd) validates params.yaml first; with train.nproc > 1 it then starts
+torchrun itself, with an argument list (no shell ever sees a param). Under torchrun (e.g. README's multi-node
+commands) each process runs the training directly.
 """
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
-from gptcore.model.load import init_model
-from gptcore.train import checkpoint
 from gptcore import distributed
-from gptcore.eval import val_loss as evaluation
-from gptcore.eval import hellaswag
+from gptcore.atomic import write_json
 from gptcore.data import shards
 from gptcore.data.loader import TokenLoader
-from gptcore.atomic import write_json
-from gptcore.report.steplog import StepLogger
-from gptcore.eval.sampling import TrainingSamples
 from gptcore.data.tokenizers import load_tokenizer, save_beside_shards, tokenizer_record
+from gptcore.eval import hellaswag
+from gptcore.eval import val_loss as evaluation
+from gptcore.eval.sampling import TrainingSamples
+from gptcore.model.load import init_model
+from gptcore.model.params import MODEL
 from gptcore.precision import resolve_dtype
-from gptcore.train.loop import Trainer, TrainConfig, run_fingerprint_params
 from gptcore.process import FolderBusyError, lock_for_all_ranks, stage_lifetime
-from stages.common import load_params
+from gptcore.report.steplog import StepLogger
+from gptcore.train import checkpoint
+from gptcore.train.loop import TrainConfig, Trainer
+from gptcore.train.params import TRAIN, check_run, fingerprint_params
+from stages.common import load_params, user_errors
 
 SHARDS = Path("data/shards")
 CKPT_DIR = Path("checkpoints")
@@ -30,42 +35,78 @@ MODEL_DIR = Path("model")
 LIVE_DIR = Path("metrics/train")
 
 
+def under_torchrun() -> bool:
+    """True in a process torchrun started (it sets LOCAL_RANK and WORLD_SIZE)."""
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def check_params() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The validated model: and train: sections, checked against each other and the val split (cheap: headers)."""
+    model_params, train = load_params(MODEL), load_params(TRAIN)
+    world_size = int(os.environ["WORLD_SIZE"]) if under_torchrun() else train["nproc"]
+    val_split = sum(len(shards.load_tokens(p)) for p in shards.open_split(SHARDS, "val"))
+    check_run(model_params, train, world_size, val_split)
+    return model_params, train
+
+
+def launch_torchrun(nproc: int) -> None:
+    """Replace this process by torchrun running this stage on `nproc` processes (an argv list: no shell)."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={int(nproc)}",
+            "-m", "stages.train"]
+    sys.stdout.flush()
+    os.execv(sys.executable, argv)
+
+
 def main() -> None:
-    """Build the model, loader and evaluators from params, resume if the params match, train, save model/."""
-    model_params, cfg = load_params("model"), TrainConfig.from_params(load_params("train"))
-    env = distributed.setup(cfg.device)
+    """Validate params, build the model, loader and evaluators, resume if the params match, train, save model/."""
+    with user_errors("train"):
+        model_params, train = check_params()
+    if not under_torchrun() and train["nproc"] > 1:
+        launch_torchrun(train["nproc"])
+    cfg = TrainConfig.from_params(train)
+    env = distributed.setup(train["device"])
     try:  # one training per checkpoints/ (and the model/ and metrics/train/ it writes): refuse before any work
         run_lock = lock_for_all_ranks(CKPT_DIR, "train", env.is_main)  # noqa: F841  (held until the process ends)
     except FolderBusyError as e:
         sys.exit(f"[train] {e}" if env.is_main else 1)
-    tok = load_tokenizer(SHARDS)
-    data = tokenizer_record(tok)  # name, vocab_size, eot: part of what a checkpoint must match to resume
+    with user_errors("train"):
+        # everything that can fail on the user's input happens before a checkpoint or a metric is touched
+        tok = load_tokenizer(SHARDS)
+        data = tokenizer_record(tok)  # name, vocab_size, eot: part of what a checkpoint must match to resume
+        model = init_model(model_params, data["vocab_size"], seed=cfg.seed)
+        block_size = model.config.block_size
+        loader = TokenLoader(shards.open_split(SHARDS, "train"), train["micro_batch"], block_size,
+                             cfg.total_batch_tokens, env.rank, env.world_size, shuffle=train["shuffle"], seed=cfg.seed,
+                             vocab_size=data["vocab_size"])
+        val_tokens = evaluation.val_stream(SHARDS, train["val_tokens"], data["vocab_size"])
+        dtype = resolve_dtype(cfg.dtype, env.device)
+        evaluators = [evaluation.ValLoss(val_tokens, block_size, train["val_batch"], env.device, dtype, env.rank,
+                                         env.world_size, env.is_main)]
+        if train["hellaswag"]:
+            path = hellaswag.fetch_hellaswag("data/hellaswag", path=train["hellaswag_path"], progress=env.is_main)
+            examples = hellaswag.load_hellaswag(path, tok, limit=train["hellaswag_examples"])
+            evaluators.append(evaluation.ChoiceTask("hellaswag", examples, train["val_batch"], env.device, dtype,
+                                                    env.is_main))
 
-    model = init_model(model_params, data["vocab_size"], seed=cfg.seed)
-    block_size = model.config.block_size
-    loader = TokenLoader(shards.open_split(SHARDS, "train"), cfg.micro_batch, block_size, cfg.total_batch_tokens,
-                         env.rank, env.world_size, shuffle=cfg.shuffle, seed=cfg.seed, vocab_size=data["vocab_size"])
-    val_tokens = evaluation.val_stream(SHARDS, cfg.val_tokens, data["vocab_size"])
-    dtype = resolve_dtype(cfg.dtype, env.device)
-    evaluators = [evaluation.ValLoss(val_tokens, block_size, cfg.val_batch, env.device,
-                                     dtype, env.rank, env.world_size, env.is_main)]
-    if cfg.hellaswag:
-        path = hellaswag.fetch_hellaswag("data/hellaswag", path=cfg.hellaswag_path, progress=env.is_main)
-        examples = hellaswag.load_hellaswag(path, tok, limit=cfg.hellaswag_examples)
-        evaluators.append(evaluation.ChoiceTask("hellaswag", examples, cfg.val_batch, env.device, dtype, env.is_main))
-    (LIVE_DIR / "samples").mkdir(parents=True, exist_ok=True)  # a declared out, even when no samples are asked for
-    if cfg.samples > 0:
-        evaluators.append(TrainingSamples(tok, LIVE_DIR / "samples", cfg.sample_prompt, cfg.samples, cfg.sample_tokens,
-                                          cfg.seed, env.device, env.is_main, dtype))
-
-    run_params = run_fingerprint_params(model_params, cfg, data)
-    resume_path, why = checkpoint.find_resume(CKPT_DIR, run_params)
+    run_params = fingerprint_params(model_params, train, data)
+    resume = None
     if env.is_main:
+        # rank 0 alone sets aside unreadable checkpoints and moves a previous run with other params aside
+        _, resume, why = checkpoint.find_resume(CKPT_DIR, run_params)
         print(f"[train] {why}", flush=True)
-        if resume_path is None:
-            checkpoint.remove_checkpoints(CKPT_DIR)
+        if resume is None:
+            moved = checkpoint.move_aside(CKPT_DIR, also=[LIVE_DIR])
+            if moved is not None:
+                print(f"[train] the previous run's checkpoints and metrics/train/ are kept in {moved}", flush=True)
     distributed.barrier()
-    resume = checkpoint.load_checkpoint(resume_path) if resume_path else None
+    if not env.is_main:
+        last = checkpoint.latest_checkpoint(CKPT_DIR)  # rank 0 left only the run to resume, if any
+        resume = checkpoint.load_checkpoint(last) if last else None
+
+    (LIVE_DIR / "samples").mkdir(parents=True, exist_ok=True)  # a declared out, even when no samples are asked for
+    if train["samples"] > 0:
+        evaluators.append(TrainingSamples(tok, LIVE_DIR / "samples", train["sample_prompt"], train["samples"],
+                                          train["sample_tokens"], cfg.seed, env.device, env.is_main, dtype))
     logger = StepLogger(LIVE_DIR, enabled=env.is_main, resume_step=resume["step"] if resume else None)
     trainer = Trainer(model, loader, cfg, env, CKPT_DIR, logger, run_params, evaluators=evaluators,
                       resume_from=resume)
@@ -96,6 +137,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # dies with its parent (dvc, or torchrun for a worker); Ctrl-C / SIGTERM: one line from rank 0, none from others
+    # dies with its parent (dvc, or torchrun for a worker; the death signal survives the exec into torchrun);
+    # Ctrl-C / SIGTERM: one line from rank 0, none from others
     with stage_lifetime("train", quiet=os.environ.get("RANK", "0") != "0"):
         main()

@@ -61,10 +61,36 @@ def test_fingerprint_and_diff():
 def test_find_resume_refuses_other_params(tmp_path):
     params = {"train": {"max_lr": 6e-4}}
     checkpoint.save_checkpoint(tmp_path, 5, {"step": 5, "params": params, "fingerprint": checkpoint.run_fingerprint(params)}, 2)
-    path, why = checkpoint.find_resume(tmp_path, params)
-    assert path is not None and "resuming" in why
-    path, why = checkpoint.find_resume(tmp_path, {"train": {"max_lr": 1e-3}})
-    assert path is None and "train.max_lr: 0.0006 -> 0.001" in why
+    path, ckpt, why = checkpoint.find_resume(tmp_path, params)
+    assert path is not None and ckpt["step"] == 5 and "resuming" in why
+    path, ckpt, why = checkpoint.find_resume(tmp_path, {"train": {"max_lr": 1e-3}})
+    assert path is None and ckpt is None and "train.max_lr: 0.0006 -> 0.001" in why
+
+
+def test_unreadable_newest_checkpoint_is_set_aside_and_the_older_one_resumes(tmp_path):
+    params = {"train": {"max_lr": 6e-4}}
+    state = {"params": params, "fingerprint": checkpoint.run_fingerprint(params)}
+    checkpoint.save_checkpoint(tmp_path, 3, {**state, "step": 3}, 2)
+    newest = checkpoint.save_checkpoint(tmp_path, 6, {**state, "step": 6}, 2)
+    newest.write_bytes(newest.read_bytes()[:100])  # truncated, as a full disk or a kill during a copy leaves it
+    path, ckpt, why = checkpoint.find_resume(tmp_path, params)
+    assert path == tmp_path / "ckpt_0000003.pt" and ckpt["step"] == 3
+    assert "ckpt_0000006.pt: cannot read checkpoint" in why and "resuming from" in why
+    assert not newest.exists() and (tmp_path / "ckpt_0000006.pt.corrupt").stat().st_size == 100
+
+
+def test_move_aside_keeps_the_previous_run(tmp_path):
+    ckpts, live = tmp_path / "checkpoints", tmp_path / "metrics" / "train"
+    a = checkpoint.save_checkpoint(ckpts, 3, {"step": 3}, 2)
+    (live / "plots").mkdir(parents=True)
+    (live / "plots" / "loss.tsv").write_text("step\tloss\n0\t1.0\n")
+    content = a.read_bytes()
+    dest = checkpoint.move_aside(ckpts, also=[live])
+    assert dest.parent == ckpts / checkpoint.PREVIOUS
+    assert checkpoint.list_checkpoints(ckpts) == [] and not live.exists()
+    assert (dest / a.name).read_bytes() == content
+    assert (dest / "train" / "plots" / "loss.tsv").read_text().startswith("step")
+    assert checkpoint.move_aside(ckpts, also=[live]) is None  # nothing left to move
 
 
 def test_init_model_pads_vocab_and_checks_it():

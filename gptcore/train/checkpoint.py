@@ -1,4 +1,4 @@
-"""Checkpoints: atomic save, keep-last-K, a fingerprint of the params that shape a run, and weight loading.
+"""Checkpoints: atomic save, keep-last-K, a fingerprint of the params that shape a run, resume and moving aside.
 
 A checkpoint is one `torch.save` file `ckpt_{step:07d}.pt` holding everything needed to continue bit-exactly:
 model weights (never with torch.compile's `_orig_mod.` or DDP's `module.` prefixes), optimizer, GradScaler, the
@@ -6,8 +6,10 @@ loader state, every rank's RNG state, the step, and the run's params with their 
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from gptcore.model.load import MODEL_FILE, read_checkpoint as load_checkpoint
 CKPT_RE = re.compile(r"^ckpt_(\d{7})\.pt$")
 NOT_EXPORTED = "NOT_EXPORTED.txt"  # in model/hf when no transformers architecture represents the model
 BEST_RE = re.compile(r"^best_(\d{7})\.pt$")
+PREVIOUS = "previous"  # checkpoints/previous/<UTC time>/: what a fresh run moved aside
 
 
 def run_fingerprint(params: dict[str, Any]) -> str:
@@ -86,27 +89,63 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def find_resume(ckpt_dir: Path, run_params: dict[str, Any]) -> tuple[Path | None, str]:
-    """The newest checkpoint written by a run with these params, and a sentence saying what was decided.
+def newest_readable(ckpt_dir: Path) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
+    """The newest checkpoint that loads, and a note for each newer one that does not.
 
-    A checkpoint of a run with other params is never resumed: the caller starts fresh, and the sentence says which
-    params differ.
-    """
-    last = latest_checkpoint(ckpt_dir)
-    if last is None:
-        return None, f"no checkpoint in {ckpt_dir}: starting from step 0"
-    ckpt = load_checkpoint(last)
+    An unreadable checkpoint (truncated, foreign) is set aside as `<name>.corrupt`, never deleted, so an older
+    good one (train.keep_checkpoints) is used and later runs are not blocked by it."""
+    notes = []
+    for path in reversed(list_checkpoints(ckpt_dir)):
+        try:
+            return path, load_checkpoint(path), notes
+        except ValueError as e:
+            aside = path.with_name(path.name + ".corrupt")
+            os.replace(path, aside)
+            notes.append(f"{e}; set aside as {aside}")
+    return None, None, notes
+
+
+def find_resume(ckpt_dir: Path, run_params: dict[str, Any]) -> tuple[Path | None, dict[str, Any] | None, str]:
+    """(path, loaded checkpoint, what was decided): the newest readable checkpoint, if a run with these params wrote it.
+
+    Call on one process only (it renames unreadable checkpoints). A checkpoint of a run with other params is
+    never resumed: the caller starts fresh (see `move_aside`), and the sentence says which params differ."""
+    path, ckpt, notes = newest_readable(ckpt_dir)
+    if path is None:
+        why = f"no readable checkpoint in {ckpt_dir}: starting from step 0"
     # equal params also resume a checkpoint whose fingerprint was written in an older (16-hex) form
-    if ckpt.get("fingerprint") == run_fingerprint(run_params) or ckpt.get("params") == run_params:
-        return last, f"resuming from {last} (step {ckpt['step']})"
-    diff = param_diff(ckpt.get("params", {}), run_params) or ["(params not recorded)"]
-    return None, f"{last} was written by a run with other params, so it is not resumed; starting fresh ({'; '.join(diff)})"
+    elif ckpt.get("fingerprint") == run_fingerprint(run_params) or ckpt.get("params") == run_params:
+        return path, ckpt, "; ".join(notes + [f"resuming from {path} (step {ckpt['step']})"])
+    else:
+        diff = param_diff(ckpt.get("params", {}), run_params) or ["(params not recorded)"]
+        why = f"{path} was written by a run with other params, so it is not resumed; starting fresh ({'; '.join(diff)})"
+    return None, None, "; ".join(notes + [why])
 
 
-def remove_checkpoints(ckpt_dir: Path) -> None:
-    """Delete every checkpoint and best-weights file (a fresh run must not inherit another run's best)."""
-    for p in list_checkpoints(ckpt_dir) + list_best(ckpt_dir):
-        p.unlink(missing_ok=True)
+def move_aside(ckpt_dir: Path, also: list[Path] = ()) -> Path | None:
+    """Move a previous run's checkpoints and best weights (and `also`, e.g. its step metrics) into
+    ckpt_dir/previous/<UTC time>/. A fresh run never deletes the work of the run before it (nor inherits its best);
+    returns the folder, or None when there was nothing."""
+    ckpt_dir = Path(ckpt_dir)
+    ckpts = [p for p in ckpt_dir.iterdir() if CKPT_RE.match(p.name.removesuffix(".corrupt")) or BEST_RE.match(p.name)
+             ] if ckpt_dir.is_dir() else []
+    others = [Path(p) for p in also if Path(p).exists() and any(f.is_file() for f in Path(p).rglob("*"))]
+    if not ckpts and not others:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest = ckpt_dir / PREVIOUS / stamp
+    n = 1
+    while dest.exists():  # two fresh starts within one second
+        n += 1
+        dest = ckpt_dir / PREVIOUS / f"{stamp}-{n}"
+    dest.mkdir(parents=True)
+    for p in ckpts:
+        os.replace(p, dest / p.name)
+    for p in others:
+        target = dest / (p.name if p.is_absolute() else p)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(p), str(target))
+    return dest
 
 
 # -- the best weights (train.export: best) -----------------------------------------------------------------------
