@@ -98,12 +98,12 @@ def test_checks_between_sections():
     check_run(model, train, world_size=2)  # 512 = 4 * 64 * 2
     with pytest.raises(ParamError, match=r"train.total_batch_tokens=512: must be a multiple of .* = 4 \* 64 \* 4 = 1024"):
         check_run(model, train, world_size=4)
-    with pytest.raises(ParamError, match=r"train.val_tokens=64: must be >= model.block_size \+ 1 = 65"):
-        check_run(model, TRAIN.validate(_train(val_tokens=64)), world_size=1)
+    with pytest.raises(ParamError, match=r"train.val_tokens=63: must be >= model.block_size = 64"):
+        check_run(model, TRAIN.validate(_train(val_tokens=63)), world_size=1)
     with pytest.raises(ParamError, match="train.val_tokens=200: must be <= the 150 tokens of the val split"):
         check_run(model, train, world_size=1, val_split_tokens=150)
-    ev = EVAL.validate({"task": "cloze", "val_tokens": 1024, "sample_prompt": ""})
-    with pytest.raises(ParamError, match=r"eval.val_tokens=1024: must be >= the model's block_size \+ 1 = 1025"):
+    ev = EVAL.validate({"task": "cloze", "val_tokens": 1000, "sample_prompt": ""})
+    with pytest.raises(ParamError, match=r"eval.val_tokens=1000: must be >= the model's block_size = 1024"):
         check_val_tokens(ev, 1024)
 
 

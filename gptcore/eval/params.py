@@ -32,9 +32,9 @@ EVAL = Section("eval", {
 
 def check_val_tokens(p: dict[str, Any], block_size: int, val_split_tokens: int | None = None) -> None:
     """eval.val_tokens must fill one window of the model's context, and fit in the val split."""
-    if p["val_tokens"] < block_size + 1:
+    if p["val_tokens"] < block_size:
         raise ParamError("eval.val_tokens", p["val_tokens"],
-                         f"must be >= the model's block_size + 1 = {block_size + 1} (one window and its targets)")
+                         f"must be >= the model's block_size = {block_size} (at least one full window of targets)")
     if val_split_tokens is not None and p["val_tokens"] > val_split_tokens:
         raise ParamError("eval.val_tokens", p["val_tokens"],
                          f"must be <= the {val_split_tokens:,} tokens of the val split (tokenize.val_tokens)")

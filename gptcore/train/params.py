@@ -77,9 +77,9 @@ def check_run(model: dict[str, Any], train: dict[str, Any], world_size: int,
         raise ParamError("train.total_batch_tokens", train["total_batch_tokens"],
                          f"must be a multiple of train.micro_batch * model.block_size * processes = "
                          f"{train['micro_batch']} * {block} * {world_size} = {per_step}")
-    if train["val_tokens"] < block + 1:
+    if train["val_tokens"] < block:
         raise ParamError("train.val_tokens", train["val_tokens"],
-                         f"must be >= model.block_size + 1 = {block + 1} (one window and its shifted targets)")
+                         f"must be >= model.block_size = {block} (at least one full window of targets)")
     if val_split_tokens is not None and train["val_tokens"] > val_split_tokens:
         raise ParamError("train.val_tokens", train["val_tokens"],
                          f"must be <= the {val_split_tokens:,} tokens of the val split (tokenize.val_tokens)")
