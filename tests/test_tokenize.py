@@ -207,6 +207,38 @@ def test_rerun_with_same_params_rewrites_nothing_and_new_params_replace(tmp_path
     assert m4["fingerprint"] != m3["fingerprint"] and m4["documents"] == len(corpus_docs) - 1
 
 
+def test_new_params_never_destroy_finished_shards_before_the_new_run_is_complete(tmp_path, corpus_docs, monkeypatch):
+    raw = make_raw(tmp_path, corpus_docs)
+    cfg = {"tokenizer": "char", "shard_tokens": 20_000, "val_tokens": 30_000, "workers": 1}
+    m1 = E.tokenize(raw, tmp_path / "shards", cfg, progress=False)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "shards").iterdir()}
+    # val_tokens larger than the corpus fails at the end of the pass: the finished run is untouched
+    with pytest.raises(ValueError, match="fewer than tokenize.val_tokens=100,000,000"):
+        E.tokenize(raw, tmp_path / "shards", {**cfg, "val_tokens": 100_000_000}, progress=False)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "shards").iterdir() if p.is_file()} == before
+    assert S.read_manifest(tmp_path / "shards") == m1
+    # a new run killed half way resumes in .next/ and replaces the old one only when complete
+    real_close, calls = S.ShardWriter._close, []
+
+    def close_then_die(self, nxt):
+        real_close(self, nxt)
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(S.ShardWriter, "_close", close_then_die)
+    new = {**cfg, "shard_tokens": 15_000}
+    with pytest.raises(KeyboardInterrupt):
+        E.tokenize(raw, tmp_path / "shards", new, progress=False)
+    monkeypatch.setattr(S.ShardWriter, "_close", real_close)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "shards").iterdir() if p.is_file()} == before
+    assert len(S.read_manifest(tmp_path / "shards" / E.STAGED)["shards"]) == 2
+    m2 = E.tokenize(raw, tmp_path / "shards", new, progress=False)
+    E.tokenize(raw, tmp_path / "ref", new, progress=False)
+    assert shard_bytes(tmp_path / "shards") == shard_bytes(tmp_path / "ref") and m2["complete"]
+    assert not (tmp_path / "shards" / E.STAGED).exists() and S.verify(tmp_path / "shards") == []
+
+
 def test_interrupted_run_resumes_byte_identical(tmp_path, corpus_docs, monkeypatch):
     raw = make_raw(tmp_path, corpus_docs)
     cfg = {"tokenizer": "char", "shard_tokens": 20_000, "val_tokens": 30_000, "workers": 2}

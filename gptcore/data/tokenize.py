@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import time
 from collections import deque
@@ -43,6 +44,7 @@ from gptcore.data.tokenizers import (
     qwen2_ranks_path,
 )
 
+STAGED = ".next"  # a run of new params is written here while the finished shards of the old ones stay
 TASK_BYTES = 4 << 20  # row groups with more text than this are split into several tasks
 
 
@@ -239,11 +241,32 @@ def build_tokenizer(p: dict, corpus: Corpus, shard_dir: Path, reuse: bool) -> To
     return tok
 
 
+def _manifest_or_none(shard_dir: Path) -> dict | None:
+    try:
+        return shards.read_manifest(shard_dir)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _swap_in(staged: Path, shard_dir: Path) -> None:
+    """Replace shard_dir's shards by the complete run in `staged`. The old manifest goes first and the new one
+    last, so a kill in between leaves no manifest in shard_dir and the next run finishes the swap."""
+    (shard_dir / shards.MANIFEST).unlink(missing_ok=True)
+    shards.clear_shard_dir(shard_dir)
+    for name in (CHAR_VOCAB_FILE, HF_TOKENIZER_FILE, TIKTOKEN_FILE):
+        (shard_dir / name).unlink(missing_ok=True)
+    for f in sorted(staged.iterdir(), key=lambda f: f.name == shards.MANIFEST):
+        os.replace(f, shard_dir / f.name)
+    staged.rmdir()
+
+
 def tokenize(raw_dir: str | Path, shard_dir: str | Path, cfg: dict[str, Any], progress: bool = True) -> dict:
     """The tokenize stage: documents listed by raw_dir/fetch.json -> shard_dir. Returns the manifest.
 
-    If shard_dir holds a finished run with the same params fingerprint nothing is rewritten; an
-    unfinished one is resumed; anything else there (another fingerprint) is cleared first."""
+    If shard_dir holds a finished run with the same params fingerprint nothing is rewritten; an unfinished one is
+    resumed. A finished run of other params stays in place while the new one is written to shard_dir/.next/ (and
+    resumed there), and is replaced only once the new run is complete: a run that fails (e.g. tokenize.val_tokens
+    larger than the corpus) loses nothing. An unfinished run of other params is cleared first."""
     p = TOKENIZE.validate(cfg)
     corpus = open_corpus(raw_dir)
     shard_dir = Path(shard_dir)
@@ -254,10 +277,26 @@ def tokenize(raw_dir: str | Path, shard_dir: str | Path, cfg: dict[str, Any], pr
 
 def _tokenize_locked(p: dict, corpus: Corpus, shard_dir: Path, progress: bool) -> dict:
     fp = shards_fingerprint(p, corpus)
-    try:
-        old = shards.read_manifest(shard_dir)
-    except (FileNotFoundError, ValueError):
-        old = None
+    old, staged = _manifest_or_none(shard_dir), shard_dir / STAGED
+    next_run = _manifest_or_none(staged)
+    if (old is None or old.get("fingerprint") != fp) and (
+            (old is not None and old.get("complete")) or (next_run is not None and next_run.get("fingerprint") == fp)):
+        staged.mkdir(exist_ok=True)
+        try:
+            manifest = _write_run(p, corpus, staged, fp, next_run, progress)
+        except ValueError:  # these params cannot finish (e.g. val_tokens > the corpus): keep no half run around
+            shutil.rmtree(staged)
+            raise
+        _swap_in(staged, shard_dir)
+        return manifest
+    if staged.exists():  # an unfinished run of other params
+        shutil.rmtree(staged)
+    return _write_run(p, corpus, shard_dir, fp, old, progress)
+
+
+def _write_run(p: dict, corpus: Corpus, shard_dir: Path, fp: str, old: dict | None, progress: bool) -> dict:
+    """Tokenize into shard_dir: nothing to do if `old` (its manifest) is complete with fingerprint `fp`, resume it
+    if unfinished, else clear what a tokenize run wrote there and start over."""
     spec = str(p["tokenizer"])
     vocab_file = CHAR_VOCAB_FILE if spec == "char" else TIKTOKEN_FILE if spec.endswith(".tiktoken") else HF_TOKENIZER_FILE
     reuse = old is not None and old.get("fingerprint") == fp and (
