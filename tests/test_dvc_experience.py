@@ -348,3 +348,16 @@ def test_modern_quickstart_on_a_micro_budget_reports_tokens_to_target(two_runs):
     table = run(two_runs, "dvc", "exp", "show", "--no-pager", "--sort-by", "speedrun.tokens_to_target",
                 "--drop", ".*", "--keep", r"(Experiment|preset|speedrun\.tokens_to_target)$")
     assert "modern-micro" in table and "modern_quickstart" in table
+
+
+@pytest.mark.slow
+def test_train_nproc_through_dvc_exp_run_never_reaches_a_shell(two_runs):
+    """-S train.nproc=2 trains on 2 processes (the stage starts torchrun itself); shell syntax in it is refused."""
+    out = run(two_runs, "dvc", "exp", "run", "-n", "micro-2proc", "-S", "preset=micro", "-S", "train.nproc=2",
+              "-S", "train.micro_batch=4")
+    assert "2 x cpu" in out and "grad accumulation 1" in out
+    bad = subprocess.run(["dvc", "exp", "run", "-S", "preset=micro", "-S", "train.nproc='1 --version; echo X > pwned'"],
+                         cwd=two_runs, env=env(two_runs), capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0
+    assert "[train] params.yaml train.nproc='1 --version; echo X > pwned': must be an integer >= 1" in bad.stderr + bad.stdout
+    assert not (two_runs / "pwned").exists()

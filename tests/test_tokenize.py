@@ -215,8 +215,8 @@ def test_new_params_never_destroy_finished_shards_before_the_new_run_is_complete
     # val_tokens larger than the corpus fails at the end of the pass: the finished run is untouched
     with pytest.raises(ValueError, match="fewer than tokenize.val_tokens=100,000,000"):
         E.tokenize(raw, tmp_path / "shards", {**cfg, "val_tokens": 100_000_000}, progress=False)
-    assert {p.name: p.read_bytes() for p in (tmp_path / "shards").iterdir() if p.is_file()} == before
-    assert S.read_manifest(tmp_path / "shards") == m1
+    assert {p.name: p.read_bytes() for p in (tmp_path / "shards").iterdir()} == before
+    assert S.read_manifest(tmp_path / "shards") == m1 and not (tmp_path / "shards" / E.STAGED).exists()
     # a new run killed half way resumes in .next/ and replaces the old one only when complete
     real_close, calls = S.ShardWriter._close, []
 
