@@ -36,12 +36,15 @@ class Param:
     below: float | None = None  # exclusive upper bound for numbers
     choices: tuple = ()  # for str: the only values allowed (empty: any string)
     pattern: str = ""  # for str: a regular expression the whole value must match
+    what: str = ""  # what is allowed, in words, where the kind and bounds would not say it well
     also: tuple = ()  # literal values accepted besides the kind, e.g. (None,) or ("auto",)
     resume_ok: bool = False  # train only: may differ from the checkpoint's run on resume (not in the fingerprint)
 
     def allowed(self) -> str:
         """What this key accepts, in words (the tail of a ParamError)."""
-        if self.choices:
+        if self.what:
+            what = self.what
+        elif self.choices:
             what = "one of " + ", ".join(map(str, self.choices))
         elif self.pattern:
             what = f"a string matching {self.pattern}"

