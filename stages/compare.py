@@ -10,7 +10,8 @@ from gptcore.report.plots import write_plot_data
 from gptcore.report.baselines import read_baselines
 from gptcore.report.compare import describe, summarize
 from gptcore.report.speedrun import describe_speedrun, speedrun_summary
-from stages.common import load_params
+from gptcore.report.params import COMPARE
+from stages.common import load_params, user_errors
 
 EVAL = Path("metrics/eval.json")
 BASELINES = Path("conf/baselines.yaml")
@@ -21,20 +22,10 @@ PLOT_DATA = Path("metrics/plots")
 MODEL_MANIFEST = Path("model/manifest.json")
 
 
-def read_target(params: dict) -> float | None:
-    """compare.target_val_loss, checked: a number > 0 or null."""
-    unknown = sorted(set(params) - {"target_val_loss"})
-    if unknown:
-        raise KeyError(f"params.yaml compare: unknown keys {unknown} (known: ['target_val_loss'])")
-    target = params.get("target_val_loss")
-    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float)) or target <= 0):
-        raise ValueError(f"params.yaml compare.target_val_loss={target!r}: expected a number > 0 or null")
-    return None if target is None else float(target)
-
-
 def main() -> None:
     """eval.json and the baselines -> summary.json (deltas where comparable) and the plots' data files."""
-    target = read_target(load_params("compare"))
+    with user_errors("compare"):
+        target = load_params(COMPARE)["target_val_loss"]
     run = json.loads(EVAL.read_text(encoding="utf-8"))
     baselines = read_baselines(BASELINES)
     # what the run was evaluated on: a delta needs the baseline's data and tokenizer

@@ -22,6 +22,7 @@ from gptcore.data.params import FETCH, TOKENIZE
 from gptcore.eval.params import EVAL, check_val_tokens
 from gptcore.model.gpt import GPTConfig
 from gptcore.model.params import MODEL
+from gptcore.report.params import COMPARE
 from gptcore.train.params import TRAIN, check_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +64,7 @@ def test_every_preset_composes_to_a_complete_valid_params_file(tmp_path, preset)
     for section in ("fetch", "tokenize", "model", "train", "eval"):
         assert list(p[section]) == list(quick[section]), section
     # and what each stage's schema accepts, with the checks between sections the stages make
-    for schema in (FETCH, TOKENIZE, MODEL, TRAIN, EVAL):
+    for schema in (FETCH, TOKENIZE, MODEL, TRAIN, EVAL, COMPARE):
         schema.validate(p[schema.name])
     assert set(p["model"]) - {"init_from"} == {f.name for f in fields(GPTConfig)}
     check_run(p["model"], p["train"], p["train"]["nproc"], val_split_tokens=p["tokenize"]["val_tokens"])

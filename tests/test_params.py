@@ -10,10 +10,11 @@ from gptcore.data.params import FETCH, TOKENIZE
 from gptcore.eval.params import EVAL, check_val_tokens
 from gptcore.model.params import MODEL
 from gptcore.params import REQUIRED, ParamError
+from gptcore.report.params import COMPARE
 from gptcore.train.params import RESUME_OK, TRAIN, check_run, fingerprint_params
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMAS = {s.name: s for s in (FETCH, TOKENIZE, MODEL, TRAIN, EVAL)}
+SCHEMAS = {s.name: s for s in (FETCH, TOKENIZE, MODEL, TRAIN, EVAL, COMPARE)}
 
 
 def test_config_yaml_shows_every_schema_key_with_its_default():

@@ -259,11 +259,12 @@ def test_tokens_to_target_is_the_first_eval_at_or_below_it(tmp_path):
 
 
 def test_compare_target_param_is_checked():
-    from stages.compare import read_target
+    from gptcore.report.params import COMPARE
 
-    assert read_target({"target_val_loss": 3}) == 3.0 and read_target({"target_val_loss": None}) is None
-    for bad in ({"target_val_loss": 0}, {"target_val_loss": "low"}, {"target_val_loss": True}):
-        with pytest.raises(ValueError, match="compare.target_val_loss"):
-            read_target(bad)
-    with pytest.raises(KeyError, match="unknown keys"):
-        read_target({"target_val_loss": 3.0, "target": 1})
+    assert COMPARE.validate({"target_val_loss": 3}) == {"target_val_loss": 3.0}
+    assert COMPARE.validate({"target_val_loss": None}) == {"target_val_loss": None}
+    for bad in (0, "low", True):
+        with pytest.raises(ValueError, match=f"compare.target_val_loss={bad!r}: must be a number > 0 or null"):
+            COMPARE.validate({"target_val_loss": bad})
+    with pytest.raises(ValueError, match="compare.target=1: unknown param"):
+        COMPARE.validate({"target_val_loss": 3.0, "target": 1})
