@@ -63,7 +63,7 @@ def snapshot(project: Path) -> dict[str, str]:
     out = {}
     for top in ("data/raw", "data/shards", "checkpoints", "metrics", "model"):
         for p in sorted((project / top).rglob("*")):
-            if p.is_file():
+            if p.is_file() and p.name != ".lock":  # a run's folder lock (it names the last holder's pid) is no work
                 out[str(p.relative_to(project))] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
 
