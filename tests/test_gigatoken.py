@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gptcore.data.params import TOKENIZE
 from gptcore.data import tokenize as E
 from gptcore.data import tokenizers as T
 from gptcore.data.sources import fetch
@@ -88,9 +89,9 @@ def test_missing_gigatoken_is_one_line_with_the_install_command(monkeypatch):
 
 def test_encoder_param_is_checked():
     with pytest.raises(ValueError, match="tokenize.encoder='fast'"):
-        E.check_params({"tokenizer": "gpt2", "encoder": "fast"})
+        TOKENIZE.validate({"tokenizer": "gpt2", "val_tokens": 0, "encoder": "fast"})
     with pytest.raises(ValueError, match="applies to tokenizer gpt2 only"):
-        E.check_params({"tokenizer": "char", "encoder": "gigatoken"})
+        TOKENIZE.validate({"tokenizer": "char", "val_tokens": 0, "encoder": "gigatoken"})
 
 
 def test_auto_encoder_is_gigatoken_where_installed_else_tiktoken(monkeypatch):
@@ -98,7 +99,7 @@ def test_auto_encoder_is_gigatoken_where_installed_else_tiktoken(monkeypatch):
 
     want = "gigatoken" if iu.find_spec("gigatoken") is not None else "tiktoken"
     assert T.GPT2Tokenizer("auto").encoder == want
-    assert E.check_params({"tokenizer": "qwen2"})["encoder"] == "auto"  # the default, valid for every tokenizer
+    assert TOKENIZE.validate({"tokenizer": "qwen2", "val_tokens": 0})["encoder"] == "auto"  # the default, valid for every tokenizer
     real = iu.find_spec
     monkeypatch.setattr(iu, "find_spec", lambda name, *a: None if name == "gigatoken" else real(name, *a))
     tok = T.GPT2Tokenizer("auto")

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gptcore.data.params import TOKENIZE
 from gptcore.data import tokenizers as T
 from gptcore.data import tokenize as E
 from gptcore.data import shards as S
@@ -165,7 +166,7 @@ def test_tokenize_stage_with_qwen2_writes_uint32_shards_and_reloads(tmp_path, qw
     assert got == want
     assert not (tmp_path / "shards" / T.TIKTOKEN_FILE).exists()  # rebuilt from the package, not copied
     assert T.load_tokenizer(tmp_path / "shards").decode(got[1:30]) == qwen2.decode(want[1:30])
-    with pytest.raises(ValueError, match="tokenize.encoder='gigatoken' applies to tokenizer gpt2 only"):
-        E.check_params({"tokenizer": "qwen2", "encoder": "gigatoken"})
+    with pytest.raises(ValueError, match="tokenize.encoder='gigatoken': applies to tokenizer gpt2 only"):
+        TOKENIZE.validate({"tokenizer": "qwen2", "val_tokens": 0, "encoder": "gigatoken"})
     with pytest.raises(ValueError, match="tokenize.tiktoken_pattern=None"):
-        E.check_params({"tokenizer": "x.tiktoken"})
+        TOKENIZE.validate({"tokenizer": "x.tiktoken", "val_tokens": 0})
