@@ -22,7 +22,7 @@ from gptcore.eval.sampling import TrainingSamples
 from gptcore.model.load import init_model
 from gptcore.model.params import MODEL
 from gptcore.precision import resolve_dtype
-from gptcore.process import FolderBusyError, lock_for_all_ranks, stage_lifetime
+from gptcore.process import FolderBusyError, FolderLock, lock_for_all_ranks, run_child, stage_lifetime
 from gptcore.report.steplog import StepLogger
 from gptcore.train import checkpoint
 from gptcore.train.loop import TrainConfig, Trainer
@@ -50,11 +50,21 @@ def check_params() -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def launch_torchrun(nproc: int) -> None:
-    """Replace this process by torchrun running this stage on `nproc` processes (an argv list: no shell)."""
+    """Run this stage under torchrun on `nproc` processes (an argv list: no shell) and exit with its status.
+
+    This process takes the run's lock first (a busy folder is refused before torchrun starts) and holds it while
+    torchrun runs as its child: torchrun, and through it every worker, dies with this process (kill -9 of dvc
+    included), and Ctrl-C or SIGTERM stop them all with one line."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={int(nproc)}",
             "-m", "stages.train"]
+    try:
+        lock = FolderLock(CKPT_DIR, "train").acquire()  # rank 0 finds it held by its ancestor: this process
+    except FolderBusyError as e:
+        sys.exit(f"[train] {e}")
     sys.stdout.flush()
-    os.execv(sys.executable, argv)
+    status = run_child(argv)
+    lock.release()
+    sys.exit(status if status >= 0 else 128 - status)  # killed by a signal: the shell's 128 + N
 
 
 def main() -> None:
