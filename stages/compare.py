@@ -11,6 +11,7 @@ from gptcore.report.baselines import read_baselines
 from gptcore.report.compare import describe, summarize
 from gptcore.report.speedrun import describe_speedrun, speedrun_summary
 from gptcore.report.params import COMPARE
+from gptcore.process import stage_lifetime
 from stages.common import load_params, user_errors
 
 EVAL = Path("metrics/eval.json")
@@ -45,4 +46,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with stage_lifetime("compare"):  # dies with dvc; Ctrl-C / SIGTERM: one line
+        main()

