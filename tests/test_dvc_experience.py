@@ -27,8 +27,7 @@ from gptcore.train.params import TRAIN, check_run
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-PRESETS = ("quickstart", "gpt2_124m", "gpt2_124m_openai", "shakespeare_char", "hongloumeng_char", "modern_quickstart",
-           "modern_124m")
+PRESETS = tuple(sorted(p.stem for p in (CONF / "preset").glob("*.yaml")))  # every preset, new ones included
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
