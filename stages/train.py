@@ -129,6 +129,9 @@ def main() -> None:
     if env.is_main:
         model, step, export = trainer.raw_model, trainer.step, {"export": cfg.export}
         if cfg.export == "best":  # the weights of the lowest val loss seen, as nanoGPT keeps them
+            if trainer.best_step is None:
+                raise SystemExit("[train] train.export=best: no finite val loss was measured, so there are no best "
+                                 "weights to export (see val_loss in metrics/train)")
             best = checkpoint.load_best(CKPT_DIR, trainer.best_step, trainer.fingerprint)
             model.load_state_dict(best["model"])
             step = trainer.best_step
