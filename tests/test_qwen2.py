@@ -73,6 +73,14 @@ def test_qwen2_vocabulary_and_specials(qwen2):
     assert padded_vocab(qwen2.vocab_size) == 151_680 and padded_vocab(qwen2.vocab_size) % 64 == 0
 
 
+def test_the_model_vocab_is_qwen2s_padded_to_a_multiple_of_64(qwen2):
+    from gptcore.model.load import init_model
+
+    model = init_model({"n_layer": 1, "n_head": 1, "n_embd": 8, "block_size": 8, "vocab_size": "auto"},
+                       qwen2.vocab_size)
+    assert model.config.vocab_size == 151_680 and model.transformer.wte.weight.shape[0] == 151_680
+
+
 @pytest.mark.parametrize("kind", sorted(TEXTS))
 def test_qwen2_ids_equal_an_independent_tiktoken_encoding(qwen2, reference, kind):
     text = TEXTS[kind]
