@@ -171,6 +171,7 @@ def test_reference_file_parses_whole(ref_examples):
     assert [tok.decode(e) for e in ref_examples[0].endings] == [" " + e for e in first["endings"]]
 
 
+@pytest.mark.slow
 def test_reference_file_scores_on_a_small_random_gpt(ref_examples):
     torch.manual_seed(0)
     # block 96 < the longest rendered row (about 150 tokens): real contexts get cut

@@ -157,6 +157,7 @@ def _ddp_worker(rank: int, world_size: int, init_file: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_give_the_same_counts_and_predictions_as_one(tmp_path):
     single = score_examples(tiny_gpt(), random_examples(41, seed=2), device="cpu", batch_size=8, progress=False)
     out = tmp_path / "rank0.json"

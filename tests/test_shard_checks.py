@@ -101,6 +101,7 @@ def stage(project, name):
     return subprocess.run(stage_cmd(name), cwd=project, env=env(), capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_train_and_evaluate_refuse_an_unfinished_or_padded_folder(tmp_path):
     (tmp_path / "shards").mkdir()
     shards = write_gpt2_shards(tmp_path / "shards")

@@ -5,6 +5,8 @@ import shutil
 import pytest
 from stagekit import REF_DATA, ROOT, make_project, run_stage, tsv, write_gpt2_shards
 
+pytestmark = pytest.mark.slow  # trains once, then runs the evaluate and compare stages in subprocesses
+
 HELLASWAG = REF_DATA / "hellaswag_val_preprocessed.jsonl"
 # HellaSwag endings run to ~100 GPT-2 tokens: the model needs a longer context than the 32 of other tests.
 BIG_BLOCK = {"block_size": 128}

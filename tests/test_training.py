@@ -15,6 +15,7 @@ from gptcore.model.load import load_model
 from gptcore.train import checkpoint
 from gptcore.model.gpt import GPT, GPTConfig
 
+pytestmark = pytest.mark.slow  # training runs through the stage, in subprocesses (-m "not slow" skips them)
 
 
 @pytest.fixture(scope="module")
