@@ -132,16 +132,23 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         os.kill(os.getpid(), sig)
 
 
+def supervised() -> bool:
+    """True when this process was started by dvc (it sets DVC_STAGE for a stage's command) or is a torchrun worker
+    (LOCAL_RANK): a parent whose death means the run was abandoned."""
+    return "DVC_STAGE" in os.environ or "LOCAL_RANK" in os.environ
+
+
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 @contextmanager
 def stage_lifetime(stage: str, quiet: bool = False) -> Iterator[None]:
-    """Run a stage's body so that it dies with its parent (dvc, torchrun) and SIGTERM or Ctrl-C end it with one
-    line ("[stage] interrupted ...") and exit status 130 instead of a traceback; `quiet` (ranks other than 0)
-    prints nothing."""
-    die_with_parent()
+    """Run a stage's body so that it dies with its parent when that is dvc or torchrun, and SIGTERM or Ctrl-C end it
+    with one line ("[stage] interrupted ...") and exit status 130 instead of a traceback; `quiet` (ranks other than
+    0) prints nothing. A stage started by hand from a shell is left to the shell's job control (nohup keeps it)."""
+    if supervised():
+        die_with_parent()
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         yield

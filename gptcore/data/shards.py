@@ -192,7 +192,7 @@ def open_split(shard_dir: str | Path, split: str) -> list[Path]:
     problems = check_files(shard_dir, m, full=False)
     if problems:
         more = f" (and {len(problems) - 1} more: gptcore-verify-shards {shard_dir} lists them)" if len(problems) > 1 else ""
-        raise ValueError(f"{problems[0]}{more}; rerun the tokenize stage to rewrite the shards")
+        raise ValueError(f"{problems[0]}{more}; rerun the tokenize stage: it names what to delete, then rewrites it")
     paths = [shard_dir / s["name"] for s in m["shards"] if s["split"] == split]
     if not paths:
         raise ValueError(f"{shard_dir / MANIFEST}: lists no {split} shards")
