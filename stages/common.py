@@ -27,11 +27,13 @@ def load_params(schema: Section, path: str | Path = PARAMS) -> dict[str, Any]:
 
 
 @contextmanager
-def user_errors(stage: str, path: str | Path = PARAMS) -> Iterator[None]:
-    """Turn a user's mistake (a bad param, a missing or bad input file, a busy folder) into one line on stderr, exit 1."""
+def user_errors(stage: str, path: str | Path = PARAMS, quiet: bool = False) -> Iterator[None]:
+    """Turn a user's mistake (a bad param, a missing or bad input file, a busy folder) into one line on stderr, exit 1.
+
+    `quiet` (torchrun ranks other than 0, which meet the same mistake) exits 1 without a line of its own."""
     try:
         yield
     except ParamError as e:
-        sys.exit(f"[{stage}] {path} {e}")
+        sys.exit(1 if quiet else f"[{stage}] {path} {e}")
     except (FileNotFoundError, ValueError, FolderBusyError) as e:
-        sys.exit(f"[{stage}] {e}")
+        sys.exit(1 if quiet else f"[{stage}] {e}")

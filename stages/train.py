@@ -49,6 +49,14 @@ def check_params() -> tuple[dict[str, Any], dict[str, Any]]:
     return model_params, train
 
 
+def preflight(model_params: dict[str, Any], train: dict[str, Any]) -> None:
+    """What rank 0 would refuse on the user's input, checked once before torchrun starts, so a mistake is one line
+    rather than one per rank plus torchrun's report: the tokenizer, and the starting weights (built on the CPU and
+    dropped)."""
+    vocab_size = tokenizer_record(load_tokenizer(SHARDS))["vocab_size"]
+    init_model(model_params, vocab_size, seed=train["seed"])  # dropped at once: only its errors matter here
+
+
 def launch_torchrun(nproc: int) -> None:
     """Run this stage under torchrun on `nproc` processes (an argv list: no shell) and exit with its status.
 
@@ -69,9 +77,12 @@ def launch_torchrun(nproc: int) -> None:
 
 def main() -> None:
     """Validate params, build the model, loader and evaluators, resume if the params match, train, save model/."""
-    with user_errors("train"):
+    with user_errors("train", quiet=os.environ.get("RANK", "0") != "0"):
         model_params, train = check_params()
-    if not under_torchrun() and train["nproc"] > 1:
+        launcher = not under_torchrun() and train["nproc"] > 1
+        if launcher:
+            preflight(model_params, train)
+    if launcher:
         launch_torchrun(train["nproc"])
     cfg = TrainConfig.from_params(train)
     env = distributed.setup(train["device"])
@@ -79,7 +90,7 @@ def main() -> None:
         run_lock = lock_for_all_ranks(CKPT_DIR, "train", env.is_main)  # noqa: F841  (held until the process ends)
     except FolderBusyError as e:
         sys.exit(f"[train] {e}" if env.is_main else 1)
-    with user_errors("train"):
+    with user_errors("train", quiet=os.environ.get("RANK", "0") != "0"):
         # everything that can fail on the user's input happens before a checkpoint or a metric is touched
         tok = load_tokenizer(SHARDS)
         data = tokenizer_record(tok)  # name, vocab_size, eot: part of what a checkpoint must match to resume

@@ -114,6 +114,25 @@ def test_bad_param_is_one_line_and_loses_nothing(project, stage, section, key, v
     assert not (project / "pwned").exists()  # nothing of a param ran in a shell
 
 
+def test_a_mistake_under_two_processes_is_one_line_too(project):
+    """With train.nproc 2 the stage checks the starting weights before torchrun starts: no line per rank, no report."""
+    good = (project / "params.yaml").read_text(encoding="utf-8")
+    params = yaml.safe_load(good)
+    params["train"]["nproc"], params["model"]["init_from"] = 2, "nothing.pt"
+    (project / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+    before = snapshot(project)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "stages.train"], cwd=project, env=sk.env(), capture_output=True,
+                              text=True, timeout=600)
+    finally:
+        (project / "params.yaml").write_text(good, encoding="utf-8")
+    assert proc.returncode == 1 and snapshot(project) == before
+    assert proc.stderr.strip().splitlines() == [
+        "[train] model.init_from='nothing.pt': model 'nothing.pt': no such file or folder; expected 'scratch', one of "
+        "gpt2, gpt2-medium, gpt2-large, gpt2-xl, a Hugging Face GPT-2 folder, this project's model/ folder, or a "
+        "checkpoint file (.pt)"]
+
+
 def test_fresh_run_with_other_params_moves_the_previous_run_aside(tmp_path):
     project = sk.make_project(tmp_path / "p", sk.write_gpt2_shards(_mkdir(tmp_path / "shards")))
     sk.run_stage(project, "train")
