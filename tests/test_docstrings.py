@@ -5,7 +5,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def public_definitions_without_docstring(path: Path) -> list[str]:
+def public_definitions_without_docstring(path: Path, root: Path = ROOT) -> list[str]:
     """`file:line name` of each module-level or class-level public def/class lacking a docstring."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     missing = []
@@ -16,7 +16,7 @@ def public_definitions_without_docstring(path: Path) -> list[str]:
                 if node.name.startswith("_"):
                     continue
                 if ast.get_docstring(node) is None:
-                    missing.append(f"{path.relative_to(ROOT)}:{node.lineno} {prefix}{node.name}")
+                    missing.append(f"{path.relative_to(root)}:{node.lineno} {prefix}{node.name}")
                 if isinstance(node, ast.ClassDef):
                     visit(node.body, f"{prefix}{node.name}.")
 
@@ -32,11 +32,7 @@ def test_every_public_definition_has_a_docstring():
 
 
 def test_the_walk_finds_what_it_should(tmp_path):
-    probe = ROOT / "tests" / "_docstring_probe.py"
+    probe = tmp_path / "probe.py"
     probe.write_text('def f():\n    pass\n\n\nclass C:\n    """A class."""\n\n    def m(self):\n        pass\n\n'
                      '    def _private(self):\n        pass\n\n\ndef g():\n    """Says."""\n', encoding="utf-8")
-    try:
-        assert public_definitions_without_docstring(probe) == ["tests/_docstring_probe.py:1 f",
-                                                               "tests/_docstring_probe.py:8 C.m"]
-    finally:
-        probe.unlink()
+    assert public_definitions_without_docstring(probe, tmp_path) == ["probe.py:1 f", "probe.py:8 C.m"]
