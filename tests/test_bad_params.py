@@ -106,7 +106,7 @@ def project(tmp_path_factory) -> Path:
 def test_bad_param_is_one_line_and_loses_nothing(project, stage, section, key, value, message):
     before = snapshot(project)
     proc = run_case(project, stage, section, key, value)
-    # tqdm's bars are not messages (only tokenize's too-large val_tokens runs a pass before it can know)
+    # tqdm's bars are not messages
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip() and not PROGRESS.match(line)]
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert len(lines) == 1 and lines[0].startswith(f"[{stage}] ") and message in lines[0], proc.stderr[-2000:]

@@ -212,7 +212,7 @@ def test_new_params_never_destroy_finished_shards_before_the_new_run_is_complete
     cfg = {"tokenizer": "char", "shard_tokens": 20_000, "val_tokens": 30_000, "workers": 1}
     m1 = E.tokenize(raw, tmp_path / "shards", cfg, progress=False)
     before = {p.name: p.read_bytes() for p in (tmp_path / "shards").iterdir()}
-    # val_tokens larger than the corpus fails at the end of the pass: the finished run is untouched
+    # val_tokens larger than the corpus is refused: the finished run is untouched
     with pytest.raises(ValueError, match="fewer than tokenize.val_tokens=100,000,000"):
         E.tokenize(raw, tmp_path / "shards", {**cfg, "val_tokens": 100_000_000}, progress=False)
     assert {p.name: p.read_bytes() for p in (tmp_path / "shards").iterdir()} == before
@@ -347,3 +347,41 @@ def test_stage_scripts_run_from_params(tmp_path):
     r = subprocess.run([sys.executable, "-m", "stages.fetch"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 1 and "fetch.path='missing/*.jsonl': no files found" in r.stderr
+
+
+def test_val_tokens_beyond_the_corpus_is_refused_before_any_pass(tmp_path, corpus_docs, monkeypatch):
+    raw = make_raw(tmp_path, corpus_docs)
+    corpus = open_corpus(raw)
+    bound = sum(len(d.encode("utf-8")) + 1 for d in corpus_docs)
+
+    def no_pass(*a, **k):
+        raise AssertionError("the tokenizer was built: the check came after a pass over the corpus")
+
+    monkeypatch.setattr(E, "build_tokenizer", no_pass)
+    for spec in ("gpt2", "char", "bpe"):
+        with pytest.raises(ValueError, match=f"at most {bound:,} tokens .*fewer than tokenize.val_tokens=10,000,000"):
+            E.tokenize(raw, tmp_path / "s", {"tokenizer": spec, "val_tokens": 10_000_000}, progress=False)
+    assert not (tmp_path / "s").exists() or not list((tmp_path / "s").iterdir())
+    # the bound is the whole corpus' bytes plus one end-of-text per document: exactly that many is still refused
+    with pytest.raises(ValueError, match="at most"):
+        E.check_val_fits(corpus, {"tokenizer": "gpt2", "val_tokens": bound})
+    E.check_val_fits(corpus, {"tokenizer": "gpt2", "val_tokens": bound - 1})
+
+
+def test_val_fits_check_reads_only_the_val_splits_worth(tmp_path, monkeypatch):
+    docs = synthetic_docs(12_000, seed=3)  # about 4 MB of text: several of the reader's 1 MB batches
+    corpus = open_corpus(make_raw(tmp_path, docs))
+    read = []
+    real = type(corpus).batches
+
+    def counting(self, *a, **k):
+        for first, batch in real(self, *a, **k):
+            read.extend(batch)
+            yield first, batch
+
+    monkeypatch.setattr(type(corpus), "batches", counting)
+    E.check_val_fits(corpus, {"tokenizer": "gpt2", "val_tokens": 1000})
+    assert 0 < len(read) < len(docs) / 2  # stopped after the first batch, not a pass over the corpus
+    read.clear()
+    E.check_val_fits(corpus, {"tokenizer": "tokenizer.json", "val_tokens": 10**12})  # no bound known: reads nothing
+    assert read == []

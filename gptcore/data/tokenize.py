@@ -260,6 +260,27 @@ def _swap_in(staged: Path, shard_dir: Path) -> None:
     staged.rmdir()
 
 
+# Tokenizers that never make more ids than a text has UTF-8 bytes (byte-level BPE; char-level, one id per character).
+_AT_MOST_ONE_ID_PER_BYTE = ("gpt2", "qwen2", "bpe", "char")
+
+
+def check_val_fits(corpus: Corpus, p: dict) -> None:
+    """Refuse a tokenize.val_tokens the corpus cannot hold, before any pass over it: with at most one id per UTF-8
+    byte plus one end-of-text per document, the bytes bound the tokens. Reading stops as soon as the bound passes
+    val_tokens, so a normal run reads only its val split's worth of text; a small corpus is read whole, cheaply.
+    (Exact counts need the full pass; a val_tokens between the tokens and this bound still fails after it.)"""
+    spec = str(p["tokenizer"])
+    if not (spec in _AT_MOST_ONE_ID_PER_BYTE or spec.endswith(".tiktoken")):
+        return  # any tokenizer.json: no bound known
+    bound = 0
+    for _, docs in corpus.batches():
+        bound += sum(len(d.encode("utf-8")) + 1 for d in docs)
+        if bound > p["val_tokens"]:
+            return
+    raise ValueError(f"the corpus has at most {bound:,} tokens ({corpus.documents:,} documents: their UTF-8 bytes plus "
+                     f"one end-of-text each), fewer than tokenize.val_tokens={p['val_tokens']:,}; lower val_tokens")
+
+
 def tokenize(raw_dir: str | Path, shard_dir: str | Path, cfg: dict[str, Any], progress: bool = True) -> dict:
     """The tokenize stage: documents listed by raw_dir/fetch.json -> shard_dir. Returns the manifest.
 
@@ -269,6 +290,7 @@ def tokenize(raw_dir: str | Path, shard_dir: str | Path, cfg: dict[str, Any], pr
     larger than the corpus) loses nothing. An unfinished run of other params is cleared first."""
     p = TOKENIZE.validate(cfg)
     corpus = open_corpus(raw_dir)
+    check_val_fits(corpus, p)
     shard_dir = Path(shard_dir)
     # one tokenize per folder: a second run refuses here, before it clears or writes anything
     with FolderLock(shard_dir, "tokenize"):
