@@ -335,6 +335,8 @@ def test_modern_quickstart_on_a_micro_budget_reports_tokens_to_target(two_runs):
              "eval.cloze_examples": 20, "eval.cloze_context": 16, "eval.cloze_ending": 4, "eval.samples": 1,
              "eval.sample_tokens": 8, "compare.target_val_loss": 10.8}
     overrides = [a for k, v in micro.items() for a in ("-S", f"{k}={v}")]
+    # the shared workspace holds whatever experiment ran last (say, 红楼梦's): start from the micro run's data
+    run(two_runs, "dvc", "exp", "apply", "micro-base")
     out = run(two_runs, "dvc", "exp", "run", "-n", "modern-micro", "-S", "preset=modern_quickstart", *overrides)
     assert "Stage 'tokenize' didn't change" in out and "[compare] speedrun:" in out
     assert "no Hugging Face export" in out  # the soft-cap has no transformers equivalent
