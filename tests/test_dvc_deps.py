@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ruamel.yaml import YAML
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("gptcore", "stages")
@@ -146,8 +147,10 @@ def _in_git(path: str, cached: list[str]) -> bool:
 def test_committed_dvc_lock_matches_the_committed_code_params_and_metrics():
     """What `dvc status` checks, without DVC: every stage's cmd, params, code deps and committed outs hash as the
     lock records. Fails after a change to stage code until the quick-start is rerun and its lock committed."""
-    lock = yaml.safe_load((ROOT / "dvc.lock").read_text(encoding="utf-8"))["stages"]
-    params = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+    # YAML 1.2, as DVC reads and writes them: PyYAML (1.1) takes the lock's `1e-08` for a string
+    yaml12 = YAML(typ="safe")
+    lock = yaml12.load((ROOT / "dvc.lock").read_text(encoding="utf-8"))["stages"]
+    params = yaml12.load((ROOT / "params.yaml").read_text(encoding="utf-8"))
     stale, cached = [], _cached_outs()
     for name, spec in dvc_stages().items():
         if name not in lock:
