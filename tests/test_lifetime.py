@@ -20,7 +20,9 @@ from gptcore.data import tokenize as E
 from gptcore.process import FolderBusyError, FolderLock, holder_pid
 
 ROOT = Path(__file__).resolve().parents[1]
-TOKENIZE = {"tokenizer": "gpt2", "shard_tokens": 50_000, "val_tokens": 150_000, "workers": 2}
+# tiktoken, not the faster default encoder: the kill and Ctrl-C tests need a run that lasts seconds, so that it is
+# still running when the signal comes (the encoder does not change the shards' bytes)
+TOKENIZE = {"tokenizer": "gpt2", "encoder": "tiktoken", "shard_tokens": 50_000, "val_tokens": 150_000, "workers": 2}
 
 
 def env() -> dict[str, str]:
