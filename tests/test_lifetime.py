@@ -52,6 +52,12 @@ def seconds_until_gone(procs: list[psutil.Process], limit: float = 10.0) -> floa
         time.sleep(0.05)
 
 
+def as_foreground_job() -> None:
+    """preexec_fn: SIGINT at its default, as in a terminal's foreground job. A test runner started in the background
+    by a non-interactive shell (`cmd &`) inherits SIGINT ignored, and a stage rightly keeps it so (as nohup would)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_for(predicate, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -142,7 +148,7 @@ def test_killed_tokenize_takes_its_workers_with_it_and_the_rerun_is_byte_identic
 
 def test_ctrl_c_during_tokenize_prints_one_line(tmp_path, raw):
     project = tokenize_project(tmp_path / "p", raw)
-    stage = start_tokenize(project, start_new_session=True)  # its own process group, as a terminal's job
+    stage = start_tokenize(project, start_new_session=True, preexec_fn=as_foreground_job)  # a terminal's job
     wait_for(lambda: finished_shards(project / "data" / "shards") >= 1, stage)
     procs = tree(stage.pid)
     os.killpg(stage.pid, signal.SIGINT)  # what Ctrl-C does: SIGINT to every process of the foreground job
@@ -293,7 +299,8 @@ def test_ctrl_c_during_training_prints_one_line_and_the_rerun_resumes(tmp_path, 
 
     project = make_project(tmp_path / "p", gpt2_shards, **LONG, nproc=nproc)
     stage = subprocess.Popen([sys.executable, "-m", "stages.train"], cwd=project, env=stage_env(), text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                             preexec_fn=as_foreground_job)
     wait_for(lambda: (project / "checkpoints" / "ckpt_0000040.pt").exists(), stage, timeout=300)
     procs = tree(stage.pid)
     assert len(procs) == (1 if nproc == 1 else 4), [p.cmdline() for p in procs]
