@@ -49,6 +49,19 @@ def test_tiny_model_overfits_one_batch():
     assert loss.item() < 0.05
 
 
+def assert_two_ranks_match_one(one, two) -> None:
+    """Train `one` on 1 process and `two` on 2 gloo ranks: same losses per step and same final weights (1e-5)."""
+    run_train(one, 1)
+    out = run_train(two, 2)
+    assert "grad accumulation 1" in out.stdout and "2 x cpu" in out.stdout
+    a, b = tsv(one, "train_loss"), tsv(two, "train_loss")
+    assert [s for s, _ in a] == [s for s, _ in b] == list(range(10))
+    np.testing.assert_allclose([v for _, v in a], [v for _, v in b], atol=1e-5, rtol=0)
+    wa, wb = final_weights(one), final_weights(two)
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=0)
+
+
 def test_stage_trains_logs_and_saves(tmp_path, shards):
     project = make_project(tmp_path / "p", shards)
     run_train(project)
@@ -69,15 +82,7 @@ def test_stage_trains_logs_and_saves(tmp_path, shards):
 def test_two_gloo_ranks_equal_one_rank_with_accumulation(tmp_path, shards):
     one = make_project(tmp_path / "one", shards)
     two = make_project(tmp_path / "two", shards, nproc=2)
-    run_train(one, 1)
-    out = run_train(two, 2)
-    assert "grad accumulation 1" in out.stdout and "2 x cpu" in out.stdout
-    a, b = tsv(one, "train_loss"), tsv(two, "train_loss")
-    assert [s for s, _ in a] == [s for s, _ in b] == list(range(10))
-    np.testing.assert_allclose([v for _, v in a], [v for _, v in b], atol=1e-5, rtol=0)
-    wa, wb = final_weights(one), final_weights(two)
-    for k in wa:
-        torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=0)
+    assert_two_ranks_match_one(one, two)
 
 
 def process_tree(pid: int) -> list[int]:
@@ -194,15 +199,7 @@ MODERN_TRAIN = {"optimizer": "muon", "muon_lr": 0.02, "muon_momentum": 0.95, "we
 def test_modern_two_gloo_ranks_equal_one_rank_with_accumulation(tmp_path, shards):
     one = make_project(tmp_path / "one", shards, model=MODERN_MODEL, **MODERN_TRAIN)
     two = make_project(tmp_path / "two", shards, model=MODERN_MODEL, nproc=2, **MODERN_TRAIN)
-    run_train(one, 1)
-    out = run_train(two, 2)
-    assert "grad accumulation 1" in out.stdout and "2 x cpu" in out.stdout
-    a, b = tsv(one, "train_loss"), tsv(two, "train_loss")
-    assert [s for s, _ in a] == [s for s, _ in b] == list(range(10))
-    np.testing.assert_allclose([v for _, v in a], [v for _, v in b], atol=1e-5, rtol=0)
-    wa, wb = final_weights(one), final_weights(two)
-    for k in wa:
-        torch.testing.assert_close(wa[k], wb[k], atol=1e-5, rtol=0)
+    assert_two_ranks_match_one(one, two)
 
 
 @pytest.mark.parametrize("nproc,dtype", [(1, "float32"), (1, "bfloat16")])
