@@ -12,10 +12,12 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from gptcore.errors import UserError
+
 REQUIRED: Any = "???"  # no default: conf/config.yaml shows `???` and every preset sets the key
 
 
-class ParamError(ValueError):
+class ParamError(UserError):
     """A params.yaml value that is not allowed; str() is one line: `section.key=value: what is allowed`."""
 
     def __init__(self, key: str, value: Any, allowed: str) -> None:

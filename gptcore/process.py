@@ -18,11 +18,13 @@ from typing import Iterator, Sequence
 
 from filelock import lock_descriptor, unlock_descriptor
 
+from gptcore.errors import UserError
+
 LOCK_NAME = ".lock"
 _PR_SET_PDEATHSIG = 1
 
 
-class FolderBusyError(RuntimeError):
+class FolderBusyError(UserError):
     """Another live process holds the folder's lock; the message names it."""
 
 

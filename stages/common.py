@@ -8,8 +8,8 @@ from typing import Any, Iterator
 
 import yaml
 
+from gptcore.errors import UserError
 from gptcore.params import ParamError, Section
-from gptcore.process import FolderBusyError
 
 PARAMS = Path("params.yaml")
 
@@ -35,5 +35,5 @@ def user_errors(stage: str, path: str | Path = PARAMS, quiet: bool = False) -> I
         yield
     except ParamError as e:
         sys.exit(1 if quiet else f"[{stage}] {path} {e}")
-    except (FileNotFoundError, ValueError, FolderBusyError) as e:
+    except (FileNotFoundError, UserError, ValueError) as e:  # ValueError: until every user error is a UserError
         sys.exit(1 if quiet else f"[{stage}] {e}")
