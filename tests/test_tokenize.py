@@ -16,7 +16,8 @@ import pytest
 
 from gptcore.data import tokenize as E
 from gptcore.data import shards as S
-from gptcore.data.sources import fetch, open_corpus
+from gptcore.data.corpus import open_corpus
+from gptcore.data.sources import fetch
 from gptcore.data.tokenizers import get_tokenizer, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,8 +217,8 @@ def test_new_params_never_destroy_finished_shards_before_the_new_run_is_complete
     with pytest.raises(ValueError, match="fewer than tokenize.val_tokens=100,000,000"):
         E.tokenize(raw, tmp_path / "shards", {**cfg, "val_tokens": 100_000_000}, progress=False)
     assert {p.name: p.read_bytes() for p in (tmp_path / "shards").iterdir()} == before
-    assert S.read_manifest(tmp_path / "shards") == m1 and not (tmp_path / "shards" / E.STAGED).exists()
-    # a new run killed half way resumes in .next/ and replaces the old one only when complete
+    assert S.read_manifest(tmp_path / "shards") == m1 and not (E.staged_dir(tmp_path / "shards")).exists()
+    # a new run killed half way resumes beside it and replaces the old one only when complete
     real_close, calls = S.ShardWriter._close, []
 
     def close_then_die(self, nxt):
@@ -232,11 +233,11 @@ def test_new_params_never_destroy_finished_shards_before_the_new_run_is_complete
         E.tokenize(raw, tmp_path / "shards", new, progress=False)
     monkeypatch.setattr(S.ShardWriter, "_close", real_close)
     assert {p.name: p.read_bytes() for p in (tmp_path / "shards").iterdir() if p.is_file()} == before
-    assert len(S.read_manifest(tmp_path / "shards" / E.STAGED)["shards"]) == 2
+    assert len(S.read_manifest(E.staged_dir(tmp_path / "shards"))["shards"]) == 2
     m2 = E.tokenize(raw, tmp_path / "shards", new, progress=False)
     E.tokenize(raw, tmp_path / "ref", new, progress=False)
     assert shard_bytes(tmp_path / "shards") == shard_bytes(tmp_path / "ref") and m2["complete"]
-    assert not (tmp_path / "shards" / E.STAGED).exists() and S.verify(tmp_path / "shards") == []
+    assert not (E.staged_dir(tmp_path / "shards")).exists() and S.verify(tmp_path / "shards") == []
 
 
 def test_interrupted_run_resumes_byte_identical(tmp_path, corpus_docs, monkeypatch):

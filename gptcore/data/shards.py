@@ -5,7 +5,7 @@ the val split comes first (val_000000.npy, as build-nanogpt), then train_000000.
 exactly `shard_tokens` tokens except the last of each split. manifest.json records the tokenizer, dtype,
 the params fingerprint and, per finished shard, its token and document counts, sha256 and the point in
 the document stream where the next shard starts, so an interrupted run restarts at the first unfinished
-shard and produces the same bytes. Shards are written to a hidden temp name, fsynced, then renamed.
+shard and produces the same bytes. Shards are written to a hidden temp name and published by gptcore.atomic.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import re
 import struct
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gptcore.atomic import file_sha256, write_json
+from gptcore.atomic import TMP_SUFFIX, file_sha256, publish, temp_beside, write_json
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -228,17 +227,6 @@ def main(argv: list[str] | None = None) -> int:
 # ---------------------------------------------------------------------------------------------
 # writing
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def clear_shard_dir(shard_dir: str | Path, keep: tuple[str, ...] = ()) -> None:
     """Delete what a tokenize run writes (shards, temp files, manifest), except the names in `keep`."""
     shard_dir = Path(shard_dir)
@@ -247,7 +235,7 @@ def clear_shard_dir(shard_dir: str | Path, keep: tuple[str, ...] = ()) -> None:
     for p in shard_dir.iterdir():
         if p.name in keep or not p.is_file():
             continue
-        if _NAME.match(p.name) or p.name == MANIFEST or (p.name.startswith(".") and p.name.endswith(".tmp")):
+        if _NAME.match(p.name) or p.name == MANIFEST or (p.name.startswith(".") and p.name.endswith(TMP_SUFFIX)):
             p.unlink()
 
 
@@ -276,7 +264,7 @@ class ShardWriter:
         if resume is not None:
             self._adopt(resume)
         for p in self.dir.iterdir():  # partial files of a killed run are never shards; drop them
-            if p.name.startswith(".") and p.name.endswith(".tmp"):
+            if p.name.startswith(".") and p.name.endswith(TMP_SUFFIX):
                 p.unlink()
         self._file = None
         self._tmp: Path | None = None
@@ -331,7 +319,7 @@ class ShardWriter:
         split, index, _ = self._current()
         self._name = shard_name(split, index)
         self._split = split
-        self._tmp = self.dir / f".{self._name}.{os.getpid()}.tmp"
+        self._tmp = temp_beside(self.dir / self._name)
         self._file = open(self._tmp, "wb")
         # written for a full shard and hashed as we go, so closing one needs no second pass over the
         # file; a shorter last shard gets its real header (and a fresh hash) when it closes
@@ -398,8 +386,6 @@ class ShardWriter:
             self._closing.pop(0).result()
 
     def _finalize(self, f, tmp: Path, record: dict) -> None:  # noqa: ANN001  (runs in the closer thread)
-        f.flush()
-        os.fsync(f.fileno())
         f.close()
         name = record["name"]
         sha = record["sha256"] = record["sha256"] or file_sha256(tmp)
@@ -413,8 +399,7 @@ class ShardWriter:
                                  f"delete it (or the whole {self.dir}) and rerun tokenize")
             tmp.unlink()
         else:
-            os.replace(tmp, final)
-            _fsync_dir(self.dir)
+            publish(tmp, final)
         self.manifest["shards"].append(record)
         write_json(self.dir / MANIFEST, self.manifest, indent=1)
 

@@ -25,11 +25,11 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from gptcore.atomic import json_sha256
+from gptcore.atomic import atomic_path, json_sha256, swap_dir
 from gptcore.data import shards
 from gptcore.process import FolderLock, die_with_parent
 from gptcore.data.params import TOKENIZE
-from gptcore.data.sources import Corpus, ReadTask, open_corpus, read_task
+from gptcore.data.corpus import Corpus, ReadTask, open_corpus, read_task
 from gptcore.data.tokenizers import (
     CHAR_VOCAB_FILE,
     HF_TOKENIZER_FILE,
@@ -44,7 +44,14 @@ from gptcore.data.tokenizers import (
     qwen2_ranks_path,
 )
 
-STAGED = ".next"  # a run of new params is written here while the finished shards of the old ones stay
+
+
+def staged_dir(shard_dir: Path) -> Path:
+    """Where a run of new params is written while the finished shards of the old ones stay: a hidden folder beside
+    shard_dir (not in it: the two are exchanged as one unit when the new run is complete)."""
+    return shard_dir.parent / f".{shard_dir.name}.next"
+
+
 TASK_BYTES = 4 << 20  # row groups with more text than this are split into several tasks
 
 
@@ -230,9 +237,8 @@ def build_tokenizer(p: dict, corpus: Corpus, shard_dir: Path, reuse: bool) -> To
         if reuse and path.is_file():
             tok = HFTokenizer(path, name="bpe")
         else:
-            tmp = shard_dir / f".{HF_TOKENIZER_FILE}.{os.getpid()}.tmp"  # a killed run's leftover gets cleared
-            train_bpe(corpus.texts(), p["bpe_vocab_size"], tmp)
-            os.replace(tmp, path)
+            with atomic_path(path) as tmp:
+                train_bpe(corpus.texts(), p["bpe_vocab_size"], tmp)
             tok = HFTokenizer(path, name="bpe")
     else:
         tok = get_tokenizer(spec, eot_token=p["eot_token"], tiktoken_pattern=p["tiktoken_pattern"], encoder=p["encoder"])
@@ -246,18 +252,6 @@ def _manifest_or_none(shard_dir: Path) -> dict | None:
         return shards.read_manifest(shard_dir)
     except (FileNotFoundError, ValueError):
         return None
-
-
-def _swap_in(staged: Path, shard_dir: Path) -> None:
-    """Replace shard_dir's shards by the complete run in `staged`. The old manifest goes first and the new one
-    last, so a kill in between leaves no manifest in shard_dir and the next run finishes the swap."""
-    (shard_dir / shards.MANIFEST).unlink(missing_ok=True)
-    shards.clear_shard_dir(shard_dir)
-    for name in (CHAR_VOCAB_FILE, HF_TOKENIZER_FILE, TIKTOKEN_FILE):
-        (shard_dir / name).unlink(missing_ok=True)
-    for f in sorted(staged.iterdir(), key=lambda f: f.name == shards.MANIFEST):
-        os.replace(f, shard_dir / f.name)
-    staged.rmdir()
 
 
 # Tokenizers that never make more ids than a text has UTF-8 bytes (byte-level BPE; char-level, one id per character).
@@ -285,7 +279,7 @@ def tokenize(raw_dir: str | Path, shard_dir: str | Path, cfg: dict[str, Any], pr
     """The tokenize stage: documents listed by raw_dir/fetch.json -> shard_dir. Returns the manifest.
 
     If shard_dir holds a finished run with the same params fingerprint nothing is rewritten; an unfinished one is
-    resumed. A finished run of other params stays in place while the new one is written to shard_dir/.next/ (and
+    resumed. A finished run of other params stays in place while the new one is written beside it (staged_dir, and
     resumed there), and is replaced only once the new run is complete: a run that fails (e.g. tokenize.val_tokens
     larger than the corpus) loses nothing. An unfinished run of other params is cleared first."""
     p = TOKENIZE.validate(cfg)
@@ -299,17 +293,18 @@ def tokenize(raw_dir: str | Path, shard_dir: str | Path, cfg: dict[str, Any], pr
 
 def _tokenize_locked(p: dict, corpus: Corpus, shard_dir: Path, progress: bool) -> dict:
     fp = shards_fingerprint(p, corpus)
-    old, staged = _manifest_or_none(shard_dir), shard_dir / STAGED
+    old, staged = _manifest_or_none(shard_dir), staged_dir(shard_dir)
     next_run = _manifest_or_none(staged)
     if (old is None or old.get("fingerprint") != fp) and (
             (old is not None and old.get("complete")) or (next_run is not None and next_run.get("fingerprint") == fp)):
-        staged.mkdir(exist_ok=True)
-        try:
-            manifest = _write_run(p, corpus, staged, fp, next_run, progress)
-        except ValueError:  # these params cannot finish (e.g. val_tokens > the corpus): keep no half run around
-            shutil.rmtree(staged)
-            raise
-        _swap_in(staged, shard_dir)
+        # the staged folder's lock becomes shard_dir's in the swap, so this run holds shard_dir's lock throughout
+        with FolderLock(staged, "tokenize"):
+            try:
+                manifest = _write_run(p, corpus, staged, fp, next_run, progress)
+            except ValueError:  # these params cannot finish (e.g. val_tokens > the corpus): keep no half run around
+                shutil.rmtree(staged)
+                raise
+            swap_dir(staged, shard_dir)
         return manifest
     if staged.exists():  # an unfinished run of other params
         shutil.rmtree(staged)
