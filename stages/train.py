@@ -15,7 +15,7 @@ from gptcore import distributed
 from gptcore.atomic import write_json
 from gptcore.data import shards
 from gptcore.data.loader import TokenLoader
-from gptcore.data.tokenizers import load_tokenizer, save_beside_shards, tokenizer_record
+from gptcore.data.tokenizers import load_tokenizer
 from gptcore.eval import hellaswag
 from gptcore.eval import val_loss as evaluation
 from gptcore.eval.sampling import TrainingSamples
@@ -53,7 +53,7 @@ def preflight(model_params: dict[str, Any], train: dict[str, Any]) -> None:
     """What rank 0 would refuse on the user's input, checked once before torchrun starts, so a mistake is one line
     rather than one per rank plus torchrun's report: the tokenizer, and the starting weights (built on the CPU and
     dropped)."""
-    vocab_size = tokenizer_record(load_tokenizer(SHARDS))["vocab_size"]
+    vocab_size = load_tokenizer(SHARDS).vocab_size
     init_model(model_params, vocab_size, seed=train["seed"])  # dropped at once: only its errors matter here
 
 
@@ -93,7 +93,7 @@ def main() -> None:
     with user_errors("train", quiet=os.environ.get("RANK", "0") != "0"):
         # everything that can fail on the user's input happens before a checkpoint or a metric is touched
         tok = load_tokenizer(SHARDS)
-        data = tokenizer_record(tok)  # name, vocab_size, eot: part of what a checkpoint must match to resume
+        data = tok.record()  # name, vocab_size, eot: part of what a checkpoint must match to resume
         model = init_model(model_params, data["vocab_size"], seed=cfg.seed)
         block_size = model.config.block_size
         loader = TokenLoader(shards.open_split(SHARDS, "train"), train["micro_batch"], block_size,
@@ -150,7 +150,7 @@ def main() -> None:
         checkpoint.save_final(model, MODEL_DIR, {"data": data, "step": step, "final": final, **export},
                               hf_vocab_size=data["vocab_size"])
         # The model folder carries its tokenizer, so sampling and evaluation need nothing else.
-        save_beside_shards(tok, MODEL_DIR)
+        tok.save(MODEL_DIR)
         # where it trained: the compare stage turns training hours into GPU-hours with it
         write_json(MODEL_DIR / "manifest.json", {"tokenizer": data, "step": step, **export,
                                                  "hardware": {"device": env.device.type, "processes": env.world_size}})

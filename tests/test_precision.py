@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from gptcore.data.tokenizers import CharTokenizer, save_beside_shards, tokenizer_record
+from gptcore.data.tokenizers import CharTokenizer
 from gptcore.eval.sampling import main as sample_main
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.precision import autocast_context, resolve_dtype
@@ -40,8 +40,8 @@ def test_sampling_cli_resolves_bf16_like_train_and_evaluate(tmp_path, monkeypatc
     tok = CharTokenizer("abc ")
     checkpoint.save_final(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=8)),
                           tmp_path, {"step": 1})
-    save_beside_shards(tok, tmp_path)
-    (tmp_path / "manifest.json").write_text(json.dumps({"tokenizer": tokenizer_record(tok)}))
+    tok.save(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"tokenizer": tok.record()}))
     cpu_bf16(monkeypatch, native)
     seen = []
     real = torch.autocast

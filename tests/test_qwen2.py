@@ -141,8 +141,8 @@ def test_any_tiktoken_ranks_file_with_a_named_pattern(tmp_path):
         assert tok.encode(text) == gpt2.encode_ordinary(text)
     shard_dir = tmp_path / "shards"
     shard_dir.mkdir()
-    T.save_beside_shards(tok, shard_dir)
-    (shard_dir / "manifest.json").write_text(json.dumps({"tokenizer": T.tokenizer_record(tok)}), encoding="utf-8")
+    tok.save(shard_dir)
+    (shard_dir / "manifest.json").write_text(json.dumps({"tokenizer": tok.record()}), encoding="utf-8")
     path.unlink()  # the copy beside the shards is all that is needed
     again = T.load_tokenizer(shard_dir)
     assert (again.name, again.vocab_size, again.eot) == (tok.name, 50257, 50256)

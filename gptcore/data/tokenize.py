@@ -25,23 +25,18 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from gptcore.atomic import atomic_path, json_sha256, swap_dir
+from gptcore.atomic import json_sha256, swap_dir
 from gptcore.data import shards
 from gptcore.process import FolderLock, die_with_parent
 from gptcore.data.params import TOKENIZE
 from gptcore.data.corpus import Corpus, ReadTask, open_corpus, read_task
 from gptcore.data.tokenizers import (
-    CHAR_VOCAB_FILE,
-    HF_TOKENIZER_FILE,
-    TIKTOKEN_FILE,
-    CharTokenizer,
-    HFTokenizer,
     Tokenizer,
-    get_tokenizer,
-    save_beside_shards,
-    tokenizer_record,
-    train_bpe,
-    qwen2_ranks_path,
+    clear_tokenizer_files,
+    has_tokenizer_file,
+    kind_for,
+    prepare_tokenizer,
+    tokenizer_identity,
 )
 
 
@@ -158,7 +153,7 @@ def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"tokenize.workers={workers!r}: must be 0 (all cores) or a positive integer")
     dtype = shards.dtype_for_vocab(tok.vocab_size)
-    head = {"tokenizer": tokenizer_record(tok), "vocab_size": tok.vocab_size, "eot": tok.eot, "dtype": dtype.name,
+    head = {"tokenizer": tok.record(), "vocab_size": tok.vocab_size, "eot": tok.eot, "dtype": dtype.name,
             **(header or {})}
     writer = shards.ShardWriter(shard_dir, head, shard_tokens, val_tokens, resume=resume)
     if writer.complete:  # nothing to write, but the finished shards must still be the bytes the manifest lists
@@ -195,56 +190,12 @@ def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard
 # ---------------------------------------------------------------------------------------------
 # the stage: params -> tokenizer -> shards
 
-def _tokenizer_identity(p: dict) -> dict:
-    """What determines the token ids, for the fingerprint (not the encoder: every encoder gives the same ids)."""
-    spec = str(p["tokenizer"])
-    ident: dict = {"tokenizer": spec, "eot_token": p["eot_token"]}
-    if spec == "bpe":
-        ident["bpe_vocab_size"] = p["bpe_vocab_size"]
-    elif spec == "qwen2":
-        ident["sha256"] = shards.file_sha256(qwen2_ranks_path())
-    elif spec.endswith(".tiktoken"):
-        if not Path(spec).is_file():
-            raise FileNotFoundError(f"tokenize.tokenizer={spec!r}: ranks file not found")
-        ident.update(sha256=shards.file_sha256(spec), tiktoken_pattern=p["tiktoken_pattern"])
-    elif spec not in ("gpt2", "char"):
-        path = Path(spec) / HF_TOKENIZER_FILE if Path(spec).is_dir() else Path(spec)
-        if not path.is_file():
-            raise FileNotFoundError(f"tokenize.tokenizer={spec!r}: expected gpt2, qwen2, char, bpe, a .tiktoken or a "
-                                    f"tokenizer.json path "
-                                    f"(not found: {path})")
-        ident["sha256"] = shards.file_sha256(path)
-    return ident
-
-
 def shards_fingerprint(p: dict, corpus: Corpus) -> str:
     """atomic.json_sha256 over everything that determines the shards' bytes (not the worker count)."""
     inputs = [{k: f.get(k) for k in ("path", "documents", "bytes", "sha256")} for f in corpus.record["files"]]
-    blob = {"format": shards.FORMAT, **_tokenizer_identity(p), "shard_tokens": p["shard_tokens"],
+    blob = {"format": shards.FORMAT, **tokenizer_identity(p), "shard_tokens": p["shard_tokens"],
             "val_tokens": p["val_tokens"], "text_column": corpus.text_column, "inputs": inputs}
     return json_sha256(blob)
-
-
-def build_tokenizer(p: dict, corpus: Corpus, shard_dir: Path, reuse: bool) -> Tokenizer:
-    """The tokenizer for params `p`; char and bpe are built from the corpus, or reloaded from shard_dir
-    when `reuse` (resuming a run with the same fingerprint) so a resumed run uses the very same ids."""
-    spec = str(p["tokenizer"])
-    if spec == "char":
-        path = shard_dir / CHAR_VOCAB_FILE
-        tok: Tokenizer = CharTokenizer.load(path) if reuse and path.is_file() else CharTokenizer.build(corpus.texts())
-    elif spec == "bpe":
-        path = shard_dir / HF_TOKENIZER_FILE
-        if reuse and path.is_file():
-            tok = HFTokenizer(path, name="bpe")
-        else:
-            with atomic_path(path) as tmp:
-                train_bpe(corpus.texts(), p["bpe_vocab_size"], tmp)
-            tok = HFTokenizer(path, name="bpe")
-    else:
-        tok = get_tokenizer(spec, eot_token=p["eot_token"], tiktoken_pattern=p["tiktoken_pattern"], encoder=p["encoder"])
-    if not reuse:  # a resumed run keeps the very file its finished shards were made with
-        save_beside_shards(tok, shard_dir)
-    return tok
 
 
 def _manifest_or_none(shard_dir: Path) -> dict | None:
@@ -254,18 +205,13 @@ def _manifest_or_none(shard_dir: Path) -> dict | None:
         return None
 
 
-# Tokenizers that never make more ids than a text has UTF-8 bytes (byte-level BPE; char-level, one id per character).
-_AT_MOST_ONE_ID_PER_BYTE = ("gpt2", "qwen2", "bpe", "char")
-
-
 def check_val_fits(corpus: Corpus, p: dict) -> None:
     """Refuse a tokenize.val_tokens the corpus cannot hold, before any pass over it: with at most one id per UTF-8
     byte plus one end-of-text per document, the bytes bound the tokens. Reading stops as soon as the bound passes
     val_tokens, so a normal run reads only its val split's worth of text; a small corpus is read whole, cheaply.
     (Exact counts need the full pass; a val_tokens between the tokens and this bound still fails after it.)"""
-    spec = str(p["tokenizer"])
-    if not (spec in _AT_MOST_ONE_ID_PER_BYTE or spec.endswith(".tiktoken")):
-        return  # any tokenizer.json: no bound known
+    if not kind_for(str(p["tokenizer"])).bounded_by_bytes:
+        return  # e.g. any tokenizer.json: no bound known
     bound = 0
     for _, docs in corpus.batches():
         bound += sum(len(d.encode("utf-8")) + 1 for d in docs)
@@ -314,16 +260,12 @@ def _tokenize_locked(p: dict, corpus: Corpus, shard_dir: Path, progress: bool) -
 def _write_run(p: dict, corpus: Corpus, shard_dir: Path, fp: str, old: dict | None, progress: bool) -> dict:
     """Tokenize into shard_dir: nothing to do if `old` (its manifest) is complete with fingerprint `fp`, resume it
     if unfinished, else clear what a tokenize run wrote there and start over."""
-    spec = str(p["tokenizer"])
-    vocab_file = CHAR_VOCAB_FILE if spec == "char" else TIKTOKEN_FILE if spec.endswith(".tiktoken") else HF_TOKENIZER_FILE
-    reuse = old is not None and old.get("fingerprint") == fp and (
-        spec in ("gpt2", "qwen2") or (shard_dir / vocab_file).is_file())
+    reuse = old is not None and old.get("fingerprint") == fp and has_tokenizer_file(p, shard_dir)
     if not reuse:
         shards.clear_shard_dir(shard_dir)
-        for name in (CHAR_VOCAB_FILE, HF_TOKENIZER_FILE, TIKTOKEN_FILE):
-            (shard_dir / name).unlink(missing_ok=True)
+        clear_tokenizer_files(shard_dir)
         old = None
-    tok = build_tokenizer(p, corpus, shard_dir, reuse)
+    tok = prepare_tokenizer(p, shard_dir, corpus.texts, reuse)
     # the encoder (which program made the ids) is recorded, but is not in the fingerprint: the ids are the same
     header = {"fingerprint": fp, "encoder": tok.encoder,
               "params": {k: p[k] for k in ("tokenizer", "bpe_vocab_size", "eot_token", "tiktoken_pattern",

