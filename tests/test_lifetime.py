@@ -146,6 +146,35 @@ def test_killed_tokenize_takes_its_workers_with_it_and_the_rerun_is_byte_identic
     assert shard_bytes(shards) == reference and S.verify(shards) == []
 
 
+@pytest.mark.slow
+def test_a_tokenize_worker_killed_like_the_oom_killer_ends_the_stage_promptly_keeping_finished_shards(tmp_path, raw,
+                                                                                                     reference):
+    project = tokenize_project(tmp_path / "p", raw)
+    shards = project / "data" / "shards"
+    stage = start_tokenize(project)
+    wait_for(lambda: finished_shards(shards) >= 1, stage)
+    procs = tree(stage.pid)
+    workers = [p for p in procs[1:] if p.ppid() == stage.pid]
+    assert len(workers) == 2, "expected the stage's 2 pool workers"
+    workers[0].kill()  # SIGKILL of one worker, as the OOM killer does
+    try:
+        out, err = stage.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        for p in tree(stage.pid):
+            p.kill()
+        pytest.fail("the stage did not exit within 60 s of a worker's death")
+    seconds_until_gone(procs)  # no worker left behind
+    last = err.strip().splitlines()[-1]  # after the progress bar's lines: one line, no traceback
+    assert stage.returncode == 1 and "Traceback" not in err, err[-2000:]
+    assert last.startswith("[tokenize] a tokenize worker process died") and "rerun to resume" in last
+    m = S.read_manifest(shards)
+    assert not m["complete"] and len(m["shards"]) >= 1 and S.check_files(shards, m, full=True) == []
+    rerun = start_tokenize(project)
+    out, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err[-2000:]
+    assert shard_bytes(shards) == reference and S.verify(shards) == []
+
+
 def test_ctrl_c_during_tokenize_prints_one_line(tmp_path, raw):
     project = tokenize_project(tmp_path / "p", raw)
     stage = start_tokenize(project, start_new_session=True, preexec_fn=as_foreground_job)  # a terminal's job

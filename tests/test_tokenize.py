@@ -19,6 +19,7 @@ from gptcore.data import shards as S
 from gptcore.data.corpus import open_corpus
 from gptcore.data.sources import fetch
 from gptcore.data.tokenizers import get_tokenizer, load_tokenizer
+from gptcore.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = ROOT / ".." / "shared" / "ref-data"
@@ -182,7 +183,7 @@ class DiesOnPoison(WrapsAround):
 
 def test_a_killed_worker_is_an_error_not_a_hang(tmp_path):
     raw = make_raw(tmp_path, ["abcdefghij"] * 200 + ["poison"] + ["abc"] * 10)
-    with pytest.raises(RuntimeError, match="a tokenize worker process died.*after 4 finished shards"):
+    with pytest.raises(UserError, match="a tokenize worker process died.*after 4 finished shards"):
         E.write_shards(open_corpus(raw), tmp_path / "shards", DiesOnPoison(), shard_tokens=500, val_tokens=0,
                        workers=2, progress=False, task_bytes=100)
     assert len(S.read_manifest(tmp_path / "shards")["shards"]) == 4

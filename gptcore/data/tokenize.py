@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from gptcore.atomic import json_sha256, swap_dir
 from gptcore.data import shards
+from gptcore.errors import UserError
 from gptcore.process import FolderLock, die_with_parent
 from gptcore.data.params import TOKENIZE
 from gptcore.data.corpus import Corpus, ReadTask, open_corpus, read_task
@@ -69,6 +70,9 @@ def _init_worker(tok: Tokenizer, dtype: str) -> None:
     global _TOK, _DTYPE
     die_with_parent()  # a killed tokenize (kill -9 included) takes its workers with it
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: one line, not one per worker
+    # a forked worker inherits the stage's SIGTERM handler (raise KeyboardInterrupt); the pool ends its workers with
+    # SIGTERM when one dies, and that handler would leave them stuck in their exit handlers, the parent waiting on them
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker process; the pool is the parallelism
     _TOK, _DTYPE = tok, np.dtype(dtype)
 
@@ -177,8 +181,9 @@ def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard
         manifest = writer.finish(corpus.documents)
     except BrokenProcessPool as e:
         writer.abort()
-        raise RuntimeError(f"a tokenize worker process died (killed by the OS, e.g. out of memory?) after "
-                           f"{len(writer.manifest['shards'])} finished shards in {shard_dir}; rerun to resume") from e
+        raise UserError(f"a tokenize worker process died (killed by the OS, e.g. out of memory?) after "
+                        f"{len(writer.manifest['shards'])} finished shards in {shard_dir}; rerun to resume "
+                        f"(with fewer tokenize.workers if memory is short)") from e
     except BaseException:
         writer.abort()
         raise
