@@ -374,3 +374,36 @@ def test_fineweb_sample_from_reference_data(tmp_path):
     assert rec["documents"] == 150
     texts = list(corpus_mod.open_corpus(tmp_path / "raw").texts())
     assert texts == [json.loads(line)["text"] for line in path.open(encoding="utf-8")]
+
+
+def test_text_that_is_not_utf8_is_one_line_naming_file_and_line_or_row(tmp_path):
+    """A lone surrogate: JSON can spell one (\\ud800), UTF-8 cannot; in a txt file or a parquet string it is bytes
+    that do not decode. Each is refused with the file and its line (jsonl, txt) or row (parquet), by fetch and by the
+    reader tokenize uses."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from gptcore.errors import UserError
+
+    (tmp_path / "a.jsonl").write_text('{"text": "ok"}\n\n{"text": "bad \\ud800 here"}\n')
+    with pytest.raises(UserError, match=r"a\.jsonl: line 3: 'text' holds a lone surrogate \(\\ud800 at character 4\)"):
+        src.fetch({"source": "local", "path": str(tmp_path / "a.jsonl")}, tmp_path / "raw_a")
+    (tmp_path / "b.txt").write_bytes(b"fine line\nbad \xed\xa0\x80 x\n")
+    with pytest.raises(ValueError, match=r"b\.txt: not UTF-8 \(byte 0xed at offset 14, line 2\)"):
+        src.fetch({"source": "local", "path": str(tmp_path / "b.txt")}, tmp_path / "raw_b")
+    bad = pa.array([b"ok", b"also ok", b"bad \xed\xa0\x80"], pa.binary()).cast(pa.string(), safe=False)
+    pq.write_table(pa.table({"text": bad}), tmp_path / "c.parquet")
+    with pytest.raises(UserError, match=r"c\.parquet: row 2: not valid UTF-8 text \(invalid continuation byte at "
+                                        r"byte 4 of the document\)"):
+        src.fetch({"source": "local", "path": str(tmp_path / "c.parquet")}, tmp_path / "raw_c")
+    # the same file listed by a fetch record (a hub download is used as it is): the tokenize reader names the row
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    pq.write_table(pa.table({"text": bad}), raw / "c.parquet")
+    (raw / "fetch.json").write_text(json.dumps({"source": "hub", "text_column": "text", "documents": 3,
+                                                "files": [{"path": "c.parquet", "documents": 3}]}))
+    corpus = corpus_mod.open_corpus(raw)
+    with pytest.raises(UserError, match=r"c\.parquet: row 2: not valid UTF-8"):
+        [corpus_mod.read_task(t) for t in corpus.tasks()]
+    with pytest.raises(UserError, match=r"c\.parquet: row 2: not valid UTF-8"):
+        list(corpus.texts())

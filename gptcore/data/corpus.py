@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from gptcore.errors import UserError
 
 FETCH_RECORD = "fetch.json"
 READ_BATCH_DOCS = 1024  # documents decoded at a time from a parquet row group (a hub file's groups can be large)
@@ -39,6 +42,31 @@ def check_docs(path: Path, docs: list, first_row: int) -> list[str]:
         if not isinstance(d, str):
             raise ValueError(f"{path}: document at row {first_row + i} is {type(d).__name__}, not a string")
     return docs
+
+
+def column_texts(column: pa.Array | pa.ChunkedArray, path: Path, first_row: int) -> list[str]:
+    """A parquet text column's values as str, checked: ValueError naming the file and row for a value that is not a
+    string (a null) or not valid UTF-8 (a lone surrogate written as bytes, say), not a UnicodeDecodeError traceback."""
+    try:
+        docs = column.to_pylist()
+    except UnicodeDecodeError:
+        for i in range(len(column)):  # the error path only: find the row
+            try:
+                column.slice(i, 1).to_pylist()
+            except UnicodeDecodeError as e:
+                raise UserError(f"{path}: row {first_row + i}: not valid UTF-8 text ({e.reason} at byte {e.start} of "
+                                f"the document); fix or drop that row") from None
+        raise
+    return check_docs(path, docs, first_row)
+
+
+def lone_surrogate(text: str) -> int | None:
+    """Index of the first lone surrogate in `text` (JSON can spell one, '\\ud800', UTF-8 cannot), else None."""
+    m = _SURROGATE.search(text)
+    return None if m is None else m.start()
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def open_parquet(path: Path, text_column: str, fix: str = "") -> pq.ParquetFile:
@@ -104,9 +132,8 @@ class Corpus:
                 for rb in pf.iter_batches(batch_size=READ_BATCH_DOCS, row_groups=[rg], columns=[col]):
                     if left <= 0:
                         break
-                    docs = rb.column(0).to_pylist()[:left]
+                    docs = column_texts(rb.column(0).slice(0, left), path, n_docs - left)
                     skip = max(0, start_doc - doc)
-                    check_docs(path, docs, n_docs - left)
                     left -= len(docs)
                     doc += len(docs)
                     for d in docs[skip:]:
@@ -196,10 +223,10 @@ def read_task(task: ReadTask) -> list[str]:
         column = pf.read_row_group(task.row_group, columns=[task.text_column], use_threads=False).column(0)
         whole = task.offset == 0 and task.rows == pf.metadata.row_group(task.row_group).num_rows
         _decoded = None if whole else (key, column)
-    docs = column.slice(task.offset, task.rows).to_pylist()
+    docs = column_texts(column.slice(task.offset, task.rows), Path(task.path), task.file_row)
     if len(docs) != task.rows:
         raise ValueError(f"{task.path}: row group {task.row_group} has fewer rows than planned; run fetch again")
-    return check_docs(Path(task.path), docs, task.file_row)
+    return docs
 
 
 def open_corpus(raw_dir: str | Path) -> Corpus:

@@ -30,7 +30,8 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from gptcore.atomic import file_sha256, publish, swap_dir, temp_beside, write_json
-from gptcore.data.corpus import FETCH_RECORD, check_docs, open_parquet
+from gptcore.data.corpus import FETCH_RECORD, column_texts, lone_surrogate, open_parquet
+from gptcore.errors import UserError
 from gptcore.data.params import FETCH, PACKAGES
 
 LOCAL_SUFFIXES = (".parquet", ".jsonl", ".txt")
@@ -140,8 +141,8 @@ def read_local_file(path: Path, text_column: str, batch_docs: int = ROW_GROUP_DO
         pf = open_parquet(path, text_column)
         row = 0
         for batch in pf.iter_batches(batch_size=batch_docs, columns=[text_column]):
-            docs = batch.column(0).to_pylist()
-            yield check_docs(path, docs, row)
+            docs = column_texts(batch.column(0), path, row)
+            yield docs
             row += len(docs)
     elif path.suffix == ".jsonl":
         batch: list[str] = []
@@ -158,6 +159,10 @@ def read_local_file(path: Path, text_column: str, batch_docs: int = ROW_GROUP_DO
                 if not isinstance(obj[text_column], str):
                     raise ValueError(f"{path}: line {lineno}: {text_column!r} is "
                                      f"{type(obj[text_column]).__name__}, not a string")
+                if (at := lone_surrogate(obj[text_column])) is not None:
+                    raise UserError(f"{path}: line {lineno}: {text_column!r} holds a lone surrogate "
+                                    f"(\\u{ord(obj[text_column][at]):04x} at character {at}), which is not text; "
+                                    f"fix or drop that line")
                 batch.append(obj[text_column])
                 if len(batch) == batch_docs:
                     yield batch
