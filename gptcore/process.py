@@ -29,39 +29,51 @@ class FolderBusyError(UserError):
 
 
 class FolderLock:
-    """An exclusive, non-blocking lock on `folder` (the file folder/.lock) held until release() or process exit.
+    """A non-blocking lock on `folder` (the file folder/.lock) held until release() or process exit: exclusive for a
+    writer, `shared` for a reader (any number of readers together, never with a writer).
 
-    `what` says who holds it ("train", "tokenize"), for the message a second run gets."""
+    `what` says who holds it ("train", "tokenize"), for the message a refused run gets. A reader of a folder that does
+    not exist holds nothing (there is nothing a writer could swap under it)."""
 
-    def __init__(self, folder: str | Path, what: str) -> None:
-        self.folder, self.what = Path(folder), what
+    def __init__(self, folder: str | Path, what: str, shared: bool = False) -> None:
+        self.folder, self.what, self.shared = Path(folder), what, shared
         self.path = self.folder / LOCK_NAME
         self._fd: int | None = None
 
     def acquire(self) -> "FolderLock":
         """Take the lock now or raise FolderBusyError naming the holder's pid (never waits)."""
+        if self.shared and not self.folder.is_dir():
+            return self
         self.folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: the holder's pid must survive
         try:
-            got = lock_descriptor(fd, blocking=False)
+            got = _lock_shared(fd) if self.shared else lock_descriptor(fd, blocking=False)
         except OSError:
             os.close(fd)
             raise
         if not got:
             holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "a process that has not written its pid yet"
             os.close(fd)
+            if self.shared:
+                raise FolderBusyError(f"{self.folder} is being written by another run ({holder}); {self.what} cannot "
+                                      f"read it meanwhile: wait for it to finish or stop it")
+            if " reading " in holder:
+                raise FolderBusyError(f"{self.folder} is being read by another run ({holder}); {self.what} would "
+                                      f"change it under that run: wait for it to finish or stop it")
             raise FolderBusyError(f"{self.folder} is in use by another run ({holder}); only one {self.what} may write "
                                   f"there at a time: wait for it to finish or stop it")
         stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}, {self.what} since {stamp}\n".encode(), 0)
+        os.ftruncate(fd, 0)  # with several readers, the last one to start is named
+        os.pwrite(fd, f"pid {os.getpid()}, {self.what}{' reading' if self.shared else ''} since {stamp}\n".encode(), 0)
         self._fd = fd
         return self
 
     def release(self) -> None:
         """Give the lock up (the kernel does it anyway when this process exits)."""
         if self._fd is not None:
-            os.ftruncate(self._fd, 0)
+            # a reader clears the holder's name only when it is the last one (it can then lock exclusively)
+            if not self.shared or lock_descriptor(self._fd, blocking=False):
+                os.ftruncate(self._fd, 0)
             unlock_descriptor(self._fd)
             os.close(self._fd)
             self._fd = None
@@ -71,6 +83,23 @@ class FolderLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def reading(folder: str | Path, what: str) -> FolderLock:
+    """The reader's side of `folder`'s lock, as a context manager (or keep the acquired lock until exit): while it is
+    held no writer (tokenize) can start there, and it is refused while a writer holds the folder.
+    `with reading("data/shards", "train"): ...`"""
+    return FolderLock(folder, what, shared=True)
+
+
+def _lock_shared(fd: int) -> bool:
+    import fcntl  # Unix only, as the stages are (filelock has no shared lock)
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def ancestors(pid: int | None = None) -> list[int]:

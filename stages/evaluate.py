@@ -20,7 +20,7 @@ from gptcore.model.load import load_model
 from gptcore.precision import resolve_dtype
 from gptcore.data import shards
 from gptcore.eval.params import EVAL, check_val_tokens
-from gptcore.process import stage_lifetime
+from gptcore.process import reading, stage_lifetime
 from stages.common import load_params, user_errors
 
 SHARDS = Path("data/shards")
@@ -34,6 +34,8 @@ def main() -> None:
         # every check on the user's input (params, data, model, task file) before the val-loss pass
         p = load_params(EVAL)
         env = distributed.setup(p["device"])
+        # held until the process ends: no tokenize swaps the shards meanwhile
+        shards_lock = reading(SHARDS, "evaluate").acquire()  # noqa: F841
         tok = load_tokenizer(SHARDS)
         model_spec = str(MODEL) if p["model"] == "checkpoint" else p["model"]
         model = load_model(model_spec)

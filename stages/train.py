@@ -22,7 +22,7 @@ from gptcore.eval.sampling import TrainingSamples
 from gptcore.model.load import init_model
 from gptcore.model.params import MODEL
 from gptcore.precision import resolve_dtype
-from gptcore.process import FolderBusyError, FolderLock, lock_for_all_ranks, run_child, stage_lifetime
+from gptcore.process import FolderBusyError, FolderLock, lock_for_all_ranks, reading, run_child, stage_lifetime
 from gptcore.report.steplog import StepLogger
 from gptcore.train import checkpoint
 from gptcore.train.loop import TrainConfig, Trainer
@@ -88,6 +88,8 @@ def main() -> None:
     env = distributed.setup(train["device"])
     try:  # one training per checkpoints/ (and the model/ and metrics/train/ it writes): refuse before any work
         run_lock = lock_for_all_ranks(CKPT_DIR, "train", env.is_main)  # noqa: F841  (held until the process ends)
+        # every rank reads the shards: each holds the folder's reader lock, so no tokenize swaps them meanwhile
+        shards_lock = reading(SHARDS, "train").acquire()  # noqa: F841  (held until the process ends)
     except FolderBusyError as e:
         sys.exit(f"[train] {e}" if env.is_main else 1)
     with user_errors("train", quiet=os.environ.get("RANK", "0") != "0"):

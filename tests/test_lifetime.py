@@ -90,6 +90,68 @@ def test_folder_lock_refuses_a_second_holder_naming_the_pid_and_a_dead_holder_bl
         assert holder_pid(tmp_path) == os.getpid()
 
 
+def test_readers_share_a_folder_and_exclude_its_writer_each_refusal_naming_the_holder(tmp_path):
+    from gptcore.process import reading
+
+    code = ("import sys, time; from gptcore.process import reading; reading(sys.argv[1], 'train').acquire(); "
+            "print('locked', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(FolderBusyError, match=rf"^{tmp_path} is being read by another run \(pid {holder.pid}, "
+                                                  r"train reading since .*\); tokenize would change it under that run"):
+            FolderLock(tmp_path, "tokenize").acquire()
+        with reading(tmp_path, "evaluate"):  # readers do not exclude each other
+            assert holder_pid(tmp_path) == os.getpid()
+        assert holder_pid(tmp_path) == os.getpid()  # not the last reader: the name stays (a live reader's pid)
+    finally:
+        holder.kill()
+        holder.wait()
+    with reading(tmp_path, "evaluate"):
+        pass
+    assert (tmp_path / ".lock").read_text() == ""  # the last reader out clears it
+    with FolderLock(tmp_path, "tokenize"), pytest.raises(
+            FolderBusyError, match=rf"^{tmp_path} is being written by another run \(pid {os.getpid()}, tokenize since "
+                                   r".*\); train cannot read it meanwhile"):
+        reading(tmp_path, "train").acquire()
+    with reading(tmp_path / "absent", "train"):  # nothing there to protect: no lock, no folder made
+        assert not (tmp_path / "absent").exists()
+
+
+@pytest.mark.slow
+def test_tokenize_refuses_while_a_train_reads_the_shards_and_changes_nothing(tmp_path):
+    from stagekit import env as stage_env
+    from stagekit import make_project, stage_cmd
+
+    project = tmp_path / "p"
+    raw = make_raw(tmp_path, synthetic_docs(1500, seed=3))
+    (project / "data").mkdir(parents=True)
+    (project / "data" / "raw").symlink_to(raw)
+    shards = project / "data" / "shards"
+    cfg = {"tokenizer": "gpt2", "shard_tokens": 20_000, "val_tokens": 8_000, "workers": 1}
+    E.tokenize(raw, shards, cfg, progress=False)
+    make_project(project, shards, **LONG)
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    (project / "params.yaml").write_text(yaml.safe_dump({**params, "tokenize": {**cfg, "shard_tokens": 30_000}}))
+    before = {p.name: p.read_bytes() for p in shards.iterdir() if p.name != ".lock"}
+    train = subprocess.Popen(stage_cmd("train"), cwd=project, env=stage_env(), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: holder_pid(shards) == train.pid, train)
+        tok = subprocess.run(stage_cmd("tokenize"), cwd=project, env=stage_env(), text=True, capture_output=True,
+                             timeout=300)
+        assert train.poll() is None, "the training ended before tokenize was refused; make LONG longer"
+    finally:
+        train.kill()
+        train.communicate()
+    assert tok.returncode == 1 and tok.stderr.strip().splitlines() == [
+        f"[tokenize] data/shards is being read by another run (pid {train.pid}, train reading since "
+        + tok.stderr.split("reading since ")[1].split(")")[0] + "); tokenize would change it under that run: "
+        "wait for it to finish or stop it"], tok.stderr
+    assert {p.name: p.read_bytes() for p in shards.iterdir() if p.name != ".lock"} == before
+    assert not E.staged_dir(shards).exists()
+
+
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory) -> Path:
     """~10 MB of documents: a few seconds of tokenizing, long enough to be caught mid-run."""
