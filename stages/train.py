@@ -150,7 +150,7 @@ def main() -> None:
             step = trainer.best_step
             export.update(best_step=trainer.best_step, best_val_loss=trainer.best_val_loss, trained_steps=trainer.step)
         checkpoint.save_final(model, MODEL_DIR, {"data": data, "step": step, "final": final, **export},
-                              hf_vocab_size=data["vocab_size"])
+                              tokenizer=tok)
         # The model folder carries its tokenizer, so sampling and evaluation need nothing else.
         tok.save(MODEL_DIR)
         # where it trained: the compare stage turns training hours into GPU-hours with it

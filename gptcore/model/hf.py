@@ -26,7 +26,7 @@ HF_GPT2_NAMES = {
 }
 # Hugging Face keeps these as Conv1D, i.e. transposed relative to nn.Linear.
 _CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-GPT2_EOT = 50256  # <|endoftext|> in the GPT-2 BPE vocabulary
+GENERATION_CONFIG = "generation_config.json"
 
 
 def load_hf_gpt2(name_or_dir: str | os.PathLike) -> GPT:
@@ -57,11 +57,13 @@ def load_hf_gpt2(name_or_dir: str | os.PathLike) -> GPT:
     return model
 
 
-def save_hf_gpt2(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None = None) -> None:
+def save_hf_gpt2(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None = None,
+                 eot: int | None = None) -> None:
     """Write `model` as a Hugging Face GPT-2 checkpoint (config.json + model.safetensors, fp32) that
     `transformers.GPT2LMHeadModel.from_pretrained(save_dir)` loads with the same logits.
 
-    vocab_size keeps only the first rows of the (tied) embedding, e.g. 50257 of a 50304-padded model.
+    vocab_size keeps only the first rows of the (tied) embedding, e.g. 50257 of a 50304-padded model. `eot`, the
+    run's end-of-text id, becomes bos and eos in config.json and generation_config.json (see _write_config).
     Each file is written to a temporary name in save_dir and renamed into place.
     """
     from safetensors.torch import save as safetensors_bytes
@@ -75,7 +77,7 @@ def save_hf_gpt2(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None
     arch, why = hf_architecture(cfg)
     if arch != "gpt2":
         raise ValueError(f"not a GPT-2 model: {why}" if arch is None else f"not a GPT-2 model: export it as {arch}")
-    vocab_size = _check_vocab(cfg, vocab_size)
+    vocab_size = _check_vocab(cfg, vocab_size, eot)
 
     tensors = {}
     for name, t in model.state_dict().items():
@@ -92,9 +94,7 @@ def save_hf_gpt2(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None
         "activation_function": "gelu_new",
         "architectures": ["GPT2LMHeadModel"],
         "attn_pdrop": cfg.dropout,
-        "bos_token_id": GPT2_EOT if vocab_size > GPT2_EOT else None,
         "embd_pdrop": cfg.dropout,
-        "eos_token_id": GPT2_EOT if vocab_size > GPT2_EOT else None,
         "initializer_range": 0.02,
         "layer_norm_epsilon": 1e-5,
         "model_type": "gpt2",
@@ -124,8 +124,19 @@ def save_hf_gpt2(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None
     # weights first, config last: a directory with a config.json is a complete checkpoint
     with atomic_write(out / "model.safetensors", "wb") as f:
         f.write(safetensors_bytes(tensors, metadata={"format": "pt"}))
-    text = json.dumps(hf_config, indent=2, sort_keys=True) + "\n"
-    write_text(out / "config.json", text)
+    _write_config(out, hf_config, eot)
+
+
+def _write_config(out: Path, hf_config: dict, eot: int | None) -> None:
+    """config.json (written last: a folder with one is a complete checkpoint) and generation_config.json, both with
+    the run's end-of-text id as bos and eos, so that transformers' generate stops there. Without an eot (a model
+    whose tokenizer is unknown) they are null and there is no generation_config.json."""
+    hf_config = {**hf_config, "bos_token_id": eot, "eos_token_id": eot}
+    if eot is None:
+        (out / GENERATION_CONFIG).unlink(missing_ok=True)
+    else:
+        write_text(out / GENERATION_CONFIG, json.dumps({"bos_token_id": eot, "eos_token_id": eot}, indent=2) + "\n")
+    write_text(out / "config.json", json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
 
 
 class NotRepresentable(ValueError):
@@ -158,20 +169,21 @@ def hf_architecture(cfg: GPTConfig) -> tuple[str | None, str]:
     return "llama", "Llama (RMSNorm, rotary, SwiGLU, no biases)"
 
 
-def export_hf(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None = None) -> str:
-    """Write `model` as the transformers architecture that represents it exactly (GPT-2, Llama or Qwen3) and
-    return its model_type; raise NotRepresentable, with the reason in one line, when none does."""
+def export_hf(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None = None, eot: int | None = None) -> str:
+    """Write `model` as the transformers architecture that represents it exactly (GPT-2, Llama or Qwen3), with `eot`
+    as bos and eos, and return its model_type; raise NotRepresentable, with the reason in one line, when none does."""
     arch, why = hf_architecture(model.config)
     if arch is None:
         raise NotRepresentable(f"no transformers architecture represents this model: {why}")
     if arch == "gpt2":
-        save_hf_gpt2(model, save_dir, vocab_size)
+        save_hf_gpt2(model, save_dir, vocab_size, eot)
     else:
-        save_hf_llama(model, save_dir, vocab_size)
+        save_hf_llama(model, save_dir, vocab_size, eot)
     return arch
 
 
-def save_hf_llama(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None = None) -> None:
+def save_hf_llama(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None = None,
+                  eot: int | None = None) -> None:
     """Write an RMSNorm + rotary + SwiGLU bias-free `model` as Hugging Face Llama (or Qwen3 when it has QK-norm):
     config.json + model.safetensors (fp32) that `AutoModelForCausalLM.from_pretrained` loads with the same logits.
 
@@ -185,7 +197,7 @@ def save_hf_llama(model: GPT, save_dir: str | os.PathLike, vocab_size: int | Non
     arch, why = hf_architecture(cfg)
     if arch not in ("llama", "qwen3"):
         raise NotRepresentable(f"not a Llama/Qwen3 model: {why}")
-    vocab_size = _check_vocab(cfg, vocab_size)
+    vocab_size = _check_vocab(cfg, vocab_size, eot)
     C, hidden, head = cfg.n_embd, cfg.swiglu_hidden, cfg.n_embd // cfg.n_head
     sd = {k: v.detach().to(device="cpu", dtype=torch.float32) for k, v in model.state_dict().items()}
     tensors = {"model.embed_tokens.weight": sd["transformer.wte.weight"][:vocab_size],
@@ -216,8 +228,6 @@ def save_hf_llama(model: GPT, save_dir: str | os.PathLike, vocab_size: int | Non
         "model_type": arch,
         "attention_bias": False,
         "attention_dropout": cfg.dropout,
-        "bos_token_id": GPT2_EOT if vocab_size > GPT2_EOT else None,
-        "eos_token_id": GPT2_EOT if vocab_size > GPT2_EOT else None,
         "head_dim": head,
         "hidden_act": "silu",
         "hidden_size": C,
@@ -245,13 +255,14 @@ def save_hf_llama(model: GPT, save_dir: str | os.PathLike, vocab_size: int | Non
     out.mkdir(parents=True, exist_ok=True)
     with atomic_write(out / "model.safetensors", "wb") as f:
         f.write(safetensors_bytes(tensors, metadata={"format": "pt"}))
-    write_text(out / "config.json", json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    _write_config(out, hf_config, eot)
 
 
-def _check_vocab(cfg: GPTConfig, vocab_size: int | None) -> int:
+def _check_vocab(cfg: GPTConfig, vocab_size: int | None, eot: int | None = None) -> int:
     vocab_size = cfg.vocab_size if vocab_size is None else vocab_size
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 0 < vocab_size <= cfg.vocab_size:
         raise ValueError(f"vocab_size must be an int in [1, {cfg.vocab_size}], got {vocab_size!r}")
+    assert eot is None or 0 <= eot < vocab_size, (eot, vocab_size)  # the tokenizer's own id, inside its vocabulary
     return vocab_size
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from gptcore.atomic import atomic_write, json_sha256, write_text
+from gptcore.data.tokenizers import Tokenizer
 from gptcore.model.gpt import GPT
 from gptcore.model.hf import NotRepresentable, export_hf
 from gptcore.model.load import MODEL_FILE, read_checkpoint as load_checkpoint
@@ -193,16 +194,22 @@ def load_best(ckpt_dir: Path, step: int, run_fingerprint: str) -> dict[str, Any]
     return best
 
 
-def save_final(model: GPT, out_dir: Path, extra: dict[str, Any], hf_vocab_size: int | None = None) -> Path:
+def save_final(model: GPT, out_dir: Path, extra: dict[str, Any], hf_vocab_size: int | None = None,
+               tokenizer: Tokenizer | None = None) -> Path:
     """The run's final weights as `model.pt` (config + weights + `extra`), plus a Hugging Face export (GPT-2, Llama or
-    Qwen3) in out_dir/hf when one represents the model; otherwise out_dir/hf/NOT_EXPORTED.txt says why in one line."""
+    Qwen3) in out_dir/hf when one represents the model; otherwise out_dir/hf/NOT_EXPORTED.txt says why in one line.
+    With the run's `tokenizer`, the export stands alone: its tokenizer files (Tokenizer.save_hf) and its end-of-text
+    id as bos/eos; hf_vocab_size defaults to the tokenizer's vocabulary."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / MODEL_FILE
     atomic_torch_save({"model": model.state_dict(), "model_config": asdict(model.config), **extra}, path)
     hf_dir = out_dir / "hf"
+    eot = None if tokenizer is None else tokenizer.eot
+    if tokenizer is not None and hf_vocab_size is None:
+        hf_vocab_size = tokenizer.vocab_size
     try:
-        arch = export_hf(model, hf_dir, vocab_size=hf_vocab_size)
+        arch = export_hf(model, hf_dir, vocab_size=hf_vocab_size, eot=eot)
     except NotRepresentable as e:
         shutil.rmtree(hf_dir, ignore_errors=True)  # no stale export of an earlier run
         hf_dir.mkdir()
@@ -210,5 +217,7 @@ def save_final(model: GPT, out_dir: Path, extra: dict[str, Any], hf_vocab_size: 
         print(f"[train] no Hugging Face export: {e}", flush=True)
     else:
         (hf_dir / NOT_EXPORTED).unlink(missing_ok=True)
+        if tokenizer is not None:
+            tokenizer.save_hf(hf_dir, max_length=model.config.block_size)
         print(f"[train] Hugging Face export ({arch}): {hf_dir}", flush=True)
     return path
