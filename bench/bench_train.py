@@ -29,6 +29,7 @@ from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.data.sources import package_documents
 from gptcore.data.tokenizers import get_tokenizer
 from gptcore.train.loop import Trainer, TrainConfig
+from gptcore.train.optim import Optimizers, adamw_groups
 from gptcore.train.params import TRAIN
 
 
@@ -52,8 +53,9 @@ def run_variant(name: str, base: GPT, shard: Path, cfg: TrainConfig, steps: int,
     with tempfile.TemporaryDirectory() as ckpt:
         trainer = Trainer(model, loader, cfg, env, Path(ckpt), StepLogger(ckpt, enabled=False), {})
         if not fused_adamw:  # nanoGPT's CPU path: the default (foreach) AdamW
-            trainer.optimizer = torch.optim.AdamW(trainer.raw_model.param_groups(cfg.weight_decay), lr=cfg.max_lr,
-                                                  betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+            foreach = torch.optim.AdamW(adamw_groups(trainer.raw_model, cfg.weight_decay, cfg.max_lr), lr=cfg.max_lr,
+                                        betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+            trainer.optimizer = Optimizers({"adamw": foreach})
         times, loss = [], float("nan")
         for i in range(steps):
             t0 = time.perf_counter()

@@ -79,8 +79,10 @@ def test_gpt2_124m_is_the_reproduction_recipe(tmp_path):
     assert p["model"] == {"init_from": "scratch", "n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024,
                           "vocab_size": 50304, "bias": True, "dropout": 0.0, "pos_encoding": "learned",
                           "rope_base": 10000.0, "norm": "layernorm", "qk_norm": False, "mlp": "gelu",
-                          "tie_embeddings": True, "zero_init_proj": False, "logit_softcap": None}
-    assert p["train"]["optimizer"] == "adamw"
+                          "tie_embeddings": True, "zero_init_proj": False, "zero_init_head": False,
+                          "logit_softcap": None}
+    assert (p["train"]["optimizer"], p["train"]["schedule"]) == ("adamw", "cosine")
+    assert p["train"]["embed_lr"] is p["train"]["head_lr"] is p["train"]["scalar_lr"] is None
     expected = {"nproc": 8, "device": "auto", "micro_batch": 64, "total_batch_tokens": 524288, "max_steps": 19073,
                 "warmup_steps": 715, "max_lr": 6e-4, "min_lr_ratio": 0.1, "weight_decay": 0.1, "beta1": 0.9,
                 "beta2": 0.95, "grad_clip": 1.0, "dtype": "bfloat16", "compile": True, "eval_every": 250,

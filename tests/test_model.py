@@ -11,6 +11,7 @@ from gptcore.model.flops import device_peak_flops as peak_flops, estimate_mfu, f
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.model.hf import load_hf_gpt2, save_hf_gpt2
 from gptcore.model.load import strip_prefixes
+from gptcore.train.optim import build_optimizers
 
 TINY = dict(block_size=64, vocab_size=100, n_layer=2, n_head=2, n_embd=64)
 
@@ -272,141 +273,6 @@ def test_config_validation():
         GPTConfig(vocab_size=0)
 
 
-# ---------------------------------------------------------------------------- optimizer
-
-
-def test_configure_optimizers_groups():
-    model = tiny_gpt()
-    opt = model.configure_optimizers(weight_decay=0.1, learning_rate=6e-4, betas=(0.9, 0.95), eps=1e-8)
-    assert isinstance(opt, torch.optim.AdamW)
-    decay, no_decay = opt.param_groups
-    assert (decay["name"], decay["weight_decay"]) == ("decay", 0.1)
-    assert (no_decay["name"], no_decay["weight_decay"]) == ("no_decay", 0.0)
-    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
-    # 2 layers x 4 matrices + wte (tied with lm_head, once) + wpe
-    assert len(decay["params"]) == 2 * 4 + 2
-    in_groups = decay["params"] + no_decay["params"]
-    assert len({id(p) for p in in_groups}) == len(in_groups) == len(list(model.parameters()))
-    assert opt.defaults["lr"] == 6e-4 and opt.defaults["betas"] == (0.9, 0.95)
-    assert opt.defaults.get("fused") is True  # the fused kernel on the CPU too
-    assert not model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device_type="mps").defaults.get("fused")
-    # one step works (and the tied matrix is updated once, as one tensor)
-    model.train()
-    model(tokens(), tokens(seed=5))[1].backward()
-    opt.step()
-    assert model.lm_head.weight is model.transformer.wte.weight
-    with pytest.raises(ValueError, match="learning_rate"):
-        model.configure_optimizers(0.1, 0.0, (0.9, 0.95))
-
-
-# ---------------------------------------------------------------------------- sampling
-
-
-def test_generate_shapes_and_greedy_determinism():
-    model = tiny_gpt()
-    prompt = tokens(batch=3, T=5)
-    out = model.generate(prompt, max_new_tokens=70)  # longer than block_size: context gets cropped
-    assert out.shape == (3, 75) and torch.equal(out[:, :5], prompt)
-    greedy = model.generate(prompt, 10, temperature=0.0)
-    assert torch.equal(greedy, model.generate(prompt, 10, temperature=0.0))
-    assert torch.equal(greedy, model.generate(prompt, 10, temperature=0.7, top_k=1))
-    # greedy == argmax of forward's logits, step by step
-    idx = prompt
-    for _ in range(10):
-        idx = torch.cat([idx, our_logits(model, idx)[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(greedy, idx)
-    # seeded sampling is reproducible and leaves the training mode as it was
-    model.train()
-    a = model.generate(prompt, 10, top_k=20, generator=torch.Generator().manual_seed(7))
-    b = model.generate(prompt, 10, top_k=20, generator=torch.Generator().manual_seed(7))
-    assert torch.equal(a, b) and model.training
-
-
-def test_generate_top_k_samples_only_the_k_best():
-    model = tiny_gpt()
-    prompt = tokens(batch=1, T=6).expand(500, 6)
-    top3 = set(our_logits(model, prompt[:1])[0, -1].topk(3).indices.tolist())
-    out = model.generate(prompt, 1, temperature=50.0, top_k=3, generator=torch.Generator().manual_seed(0))
-    assert set(out[:, -1].tolist()) == top3  # a nearly flat distribution over exactly the top 3
-
-
-def test_generate_respects_vocab_limit():
-    model = tiny_gpt(vocab_size=128)
-    with torch.no_grad():  # make the padded rows the most likely by far: logit = 10 * |ln_f.bias|^2 = 640
-        model.transformer.ln_f.bias.fill_(1.0)
-        model.transformer.wte.weight[100:] = 10.0
-    prompt = tokens(batch=4, T=4)
-    assert (model.generate(prompt, 8, temperature=0) >= 100).any()  # the trap works
-    out = model.generate(prompt, 8, temperature=1.0, vocab_limit=100, generator=torch.Generator().manual_seed(0))
-    assert out.max() < 100
-    assert model.generate(prompt, 8, temperature=0, vocab_limit=100).max() < 100
-    with pytest.raises(ValueError, match="vocab_limit"):
-        model.generate(prompt, 1, vocab_limit=129)
-
-
-# ---------------------------------------------------------------------------- state dicts
-
-
-def test_strip_prefixes():
-    sd = {"_orig_mod.module.lm_head.weight": 1, "module._orig_mod.transformer.wte.weight": 2, "plain.x": 3}
-    assert strip_prefixes(sd) == {"lm_head.weight": 1, "transformer.wte.weight": 2, "plain.x": 3}
-    model = tiny_gpt()
-    wrapped = {"_orig_mod." + k: v for k, v in model.state_dict().items()}
-    fresh = GPT(model.config)
-    fresh.load_state_dict(strip_prefixes(wrapped))
-    assert torch.equal(fresh.lm_head.weight, model.lm_head.weight)
-    with pytest.raises(ValueError, match="collide"):
-        strip_prefixes({"module.a": 1, "a": 2})
-
-
-# ---------------------------------------------------------------------------- MFU
-
-
-def test_estimate_mfu():
-    model = tiny_gpt()
-    assert estimate_mfu(model, 1e5) is None  # CPU, no peak given: no made-up number
-    assert estimate_mfu(model, 1e5, device="cpu") is None
-    mfu = estimate_mfu(model, 1e5, peak_flops=1e12)
-    assert mfu == pytest.approx(flops_per_token(model) * 1e5 / 1e12)
-    assert 0 < mfu < 1
-    assert peak_flops("cpu") is None
-
-
-@pytest.mark.parametrize(
-    "name, expected",
-    [
-        ("NVIDIA H100 80GB HBM3", 989e12),
-        ("NVIDIA H100 PCIe", 756e12),
-        ("NVIDIA H200", 989e12),
-        ("NVIDIA A100-SXM4-80GB", 312e12),
-        ("NVIDIA A100-PCIE-40GB", 312e12),
-        ("NVIDIA A10G", 70e12),
-        ("NVIDIA A10", 125e12),
-        ("NVIDIA L40S", 362e12),
-        ("NVIDIA L4", 121e12),
-        ("NVIDIA GeForce RTX 4090", 165.2e12),
-        ("NVIDIA GeForce RTX 3090 Ti", 80e12),
-        ("Tesla V100-SXM2-16GB", 125e12),
-        ("Tesla V100-PCIE-32GB", 112e12),
-        ("NVIDIA GH200 480GB", 989e12),
-        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", None),
-        ("NVIDIA GeForce GTX 1080", None),
-    ],
-)
-def test_peak_flops_table(name, expected):
-    assert peak_flops_for_name(name) == expected
-
-
-def test_peak_flops_uses_cuda_device_name(monkeypatch):
-    monkeypatch.setattr(flops_mod.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(flops_mod.torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-40GB")
-    assert peak_flops("cuda:0") == 312e12
-    mfu = estimate_mfu(tiny_gpt(), 1e6, device="cuda")
-    assert mfu == pytest.approx(flops_per_token(tiny_gpt()) * 1e6 / 312e12)
-
-
-# ---------------------------------------------------------------------------- CUDA (skipped without a GPU)
-
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -418,7 +284,7 @@ def test_cuda_matches_cpu_and_trains_in_bf16():
     model = model.cuda()
     idx_cuda = idx.cuda()
     torch.testing.assert_close(our_logits(model, idx_cuda).cpu(), cpu_logits, atol=1e-4, rtol=0)
-    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95), device_type="cuda")
+    opt = build_optimizers(model, "adamw", 1e-3, 0.1, (0.9, 0.95), 1e-8, "cuda").optimizers["adamw"]
     assert opt.defaults.get("fused") is True
     model.train()
     losses = []

@@ -14,6 +14,7 @@ from stagekit import env, make_project, run_stage, stage_cmd, tsv, write_gpt2_sh
 from gptcore.model.load import load_model
 from gptcore.train import checkpoint
 from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.train.optim import build_optimizers
 
 pytestmark = pytest.mark.slow  # training runs through the stage, in subprocesses (-m "not slow" skips them)
 
@@ -38,7 +39,7 @@ def final_weights(project: Path) -> dict[str, torch.Tensor]:
 def test_tiny_model_overfits_one_batch():
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64))
-    opt = model.configure_optimizers(weight_decay=0.0, learning_rate=3e-3, betas=(0.9, 0.95), device_type="cpu")
+    opt = build_optimizers(model, "adamw", 3e-3, 0.0, (0.9, 0.95), 1e-8, "cpu")
     x = torch.randint(0, 64, (4, 16))
     y = torch.roll(x, -1, dims=1)
     for _ in range(300):
@@ -191,9 +192,12 @@ def test_fine_tune_from_a_hugging_face_dir_crops_the_block(tmp_path, shards):
 
 
 # the modern recipe (issue 11): every model switch on, Muon for the hidden matrices
+# with the records' optimizer details (issue 15): per-matrix Muon outside the clip, own rates, WSD, zero head
 MODERN_MODEL = {"bias": False, "pos_encoding": "rotary", "norm": "rmsnorm", "qk_norm": True, "mlp": "swiglu",
-                "tie_embeddings": False, "zero_init_proj": True, "logit_softcap": 30.0}
-MODERN_TRAIN = {"optimizer": "muon", "muon_lr": 0.02, "muon_momentum": 0.95, "weight_decay": 0.0}
+                "tie_embeddings": False, "zero_init_proj": True, "zero_init_head": True, "logit_softcap": 30.0}
+MODERN_TRAIN = {"optimizer": "muon", "muon_lr": 0.02, "muon_momentum": 0.95, "weight_decay": 0.0,
+                "muon_clip": False, "embed_lr": 0.03, "head_lr": 0.002, "scalar_lr": 0.01, "schedule": "wsd",
+                "decay_frac": 0.5}
 
 
 def test_modern_two_gloo_ranks_equal_one_rank_with_accumulation(tmp_path, shards):

@@ -4,20 +4,18 @@ output projections, logit soft-cap). Every switch is off by default, and off it 
 state_dict keys and the same numbers as GPT-2.
 
 Reads top to bottom, as nanoGPT's model.py: config -> norms and rotary -> attention -> MLP -> block -> GPT
-(forward, sizes, optimizer groups, sampling). Loading and saving weights live beside it (hf.py, load.py), FLOP
-accounting in flops.py: this file does no I/O.
+(forward, sizes, sampling). Loading and saving weights live beside it (hf.py, load.py), FLOP
+accounting in flops.py, optimizer groups in train/optim.py: this file does no I/O.
 
 The design follows Andrej Karpathy's nanoGPT (model.py) and build-nanogpt (train_gpt2.py), MIT licensed: GPTConfig,
-the fused q/k/v projection and its split, the scaled residual init, weight tying and the optimizer groups (NOTICE).
+the fused q/k/v projection and its split, the scaled residual init and weight tying (NOTICE).
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn as nn
@@ -43,6 +41,7 @@ class GPTConfig:
     mlp: str = "gelu"  # gelu (GPT-2) | relu2 (ReLU squared) | swiglu (SiLU-gated, hidden size swiglu_hidden)
     tie_embeddings: bool = True  # one matrix embeds tokens and scores them (GPT-2); false: a separate lm_head
     zero_init_proj: bool = False  # output projections (attn and MLP c_proj) start at zero: each block starts as identity
+    zero_init_head: bool = False  # an untied lm_head starts at zero: every first prediction is uniform
     logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2); None: no cap
 
     def __post_init__(self) -> None:
@@ -58,7 +57,7 @@ class GPTConfig:
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"GPTConfig.{name}={getattr(self, name)!r}: expected one of {', '.join(allowed)}")
-        for name in ("qk_norm", "tie_embeddings", "zero_init_proj", "bias"):
+        for name in ("qk_norm", "tie_embeddings", "zero_init_proj", "zero_init_head", "bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"GPTConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if self.pos_encoding == "rotary" and (self.n_embd // self.n_head) % 2:
@@ -68,6 +67,8 @@ class GPTConfig:
         cap = self.logit_softcap
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, numbers.Real) or cap <= 0):
             raise ValueError(f"GPTConfig.logit_softcap must be a number > 0 or null, got {cap!r}")
+        if self.zero_init_head and self.tie_embeddings:
+            raise ValueError("GPTConfig.zero_init_head needs tie_embeddings=False (a tied head is the token table)")
 
     @property
     def swiglu_hidden(self) -> int:
@@ -221,6 +222,8 @@ class GPT(nn.Module):
         if config.tie_embeddings:  # GPT-2 does it: one matrix embeds tokens and scores the next one
             self.transformer.wte.weight = self.lm_head.weight
         self.apply(self._init_weights)
+        if config.zero_init_head:
+            nn.init.zeros_(self.lm_head.weight)
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
@@ -320,48 +323,6 @@ class GPT(nn.Module):
         for m in self.modules():
             if isinstance(m, nn.Dropout):
                 m.p = float(p)
-
-    # ------------------------------------------------------------------ optimizer
-
-    def hidden_matrices(self) -> list[nn.Parameter]:
-        """The 2-D weights inside the blocks (attention and MLP projections): what Muon updates. Embeddings,
-        lm_head, gains and biases are not among them."""
-        return [p for p in self.transformer.h.parameters() if p.dim() == 2 and p.requires_grad]
-
-    def param_groups(self, weight_decay: float, exclude: list[nn.Parameter] | None = None) -> list[dict[str, Any]]:
-        """AdamW parameter groups: matrices and embeddings (dim >= 2) decay, biases and norm gains (dim < 2)
-        do not; parameters in `exclude` (say, those Muon updates) are left out. Each group carries a "name"
-        ("decay" / "no_decay") for logging."""
-        skip = {id(p) for p in exclude or []}
-        # parameters() yields tied weights once
-        params = [p for p in self.parameters() if p.requires_grad and id(p) not in skip]
-        return [
-            {"name": "decay", "params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"name": "no_decay", "params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
-
-    def configure_optimizers(
-        self,
-        weight_decay: float,
-        learning_rate: float,
-        betas: tuple[float, float],
-        eps: float = 1e-8,
-        device_type: str = "cpu",
-        exclude: list[nn.Parameter] | None = None,
-    ) -> torch.optim.AdamW:
-        """AdamW over `param_groups(weight_decay)`, with the fused kernel on CUDA and on the CPU (torch >= 2.4
-        has both; on the CPU it makes the 124M update about 4x faster than the foreach one). Logs nothing: read
-        `optimizer.param_groups` (each has "name") to report group sizes. Parameters in `exclude` are left to
-        another optimizer (train/optim.py gives the hidden matrices to Muon)."""
-        if weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-        if learning_rate <= 0:
-            raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
-        use_fused = device_type in ("cuda", "cpu") and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        extra = {"fused": True} if use_fused else {}
-        return torch.optim.AdamW(
-            self.param_groups(weight_decay, exclude), lr=learning_rate, betas=tuple(betas), eps=eps, **extra
-        )
 
     # ------------------------------------------------------------------ sampling
 

@@ -8,6 +8,9 @@ from gptcore.params import REQUIRED, Param, ParamError, Section
 
 
 def _relations(p: dict[str, Any]) -> None:
+    if p["zero_init_head"] and p["tie_embeddings"]:
+        raise ParamError("model.zero_init_head", True, "needs model.tie_embeddings: false (a tied head is the "
+                                                       "token table, which must not start at zero)")
     if p["init_from"] != "scratch":  # the shape comes from the weights loaded
         return
     if p["n_embd"] % p["n_head"]:
@@ -36,6 +39,8 @@ MODEL = Section("model", {
     "mlp": Param(str, "gelu", "gelu | relu2 | swiglu (hidden 8/3 n_embd, rounded to a multiple of 64)", choices=MLPS),
     "tie_embeddings": Param(bool, True, "one matrix embeds and scores tokens; false: a separate lm_head"),
     "zero_init_proj": Param(bool, False, "attention and MLP output projections start at zero"),
+    "zero_init_head": Param(bool, False, "the untied lm_head starts at zero (modded-nanogpt record 2024-11-03, "
+                                         "with the untied head); needs tie_embeddings false"),
     "logit_softcap": Param(float, None, "a number c: logits -> c * tanh(logits / c); null: no cap", above=0.0,
                            also=(None,)),
 }, _relations)

@@ -24,7 +24,7 @@ from gptcore.model.flops import estimate_mfu
 from gptcore.model.gpt import GPT
 from gptcore.model.load import strip_prefixes
 from gptcore.precision import autocast_context, resolve_dtype
-from gptcore.train.optim import CosineSchedule, build_optimizers, set_lr
+from gptcore.train.optim import LRSchedule, build_optimizers, set_lr
 
 # An evaluator runs on every rank at the eval cadence and returns metrics for rank 0 to log.
 Evaluator = Callable[[GPT, int], dict[str, float]]
@@ -42,9 +42,15 @@ class TrainConfig:
     max_steps: int
     warmup_steps: int
     max_lr: float
+    embed_lr: float | None
+    head_lr: float | None
+    scalar_lr: float | None
     optimizer: str
     muon_lr: float
     muon_momentum: float
+    muon_clip: bool
+    schedule: str
+    decay_frac: float
     min_lr_ratio: float
     weight_decay: float
     beta1: float
@@ -95,9 +101,11 @@ class Trainer:
         self.raw_model = model.to(self.device)
         self.optimizer = build_optimizers(
             self.raw_model, cfg.optimizer, cfg.max_lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.eps,
-            self.device.type, muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum)
+            self.device.type, muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum, embed_lr=cfg.embed_lr,
+            head_lr=cfg.head_lr, scalar_lr=cfg.scalar_lr, muon_clip=cfg.muon_clip)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
-        self.schedule = CosineSchedule(cfg.max_lr, cfg.max_lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.max_steps)
+        self.schedule = LRSchedule(cfg.max_lr, cfg.max_lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.max_steps,
+                                   cfg.schedule, cfg.decay_frac)
         self.step = 0
         # export=best: the lowest val loss seen at the eval cadence and its step (weights in checkpoints/best_*.pt)
         self.best_val_loss, self.best_step = math.inf, None
@@ -202,7 +210,10 @@ class Trainer:
                 f"{last or 'none'}. Lower train.max_lr or check the data; the run stopped without saving.")
         for opt in self.optimizer:  # GradScaler keeps per-optimizer state: unscale and step each
             self.scaler.unscale_(opt)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), cfg.grad_clip).item()
+        # train.muon_clip false: the clip (and grad_norm) covers AdamW's parameters only
+        clipped = self.optimizer.clip_params
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters() if clipped is None else clipped,
+                                                   cfg.grad_clip).item()
         for opt in self.optimizer:
             self.scaler.step(opt)
         self.scaler.update()

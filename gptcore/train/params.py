@@ -9,7 +9,7 @@ from typing import Any
 
 from gptcore.params import REQUIRED, Param, ParamError, Section
 from gptcore.precision import DTYPES
-from gptcore.train.optim import OPTIMIZERS
+from gptcore.train.optim import OPTIMIZERS, SCHEDULES, wsd_decay_steps
 
 DEVICE = r"auto|cpu|mps|cuda(:\d+)?"
 EXPORTS = ("final", "best")
@@ -18,6 +18,11 @@ EXPORTS = ("final", "best")
 def _relations(p: dict[str, Any]) -> None:
     if p["warmup_steps"] > p["max_steps"]:
         raise ParamError("train.warmup_steps", p["warmup_steps"], f"must be <= train.max_steps={p['max_steps']}")
+    decay = wsd_decay_steps(p["max_steps"], p["decay_frac"])
+    if p["schedule"] == "wsd" and p["warmup_steps"] + decay > p["max_steps"]:
+        raise ParamError("train.warmup_steps", p["warmup_steps"],
+                         f"with train.schedule wsd, warmup plus the decay's {decay} steps (train.decay_frac="
+                         f"{p['decay_frac']} of {p['max_steps']}) must fit in train.max_steps")
 
 
 TRAIN = Section("train", {
@@ -29,13 +34,27 @@ TRAIN = Section("train", {
                                 min=1),
     "max_steps": Param(int, REQUIRED, "optimizer steps (0: only evaluate and export the starting weights)", min=0),
     "warmup_steps": Param(int, REQUIRED, "linear learning-rate warmup steps", min=0),
-    "max_lr": Param(float, REQUIRED, "AdamW's peak learning rate (with optimizer muon: for embeddings, lm_head, "
-                                     "gains and biases)", above=0.0),
-    "optimizer": Param(str, "adamw", "adamw | muon (torch.optim.Muon for the blocks' 2-D weights, AdamW for the rest)",
-                       choices=OPTIMIZERS),
+    "max_lr": Param(float, REQUIRED, "AdamW's peak learning rate (the default of embed_lr, head_lr and scalar_lr; "
+                                     "with optimizer adamw also the hidden matrices')", above=0.0),
+    "embed_lr": Param(float, None, "AdamW's peak rate of the token and position tables (null: max_lr); modded-"
+                                   "nanogpt's record 2024-11-03 gave the untied token table its own rate",
+                      above=0.0, also=(None,)),
+    "head_lr": Param(float, None, "AdamW's peak rate of lm_head, or of the one tied matrix (null: max_lr); "
+                                  "modded-nanogpt record 2024-11-03", above=0.0, also=(None,)),
+    "scalar_lr": Param(float, None, "AdamW's peak rate of gains and biases (null: max_lr); modded-nanogpt gives "
+                                    "its scalars their own Adam rate", above=0.0, also=(None,)),
+    "optimizer": Param(str, "adamw", "adamw | muon (Muon for the blocks' 2-D weights, each fused q/k/v or gate/up "
+                                     "matrix orthogonalised per matrix; AdamW for the rest)", choices=OPTIMIZERS),
     "muon_lr": Param(float, 0.02, "Muon's peak rate (optimizer muon); the schedule scales it with max_lr", above=0.0),
     "muon_momentum": Param(float, 0.95, "Muon's Nesterov momentum (optimizer muon)", min=0.0, below=1.0),
-    "min_lr_ratio": Param(float, 0.1, "final learning rate of the cosine decay, as a fraction of max_lr",
+    "muon_clip": Param(bool, True, "the gradient-norm clip covers Muon's matrices too (false: AdamW's parameters "
+                                   "only, as modded-nanogpt, which clips nothing Muon updates)"),
+    "schedule": Param(str, "cosine", "cosine (warmup, cosine decay to min_lr) | wsd (warmup, max_lr held, linear "
+                                     "decay over the last decay_frac of max_steps: modded-nanogpt, nanochat)",
+                      choices=SCHEDULES),
+    "decay_frac": Param(float, 0.2, "schedule wsd: the fraction of max_steps spent decaying to min_lr",
+                        above=0.0, max=1.0),
+    "min_lr_ratio": Param(float, 0.1, "final learning rate of the decay, as a fraction of each group's peak",
                           min=0.0, max=1.0),
     "weight_decay": Param(float, 0.1, "AdamW weight decay of the 2-D weights", min=0.0),
     "beta1": Param(float, 0.9, "AdamW beta1", min=0.0, below=1.0),
@@ -90,4 +109,6 @@ def fingerprint_params(model: dict[str, Any], train: dict[str, Any], data: dict[
     shaping = {k: v for k, v in train.items() if k not in RESUME_OK}
     if train["optimizer"] == "adamw":  # Muon's settings do not touch an AdamW run
         shaping = {k: v for k, v in shaping.items() if not k.startswith("muon_")}
+    if train["schedule"] == "cosine":
+        shaping.pop("decay_frac", None)
     return {"model": dict(model), "train": shaping, "data": dict(data)}
