@@ -1,8 +1,15 @@
+import copy
 import math
 
 import pytest
+import torch
 
-from gptcore.train.optim import LRSchedule, lr_at
+from gptcore.distributed import DistEnv
+from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.report.steplog import StepLogger
+from gptcore.train.loop import TrainConfig, Trainer
+from gptcore.train.optim import LRSchedule, Muon, adamw_groups, build_optimizers, lr_at
+from gptcore.train.params import TRAIN
 
 MAX, MIN, WARM, STEPS = 6e-4, 6e-5, 715, 19073
 
@@ -47,17 +54,6 @@ def test_wsd_warms_up_holds_then_decays_linearly_to_min():
 
 
 # ------------------------------------------------------------------------------------------ optimizer groups
-
-import copy  # noqa: E402
-
-import torch  # noqa: E402
-
-from gptcore.distributed import DistEnv  # noqa: E402
-from gptcore.model.gpt import GPT, GPTConfig  # noqa: E402
-from gptcore.report.steplog import StepLogger  # noqa: E402
-from gptcore.train.loop import TrainConfig, Trainer  # noqa: E402
-from gptcore.train.optim import Muon, adamw_groups, build_optimizers  # noqa: E402
-from gptcore.train.params import TRAIN  # noqa: E402
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64)
 MODERN = dict(bias=False, pos_encoding="rotary", norm="rmsnorm", qk_norm=True, mlp="swiglu", tie_embeddings=False)

@@ -23,3 +23,29 @@ def test_resume_after_a_kill_that_truncated_the_summary(tmp_path):
     logger.close()
     assert [r[0] for r in read_rows(live, "train_loss")] == ["0", "1", "2", "3"]
     assert json.loads((live / "metrics.json").read_text())["train_loss"] == 1.5
+
+
+def test_run_constants_go_to_the_summary_only_and_survive_a_resume(tmp_path):
+    from gptcore.model.flops import model_sizes
+    from gptcore.model.gpt import GPT, GPTConfig
+
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, tie_embeddings=False))
+    sizes = model_sizes(model)
+    # by hand: wte 64x32, lm_head 32x64, per block 2 LayerNorms (2 x 2 x 32), c_attn 32x96+96, c_proj 32x32+32,
+    # c_fc 32x128+128, mlp c_proj 128x32+32; wpe 16x32; ln_f 2 x 32
+    block = 2 * 2 * 32 + 32 * 96 + 96 + 32 * 32 + 32 + 32 * 128 + 128 + 128 * 32 + 32
+    total = 64 * 32 + 32 * 64 + 16 * 32 + 2 * block + 2 * 32
+    assert sizes["params"] == total == sum(p.numel() for p in model.parameters())
+    assert sizes["params_non_embedding"] == total - 64 * 32 - 16 * 32  # token and position tables left out
+    assert sizes["flops_per_token"] == 6 * (total - 64 * 32 - 16 * 32) + 12 * 2 * 2 * 16 * 16
+    live = tmp_path / "train"
+    logger = StepLogger(live)
+    logger.log_constants(sizes)
+    logger.log(0, {"train_loss": 4.0})
+    logger.close()
+    assert not (live / "plots" / "metrics" / "params.tsv").exists()
+    logger = StepLogger(live, resume_step=1)
+    logger.log(1, {"train_loss": 3.0})
+    logger.close()
+    summary = json.loads((live / "metrics.json").read_text(encoding="utf-8"))
+    assert {k: summary[k] for k in sizes} == sizes and summary["train_loss"] == 3.0

@@ -17,6 +17,14 @@ def flops_per_token(model: GPT) -> int:
     L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.block_size
     return 6 * N + 12 * L * H * Q * T
 
+def model_sizes(model: GPT) -> dict[str, int]:
+    """What makes runs of different shapes comparable: "params" (all, the tied matrix once), "params_non_embedding"
+    (GPT.get_num_params: lookup tables left out) and "flops_per_token" (training, at block_size)."""
+    return {"params": model.get_num_params(non_embedding=False),
+            "params_non_embedding": model.get_num_params(non_embedding=True),
+            "flops_per_token": flops_per_token(model)}
+
+
 def estimate_mfu(
     model: GPT,
     tokens_per_sec: float,

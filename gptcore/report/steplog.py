@@ -77,6 +77,13 @@ class StepLogger:
             self.live.log_metric(name, value)
         self.live.make_summary()
 
+    def log_constants(self, metrics: Mapping[str, float | int]) -> None:
+        """Write `metrics` into metrics.json only (no curve): figures of the whole run, e.g. its parameter count."""
+        if self.live is None:
+            return
+        self.live.summary.update(metrics)
+        self.live.make_summary()
+
     def close(self) -> None:
         """Finish dvclive's run (writes its summary)."""
         if self.live is not None:

@@ -20,7 +20,7 @@ from gptcore.train import checkpoint
 from gptcore import distributed
 from gptcore.distributed import DistEnv
 from gptcore.report.steplog import StepLogger
-from gptcore.model.flops import estimate_mfu
+from gptcore.model.flops import estimate_mfu, model_sizes
 from gptcore.model.gpt import GPT
 from gptcore.model.load import strip_prefixes
 from gptcore.precision import autocast_context, resolve_dtype
@@ -226,6 +226,8 @@ class Trainer:
         final: dict[str, float] = {}
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", disable=not env.is_main,
                    dynamic_ncols=True)
+        # beside the curves: what makes runs of other shapes comparable (dvc exp show lists them)
+        self.logger.log_constants(model_sizes(self.raw_model))
         while self.step < cfg.max_steps:
             if cfg.eval_every > 0 and self.step % cfg.eval_every == 0:
                 metrics = self.evaluate()

@@ -1,0 +1,142 @@
+"""The comparison table of a sweep, from `dvc exp show --json`: experiments grouped by the params they differ in
+(seeds pooled), each metric as mean and standard deviation over the group's seeds.
+
+    dvc exp show --json > exps.json && python -m gptcore.report.table exps.json
+
+A group is every experiment with the same params apart from `train.seed` (and the keys `--ignore` names); the
+table shows the params that differ between groups, the number of seeds, and for each metric its mean and sample
+standard deviation (n - 1). A metric some seeds lack (say, tokens_to_target of a run that never reached the
+target) is averaged over the seeds that have it, and the count is shown beside it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+# metric columns: dotted keys over the metrics files merged (each key lives in one file)
+METRICS = ("eval.val_loss", "speedrun.tokens_to_target", "speedrun.hours_to_target", "params",
+           "params_non_embedding", "flops_per_token")
+IGNORED = ("train.seed",)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def experiments(doc: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The finished experiments of a `dvc exp show --json` document: [{"name", "params", "metrics"}], params and
+    metrics flattened to dotted keys (params of params.yaml; metrics of every metrics file, merged). Experiments
+    with no metrics (queued, failed) are left out."""
+    rows = []
+    for commit in doc:
+        for exp in commit.get("experiments") or []:
+            for rev in exp.get("revs") or []:
+                data = rev.get("data") or {}
+                metrics: dict[str, Any] = {}
+                for file in (data.get("metrics") or {}).values():
+                    metrics.update(flatten(file.get("data") or {}))
+                if not metrics:
+                    continue
+                params = flatten(((data.get("params") or {}).get("params.yaml") or {}).get("data") or {})
+                rows.append({"name": rev.get("name") or rev.get("rev"), "params": params, "metrics": metrics})
+    return rows
+
+
+def group(rows: list[dict[str, Any]], ignore: Iterable[str] = IGNORED) -> tuple[list[str], list[list[dict]]]:
+    """The param keys whose values differ across `rows` (minus `ignore`), and the rows grouped by those values,
+    groups in order of first appearance."""
+    ignore = set(ignore)
+    keys = sorted({k for r in rows for k in r["params"]} - ignore)
+    varying = [k for k in keys if len({json.dumps(r["params"].get(k)) for r in rows}) > 1]
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(json.dumps([r["params"].get(k) for k in varying]), []).append(r)
+    return varying, list(groups.values())
+
+
+def mean_std(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (None for fewer than 2 values)."""
+    if not values:
+        return None, None
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def summarize(rows: list[dict[str, Any]], metrics: Iterable[str] = METRICS, ignore: Iterable[str] = IGNORED
+              ) -> tuple[list[str], list[dict[str, Any]]]:
+    """The varying param keys and one entry per group: {"params": {key: value}, "n", "names", "metrics":
+    {metric: {"mean", "std", "count"}}} (count: seeds that have the metric)."""
+    varying, groups = group(rows, ignore)
+    out = []
+    for g in groups:
+        stats = {}
+        for m in metrics:
+            values = [float(r["metrics"][m]) for r in g if isinstance(r["metrics"].get(m), (int, float))]
+            mean, std = mean_std(values)
+            stats[m] = {"mean": mean, "std": std, "count": len(values)}
+        out.append({"params": {k: g[0]["params"].get(k) for k in varying}, "n": len(g),
+                    "names": [r["name"] for r in g], "metrics": stats})
+    return varying, out
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if x == int(x) and abs(x) >= 1000:
+        return f"{int(x):,}"
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
+
+def markdown(varying: list[str], groups: list[dict[str, Any]], metrics: Iterable[str] = METRICS) -> str:
+    """A Markdown table: the varying params, seeds, then "mean ± std" per metric ("(k/n)" where only k seeds have
+    it)."""
+    metrics = list(metrics)
+    head = [*varying, "seeds", *metrics]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for g in groups:
+        cells = [str(g["params"][k]) for k in varying] + [str(g["n"])]
+        for m in metrics:
+            s = g["metrics"][m]
+            cell = _fmt(s["mean"]) + (f" ± {_fmt(s['std'])}" if s["std"] is not None else "")
+            if s["count"] != g["n"]:
+                cell += f" ({s['count']}/{g['n']})"
+            cells.append(cell)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """gptcore-exp-table: `dvc exp show --json` in, the grouped mean ± std table (Markdown) out."""
+    ap = argparse.ArgumentParser(prog="gptcore-exp-table", description=__doc__.split("\n\n")[0])
+    ap.add_argument("json", nargs="?", default="-", help="a file holding `dvc exp show --json` (default: stdin)")
+    ap.add_argument("--metrics", nargs="+", default=list(METRICS), help="dotted metric keys (default: %(default)s)")
+    ap.add_argument("--ignore", nargs="*", default=list(IGNORED),
+                    help="param keys pooled over, not grouped by (default: %(default)s)")
+    ap.add_argument("--json-out", action="store_true", help="print the groups as JSON instead of a table")
+    args = ap.parse_args(argv)
+    try:
+        text = sys.stdin.read() if args.json == "-" else Path(args.json).read_text(encoding="utf-8")
+        doc = json.loads(text)
+    except (OSError, ValueError) as e:
+        sys.exit(f"gptcore-exp-table: {args.json}: not readable as dvc exp show --json output ({e})")
+    rows = experiments(doc if isinstance(doc, list) else [])
+    if not rows:
+        sys.exit(f"gptcore-exp-table: {args.json}: no finished experiment (run `dvc exp show --json` in the repo "
+                 f"where the experiments ran)")
+    varying, groups = summarize(rows, args.metrics, args.ignore)
+    print(json.dumps({"varying": varying, "groups": groups}, indent=1) if args.json_out
+          else markdown(varying, groups, args.metrics))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""The sweep table (gptcore.report.table) on a `dvc exp show --json` document written here, means and standard
+deviations computed by hand."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gptcore.report.table import experiments, markdown, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def exp(name: str, preset: str, lr: float, seed: int, val: float, tokens: int | None, params: int) -> dict:
+    """One experiment as DVC 3 writes it under a commit's "experiments"."""
+    data = {
+        "rev": name[:7] + "0" * 33,
+        "params": {"params.yaml": {"data": {"preset": preset, "train": {"max_lr": lr, "seed": seed}}}},
+        "metrics": {
+            "metrics/eval.json": {"data": {"eval": {"val_loss": val, "bits_per_char": val / 2}}},
+            "metrics/summary.json": {"data": {"speedrun": {"tokens_to_target": tokens, "reached": tokens is not None}}},
+            "metrics/train/metrics.json": {"data": {"step": 200, "params": params, "flops_per_token": 6 * params}},
+        },
+    }
+    return {"revs": [{"rev": data["rev"], "name": name, "data": data}]}
+
+
+DOC = [
+    {"rev": "workspace", "name": None, "data": {"rev": "workspace", "params": {}, "metrics": {}}, "experiments": None},
+    {"rev": "a" * 40, "name": "main", "data": {"rev": "a" * 40, "params": {}, "metrics": {}}, "experiments": [
+        exp("gpt2-s1", "quickstart", 1e-3, 1, 6.00, 819200, 7_250_000),
+        exp("gpt2-s2", "quickstart", 1e-3, 2, 6.04, None, 7_250_000),
+        exp("gpt2-s3", "quickstart", 1e-3, 3, 5.98, 798720, 7_250_000),
+        exp("modern-s1", "modern_quickstart", 3e-3, 1, 5.20, 204800, 13_600_000),
+        exp("modern-s2", "modern_quickstart", 3e-3, 2, 5.26, 184320, 13_600_000),
+        {"revs": [{"rev": "q" * 40, "name": "queued", "data": {"rev": "q" * 40, "params": {}, "metrics": {}}}]},
+    ]},
+]
+
+
+def test_groups_pool_seeds_and_give_mean_and_sample_std():
+    rows = experiments(DOC)
+    assert [r["name"] for r in rows] == ["gpt2-s1", "gpt2-s2", "gpt2-s3", "modern-s1", "modern-s2"]
+    varying, groups = summarize(rows, ["eval.val_loss", "speedrun.tokens_to_target", "params"])
+    assert varying == ["preset", "train.max_lr"]  # the seed is pooled over, not grouped by
+    gpt2, modern = groups
+    assert (gpt2["params"], gpt2["n"]) == ({"preset": "quickstart", "train.max_lr": 1e-3}, 3)
+    # by hand: mean 6.00667, deviations (-0.00667, 0.03333, -0.02667), sum of squares / (3 - 1)
+    mean = (6.00 + 6.04 + 5.98) / 3
+    std = math.sqrt(((6.00 - mean) ** 2 + (6.04 - mean) ** 2 + (5.98 - mean) ** 2) / 2)
+    assert gpt2["metrics"]["eval.val_loss"]["mean"] == pytest.approx(mean)
+    assert gpt2["metrics"]["eval.val_loss"]["std"] == pytest.approx(std) == pytest.approx(0.030551, abs=1e-6)
+    # one seed never reached the target: averaged over the two that did, and the count says so
+    tokens = gpt2["metrics"]["speedrun.tokens_to_target"]
+    assert (tokens["mean"], tokens["count"]) == ((819200 + 798720) / 2, 2)
+    assert tokens["std"] == pytest.approx(abs(819200 - 798720) / math.sqrt(2))
+    assert modern["metrics"]["eval.val_loss"]["std"] == pytest.approx(0.06 / math.sqrt(2))
+    assert modern["metrics"]["params"] == {"mean": 13_600_000, "std": 0.0, "count": 2}
+
+
+def test_markdown_table_rows():
+    varying, groups = summarize(experiments(DOC), ["eval.val_loss", "speedrun.tokens_to_target"])
+    lines = markdown(varying, groups, ["eval.val_loss", "speedrun.tokens_to_target"]).splitlines()
+    assert lines[0] == "| preset | train.max_lr | seeds | eval.val_loss | speedrun.tokens_to_target |"
+    assert lines[2] == "| quickstart | 0.001 | 3 | 6.007 ± 0.03055 | 808,960 ± 14,482 (2/3) |"
+    assert lines[3] == "| modern_quickstart | 0.003 | 2 | 5.23 ± 0.04243 | 194,560 ± 14,482 |"
+
+
+def test_command_reads_a_file_and_refuses_a_document_without_experiments(tmp_path):
+    good, empty = tmp_path / "exps.json", tmp_path / "empty.json"
+    good.write_text(json.dumps(DOC))
+    empty.write_text(json.dumps(DOC[:1]))
+    cmd = [sys.executable, "-m", "gptcore.report.table"]
+    out = subprocess.run([*cmd, str(good), "--metrics", "eval.val_loss"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0 and "| modern_quickstart | 0.003 | 2 | 5.23 ± 0.04243 |" in out.stdout
+    out = subprocess.run([*cmd, str(empty)], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1 and "no finished experiment" in out.stderr
