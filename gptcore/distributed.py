@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from gptcore.params import ParamError
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -28,8 +30,10 @@ class DistEnv:
         return self.world_size > 1
 
 
-def pick_device(device: str = "auto", local_rank: int = 0) -> torch.device:
-    """`auto` prefers CUDA, then Apple's MPS, then the CPU; an explicit `cuda` takes the local rank's GPU."""
+def pick_device(device: str = "auto", local_rank: int = 0, key: str = "device") -> torch.device:
+    """`auto` prefers CUDA, then Apple's MPS, then the CPU; an explicit `cuda` takes the local rank's GPU.
+
+    `key` names the param the device came from (`train.device`, `eval.device`) in the UserError a missing GPU gets."""
     if device == "auto":
         if torch.cuda.is_available():
             device = "cuda"
@@ -37,19 +41,26 @@ def pick_device(device: str = "auto", local_rank: int = 0) -> torch.device:
             device = "mps"
         else:
             device = "cpu"
-    if device == "cuda":
+    if device.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise RuntimeError("train.device=cuda but torch.cuda.is_available() is False (CPU build of torch or no GPU)")
-        return torch.device("cuda", local_rank)
+            build = "a CPU build of torch" if torch.version.cuda is None else f"torch built for CUDA {torch.version.cuda}"
+            raise ParamError(key, device, f"no CUDA GPU is visible ({build}): set auto or cpu, or run where a GPU is")
+        index = local_rank if device == "cuda" else int(device.split(":")[1])
+        if index >= torch.cuda.device_count():
+            raise ParamError(key, device, f"GPU {index} does not exist here ({torch.cuda.device_count()} visible): "
+                                          f"set cuda or a smaller index")
+        return torch.device("cuda", index)
+    if device == "mps" and not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
+        raise ParamError(key, device, "Apple's MPS is not available here: set auto or cpu")
     return torch.device(device)
 
 
-def setup(device: str = "auto") -> DistEnv:
+def setup(device: str = "auto", key: str = "device") -> DistEnv:
     """Join the process group when launched by torchrun (RANK/WORLD_SIZE set), else run single-process."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    dev = pick_device(device, local_rank)
+    dev = pick_device(device, local_rank, key)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if world_size > 1 and not dist.is_initialized():

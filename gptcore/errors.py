@@ -8,11 +8,31 @@ the library raised for bad input before this class existed still catches them.
 from __future__ import annotations
 
 import errno
+import re
 from pathlib import Path
 
 
 class UserError(ValueError):
-    """A mistake the user can fix; str() is one line naming the file, key or value and what to do."""
+    """A mistake the user can fix; str() names the file, key or value and what to do.
+
+    `file` is the file the message is about when str() does not name it (ParamError: params.yaml)."""
+
+    file: str = ""
+
+
+def one_line(stage: str, e: UserError) -> str:
+    """How a stage or a command prints `e`: `[stage] <file> message`, on one line whatever the message holds (a
+    wrapped library's message may span lines)."""
+    text = " ".join(str(e).split())
+    return f"[{stage}] {e.file} {text}" if e.file else f"[{stage}] {text}"
+
+
+def cause(e: BaseException) -> str:
+    """`Type: first line` of another library's exception, for the middle of a one-line message (their later lines
+    are advice for their own API, or a traceback; terminal colour codes are dropped)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()
+    first = text.splitlines()[0].strip() if text else ""
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
 def disk_error(e: OSError, path: str | Path, needed: int | None = None) -> UserError | OSError:

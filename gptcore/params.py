@@ -10,15 +10,21 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
+
+import yaml
 
 from gptcore.errors import UserError
 
 REQUIRED: Any = "???"  # no default: conf/config.yaml shows `???` and every preset sets the key
+INT_LIMIT = 2**63 - 1  # the largest integer torch and numpy take as an int64 (a seed, a count)
 
 
 class ParamError(UserError):
     """A params.yaml value that is not allowed; str() is one line: `section.key=value: what is allowed`."""
+
+    file = "params.yaml"
 
     def __init__(self, key: str, value: Any, allowed: str) -> None:
         self.key, self.value, self.allowed = key, value, allowed
@@ -81,6 +87,8 @@ class Param:
         if self.kind is int:
             if not isinstance(value, int):
                 raise bad
+            if abs(value) > INT_LIMIT and self.max is None:
+                raise ParamError(key, value, f"{self.allowed()} and fit in 64 bits (at most {INT_LIMIT:,})")
         elif self.kind is float:
             # PyYAML reads `6e-4` (no dot) as a string; accept a numeric string, never a word like `fast`.
             if isinstance(value, str):
@@ -134,3 +142,47 @@ class Section:
         if self.relations is not None:
             self.relations(out)
         return out
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader refusing a key given twice in one mapping (PyYAML keeps the last one silently; DVC
+    refuses the file, so the stages do too)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise UserError(f"{key_node.start_mark.name}:{line}: key {key!r} is given twice (also on line "
+                            f"{seen[key]}): keep one")
+        seen[key] = line
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def read_params_file(path: str | Path) -> dict[str, Any]:
+    """The sections of a params file; a UserError naming the file (and line) when it is missing, is not valid YAML,
+    gives a key twice or is not a mapping of sections."""
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            params = yaml.load(f, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except FileNotFoundError:
+        raise UserError(f"{path.resolve()}: params file not found (run stages from the project root)") from None
+    except (OSError, UnicodeDecodeError, yaml.reader.ReaderError) as e:
+        raise UserError(f"{path}: cannot read the params file ({e})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        what = getattr(e, "problem", None) or str(e)
+        raise UserError(f"{where}: not valid YAML ({what}): fix the file (e.g. the indentation or a quote)") from None
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise UserError(f"{path}: expected a mapping of sections (fetch:, tokenize:, model:, ...), got a "
+                        f"{type(params).__name__}")
+    return params

@@ -33,7 +33,7 @@ def main() -> None:
     with user_errors("evaluate"):
         # every check on the user's input (params, data, model, task file) before the val-loss pass
         p = load_params(EVAL)
-        env = distributed.setup(p["device"])
+        env = distributed.setup(p["device"], key="eval.device")
         # held until the process ends: no tokenize swaps the shards meanwhile
         shards_lock = reading(SHARDS, "evaluate").acquire()  # noqa: F841
         tok = load_tokenizer(SHARDS)
@@ -46,7 +46,8 @@ def main() -> None:
         check_val_tokens(p, block, val_split)
         val_tokens = evaluation.val_stream(SHARDS, p["val_tokens"], tok.vocab_size)
         if p["task"] == "hellaswag":
-            path = hellaswag.fetch_hellaswag("data/hellaswag", path=p["hellaswag_path"], progress=env.is_main)
+            path = hellaswag.fetch_hellaswag("data/hellaswag", path=p["hellaswag_path"], progress=env.is_main,
+                                             key="eval.hellaswag_path")
             examples = hellaswag.load_hellaswag(path, tok, limit=p["max_examples"])
         else:  # cloze (the schema allows nothing else)
             examples = cloze.build_cloze(val_tokens[:p["val_tokens"]], tok.eot, p["cloze_examples"],

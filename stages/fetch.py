@@ -1,10 +1,9 @@
 """Stage `fetch`: params.yaml `fetch:` -> data/raw/ (parquet documents with a text column + fetch.json)."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from gptcore.data.sources import HubUnreachableError, fetch
+from gptcore.data.sources import fetch
 from gptcore.data.params import FETCH
 from gptcore.process import FolderLock, stage_lifetime
 from stages.common import load_params, user_errors
@@ -16,11 +15,8 @@ def main() -> None:
     """Fetch params.yaml's `fetch:` source into data/raw/; one line naming the problem on bad input."""
     with user_errors("fetch"):
         p = load_params(FETCH)
-        try:
-            with FolderLock(RAW, "fetch"):  # one fetch per folder: a second one refuses before it downloads or deletes
-                rec = fetch(p, RAW, progress=True)
-        except HubUnreachableError as e:
-            sys.exit(f"[fetch] {e}")
+        with FolderLock(RAW, "fetch"):  # one fetch per folder: a second one refuses before it downloads or deletes
+            rec = fetch(p, RAW, progress=True)
     print(f"[fetch] {rec['documents']:,} documents from {rec['source']} {rec['name']} "
           f"in {len(rec['files'])} file(s) -> {RAW}")
 

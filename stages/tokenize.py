@@ -4,12 +4,10 @@ Resumes an interrupted run and leaves finished shards alone when the params fing
 (dvc.yaml marks data/shards `persist: true`, so DVC does not delete them before rerunning the stage)."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from gptcore.data.tokenize import tokenize
 from gptcore.data.params import TOKENIZE
-from gptcore.data.tokenizers import MissingPackage
 from gptcore.process import stage_lifetime
 from stages.common import load_params, user_errors
 
@@ -20,10 +18,7 @@ SHARDS = Path("data/shards")
 def main() -> None:
     """Tokenize data/raw/ into data/shards/ by params.yaml's `tokenize:`; one line naming the problem on bad input."""
     with user_errors("tokenize"):
-        try:
-            m = tokenize(RAW, SHARDS, load_params(TOKENIZE))
-        except MissingPackage as e:
-            sys.exit(f"[tokenize] {e}")
+        m = tokenize(RAW, SHARDS, load_params(TOKENIZE))
     print(f"[tokenize] {m['documents']:,} documents -> {m['tokens']['val']:,} val + {m['tokens']['train']:,} train "
           f"tokens in {len(m['shards'])} shards ({m['dtype']}, tokenizer {m['tokenizer']['name']}) -> {SHARDS}")
 

@@ -46,6 +46,7 @@ def check_params() -> tuple[dict[str, Any], dict[str, Any]]:
     world_size = int(os.environ["WORLD_SIZE"]) if under_torchrun() else train["nproc"]
     val_split = sum(len(shards.load_tokens(p)) for p in shards.open_split(SHARDS, "val"))
     check_run(model_params, train, world_size, val_split)
+    distributed.pick_device(train["device"], int(os.environ.get("LOCAL_RANK", "0")), key="train.device")
     return model_params, train
 
 
@@ -85,7 +86,7 @@ def main() -> None:
     if launcher:
         launch_torchrun(train["nproc"])
     cfg = TrainConfig.from_params(train)
-    env = distributed.setup(train["device"])
+    env = distributed.setup(train["device"], key="train.device")
     try:  # one training per checkpoints/ (and the model/ and metrics/train/ it writes): refuse before any work
         run_lock = lock_for_all_ranks(CKPT_DIR, "train", env.is_main)  # noqa: F841  (held until the process ends)
         # every rank reads the shards: each holds the folder's reader lock, so no tokenize swaps them meanwhile
@@ -106,7 +107,8 @@ def main() -> None:
         evaluators = [evaluation.ValLoss(val_tokens, block_size, train["val_batch"], env.device, dtype, env.rank,
                                          env.world_size, env.is_main)]
         if train["hellaswag"]:
-            path = hellaswag.fetch_hellaswag("data/hellaswag", path=train["hellaswag_path"], progress=env.is_main)
+            path = hellaswag.fetch_hellaswag("data/hellaswag", path=train["hellaswag_path"], progress=env.is_main,
+                                             key="train.hellaswag_path")
             examples = hellaswag.load_hellaswag(path, tok, limit=train["hellaswag_examples"])
             evaluators.append(evaluation.ChoiceTask("hellaswag", examples, train["val_batch"], env.device, dtype,
                                                     env.is_main))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import gptcore.eval.hellaswag as hs
+from gptcore.errors import UserError
 from gptcore.eval.hellaswag import fetch_hellaswag, load_hellaswag, read_hellaswag
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.eval.multichoice import score_examples, score_examples_reference
@@ -80,7 +81,7 @@ def test_offline_error_says_which_file_to_place_where(tmp_path):
         raise urllib.error.URLError("Name or service not known")
 
     dest = tmp_path / "hs" / "hellaswag_val.jsonl"
-    with pytest.raises(ConnectionError) as err:
+    with pytest.raises(UserError) as err:
         fetch_hellaswag(tmp_path / "hs", transport=offline, progress=False)
     msg = str(err.value)
     assert "hellaswag_val.jsonl" in msg and str(dest) in msg and hs.HELLASWAG_VAL_SHA256 in msg
@@ -92,7 +93,7 @@ def test_local_copy_is_used_as_is(tmp_path):
     local = tmp_path / "my_copy.jsonl"
     local.write_bytes(CONTENT)
     assert fetch_hellaswag(tmp_path / "unused", path=local, transport=chunks(b"")) == local
-    with pytest.raises(FileNotFoundError, match="eval.hellaswag_path=.*nope.jsonl: no such file"):
+    with pytest.raises(UserError, match="eval.hellaswag_path=.*nope.jsonl: no such file"):
         fetch_hellaswag(tmp_path / "unused", path=tmp_path / "nope.jsonl")
 
 
@@ -145,7 +146,7 @@ def test_a_bad_line_is_found_past_good_ones_and_a_string_label_is_accepted(tmp_p
 
 
 def test_missing_file_says_where_to_place_it(tmp_path):
-    with pytest.raises(FileNotFoundError, match="HellaSwag file not found.*eval.hellaswag_path"):
+    with pytest.raises(UserError, match="HellaSwag file not found.*eval.hellaswag_path"):
         read_hellaswag(tmp_path / "hellaswag_val.jsonl")
 
 

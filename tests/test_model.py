@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from gptcore.errors import UserError
 from gptcore.model import flops as flops_mod
 from gptcore.model.flops import device_peak_flops as peak_flops, estimate_mfu, flops_per_token, peak_flops_for_name
 from gptcore.model.gpt import GPT, GPTConfig
@@ -142,10 +143,10 @@ def test_import_pytorch_bin_without_prefix_and_with_mask_buffers(hf_model, tmp_p
 def test_import_bad_inputs(hf_dir, tmp_path):
     with pytest.raises(ValueError, match="neither a local"):
         load_hf_gpt2(tmp_path / "nope")
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    with pytest.raises(UserError, match="config.json"):
         load_hf_gpt2(tmp_path)
     (tmp_path / "config.json").write_text((hf_dir / "config.json").read_text())
-    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+    with pytest.raises(UserError, match="model.safetensors"):
         load_hf_gpt2(tmp_path)
     cfg = json.loads((hf_dir / "config.json").read_text())
     cfg["activation_function"] = "relu"
@@ -167,11 +168,11 @@ def test_named_gpt2_offline_gives_clear_error(monkeypatch):
         raise OSError("We couldn't connect to 'https://huggingface.co'")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
-    with pytest.raises(RuntimeError) as err:
+    with pytest.raises(UserError) as err:
         load_hf_gpt2("gpt2")
     message = str(err.value)
-    assert "openai-community/gpt2" in message and "download" in message
-    assert "give that folder as the model" in message
+    assert "openai-community/gpt2" in message and "hf download" in message and "\n" not in message
+    assert "give that folder instead of 'gpt2'" in message
 
 
 def test_bias_free_model_cannot_export(tmp_path):

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gptcore.errors import UserError
 from gptcore.report import plots
 from gptcore.report.baselines import baseline_values, read_baselines
 from stages.compare import LIVE_DIR, PLOT_DATA
@@ -103,7 +104,7 @@ def test_plot_data_reads_the_repository_baselines(tmp_path):
 
 
 def test_plot_data_bad_input(tmp_path):
-    with pytest.raises(FileNotFoundError, match="run the train stage first"):
+    with pytest.raises(UserError, match="run the train stage first"):
         plots.write_plot_data(tmp_path / "nothing", BASELINES, tmp_path / "plots")
     live = tmp_path / "train"
     fake_run(live)

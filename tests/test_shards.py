@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gptcore.data import shards as S
+from gptcore.errors import UserError
 
 
 def docs_stream(lengths: list[int], eot: int = 9, dtype=np.uint16):
@@ -161,12 +162,12 @@ def test_list_shards_with_and_without_manifest(tmp_path):
     assert [p.name for p in S.list_shards(nano, "val")] == ["edufineweb_val_000000.npy"]
     with pytest.raises(ValueError, match="split 'test'"):
         S.list_shards(tmp_path, "test")
-    with pytest.raises(FileNotFoundError, match="shard folder not found"):
+    with pytest.raises(UserError, match="shard folder not found"):
         S.list_shards(tmp_path / "nowhere", "train")
 
 
 def test_read_manifest_errors(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no manifest"):
+    with pytest.raises(UserError, match="no manifest"):
         S.read_manifest(tmp_path)
     (tmp_path / "manifest.json").write_text("{oops", encoding="utf-8")
     with pytest.raises(ValueError, match="not valid JSON"):

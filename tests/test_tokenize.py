@@ -314,12 +314,12 @@ def test_bad_params_and_too_small_corpus(tmp_path, corpus_docs):
         E.tokenize(raw, tmp_path / "s", {**BASE, "workers": -1}, progress=False)
     with pytest.raises(ValueError, match="tokenize.shard_tokens='big'"):
         E.tokenize(raw, tmp_path / "s", {**BASE, "shard_tokens": "big"}, progress=False)
-    with pytest.raises(FileNotFoundError, match="tokenize.tokenizer='nope.json'"):
+    with pytest.raises(UserError, match="tokenize.tokenizer='nope.json'"):
         E.tokenize(raw, tmp_path / "s", {**BASE, "tokenizer": "nope.json"}, progress=False)
     with pytest.raises(ValueError, match="fewer than tokenize.val_tokens=1,000,000"):
         E.tokenize(raw, tmp_path / "s", {**BASE, "val_tokens": 1_000_000, "workers": 1}, progress=False)
     assert not list((tmp_path / "s").glob("*.npy")) and not list((tmp_path / "s").glob(".*tmp"))
-    with pytest.raises(FileNotFoundError, match="run the fetch stage first"):
+    with pytest.raises(UserError, match="run the fetch stage first"):
         E.tokenize(tmp_path / "nothing", tmp_path / "s", BASE, progress=False)
 
 

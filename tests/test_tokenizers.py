@@ -13,6 +13,7 @@ import pytest
 from gptcore.data import tokenizers as T
 from gptcore.data.params import TOKENIZE
 from gptcore.data.shards import dtype_for_vocab
+from gptcore.errors import UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data"
 
@@ -191,14 +192,14 @@ def test_load_tokenizer_rebuilds_from_manifest(tmp_path, kind):
 
 
 def test_load_tokenizer_without_manifest(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no manifest"):
+    with pytest.raises(UserError, match="no manifest"):
         T.load_tokenizer(tmp_path)
     np.save(tmp_path / "edufineweb_val_000000.npy", np.zeros(4, np.uint16))  # build-nanogpt shards are GPT-2
     assert T.load_tokenizer(tmp_path).name == "gpt2"
 
 
 def test_get_tokenizer_rejects_unknown_specs(tmp_path):
-    with pytest.raises(FileNotFoundError, match="'nope.json'.*not found"):
+    with pytest.raises(UserError, match="'nope.json'.*not found"):
         T.get_tokenizer("nope.json")
     with pytest.raises(ValueError, match="built from the corpus"):
         T.get_tokenizer("char")

@@ -29,18 +29,18 @@ READ_BATCH_DOCS = 1024  # documents decoded at a time from a parquet row group (
 def check_text_type(path: Path, schema: pa.Schema, column: str) -> None:
     """ValueError naming the file unless `schema` has a string column `column` (fetch.text_column says which)."""
     if column not in schema.names:
-        raise ValueError(f"{path}: no text column {column!r} (columns: {', '.join(schema.names)}); "
+        raise UserError(f"{path}: no text column {column!r} (columns: {', '.join(schema.names)}); "
                          f"set fetch.text_column")
     t = schema.field(column).type
     if not (pa.types.is_string(t) or pa.types.is_large_string(t) or getattr(pa.types, "is_string_view", lambda _: False)(t)):
-        raise ValueError(f"{path}: text column {column!r} holds {t}, not strings")
+        raise UserError(f"{path}: text column {column!r} holds {t}, not strings")
 
 
 def check_docs(path: Path, docs: list, first_row: int) -> list[str]:
     """`docs` unchanged if every one is a string; else ValueError naming the file and row (a null, say)."""
     for i, d in enumerate(docs):
         if not isinstance(d, str):
-            raise ValueError(f"{path}: document at row {first_row + i} is {type(d).__name__}, not a string")
+            raise UserError(f"{path}: document at row {first_row + i} is {type(d).__name__}, not a string")
     return docs
 
 
@@ -74,7 +74,7 @@ def open_parquet(path: Path, text_column: str, fix: str = "") -> pq.ParquetFile:
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
-        raise ValueError(f"{path}: not a readable parquet file ({e}){fix}") from None
+        raise UserError(f"{path}: not a readable parquet file ({e}){fix}") from None
     check_text_type(path, pf.schema_arrow, text_column)
     return pf
 
@@ -144,14 +144,14 @@ class Corpus:
                             buf_start += len(buf)
                             buf, size = [], 0
             if left > 0:
-                raise ValueError(f"{path}: has {n_docs - left} documents, {FETCH_RECORD} lists {n_docs}; run fetch again")
+                raise UserError(f"{path}: has {n_docs - left} documents, {FETCH_RECORD} lists {n_docs}; run fetch again")
         if buf:
             yield buf_start, buf
 
     def _open(self, path: Path) -> pq.ParquetFile:
         """A listed parquet file, checked to exist, to parse and to hold a string text column."""
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: listed in {self.root / FETCH_RECORD} but missing; run fetch again")
+            raise UserError(f"{path}: listed in {self.root / FETCH_RECORD} but missing; run fetch again")
         return open_parquet(path, self.text_column)
 
     def tasks(self, start_doc: int = 0, task_bytes: int = 4 << 20) -> Iterator["ReadTask"]:
@@ -183,7 +183,7 @@ class Corpus:
                 file_row += rg_rows
                 left -= rows
             if left > 0:
-                raise ValueError(f"{path}: has {n_docs - left} documents, {FETCH_RECORD} lists {n_docs}; run fetch again")
+                raise UserError(f"{path}: has {n_docs - left} documents, {FETCH_RECORD} lists {n_docs}; run fetch again")
 
     def texts(self) -> Iterator[str]:
         """Every document, one at a time (for building a char vocabulary or training BPE)."""
@@ -225,7 +225,7 @@ def read_task(task: ReadTask) -> list[str]:
         _decoded = None if whole else (key, column)
     docs = column_texts(column.slice(task.offset, task.rows), Path(task.path), task.file_row)
     if len(docs) != task.rows:
-        raise ValueError(f"{task.path}: row group {task.row_group} has fewer rows than planned; run fetch again")
+        raise UserError(f"{task.path}: row group {task.row_group} has fewer rows than planned; run fetch again")
     return docs
 
 
@@ -234,16 +234,16 @@ def open_corpus(raw_dir: str | Path) -> Corpus:
     raw_dir = Path(raw_dir)
     path = raw_dir / FETCH_RECORD
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: not found; run the fetch stage first")
+        raise UserError(f"{path}: not found; run the fetch stage first")
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
         files = record["files"]
         int(record["documents"])
     except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not a fetch record ({e})") from None
+        raise UserError(f"{path}: not a fetch record ({e})") from None
     if record["documents"] == 0 or not files:
-        raise ValueError(f"{path}: the corpus is empty (0 documents)")
+        raise UserError(f"{path}: the corpus is empty (0 documents)")
     for f in files:
         if not (raw_dir / f["path"]).is_file():
-            raise FileNotFoundError(f"{raw_dir / f['path']}: listed in {path} but missing; run fetch again")
+            raise UserError(f"{raw_dir / f['path']}: listed in {path} but missing; run fetch again")
     return Corpus(raw_dir, record)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from gptcore.data import shards
+from gptcore.errors import UserError
 
 
 @dataclass
@@ -64,7 +65,7 @@ class TokenLoader:
         # Windows per shard from the header alone: the mmap costs no memory until a window is read.
         self._windows = [(len(shards.load_tokens(p)) - 1) // step_tokens for p in self.paths]
         if not any(self._windows):
-            raise ValueError(
+            raise UserError(
                 f"no training shard holds one step of train.total_batch_tokens={step_tokens} (+1) tokens; largest has "
                 f"{max(len(shards.load_tokens(p)) for p in self.paths)} tokens: lower total_batch_tokens or add data"
             )

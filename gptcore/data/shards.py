@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from gptcore.atomic import TMP_SUFFIX, file_sha256, publish, temp_beside, write_json
+from gptcore.errors import UserError
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -64,16 +65,16 @@ def read_manifest(shard_dir: str | Path, require: tuple[str, ...] = SHARD_KEYS) 
     tokenizer); FileNotFoundError / ValueError naming the file otherwise. The one reader of manifest.json."""
     path = Path(shard_dir) / MANIFEST
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no manifest; run the tokenize stage")
+        raise UserError(f"{path}: no manifest; run the tokenize stage")
     try:
         m = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
+        raise UserError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(m, dict):
-        raise ValueError(f"{path}: expected a JSON object")
+        raise UserError(f"{path}: expected a JSON object")
     for key in require:
         if key not in m:
-            raise ValueError(f"{path}: missing key {key!r}")
+            raise UserError(f"{path}: missing key {key!r}")
     return m
 
 
@@ -84,7 +85,7 @@ def list_shards(shard_dir: str | Path, split: str) -> list[Path]:
         raise ValueError(f"split {split!r}: choose from {', '.join(SPLITS)}")
     shard_dir = Path(shard_dir)
     if not shard_dir.is_dir():
-        raise FileNotFoundError(f"{shard_dir}: shard folder not found; run the tokenize stage")
+        raise UserError(f"{shard_dir}: shard folder not found; run the tokenize stage")
     if (shard_dir / MANIFEST).exists():
         pat = re.compile(rf"^{split}_(\d{{6}})\.npy$")
     else:
@@ -101,19 +102,19 @@ def load_tokens(path: str | Path) -> np.ndarray:
         with open(path, "rb") as f:
             magic = f.read(6)
     except OSError as e:
-        raise ValueError(f"{path}: cannot read shard ({e.strerror})") from None
+        raise UserError(f"{path}: cannot read shard ({e.strerror})") from None
     if magic != b"\x93NUMPY":
-        raise ValueError(f"{path}: not a .npy file (bad magic bytes {magic!r}); the shard is corrupt")
+        raise UserError(f"{path}: not a .npy file (bad magic bytes {magic!r}); the shard is corrupt")
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
-        raise ValueError(f"{path}: corrupt or truncated shard ({e})") from None
+        raise UserError(f"{path}: corrupt or truncated shard ({e})") from None
     if arr.ndim != 1 or arr.dtype.newbyteorder("<") not in (np.dtype("<u2"), np.dtype("<u4")):
-        raise ValueError(f"{path}: holds a {arr.ndim}-D {arr.dtype} array, expected 1-D uint16 or uint32 tokens")
+        raise UserError(f"{path}: holds a {arr.ndim}-D {arr.dtype} array, expected 1-D uint16 or uint32 tokens")
     expected = arr.offset + arr.nbytes
     actual = path.stat().st_size
     if actual != expected:
-        raise ValueError(f"{path}: {actual} bytes on disk, the header promises {expected}; the shard is corrupt")
+        raise UserError(f"{path}: {actual} bytes on disk, the header promises {expected}; the shard is corrupt")
     return arr
 
 
@@ -186,15 +187,15 @@ def open_split(shard_dir: str | Path, split: str) -> list[Path]:
         return paths
     m = read_manifest(shard_dir)
     if m.get("complete") is not True:
-        raise ValueError(f"{shard_dir / MANIFEST}: complete: false, the tokenize run has not finished "
+        raise UserError(f"{shard_dir / MANIFEST}: complete: false, the tokenize run has not finished "
                          f"({len(m['shards'])} shards so far); rerun the tokenize stage to finish it")
     problems = check_files(shard_dir, m, full=False)
     if problems:
         more = f" (and {len(problems) - 1} more: gptcore-verify-shards {shard_dir} lists them)" if len(problems) > 1 else ""
-        raise ValueError(f"{problems[0]}{more}; rerun the tokenize stage: it names what to delete, then rewrites it")
+        raise UserError(f"{problems[0]}{more}; rerun the tokenize stage: it names what to delete, then rewrites it")
     paths = [shard_dir / s["name"] for s in m["shards"] if s["split"] == split]
     if not paths:
-        raise ValueError(f"{shard_dir / MANIFEST}: lists no {split} shards")
+        raise UserError(f"{shard_dir / MANIFEST}: lists no {split} shards")
     return paths
 
 
@@ -203,7 +204,7 @@ def check_token_range(tokens: np.ndarray, vocab_size: int, path: str | Path, off
     `offset` on) is outside 0..vocab_size-1; one vectorised max, so cheap enough for every batch."""
     if tokens.size and int(tokens.max()) >= vocab_size:
         at = int(np.argmax(tokens >= vocab_size))
-        raise ValueError(f"{path}: token id {int(tokens[at])} at token offset {offset + at:,} is outside the "
+        raise UserError(f"{path}: token id {int(tokens[at])} at token offset {offset + at:,} is outside the "
                          f"vocabulary (vocab_size {vocab_size}); the shard is corrupt: rerun tokenize")
 
 
@@ -289,7 +290,7 @@ class ShardWriter:
             if not path.is_file():
                 break  # rewrite from this one on
             if path.stat().st_size != want:
-                raise ValueError(f"{path}: {path.stat().st_size} bytes, the manifest says {want}; the finished shard "
+                raise UserError(f"{path}: {path.stat().st_size} bytes, the manifest says {want}; the finished shard "
                                  f"is damaged (delete it, then rerun tokenize to rewrite it)")
             kept.append(s)
         self.manifest["shards"] = kept
@@ -395,7 +396,7 @@ class ShardWriter:
             # keep it untouched if it is what we just produced
             if file_sha256(final) != sha:
                 tmp.unlink()
-                raise ValueError(f"{final}: a finished shard with different content is in the way; "
+                raise UserError(f"{final}: a finished shard with different content is in the way; "
                                  f"delete it (or the whole {self.dir}) and rerun tokenize")
             tmp.unlink()
         else:
@@ -410,11 +411,11 @@ class ShardWriter:
             raise RuntimeError(f"the stream ended at document {self._expect_doc} of {documents}")
         if self.pos < self.val_tokens:
             self.abort()
-            raise ValueError(f"the corpus has {self.pos:,} tokens, fewer than tokenize.val_tokens={self.val_tokens:,}; "
+            raise UserError(f"the corpus has {self.pos:,} tokens, fewer than tokenize.val_tokens={self.val_tokens:,}; "
                              f"lower val_tokens")
         if self.pos == self.val_tokens:
             self.abort()
-            raise ValueError(f"the corpus has {self.pos:,} tokens, all taken by tokenize.val_tokens={self.val_tokens:,}; "
+            raise UserError(f"the corpus has {self.pos:,} tokens, all taken by tokenize.val_tokens={self.val_tokens:,}; "
                              f"nothing is left for train: lower val_tokens")
         if self._file is not None and self._in_shard:
             self._close((documents, 0))
@@ -440,7 +441,7 @@ class ShardWriter:
                 self.manifest["complete"] = False
                 write_json(self.dir / MANIFEST, self.manifest, indent=1)
             more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:4])})" if len(problems) > 1 else ""
-            raise ValueError(f"{problems[0]}{more}; the shards are not complete: delete the damaged or foreign "
+            raise UserError(f"{problems[0]}{more}; the shards are not complete: delete the damaged or foreign "
                              f"file(s) and rerun tokenize (it rewrites from the first missing shard on)")
 
     def abort(self) -> None:

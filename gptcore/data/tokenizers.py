@@ -26,6 +26,7 @@ from tiktoken_ext.openai_public import r50k_pat_str
 from gptcore.atomic import atomic_path, atomic_write, file_sha256, write_text
 from gptcore.data.params import ENCODERS, TOKENIZE
 from gptcore.data.shards import MANIFEST, read_manifest
+from gptcore.errors import UserError
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as HFTokenizerObject
@@ -55,7 +56,7 @@ class NotRepresentable(ValueError):
     """No Hugging Face tokenizer gives this tokenizer's ids; the message says why, in one line."""
 
 
-class MissingPackage(RuntimeError):
+class MissingPackage(UserError):
     """An optional package a tokenizer or encoder needs is not installed; the message says how to install it."""
 
 
@@ -195,7 +196,7 @@ def gpt2_encoding():
     path = _gpt2_data_dir() / "encoder.json"
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != GPT2_ENCODER_SHA256:
-        raise RuntimeError(f"{path}: not GPT-2's encoder.json (sha256 mismatch)")
+        raise UserError(f"{path}: not GPT-2's encoder.json (sha256 mismatch)")
     table = {ord(c): chr(b) for b, c in enumerate(BYTE_CHARS)}  # character -> the byte it spells
     vocab = {k: v for k, v in json.loads(data).items() if k != EOT_TEXT}
     # translate all keys in one call (the separator is outside the table, so it survives)
@@ -348,7 +349,7 @@ def read_tiktoken_ranks(path: str | Path) -> dict[bytes, int]:
     try:
         lines = path.read_bytes().splitlines()
     except OSError as e:
-        raise ValueError(f"{path}: cannot read the ranks file ({e.strerror})") from None
+        raise UserError(f"{path}: cannot read the ranks file ({e.strerror})") from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -356,11 +357,11 @@ def read_tiktoken_ranks(path: str | Path) -> dict[bytes, int]:
             token, rank = line.split()
             ranks[base64.b64decode(token, validate=True)] = int(rank)
         except (ValueError, binascii.Error):
-            raise ValueError(f"{path}:{n}: not a tiktoken ranks line (`<base64 token> <rank>`)") from None
+            raise UserError(f"{path}:{n}: not a tiktoken ranks line (`<base64 token> <rank>`)") from None
     if not ranks:
-        raise ValueError(f"{path}: no ranks in the file")
+        raise UserError(f"{path}: no ranks in the file")
     if sorted(ranks.values()) != list(range(len(ranks))):
-        raise ValueError(f"{path}: the ranks are not 0..{len(ranks) - 1}, each once")
+        raise UserError(f"{path}: the ranks are not 0..{len(ranks) - 1}, each once")
     return ranks
 
 
@@ -393,7 +394,7 @@ class TiktokenFileTokenizer(Tokenizer):
         """The spec, the ranks file's sha256 and the pattern."""
         spec = str(p["tokenizer"])
         if not Path(spec).is_file():
-            raise FileNotFoundError(f"tokenize.tokenizer={spec!r}: ranks file not found")
+            raise UserError(f"tokenize.tokenizer={spec!r}: ranks file not found")
         return {**super().identity(p), "sha256": file_sha256(spec), "tiktoken_pattern": p["tiktoken_pattern"]}
 
     @classmethod
@@ -425,7 +426,7 @@ class TiktokenFileTokenizer(Tokenizer):
 
     def _check_sha256(self, rec: dict[str, Any]) -> None:
         if "sha256" in rec and file_sha256(self.path) != rec["sha256"]:
-            raise ValueError(f"tokenizer {self.name} was made from a ranks file with another sha256 than {self.path}")
+            raise UserError(f"tokenizer {self.name} was made from a ranks file with another sha256 than {self.path}")
 
     def _norm(self, text: str) -> str:
         return unicodedata.normalize("NFC", text) if self.nfc else text
@@ -496,7 +497,7 @@ class CharTokenizer(Tokenizer):
         chars = sorted(set(chars))
         for c in chars:
             if len(c) != 1:
-                raise ValueError(f"char vocabulary entry {c!r} is not a single character")
+                raise UserError(f"char vocabulary entry {c!r} is not a single character")
         self.chars = chars
         self.stoi = {c: i for i, c in enumerate(chars)}
         # code point -> id lookup table for vectorised encoding (-1 = not in the vocabulary)
@@ -515,7 +516,7 @@ class CharTokenizer(Tokenizer):
         for t in texts:
             seen.update(t)
         if not seen:
-            raise ValueError("cannot build a char vocabulary from an empty corpus")
+            raise UserError("cannot build a char vocabulary from an empty corpus")
         return cls(seen)
 
     @classmethod
@@ -538,7 +539,7 @@ class CharTokenizer(Tokenizer):
         bad = (ids < 0) | (cps >= len(self._lut))
         if bad.any():
             c = chr(int(cps[int(np.argmax(bad))]))
-            raise ValueError(f"character {c!r} is not in the char vocabulary ({len(self.chars)} chars)")
+            raise UserError(f"character {c!r} is not in the char vocabulary ({len(self.chars)} chars)")
         return ids.astype(np.uint32)
 
     def decode(self, ids: list[int]) -> str:
@@ -552,7 +553,7 @@ class CharTokenizer(Tokenizer):
             elif 0 <= i < eot:
                 out.append(chars[i])
             else:
-                raise ValueError(f"token id {i} is outside the char vocabulary (size {self.vocab_size})")
+                raise UserError(f"token id {i} is outside the char vocabulary (size {self.vocab_size})")
         return "".join(out)
 
     def save(self, folder):
@@ -585,9 +586,9 @@ class CharTokenizer(Tokenizer):
             meta = json.loads(path.read_text(encoding="utf-8"))
             tok = cls(meta["chars"])
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}: not a char vocabulary ({e})") from None
+            raise UserError(f"{path}: not a char vocabulary ({e})") from None
         if meta.get("eot", tok.eot) != tok.eot:
-            raise ValueError(f"{path}: eot {meta['eot']} does not match {len(tok.chars)} chars")
+            raise UserError(f"{path}: eot {meta['eot']} does not match {len(tok.chars)} chars")
         return tok
 
 
@@ -612,7 +613,7 @@ class HFTokenizer(Tokenizer):
         try:
             self._tok = _HF.from_file(str(self.path))
         except Exception as e:  # tokenizers raises a bare Exception on bad JSON
-            raise ValueError(f"{self.path}: cannot load as a HF tokenizer.json ({e})") from None
+            raise UserError(f"{self.path}: cannot load as a HF tokenizer.json ({e})") from None
         self._tok.encode_special_tokens = True
         self.name = name or f"{self.kind}:{self.path}"
         self.encoder = "tokenizers"
@@ -625,7 +626,7 @@ class HFTokenizer(Tokenizer):
         if eot_token is not None:
             i = self._tok.token_to_id(eot_token)
             if i is None:
-                raise ValueError(f"{self.path}: eot token {eot_token!r} is not in the vocabulary")
+                raise UserError(f"{self.path}: eot token {eot_token!r} is not in the vocabulary")
             return i
         i = self._tok.token_to_id(EOT_TEXT)
         if i is not None:
@@ -633,14 +634,14 @@ class HFTokenizer(Tokenizer):
         specials = sorted((i, t.content) for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
         if specials:
             return specials[0][0]
-        raise ValueError(f"{self.path}: no {EOT_TEXT} and no special token to use as end-of-text; pass eot_token")
+        raise UserError(f"{self.path}: no {EOT_TEXT} and no special token to use as end-of-text; pass eot_token")
 
     @staticmethod
     def _spec_path(spec: str) -> Path:
         path = Path(spec)
         path = path / HF_TOKENIZER_FILE if path.is_dir() else path
         if not path.is_file():
-            raise FileNotFoundError(f"tokenize.tokenizer={spec!r}: expected gpt2, qwen2, char, bpe, a .tiktoken or a "
+            raise UserError(f"tokenize.tokenizer={spec!r}: expected gpt2, qwen2, char, bpe, a .tiktoken or a "
                                     f"tokenizer.json path (not found: {path})")
         return path
 
@@ -748,7 +749,7 @@ def _nonempty(texts: Iterable[str]) -> Iterator[str]:
         n += 1
         yield t
     if n == 0:
-        raise ValueError("cannot train a BPE tokenizer on an empty corpus")
+        raise UserError("cannot train a BPE tokenizer on an empty corpus")
 
 
 # -- the kinds ---------------------------------------------------------------------------------------------------
@@ -817,16 +818,16 @@ def load_tokenizer(folder: str | Path) -> Tokenizer:
     if not mpath.exists():
         if any(folder.glob("*_val_[0-9]*.npy")) or any(folder.glob("*_train_[0-9]*.npy")):
             return GPT2Tokenizer()
-        raise FileNotFoundError(f"{mpath}: no manifest, cannot tell which tokenizer made these shards")
+        raise UserError(f"{mpath}: no manifest, cannot tell which tokenizer made these shards")
     rec = read_manifest(folder, require=("tokenizer",))["tokenizer"]
     if not isinstance(rec, dict) or not isinstance(rec.get("name"), str):
-        raise ValueError(f"{mpath}: the 'tokenizer' entry has no name: {rec!r}")
+        raise UserError(f"{mpath}: the 'tokenizer' entry has no name: {rec!r}")
     try:
         tok = kind_for(rec["name"]).load(folder, rec)
     except ValueError as e:
-        raise ValueError(f"{mpath}: {e}") from None
+        raise UserError(f"{mpath}: {e}") from None
     for key in ("vocab_size", "eot"):
         if key in rec and rec[key] != getattr(tok, key):
-            raise ValueError(f"{mpath}: tokenizer {key} {rec[key]} but the rebuilt {tok.name} tokenizer has "
+            raise UserError(f"{mpath}: tokenizer {key} {rec[key]} but the rebuilt {tok.name} tokenizer has "
                              f"{getattr(tok, key)}")
     return tok

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gptcore.errors import UserError
 from gptcore.eval.multichoice import Example
 
 
@@ -36,7 +37,7 @@ def build_cloze(tokens: np.ndarray, eot: int, n_examples: int, context_len: int,
         raise ValueError(f"n_choices={n_choices}: must be >= 2")
     window = context_len + ending_len
     if len(tokens) < window + ending_len:
-        raise ValueError(f"tokens: {len(tokens):,} tokens are too few for windows of {window} "
+        raise UserError(f"tokens: {len(tokens):,} tokens are too few for windows of {window} "
                          f"(context_len={context_len} + ending_len={ending_len}) plus distractors")
     rng = np.random.default_rng(seed)
     n_starts = len(tokens) - window + 1
@@ -49,7 +50,7 @@ def build_cloze(tokens: np.ndarray, eot: int, n_examples: int, context_len: int,
     while len(examples) < n_examples:
         draws += 1
         if draws > max_draws:
-            raise ValueError(f"tokens: found only {len(examples)} of {n_examples} cloze windows of {window} tokens "
+            raise UserError(f"tokens: found only {len(examples)} of {n_examples} cloze windows of {window} tokens "
                              f"without a document boundary; documents are too short or context_len/ending_len "
                              f"too long")
         start = int(rng.integers(n_starts))
@@ -60,7 +61,7 @@ def build_cloze(tokens: np.ndarray, eot: int, n_examples: int, context_len: int,
         while len(endings) < n_choices:
             draws += 1
             if draws > max_draws:
-                raise ValueError(f"tokens: could not find {n_choices - 1} distinct distractor spans of {ending_len} "
+                raise UserError(f"tokens: could not find {n_choices - 1} distinct distractor spans of {ending_len} "
                                  f"tokens without an eot; the split is too small or repetitive")
             s = int(rng.integers(n_spans))
             if start - ending_len < s < start + window or not _clean(tokens, s, ending_len, eot, allow_first=False):

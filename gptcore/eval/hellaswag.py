@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from gptcore.atomic import atomic_write, file_sha256
 from gptcore.data.tokenizers import Tokenizer
+from gptcore.errors import UserError
 from gptcore.eval.multichoice import Example
 
 HELLASWAG_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -41,21 +42,23 @@ def _is_official(path: Path) -> bool:
     return path.is_file() and path.stat().st_size == HELLASWAG_VAL_SIZE and file_sha256(path) == HELLASWAG_VAL_SHA256
 
 
-def _place_hint(dest: Path) -> str:
+def _place_hint(dest: Path, key: str = "eval.hellaswag_path") -> str:
     return (f"place the official {HELLASWAG_VAL_NAME} ({HELLASWAG_VAL_SIZE:,} bytes, sha256 {HELLASWAG_VAL_SHA256}, "
-            f"from {HELLASWAG_VAL_URL}) at {dest}, or set eval.hellaswag_path to a local copy")
+            f"from {HELLASWAG_VAL_URL}) at {dest}, or set {key} to a local copy")
 
 
 def fetch_hellaswag(dest_dir: str | Path = "data/hellaswag", path: str | Path | None = None,
                     transport: Transport | None = None, url: str = HELLASWAG_VAL_URL,
-                    progress: bool = True) -> Path:
+                    progress: bool = True, key: str = "eval.hellaswag_path") -> Path:
     """Path to HellaSwag val: `path` if given (a local copy, used as is), else the verified cached copy in
     dest_dir, downloading it first when absent or damaged. The download goes to a temp name and is renamed
-    into place only once its size and sha256 match, so no half-written file is ever left behind."""
+    into place only once its size and sha256 match, so no half-written file is ever left behind. `key` names the
+    param that sets `path` (`train.hellaswag_path` or `eval.hellaswag_path`) in the UserError a missing file or a
+    failed download gets."""
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"eval.hellaswag_path={path}: no such file")
+            raise UserError(f"{key}={path}: no such file")
         return path
     dest = Path(dest_dir) / HELLASWAG_VAL_NAME
     if _is_official(dest):
@@ -71,13 +74,13 @@ def fetch_hellaswag(dest_dir: str | Path = "data/hellaswag", path: str | Path | 
                 size += len(block)
                 bar.update(len(block))
         except (urllib.error.URLError, OSError, TimeoutError) as e:
-            raise ConnectionError(f"could not download {url} ({e}); {_place_hint(dest)}") from e
+            raise UserError(f"could not download {url} ({e}); {_place_hint(dest, key)}") from e
         if size != HELLASWAG_VAL_SIZE:
             what = "truncated" if size < HELLASWAG_VAL_SIZE else "too long"
-            raise ValueError(f"{url}: download {what}, got {size:,} of {HELLASWAG_VAL_SIZE:,} bytes; "
+            raise UserError(f"{url}: download {what}, got {size:,} of {HELLASWAG_VAL_SIZE:,} bytes; "
                              f"nothing was written to {dest}")
         if h.hexdigest() != HELLASWAG_VAL_SHA256:
-            raise ValueError(f"{url}: sha256 {h.hexdigest()} does not match the expected {HELLASWAG_VAL_SHA256}; "
+            raise UserError(f"{url}: sha256 {h.hexdigest()} does not match the expected {HELLASWAG_VAL_SHA256}; "
                              f"nothing was written to {dest}")
     return dest
 
@@ -86,11 +89,11 @@ def _int_field(item: dict, key: str, where: str) -> int:
     """An integer field: an int (not a bool) or a string of digits, as some copies store the label."""
     value = item[key]
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(f"{where}: {key} {value!r} is not an integer")
+        raise UserError(f"{where}: {key} {value!r} is not an integer")
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"{where}: {key} {value!r} is not an integer") from None
+        raise UserError(f"{where}: {key} {value!r} is not an integer") from None
 
 
 def parse_hellaswag_line(raw: bytes, where: str, default_ind: int) -> dict:
@@ -98,25 +101,25 @@ def parse_hellaswag_line(raw: bytes, where: str, default_ind: int) -> dict:
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
+        raise UserError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
     try:
         item = json.loads(line)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+        raise UserError(f"{where}: not valid JSON ({e.msg})") from None
     if not isinstance(item, dict):
-        raise ValueError(f"{where}: a JSON {type(item).__name__}, expected an object with ctx, endings, label")
+        raise UserError(f"{where}: a JSON {type(item).__name__}, expected an object with ctx, endings, label")
     for key in ("ctx", "endings", "label"):
         if key not in item:
-            raise ValueError(f"{where}: missing field {key!r}")
+            raise UserError(f"{where}: missing field {key!r}")
     if not isinstance(item["ctx"], str):
-        raise ValueError(f"{where}: 'ctx' is {type(item['ctx']).__name__}, not a string")
+        raise UserError(f"{where}: 'ctx' is {type(item['ctx']).__name__}, not a string")
     endings = item["endings"]
     if not (isinstance(endings, list) and len(endings) == 4 and all(isinstance(e, str) for e in endings)):
         got = f"{len(endings)} items" if isinstance(endings, list) else type(endings).__name__
-        raise ValueError(f"{where}: 'endings' must be a list of 4 strings (got {got})")
+        raise UserError(f"{where}: 'endings' must be a list of 4 strings (got {got})")
     label = _int_field(item, "label", where)
     if not 0 <= label < 4:
-        raise ValueError(f"{where}: label {label} is not in 0..3")
+        raise UserError(f"{where}: label {label} is not in 0..3")
     ind = _int_field(item, "ind", where) if "ind" in item else default_ind
     return {"ind": ind, "ctx": item["ctx"], "endings": endings, "label": label}
 
@@ -126,7 +129,7 @@ def read_hellaswag(path: str | Path, limit: int | None = None) -> list[dict]:
     of any kind raises ValueError naming the file and line number."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: HellaSwag file not found; {_place_hint(path)}")
+        raise UserError(f"{path}: HellaSwag file not found; {_place_hint(path)}")
     if limit is not None and limit < 0:
         raise ValueError(f"limit={limit}: must be >= 0 or None")
     items: list[dict] = []

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from gptcore.atomic import atomic_write
+from gptcore.errors import UserError
 from gptcore.precision import autocast_context
 
 # positions scored through GPT.logits (lm_head, soft-cap) at once: bounds the [positions, vocab] float32 logits in memory
@@ -67,16 +68,16 @@ class ChoiceResult:
 def fit_example(example: Example, block_size: int) -> tuple[list[int], list[list[int]]]:
     """The context (cut from the left) and endings such that every context+ending row fits block_size."""
     if not example.endings:
-        raise ValueError(f"example {example.index}: no endings")
+        raise UserError(f"example {example.index}: no endings")
     if not 0 <= example.label < len(example.endings):
-        raise ValueError(f"example {example.index}: label {example.label} is not in 0..{len(example.endings) - 1}")
+        raise UserError(f"example {example.index}: label {example.label} is not in 0..{len(example.endings) - 1}")
     if not example.context:
-        raise ValueError(f"example {example.index}: empty context (the first ending token needs one to be predicted)")
+        raise UserError(f"example {example.index}: empty context (the first ending token needs one to be predicted)")
     longest = max(len(e) for e in example.endings)
     if min(len(e) for e in example.endings) == 0:
-        raise ValueError(f"example {example.index}: an ending has no tokens")
+        raise UserError(f"example {example.index}: an ending has no tokens")
     if longest > block_size - 1:
-        raise ValueError(f"example {example.index}: an ending of {longest} tokens does not fit block_size "
+        raise UserError(f"example {example.index}: an ending of {longest} tokens does not fit block_size "
                          f"{block_size} with at least one context token")
     return example.context[-(block_size - longest):], example.endings
 

@@ -15,6 +15,7 @@ from tqdm import tqdm
 from gptcore.atomic import write_text
 from gptcore.data.shards import MANIFEST
 from gptcore.data.tokenizers import GPT2Tokenizer, Tokenizer, load_tokenizer
+from gptcore.errors import UserError
 from gptcore.model.gpt import GPT
 from gptcore.model.load import load_model
 from gptcore.precision import autocast_context, resolve_dtype
@@ -25,7 +26,7 @@ def read_prompt(prompt: str) -> str:
     if prompt.startswith("FILE:"):
         path = Path(prompt[5:])
         if not path.is_file():
-            raise FileNotFoundError(f"prompt file {path} not found (from --prompt {prompt!r})")
+            raise UserError(f"prompt file {path} not found (from --prompt {prompt!r})")
         return path.read_text(encoding="utf-8")
     return prompt
 
@@ -39,7 +40,7 @@ def tokenizer_for(spec: str, model: GPT, tokenizer_dir: str | Path | None = None
     found = [d for d in beside if (d / MANIFEST).is_file()]
     tok = load_tokenizer(tokenizer_dir) if tokenizer_dir else load_tokenizer(found[0]) if found else GPT2Tokenizer()
     if tok.vocab_size > model.config.vocab_size:
-        raise ValueError(f"{spec}: its vocabulary ({model.config.vocab_size}) is smaller than tokenizer {tok.name}'s "
+        raise UserError(f"{spec}: its vocabulary ({model.config.vocab_size}) is smaller than tokenizer {tok.name}'s "
                          f"({tok.vocab_size}); name the folder holding its tokenizer's manifest.json")
     return tok
 

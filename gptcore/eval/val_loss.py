@@ -18,6 +18,7 @@ from tqdm import tqdm
 from gptcore import distributed
 from gptcore.data import shards
 from gptcore.atomic import write_text
+from gptcore.errors import UserError
 from gptcore.eval.multichoice import score_examples
 from gptcore.precision import autocast_context
 
@@ -48,7 +49,7 @@ def val_stream(shard_dir: Path, val_tokens: int, vocab_size: int | None = None) 
     val = shards.open_split(shard_dir, "val")
     have = sum(len(shards.load_tokens(p)) for p in val)
     if have < val_tokens:
-        raise ValueError(f"{shard_dir}: the val split has {have:,} tokens, fewer than val_tokens={val_tokens:,} "
+        raise UserError(f"{shard_dir}: the val split has {have:,} tokens, fewer than val_tokens={val_tokens:,} "
                          f"(eval.val_tokens / train.val_tokens)")
     return first_tokens(val + shards.open_split(shard_dir, "train"), val_tokens + 1, vocab_size)
 
@@ -116,7 +117,7 @@ def check_same_tokenizer(model_tok: object, data_tok: object, model_spec: str, s
     a = (getattr(model_tok, "name", None), getattr(model_tok, "vocab_size", None), getattr(model_tok, "eot", None))
     b = (getattr(data_tok, "name", None), getattr(data_tok, "vocab_size", None), getattr(data_tok, "eot", None))
     if a != b:
-        raise ValueError(f"eval.model={model_spec} uses tokenizer {a[0]} (vocab {a[1]}, eot {a[2]}) but {shard_dir} was "
+        raise UserError(f"eval.model={model_spec} uses tokenizer {a[0]} (vocab {a[1]}, eot {a[2]}) but {shard_dir} was "
                          f"tokenized with {b[0]} (vocab {b[1]}, eot {b[2]}); evaluate on matching shards")
 
 

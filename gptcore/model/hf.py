@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from gptcore.atomic import atomic_write, write_text
+from gptcore.errors import UserError, cause
 from gptcore.model.gpt import GPT, GPTConfig
 
 # The one list of OpenAI's GPT-2 checkpoints a model spec may name, and the Hub repositories that hold them.
@@ -40,7 +41,7 @@ def load_hf_gpt2(name_or_dir: str | os.PathLike) -> GPT:
     elif str(name_or_dir) in HF_GPT2_NAMES:
         model_dir = _download_gpt2(str(name_or_dir))
     else:
-        raise ValueError(
+        raise UserError(
             f"{str(name_or_dir)!r} is neither a local Hugging Face GPT-2 directory nor one of "
             f"{', '.join(HF_GPT2_NAMES)}"
         )
@@ -275,26 +276,22 @@ def _download_gpt2(name: str) -> Path:
         # snapshot_download falls back to the local cache when the Hub cannot be reached
         return Path(snapshot_download(repo_id=repo, allow_patterns=["config.json", "model.safetensors"]))
     except Exception as e:
-        raise RuntimeError(
-            f"could not fetch GPT-2 '{name}' ({repo}) from the Hugging Face Hub or its cache: "
-            f"{type(e).__name__}: {e}\n"
-            f"On a machine with internet, download it with\n"
-            f"  huggingface-cli download {repo} config.json model.safetensors --local-dir <dir>\n"
-            f"(or transformers.GPT2LMHeadModel.from_pretrained('{name}').save_pretrained('<dir>')), copy <dir> "
-            f"here and give that folder as the model instead of '{name}'."
-        ) from e
+        raise UserError(
+            f"model {name!r}: cannot fetch {repo} from the Hugging Face hub or its cache ({cause(e)}); "
+            f"on a machine with internet run `hf download {repo} config.json model.safetensors --local-dir <dir>`, "
+            f"copy <dir> here and give that folder instead of {name!r}") from e
 
 
 def _config_from_hf(model_dir: Path) -> GPTConfig:
     path = model_dir / "config.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing; a Hugging Face GPT-2 directory needs config.json")
+        raise UserError(f"{path}: missing; a Hugging Face GPT-2 directory needs config.json")
     try:
         hf = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from e
+        raise UserError(f"{path}: not valid JSON ({e})") from e
     if hf.get("model_type", "gpt2") != "gpt2":
-        raise ValueError(f"{path}: model_type is {hf['model_type']!r}, expected 'gpt2'")
+        raise UserError(f"{path}: model_type is {hf['model_type']!r}, expected 'gpt2'")
     # refuse variants whose maths differ from the model above instead of silently loading them wrong
     expect = {
         "activation_function": ("gelu_new", "gelu_pytorch_tanh"),
@@ -305,9 +302,9 @@ def _config_from_hf(model_dir: Path) -> GPTConfig:
     }
     for key, allowed in expect.items():
         if key in hf and hf[key] not in allowed:
-            raise ValueError(f"{path}: {key}={hf[key]!r} is not supported (expected one of {allowed})")
+            raise UserError(f"{path}: {key}={hf[key]!r} is not supported (expected one of {allowed})")
     if hf.get("n_inner") not in (None, 4 * hf.get("n_embd", 768)):
-        raise ValueError(f"{path}: n_inner={hf['n_inner']} is not supported (only 4 * n_embd)")
+        raise UserError(f"{path}: n_inner={hf['n_inner']} is not supported (only 4 * n_embd)")
     try:
         return GPTConfig(
             block_size=hf.get("n_positions", hf.get("n_ctx", 1024)),
@@ -319,7 +316,7 @@ def _config_from_hf(model_dir: Path) -> GPTConfig:
             bias=True,
         )
     except ValueError as e:
-        raise ValueError(f"{path}: {e}") from e
+        raise UserError(f"{path}: {e}") from e
 
 
 def _read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -329,17 +326,26 @@ def _read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     single = model_dir / "model.safetensors"
     index = model_dir / "model.safetensors.index.json"
     bin_file = model_dir / "pytorch_model.bin"
-    if single.is_file():
-        return load_file(str(single), device="cpu")
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        state: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            state.update(load_file(str(model_dir / shard), device="cpu"))
-        return state
+    try:
+        if single.is_file():
+            return load_file(str(single), device="cpu")
+        if index.is_file():
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            state: dict[str, torch.Tensor] = {}
+            for shard in shards:
+                state.update(load_file(str(model_dir / shard), device="cpu"))
+            return state
+    except Exception as e:  # a damaged file: safetensors, json and the OS each raise their own kind
+        raise UserError(f"{model_dir}: cannot read its safetensors weights ({cause(e)}); copy the "
+                        f"folder again") from e
     if bin_file.is_file():
-        return torch.load(bin_file, map_location="cpu", weights_only=True)
-    raise FileNotFoundError(
+        try:
+            return torch.load(bin_file, map_location="cpu", weights_only=True)
+        except Exception as e:  # weights_only refuses pickled objects other than tensors (code could run)
+            raise UserError(f"{bin_file}: not loadable as plain tensors ({cause(e)}); on a machine "
+                            f"you trust, save the model as model.safetensors (transformers: "
+                            f"save_pretrained(<dir>, safe_serialization=True)) and give that folder") from e
+    raise UserError(
         f"{model_dir}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin found"
     )
 
@@ -359,11 +365,11 @@ def _load_hf_state(model: GPT, state: dict[str, torch.Tensor], model_dir: Path) 
         if not key.startswith("transformer."):
             key = "transformer." + key  # GPT2Model (no LM head) checkpoints lack the prefix
         if key not in ours:
-            raise ValueError(f"{model_dir}: unexpected tensor {key!r} for GPT-2 ({tuple(tensor.shape)})")
+            raise UserError(f"{model_dir}: unexpected tensor {key!r} for GPT-2 ({tuple(tensor.shape)})")
         if key.endswith(_CONV1D_SUFFIXES):
             tensor = tensor.t()
         if tuple(tensor.shape) != tuple(ours[key].shape):
-            raise ValueError(
+            raise UserError(
                 f"{model_dir}: {key} has shape {tuple(tensor.shape)}, config.json implies {tuple(ours[key].shape)}"
             )
         with torch.no_grad():
@@ -371,7 +377,7 @@ def _load_hf_state(model: GPT, state: dict[str, torch.Tensor], model_dir: Path) 
         seen.add(key)
     missing = sorted(expected - seen)
     if missing:
-        raise ValueError(f"{model_dir}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
+        raise UserError(f"{model_dir}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
     if lm_head is not None and not torch.equal(lm_head.to(ours["transformer.wte.weight"].dtype),
                                                ours["transformer.wte.weight"]):
-        raise ValueError(f"{model_dir}: lm_head.weight differs from wte.weight; GPT-2 ties them")
+        raise UserError(f"{model_dir}: lm_head.weight differs from wte.weight; GPT-2 ties them")

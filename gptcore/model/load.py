@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from gptcore.errors import UserError
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.model.hf import HF_GPT2_NAMES, load_hf_gpt2
 
@@ -37,7 +38,7 @@ def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
         while new.startswith(_WRAPPER_PREFIXES):
             new = new.split(".", 1)[1]
         if new in out:
-            raise ValueError(f"state dict keys collide after stripping wrapper prefixes: {key!r} -> {new!r}")
+            raise UserError(f"state dict keys collide after stripping wrapper prefixes: {key!r} -> {new!r}")
         out[new] = value
     return out
 
@@ -49,7 +50,7 @@ class _PickledConfig:
         if isinstance(state, tuple) and len(state) == 2:  # (dict, slots) form
             state = {**(state[0] or {}), **(state[1] or {})}
         if not isinstance(state, dict):
-            raise ValueError(f"pickled GPTConfig has state of type {type(state).__name__}, expected a dict")
+            raise UserError(f"pickled GPTConfig has state of type {type(state).__name__}, expected a dict")
         self.fields = dict(state)
 
 
@@ -61,9 +62,9 @@ def read_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         with torch.serialization.safe_globals([(_PickledConfig, name) for name in _PICKLED_CONFIGS]):
             ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # a truncated or foreign file: say which
-        raise ValueError(f"{path}: cannot read checkpoint ({type(e).__name__}: {e})") from e
+        raise UserError(f"{path}: cannot read checkpoint ({type(e).__name__}: {e})") from e
     if not isinstance(ckpt, dict):
-        raise ValueError(f"{path}: not a checkpoint (a {type(ckpt).__name__}, expected a dict)")
+        raise UserError(f"{path}: not a checkpoint (a {type(ckpt).__name__}, expected a dict)")
     if isinstance(ckpt.get("config"), _PickledConfig):
         ckpt["config"] = ckpt["config"].fields
     return ckpt
@@ -77,20 +78,20 @@ def _from_checkpoint(path: Path) -> GPT:
             args = ckpt[key]
             break
     else:
-        raise ValueError(f"{path}: not a GPT checkpoint (no model with model_config, model_args or config; "
+        raise UserError(f"{path}: not a GPT checkpoint (no model with model_config, model_args or config; "
                          f"keys: {sorted(ckpt)})")
     known = set(GPTConfig.__dataclass_fields__)
     try:
         config = GPTConfig(**{k: v for k, v in args.items() if k in known})
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: {e}") from e
+        raise UserError(f"{path}: {e}") from e
     model = GPT(config)
     # nanoGPT without flash attention keeps a causal-mask buffer `attn.bias`; it is not a weight
     state = {k: v for k, v in strip_prefixes(ckpt["model"]).items() if not k.endswith(".attn.bias")}
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
-        raise ValueError(f"{path}: weights do not fit GPT({config}): {e}") from e
+        raise UserError(f"{path}: weights do not fit GPT({config}): {e}") from e
     return model
 
 
@@ -98,7 +99,7 @@ def load_model(spec: str | Path, block_size: int | None = None, dropout: float |
     """A GPT with the weights `spec` names (see the module docstring); `block_size` crops, `dropout` is set if given."""
     name, path = str(spec), Path(spec)
     if name == "scratch":
-        raise ValueError("'scratch' names no weights: only model.init_from starts a model from scratch")
+        raise UserError("'scratch' names no weights: only model.init_from starts a model from scratch")
     if name in HF_GPT2_NAMES:
         model = load_hf_gpt2(name)
     elif path.is_dir() and (path / MODEL_FILE).is_file():
@@ -106,15 +107,15 @@ def load_model(spec: str | Path, block_size: int | None = None, dropout: float |
     elif path.is_dir() and (path / "config.json").is_file():
         model = load_hf_gpt2(path)
     elif path.is_dir():
-        raise ValueError(f"{path}: a folder with neither {MODEL_FILE} (this project's model/ folder) nor config.json "
+        raise UserError(f"{path}: a folder with neither {MODEL_FILE} (this project's model/ folder) nor config.json "
                          f"(a Hugging Face GPT-2 folder)")
     elif path.is_file():
         model = _from_checkpoint(path)
     else:
-        raise ValueError(f"model {name!r}: no such file or folder; expected {SPECS}")
+        raise UserError(f"model {name!r}: no such file or folder; expected {SPECS}")
     if block_size is not None and block_size != model.config.block_size:
         if block_size > model.config.block_size:
-            raise ValueError(f"block_size={block_size} is larger than {name}'s {model.config.block_size}: "
+            raise UserError(f"block_size={block_size} is larger than {name}'s {model.config.block_size}: "
                              f"its position table has no rows for the extra positions")
         model.crop_block_size(block_size)
     if dropout is not None:
@@ -144,9 +145,9 @@ def init_model(model_params: dict[str, Any], data_vocab_size: int, seed: int = 1
         try:
             model = load_model(init_from, block_size=params.get("block_size"), dropout=params.get("dropout", 0.0))
         except ValueError as e:
-            raise ValueError(f"model.init_from={init_from!r}: {e}") from e
+            raise UserError(f"model.init_from={init_from!r}: {e}") from e
     if model.config.vocab_size < data_vocab_size:
-        raise ValueError(
+        raise UserError(
             f"model vocab_size={model.config.vocab_size} is smaller than the data's tokenizer vocabulary "
             f"({data_vocab_size}); set model.vocab_size: auto or at least {data_vocab_size}")
     return model

@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from gptcore.errors import UserError
+
 FIGURES = ("val_loss", "hellaswag_acc_norm")
 REQUIRED = {"gpt2_124m": FIGURES}  # the entry every run is set beside
 
@@ -21,9 +23,9 @@ def read_baselines(path: str | Path) -> dict[str, dict[str, Any]]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as e:
-        raise ValueError(f"{path}: cannot read the baselines ({e})") from None
+        raise UserError(f"{path}: cannot read the baselines ({e})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of baseline entries, got {type(data).__name__}")
+        raise UserError(f"{path}: expected a mapping of baseline entries, got {type(data).__name__}")
     check_baselines(data, path)
     return data
 
@@ -33,14 +35,14 @@ def check_baselines(data: dict[str, Any], where: str | Path = "baselines") -> No
     for entry, need in REQUIRED.items():
         missing = [f for f in need if f not in (data.get(entry) or {})]
         if missing:
-            raise ValueError(f"{where}: {entry} needs numeric {' and '.join(missing)}")
+            raise UserError(f"{where}: {entry} needs numeric {' and '.join(missing)}")
     for entry, body in data.items():
         if not isinstance(body, dict):
-            raise ValueError(f"{where}: {entry} must be a mapping, got {body!r}")
+            raise UserError(f"{where}: {entry} must be a mapping, got {body!r}")
         for figure in FIGURES:
             value = body.get(figure)
             if figure in body and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
-                raise ValueError(f"{where}: {entry}.{figure} must be a number, got {value!r}")
+                raise UserError(f"{where}: {entry}.{figure} must be a number, got {value!r}")
 
 
 def baseline_values(data: dict[str, Any]) -> dict[str, float]:

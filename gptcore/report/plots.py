@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from gptcore.atomic import atomic_write
+from gptcore.errors import UserError
 from gptcore.report.baselines import baseline_values
 
 PNG_DIR = Path("plots_png")
@@ -41,18 +42,18 @@ def read_step_tsv(path: str | Path) -> list[tuple[int, float]]:
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.reader(f, delimiter="\t"))
     if not rows:
-        raise ValueError(f"{path}: empty file, expected a header `step<TAB>{path.stem}`")
+        raise UserError(f"{path}: empty file, expected a header `step<TAB>{path.stem}`")
     header = rows[0]
     name = path.stem
     if "step" not in header or name not in header:
-        raise ValueError(f"{path}: header {header} lacks 'step' or {name!r}")
+        raise UserError(f"{path}: header {header} lacks 'step' or {name!r}")
     i, j = header.index("step"), header.index(name)
     out = []
     for lineno, row in enumerate(rows[1:], 2):
         try:
             out.append((int(row[i]), float(row[j])))
         except (ValueError, IndexError):
-            raise ValueError(f"{path}: line {lineno}: expected an integer step and a number, got {row}") from None
+            raise UserError(f"{path}: line {lineno}: expected an integer step and a number, got {row}") from None
     return out
 
 
@@ -127,7 +128,7 @@ def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir:
             _write_tsv(dst, ["step", "tokens_seen", name], rows)
         written.append(dst)
     if not points:
-        raise FileNotFoundError(f"{metrics_dir}: no train_loss.tsv or val_loss.tsv rows; run the train stage first")
+        raise UserError(f"{metrics_dir}: no train_loss.tsv or val_loss.tsv rows; run the train stage first")
     span = [(min(s for s, _ in points), min(t for _, t in points)),
             (max(s for s, _ in points), max(t for _, t in points))]
     acc_rows = []
@@ -175,7 +176,7 @@ def _convert(spec: dict[str, Any], fmt: str, scale: float) -> bytes:
         return vlc.vegalite_to_svg(spec).encode("utf-8")
     if fmt == "html":  # Vega's JavaScript inlined: opens offline, interactive like `dvc plots show`
         return vlc.vegalite_to_html(spec, bundle=True).encode("utf-8")
-    raise ValueError(f"format={fmt!r}: choose one of {', '.join(FORMATS)}")
+    raise UserError(f"format={fmt!r}: choose one of {', '.join(FORMATS)}")
 
 
 def render_plots(plots: Mapping[str, Any], out_dir: str | Path = PNG_DIR, fmt: str = "png", scale: float = 2.0,
@@ -185,14 +186,14 @@ def render_plots(plots: Mapping[str, Any], out_dir: str | Path = PNG_DIR, fmt: s
     DVC's load errors (a plot file missing in a revision) are reported through `log`, as `dvc plots show` does,
     and the rest of that plot is still drawn; a plot with no data at all is skipped."""
     if fmt not in FORMATS:
-        raise ValueError(f"format={fmt!r}: choose one of {', '.join(FORMATS)}")
+        raise UserError(f"format={fmt!r}: choose one of {', '.join(FORMATS)}")
     out_dir = Path(out_dir)
     for err in plots.get("errors", []):
         where = " ".join(str(err[k]) for k in ("rev", "source") if err.get(k))
         log(f"[plots] {err.get('name', 'plots')}: could not load {where}: {err.get('msg') or err.get('type')}")
     data = plots.get("data", {})
     if not data:
-        raise ValueError("no plots: dvc.yaml declares none, or DVC found none of their files")
+        raise UserError("no plots: dvc.yaml declares none, or DVC found none of their files")
     written = []
     for name, renderers in data.items():
         for i, r in enumerate(renderers):
@@ -217,20 +218,20 @@ def read_plots_json(source: str) -> dict[str, Any]:
     """`dvc plots show/diff --json` output from a file, or from stdin when `source` is "-"."""
     if source == "-":
         if sys.stdin.isatty():
-            raise ValueError("no input: pipe in `dvc plots show --json` (or `dvc plots diff REV... --json`), "
+            raise UserError("no input: pipe in `dvc plots show --json` (or `dvc plots diff REV... --json`), "
                              "or name a file holding it")
         text, where = sys.stdin.read(), "stdin"
     else:
         try:
             text, where = Path(source).read_text(encoding="utf-8"), source
         except OSError as e:
-            raise ValueError(f"{source}: cannot read ({e.strerror})") from None
+            raise UserError(f"{source}: cannot read ({e.strerror})") from None
     try:
         plots = json.loads(text)
     except ValueError:
-        raise ValueError(f"{where}: not JSON; expected the output of `dvc plots show --json`") from None
+        raise UserError(f"{where}: not JSON; expected the output of `dvc plots show --json`") from None
     if not isinstance(plots, dict):
-        raise ValueError(f"{where}: expected the JSON object `dvc plots show --json` prints")
+        raise UserError(f"{where}: expected the JSON object `dvc plots show --json` prints")
     return plots
 
 

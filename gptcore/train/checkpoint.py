@@ -18,6 +18,7 @@ import torch
 
 from gptcore.atomic import atomic_write, json_sha256, write_text
 from gptcore.data.tokenizers import Tokenizer
+from gptcore.errors import UserError
 from gptcore.model.gpt import GPT
 from gptcore.model.hf import NotRepresentable, export_hf
 from gptcore.model.load import MODEL_FILE, read_checkpoint as load_checkpoint
@@ -187,10 +188,10 @@ def load_best(ckpt_dir: Path, step: int, run_fingerprint: str) -> dict[str, Any]
     """The best weights recorded for `step`; ValueError naming the file if it is missing or of another run."""
     path = best_path(ckpt_dir, step)
     if not path.is_file():
-        raise ValueError(f"{path}: the best weights (step {step}) are missing; delete {ckpt_dir} and rerun train")
+        raise UserError(f"{path}: the best weights (step {step}) are missing; delete {ckpt_dir} and rerun train")
     best = load_checkpoint(path)
     if best.get("fingerprint") != run_fingerprint or int(best.get("step", -1)) != step:
-        raise ValueError(f"{path}: written by another run (fingerprint or step differ); delete {ckpt_dir} and rerun")
+        raise UserError(f"{path}: written by another run (fingerprint or step differ); delete {ckpt_dir} and rerun")
     return best
 
 

@@ -16,6 +16,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
+from gptcore.errors import UserError
 from gptcore.train import checkpoint
 from gptcore import distributed
 from gptcore.distributed import DistEnv
@@ -30,7 +31,7 @@ from gptcore.train.optim import LRSchedule, build_optimizers, set_lr
 Evaluator = Callable[[GPT, int], dict[str, float]]
 
 
-class NonFiniteLoss(RuntimeError):
+class NonFiniteLoss(UserError):
     """The training loss became NaN or infinite; the run stops without saving."""
 
 
