@@ -20,7 +20,7 @@ from dvc.utils.hydra import compose_and_dump
 
 from gptcore.data.params import FETCH, TOKENIZE
 from gptcore.eval.params import EVAL, check_val_tokens
-from gptcore.model.gpt import GPTConfig
+from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.model.params import MODEL
 from gptcore.report.params import COMPARE
 from gptcore.train.params import TRAIN, check_run
@@ -107,8 +107,8 @@ def test_gpt2_124m_openai_differs_from_the_reproduction_only_where_it_must(tmp_p
     # same data, same val split: the baseline is measured on exactly what the reproduction is evaluated on
 
 
-MODERN_SWITCHES = {"bias": False, "pos_encoding": "rotary", "norm": "rmsnorm", "qk_norm": True, "mlp": "swiglu",
-                   "tie_embeddings": False, "zero_init_proj": True, "logit_softcap": 30.0}
+MODERN_SWITCHES = {"bias": False, "pos_encoding": "rotary", "norm": "rmsnorm", "qk_norm": True, "mlp": "relu2",
+                   "tie_embeddings": False, "zero_init_proj": True, "zero_init_head": True, "logit_softcap": 30.0}
 
 
 @pytest.mark.parametrize("modern,base", [("modern_quickstart", "quickstart"), ("modern_124m", "gpt2_124m")])
@@ -118,15 +118,32 @@ def test_modern_presets_are_their_base_with_the_switches_on(tmp_path, modern, ba
     _, b = compose(tmp_path, f"preset={base}")
     for section in ("fetch", "tokenize", "eval", "compare"):
         assert m[section] == b[section], section
-    assert {k: v for k, v in m["model"].items() if v != b["model"][k]} == MODERN_SWITCHES
+    heads = {"n_head": 6} if modern == "modern_124m" else {}  # the records' heads of 128
+    assert {k: v for k, v in m["model"].items() if v != b["model"][k]} == {**MODERN_SWITCHES, **heads}
     assert m["train"]["optimizer"] == "muon" and b["train"]["optimizer"] == "adamw"
+    assert (m["train"]["schedule"], m["train"]["muon_clip"]) == ("wsd", False)
     same = ("micro_batch", "total_batch_tokens", "nproc", "dtype", "seed", "val_tokens", "shuffle")
     assert {k: m["train"][k] for k in same} == {k: b["train"][k] for k in same}
     if modern == "modern_124m":  # the speedrun's budget and rates (see the preset's comment)
         assert (m["train"]["max_steps"], m["train"]["max_lr"], m["train"]["muon_lr"]) == (5100, 0.0036, 0.02)
+        assert (m["train"]["embed_lr"], m["train"]["head_lr"], m["train"]["min_lr_ratio"]) == (0.0036, 0.002, 0.0)
         assert m["compare"]["target_val_loss"] == 3.2924
     else:
         assert m["train"]["max_steps"] == b["train"]["max_steps"]
+
+
+def test_the_parameter_matched_line_differs_from_modern_quickstart_only_in_its_tied_head(tmp_path):
+    _, m = compose(tmp_path, "preset=modern_quickstart")
+    _, t = compose(tmp_path, "preset=modern_quickstart_tied")
+    _, g = compose(tmp_path, "preset=quickstart")
+    diff = {(s, k): (m[s][k], t[s][k]) for s in m if isinstance(m[s], dict) for k in m[s] if m[s][k] != t[s][k]}
+    assert diff == {("model", "tie_embeddings"): (False, True), ("model", "zero_init_head"): (True, False)}
+
+    def count(p):
+        cfg = {k: v for k, v in p["model"].items() if k != "init_from"}
+        return sum(x.numel() for x in GPT(GPTConfig(**cfg)).parameters())
+    # within 1% of the GPT-2 quick-start's parameters; the untied modern model has about 1.9x as many
+    assert count(t) == pytest.approx(count(g), rel=0.01) and count(m) > 1.8 * count(g)
 
 
 def test_char_presets(tmp_path):
@@ -353,6 +370,17 @@ def test_modern_quickstart_on_a_micro_budget_reports_tokens_to_target(two_runs):
     table = run(two_runs, "dvc", "exp", "show", "--no-pager", "--sort-by", "speedrun.tokens_to_target",
                 "--drop", ".*", "--keep", r"(Experiment|preset|speedrun\.tokens_to_target)$")
     assert "modern-micro" in table and "modern_quickstart" in table
+    # the sweep table from the real `dvc exp show --json`: one group per recipe, the run's own parameter count
+    doc = run(two_runs, "dvc", "exp", "show", "--json")
+    out = subprocess.run([sys.executable, "-m", "gptcore.report.table", "--json-out", "--metrics", "params",
+                          "eval.val_loss"], input=doc, cwd=two_runs, env=env(two_runs), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    groups = {tuple(g["names"]): g for g in json.loads(out.stdout)["groups"]}
+    modern = groups[("modern-micro",)]
+    train = json.loads((two_runs / "metrics" / "train" / "metrics.json").read_text(encoding="utf-8"))
+    assert modern["n"] == 1 and modern["metrics"]["params"]["mean"] == train["params"] > 0
+    assert modern["params"]["preset"] == "modern_quickstart"
 
 
 @pytest.mark.slow
