@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Iterator
 
+from gptcore.errors import disk_error
+
 TMP_SUFFIX = ".tmp"  # every temp name is hidden (a leading dot) and ends so: a killed run's leftovers are recognisable
 
 
@@ -60,24 +62,45 @@ def publish(tmp: str | Path, path: str | Path) -> None:
 
 
 @contextmanager
-def atomic_path(path: str | Path) -> Iterator[Path]:
+def atomic_path(path: str | Path, needed: int | None = None) -> Iterator[Path]:
     """Yield a temp path beside `path` for a writer that wants a path (a parquet writer, a tokenizer trainer); on a
-    clean exit the file there is published over `path`, on an error it is removed and `path` stays as it was."""
-    tmp = temp_beside(path)
+    clean exit the file there is published over `path`, on an error it is removed and `path` stays as it was.
+
+    A full disk or a folder that cannot be written is a UserError naming `path` (and `needed`, the bytes the write
+    puts down, where the caller knows it); torch.save's own error for a full disk included."""
+    try:
+        tmp = temp_beside(path)
+    except OSError as e:
+        err = disk_error(e, path, needed)
+        if err is e:
+            raise
+        raise err from e
     try:
         yield tmp
         publish(tmp, path)
+    except (OSError, RuntimeError) as e:
+        try:  # measured before the temp file goes: a disk that filled is still full now
+            written, free = tmp.stat().st_size, shutil.disk_usage(tmp.parent).free
+        except OSError:
+            written = free = None
+        tmp.unlink(missing_ok=True)
+        err = disk_error(e, path, needed, written, free)
+        if err is e:
+            raise
+        raise err from e
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
 @contextmanager
-def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
+def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-8",
+                 needed: int | None = None) -> Iterator[IO]:
     """Yield a file open on a temp name next to `path`; on a clean exit it replaces `path`, on an error it is removed.
 
-    Raise inside the block to abandon the write (a failed checksum, say): `path` stays as it was."""
-    with atomic_path(path) as tmp:
+    Raise inside the block to abandon the write (a failed checksum, say): `path` stays as it was. `needed`: as in
+    atomic_path."""
+    with atomic_path(path, needed) as tmp:
         with open(tmp, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
 

@@ -8,6 +8,7 @@ the library raised for bad input before this class existed still catches them.
 from __future__ import annotations
 
 import errno
+import os
 import re
 from pathlib import Path
 
@@ -27,6 +28,17 @@ def one_line(stage: str, e: UserError) -> str:
     return f"[{stage}] {e.file} {text}" if e.file else f"[{stage}] {text}"
 
 
+def user_error(e: BaseException) -> UserError | None:
+    """`e` as the user's error a stage prints in one line: itself if it is a UserError, a UserError naming the file
+    for an OSError of a full disk or a folder that cannot be written (one that did not go through the atomic
+    writer), None for anything else (a bug: let it keep its traceback)."""
+    if isinstance(e, UserError):
+        return e
+    if isinstance(e, OSError) and e.errno in FULL_ERRNOS + DENIED_ERRNOS:
+        return disk_error(e, e.filename or ".")  # type: ignore[return-value]
+    return None
+
+
 def cause(e: BaseException) -> str:
     """`Type: first line` of another library's exception, for the middle of a one-line message (their later lines
     are advice for their own API, or a traceback; terminal colour codes are dropped)."""
@@ -35,30 +47,45 @@ def cause(e: BaseException) -> str:
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
-def disk_error(e: OSError, path: str | Path, needed: int | None = None) -> UserError | OSError:
-    """A write that failed for a reason the user can fix (a full disk, a read-only or forbidden folder) as a
-    UserError naming `path` and what to do; any other OSError comes back as it is (a bug keeps its traceback).
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+DENIED_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
 
-    `needed` is the number of bytes the write was putting down, where the caller knows it."""
+
+def disk_error(e: BaseException, path: str | Path, needed: int | None = None, written: int | None = None,
+               free: int | None = None) -> BaseException:
+    """A write to `path` that failed for a reason the user can fix (a full disk, a read-only or forbidden folder),
+    as a UserError naming the file, the file system and what to do; any other error comes back as it is (a bug
+    keeps its traceback).
+
+    `needed` (bytes the write was putting down) and `written` (bytes down when it failed) go into the message where
+    the caller knows them. A library that hides ENOSPC in its own exception (torch.save: `inline_container.cc
+    unexpected pos`) counts as a full disk when `free`, the bytes left on the file system when it failed, is under
+    one MiB."""
     path = Path(path)
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        size = f" (the write needed {needed:,} bytes)" if needed else ""
-        return UserError(f"{path}: no space left on the device holding {_mount_point(path)}{size}: "
-                         f"free some space there and run again")
-    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        why = "read-only file system" if e.errno == errno.EROFS else "permission denied"
-        return UserError(f"{path}: cannot write there ({why}): make the folder writable or run from a copy of the "
+    code = e.errno if isinstance(e, OSError) else None
+    if code in FULL_ERRNOS or (code is None and free is not None and free < 1 << 20):
+        amounts = [f"{needed:,} bytes needed" if needed else "", f"{written:,} written" if written else ""]
+        amounts = [a for a in amounts if a]
+        size = f" ({', '.join(amounts)})" if amounts else ""
+        return UserError(f"{path}: no space left on {_mount_point(path)}{size}: free some space there (or point the "
+                         f"folder at a larger disk) and run again")
+    if code in DENIED_ERRNOS:
+        why = "read-only file system" if code == errno.EROFS else "permission denied"
+        return UserError(f"{path}: cannot write ({why}): make {_existing(path)} writable, or run from a copy of the "
                          f"project that is")
     return e
 
 
-def _mount_point(path: Path) -> str:
-    """The mount point of the file system `path` (or its nearest existing parent) lives on."""
-    import os
-
+def _existing(path: Path) -> Path:
     p = path.absolute()
     while not p.exists() and p != p.parent:
         p = p.parent
+    return p
+
+
+def _mount_point(path: Path) -> str:
+    """The mount point of the file system `path` (or its nearest existing parent) lives on."""
+    p = _existing(path)
     while not os.path.ismount(p) and p != p.parent:
         p = p.parent
     return str(p)

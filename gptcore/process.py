@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 
 from filelock import lock_descriptor, unlock_descriptor
 
-from gptcore.errors import UserError
+from gptcore.errors import UserError, one_line, user_error
 
 LOCK_NAME = ".lock"
 _PR_SET_PDEATHSIG = 1
@@ -176,13 +176,19 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 @contextmanager
 def stage_lifetime(stage: str, quiet: bool = False) -> Iterator[None]:
     """Run a stage's body so that it dies with its parent when that is dvc or torchrun, and SIGTERM or Ctrl-C end it
-    with one line ("[stage] interrupted ...") and exit status 130 instead of a traceback; `quiet` (ranks other than
+    with one line ("[stage] interrupted ...") and exit status 130 instead of a traceback; a user's error met past the
+    stage's own checks (a full disk, a non-finite loss) is one line and exit status 1; `quiet` (ranks other than
     0) prints nothing. A stage started by hand from a shell is left to the shell's job control (nohup keeps it)."""
     if supervised():
         die_with_parent()
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         yield
+    except (UserError, OSError) as e:  # one the stage met after its checks (a full disk, a non-finite loss)
+        err = user_error(e)
+        if err is None:
+            raise
+        sys.exit(1 if quiet else one_line(stage, err))
     except KeyboardInterrupt as e:
         why = str(e) or "SIGINT"
         if not quiet:

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from gptcore.errors import UserError, one_line
+from gptcore.errors import UserError, one_line, user_error
 from gptcore.params import ParamError, Section, read_params_file
 
 PARAMS = Path("params.yaml")
@@ -31,5 +31,8 @@ def user_errors(stage: str, path: str | Path = PARAMS, quiet: bool = False) -> I
     except ParamError as e:
         e.file = str(path)
         sys.exit(1 if quiet else one_line(stage, e))
-    except UserError as e:
-        sys.exit(1 if quiet else one_line(stage, e))
+    except (UserError, OSError) as e:
+        err = user_error(e)
+        if err is None:
+            raise
+        sys.exit(1 if quiet else one_line(stage, err))

@@ -49,8 +49,19 @@ def param_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> li
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
     """torch.save through a temp file and a rename: a kill mid-save leaves the old file intact."""
-    with atomic_write(path, "wb") as f:
+    with atomic_write(path, "wb", needed=_tensor_bytes(obj)) as f:
         torch.save(obj, f)
+
+
+def _tensor_bytes(obj: Any) -> int:
+    """The bytes of the tensors in a (nested) checkpoint dict: about what torch.save writes."""
+    if isinstance(obj, torch.Tensor):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
 
 
 def list_checkpoints(ckpt_dir: Path) -> list[Path]:
