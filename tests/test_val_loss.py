@@ -17,10 +17,12 @@ class OnlyZeroIsCheap(torch.nn.Module):
         super().__init__()
         self.vocab, self.cost = vocab, cost
 
-    def forward(self, x):
+    def forward(self, x, targets=None, reduction="mean"):
         logits = torch.zeros(*x.shape, self.vocab)
         logits[..., 0] = self.cost  # target 0 costs log(1 + 3e-30) = 0 in fp32
-        return logits, None
+        if targets is None:
+            return logits, None
+        return None, F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)
 
 
 @pytest.mark.parametrize("block_size,batch_size", [(8, 1), (8, 3), (5, 2), (64, 4)])

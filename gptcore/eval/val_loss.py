@@ -12,7 +12,6 @@ from typing import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from gptcore import distributed
@@ -66,14 +65,15 @@ def val_loss(
     world_size: int = 1,
     progress: bool = False,
 ) -> float:
-    """Mean next-token cross-entropy over the len(tokens) - 1 targets of `tokens` (forward returns logits first)."""
+    """Mean next-token cross-entropy over the len(tokens) - 1 targets of `tokens`; `model(x, y, reduction="sum")`
+    returns (anything, the summed loss), as GPT does."""
     n = len(tokens) - 1
     if n < 1:
         raise ValueError(f"{len(tokens)} val tokens hold no target")
     starts = list(range(0, n, block_size))[rank::world_size]
     full = [s for s in starts if s + block_size <= n]
-    # a shorter last window, when block_size does not divide n, goes in a batch of its own
-    batches = [full[i : i + batch_size] for i in range(0, len(full), batch_size)] + [[s] for s in starts if s not in full]
+    # a shorter last window, when block_size does not divide n, goes in a batch of its own (it can only be the last)
+    batches = [full[i : i + batch_size] for i in range(0, len(full), batch_size)] + [[s] for s in starts[len(full):]]
     was_training = model.training
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)  # summed loss, token count
@@ -83,8 +83,7 @@ def val_loss(
         xy = torch.from_numpy(buf).to(device, non_blocking=True)
         x, y = xy[:, :-1], xy[:, 1:]
         with autocast_context(device, dtype):
-            logits, _ = model(x)
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1), reduction="sum")
+            _, loss = model(x, y, reduction="sum")
         total[0] += loss.double()
         total[1] += y.numel()
     distributed.all_reduce_sum(total)

@@ -204,6 +204,85 @@ class Block(nn.Module):
         return x
 
 
+# Rows of the (rows, vocab) logits that lm_loss holds at once: about 16 MB of fp32 on the CPU, so a chunk stays in
+# cache between its matmul, softmax and the two gradient matmuls; larger on a GPU, where each chunk costs launches.
+LOSS_CHUNK_ELEMENTS = {"cpu": 1 << 22, "cuda": 1 << 26}
+
+
+def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, softcap: float | None = None,
+            reduction: str = "mean", chunk_rows: int | None = None) -> torch.Tensor:
+    """Cross-entropy of the LM head `weight` (vocab, n_embd) over trunk outputs `hidden` (..., n_embd) against
+    `targets` (...; -1 = ignored), equal to F.cross_entropy(cap-softcapped hidden @ weight.T, targets) within float
+    rounding, without ever holding all the logits: rows go through in chunks of `chunk_rows`, and when a gradient is
+    wanted each chunk's gradients are made while its logits are in cache (as fused linear-cross-entropy kernels do).
+    At the quick-start's shape the full logits are 4,096 x 50,304 floats (824 MB), and the plain path is
+    memory-bound on them."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    h = hidden.reshape(-1, hidden.size(-1))
+    if chunk_rows is None:
+        budget = LOSS_CHUNK_ELEMENTS["cuda" if h.is_cuda else "cpu"]
+        chunk_rows = max(1, budget // weight.size(0))
+    return _ChunkedLMLoss.apply(h, weight, targets.reshape(-1), softcap, chunk_rows, reduction == "mean")
+
+
+class _ChunkedLMLoss(torch.autograd.Function):
+    """lm_loss's kernel: the forward makes the loss and (when asked) both gradients; the backward scales them."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, softcap: float | None,
+                chunk_rows: int, mean: bool) -> torch.Tensor:
+        # under autocast the matmuls run in its dtype, as they would in the plain path; softmax is always fp32
+        dtype = torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else h.dtype
+        hc, wc = h.to(dtype), weight.to(dtype)
+        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(h) if want_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        valid = targets != -1
+        count = valid.sum()
+        for start in range(0, h.size(0), chunk_rows):
+            rows = slice(start, start + chunk_rows)
+            x, y, keep = hc[rows], targets[rows], valid[rows]
+            z = (x @ wc.t()).float()
+            if softcap is not None:
+                t = torch.tanh(z / softcap)
+                z = softcap * t
+            lse = torch.logsumexp(z, dim=-1)
+            safe_y = y.clamp(min=0)
+            picked = z.gather(1, safe_y[:, None]).squeeze(1)
+            total += torch.where(keep, lse - picked, 0.0).sum()
+            if not (want_h or want_w):
+                continue
+            # d loss / d logits = softmax - onehot, zero on ignored rows
+            g = z.sub_(lse[:, None]).exp_()
+            g[torch.arange(g.size(0), device=g.device), safe_y] -= 1.0
+            g.mul_(keep[:, None])
+            if softcap is not None:
+                g.mul_(1.0 - t * t)
+            g = g.to(dtype)
+            if want_h:
+                grad_h[rows] = (g @ wc).to(h.dtype)
+            if want_w:  # accumulated in fp32 whatever the matmul dtype
+                if g.dtype == torch.float32:
+                    grad_w.addmm_(g.t(), x)
+                else:
+                    grad_w.add_(g.t() @ x)
+        scale = 1.0 / count.clamp(min=1) if mean else torch.ones((), device=h.device)
+        ctx.save_for_backward(grad_h if want_h else None, grad_w if want_w else None, scale)
+        ctx.weight_dtype = weight.dtype
+        # no valid target: nan for the mean, as F.cross_entropy gives
+        return total / count if mean else total
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grad_h, grad_w, scale = ctx.saved_tensors
+        s = grad_out * scale
+        gh = grad_h * s.to(grad_h.dtype) if grad_h is not None else None
+        gw = (grad_w * s).to(ctx.weight_dtype) if grad_w is not None else None
+        return gh, gw, None, None, None, None
+
+
 class GPT(nn.Module):
     """GPT-2: token and position embeddings, n_layer blocks, a final LayerNorm and a tied LM head."""
 
@@ -282,15 +361,15 @@ class GPT(nn.Module):
         return logits
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits (B, T, vocab_size) for every position, and the mean cross-entropy against `targets`
-        (positions whose target is -1 are ignored) or None when no targets are given."""
-        logits = self.logits(self.hidden_states(idx))
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        return logits, loss
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Without targets: logits (B, T, vocab_size) for every position, and None. With targets: None and the
+        cross-entropy against them (positions whose target is -1 are ignored), their mean or (reduction "sum")
+        their sum, computed by `lm_loss` without materialising the logits."""
+        hidden = self.hidden_states(idx)
+        if targets is None:
+            return self.logits(hidden), None
+        return None, lm_loss(hidden, self.lm_head.weight, targets, self.config.logit_softcap, reduction)
 
     # ------------------------------------------------------------------ sizes and surgery
 

@@ -1,0 +1,85 @@
+"""The chunked LM-head cross-entropy (gpt.lm_loss) against the plain F.cross_entropy(lm_head(h)): loss and gradients."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gptcore.model import gpt
+from gptcore.model.gpt import GPT, GPTConfig, lm_loss
+
+
+def plain_loss(model: GPT, idx: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """The obvious computation, written here: every logit materialised, soft-cap by its formula, then F.cross_entropy."""
+    logits = model.lm_head(model.hidden_states(idx))
+    cap = model.config.logit_softcap
+    if cap is not None:
+        logits = cap * torch.tanh(logits / cap)
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1, reduction=reduction)
+
+
+def grads(model: GPT, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("softcap", [None, 5.0], ids=["no-cap", "softcap"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_loss_and_gradients_equal_the_plain_computation(tie, softcap, reduction, monkeypatch):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=300, tie_embeddings=tie,
+                          logit_softcap=softcap))
+    idx = torch.randint(0, 300, (3, 32))
+    targets = torch.randint(0, 300, (3, 32))
+    targets[0, :5] = -1  # ignored positions (padding)
+    targets[2, -3:] = -1
+    # 96 rows in chunks of 7: several chunks and a short last one
+    monkeypatch.setitem(gpt.LOSS_CHUNK_ELEMENTS, "cpu", 7 * 300)
+    _, chunked = model(idx, targets, reduction=reduction)
+    expected = plain_loss(model, idx, targets, reduction)
+    torch.testing.assert_close(chunked, expected, rtol=1e-5, atol=1e-5)
+    got, want = grads(model, chunked), grads(model, expected)
+    assert got.keys() == want.keys() and "transformer.wte.weight" in got
+    assert tie or "lm_head.weight" in got  # tied, named_parameters lists the one matrix once
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_chunk_size_does_not_change_the_result():
+    torch.manual_seed(1)
+    h = torch.randn(50, 16, requires_grad=True)
+    w = torch.randn(40, 16, requires_grad=True)
+    y = torch.randint(0, 40, (50,))
+    out = []
+    for rows in (1, 13, 50, 1000):
+        h.grad = w.grad = None
+        loss = lm_loss(h, w, y, chunk_rows=rows)
+        loss.backward()
+        out.append((loss.detach(), h.grad.clone(), w.grad.clone()))
+    for other in out[1:]:
+        for a, b in zip(out[0], other):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_no_grad_and_all_ignored():
+    h, w = torch.randn(6, 8), torch.randn(10, 8)
+    y = torch.tensor([1, 2, -1, 3, -1, 9])
+    with torch.no_grad():
+        loss = lm_loss(h, w, y, chunk_rows=4)
+    torch.testing.assert_close(loss, F.cross_entropy(h @ w.t(), y, ignore_index=-1))
+    assert torch.isnan(lm_loss(h, w, torch.full((6,), -1)))  # as F.cross_entropy: 0 / 0
+    assert lm_loss(h, w, torch.full((6,), -1), reduction="sum").item() == 0.0
+
+
+def test_bf16_autocast_close_to_the_plain_path():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=200))
+    idx, targets = torch.randint(0, 200, (2, 16)), torch.randint(0, 200, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, chunked = model(idx, targets)
+        expected = plain_loss(model, idx, targets)
+    assert chunked.dtype == torch.float32
+    torch.testing.assert_close(chunked, expected, rtol=2e-3, atol=2e-3)
+    got, want = grads(model, chunked), grads(model, expected)
+    for name in want:  # bf16 matmuls: about 3 significant digits
+        torch.testing.assert_close(got[name], want[name], rtol=0.05, atol=2e-3, msg=name)
