@@ -77,5 +77,9 @@ def test_command_reads_a_file_and_refuses_a_document_without_experiments(tmp_pat
     cmd = [sys.executable, "-m", "gptcore.report.table"]
     out = subprocess.run([*cmd, str(good), "--metrics", "eval.val_loss"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and "| modern_quickstart | 0.003 | 2 | 5.23 ± 0.04243 |" in out.stdout
+    out = subprocess.run([*cmd, str(good), "--only", "^modern", "--show", "preset", "--metrics", "eval.val_loss"],
+                         cwd=ROOT, capture_output=True, text=True)
+    # one group left, so no param differs: no param column
+    assert out.stdout.splitlines()[0] == "| seeds | eval.val_loss |" and "| 2 | 5.23 ± 0.04243 |" in out.stdout
     out = subprocess.run([*cmd, str(empty)], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "no finished experiment" in out.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -97,10 +98,13 @@ def _fmt(x: float | None) -> str:
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
 
 
-def markdown(varying: list[str], groups: list[dict[str, Any]], metrics: Iterable[str] = METRICS) -> str:
-    """A Markdown table: the varying params, seeds, then "mean ± std" per metric ("(k/n)" where only k seeds have
-    it)."""
+def markdown(varying: list[str], groups: list[dict[str, Any]], metrics: Iterable[str] = METRICS,
+             show: list[str] | None = None) -> str:
+    """A Markdown table: the varying params (or those of them in `show`), seeds, then "mean ± std" per metric
+    ("(k/n)" where only k seeds have it)."""
     metrics = list(metrics)
+    if show is not None:
+        varying = [k for k in varying if k in show]
     head = [*varying, "seeds", *metrics]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for g in groups:
@@ -122,6 +126,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--metrics", nargs="+", default=list(METRICS), help="dotted metric keys (default: %(default)s)")
     ap.add_argument("--ignore", nargs="*", default=list(IGNORED),
                     help="param keys pooled over, not grouped by (default: %(default)s)")
+    ap.add_argument("--only", default=None, help="a regular expression: only experiments whose name matches")
+    ap.add_argument("--show", nargs="+", default=None,
+                    help="param columns to show (default: every param that differs); grouping still uses them all")
     ap.add_argument("--json-out", action="store_true", help="print the groups as JSON instead of a table")
     args = ap.parse_args(argv)
     try:
@@ -130,12 +137,17 @@ def main(argv: list[str] | None = None) -> None:
     except (OSError, ValueError) as e:
         sys.exit(f"gptcore-exp-table: {args.json}: not readable as dvc exp show --json output ({e})")
     rows = experiments(doc if isinstance(doc, list) else [])
+    if args.only:
+        try:
+            rows = [r for r in rows if re.search(args.only, str(r["name"]))]
+        except re.error as e:
+            sys.exit(f"gptcore-exp-table: --only {args.only!r}: not a regular expression ({e})")
     if not rows:
         sys.exit(f"gptcore-exp-table: {args.json}: no finished experiment (run `dvc exp show --json` in the repo "
                  f"where the experiments ran)")
     varying, groups = summarize(rows, args.metrics, args.ignore)
     print(json.dumps({"varying": varying, "groups": groups}, indent=1) if args.json_out
-          else markdown(varying, groups, args.metrics))
+          else markdown(varying, groups, args.metrics, args.show))
 
 
 if __name__ == "__main__":
