@@ -35,7 +35,7 @@ class ParamError(UserError):
 class Param:
     """One key: its type, default, allowed values and a one-line description."""
 
-    kind: type  # int, float, bool or str; bool is never accepted as an int or a float
+    kind: type  # int, float, bool, str or list (of strings); bool is never accepted as an int or a float
     default: Any = REQUIRED
     doc: str = ""
     min: float | None = None  # inclusive bounds for numbers
@@ -57,7 +57,8 @@ class Param:
         elif self.pattern:
             what = f"a string matching {self.pattern}"
         else:
-            what = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[self.kind]
+            what = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+                    list: "a list of distinct strings"}[self.kind]
             bounds = [f">= {_num(self.min)}" if self.min is not None else "",
                       f"> {_num(self.above)}" if self.above is not None else "",
                       f"<= {_num(self.max)}" if self.max is not None else "",
@@ -73,6 +74,11 @@ class Param:
         if any(value is a or (a is not None and value == a and type(value) is type(a)) for a in self.also):
             return value
         bad = ParamError(key, value, self.allowed())
+        if self.kind is list:  # of strings, e.g. eval.lm_eval_tasks: [hellaswag, lambada_openai]
+            if (not isinstance(value, list) or not all(isinstance(v, str) and v for v in value)
+                    or len(set(value)) != len(value)):
+                raise bad
+            return list(value)
         if self.kind is bool:
             if not isinstance(value, bool):
                 raise bad

@@ -11,7 +11,7 @@ from pathlib import Path
 from gptcore.eval import cloze
 from gptcore import distributed
 from gptcore.eval import val_loss as evaluation
-from gptcore.eval import hellaswag
+from gptcore.eval import harness, hellaswag
 from gptcore.atomic import write_json
 from gptcore.eval.multichoice import score_examples, write_predictions
 from gptcore.eval.sampling import sample, tokenizer_for
@@ -37,6 +37,8 @@ def main() -> None:
         # held until the process ends: no tokenize swaps the shards meanwhile
         shards_lock = reading(SHARDS, "evaluate").acquire()  # noqa: F841
         tok = load_tokenizer(SHARDS)
+        # lm-eval task data first: data that cannot be reached stops the stage before any model is loaded
+        lm_tasks = harness.load_tasks(p["lm_eval_tasks"], p["lm_eval_include"]) if p["lm_eval_tasks"] else None
         model_spec = str(MODEL) if p["model"] == "checkpoint" else p["model"]
         model = load_model(model_spec)
         model_tok = tokenizer_for(model_spec, model)
@@ -63,13 +65,20 @@ def main() -> None:
     if env.is_main:
         texts = sample(model, tok, p["sample_prompt"], p["samples"], p["sample_tokens"], p["temperature"],
                        p["top_k"], p["seed"], env.device, dtype) if p["samples"] else []
+        lm_eval, seconds = harness.score_tasks(model, tok, lm_tasks, p["lm_eval_fewshot"], p["lm_eval_limit"],
+                                               device=env.device, dtype=dtype, batch_size=p["batch_size"]) \
+            if lm_tasks else ({}, {})
         write_predictions(OUT / "predictions.jsonl", result)
         evaluation.write_samples(OUT / "samples.txt", p["sample_prompt"], texts, model_spec)
         metrics = {"eval": {"val_loss": loss, "bits_per_char": bpc},
                    p["task"]: {"acc": result.acc, "acc_norm": result.acc_norm, "count": result.count}}
+        if lm_eval:
+            metrics["lm_eval"] = lm_eval  # lm-eval's own task and metric names, apart from eval.task's
         write_json(OUT / "eval.json", metrics)
         print(f"[evaluate] {model_spec}: val_loss {loss:.4f} ({bpc:.4f} bits/char), {p['task']} acc {result.acc:.4f} "
               f"acc_norm {result.acc_norm:.4f} ({result.count} examples)", flush=True)
+        for line in harness.describe(lm_eval, seconds):
+            print(f"[evaluate] {line}", flush=True)
     distributed.teardown()
 
 

@@ -239,3 +239,58 @@ def test_task_metrics_names():
     line = harness.describe(harness.task_metrics(results), {"lambada_openai": 2.0})[0]
     assert line.startswith("lm-eval lambada_openai: perplexity 40.0600 (±1.5000), acc 0.3256 (±0.0065)")
     assert line.endswith("(0-shot, 100 of 5153 examples, 2.0 s)") and math.isfinite(2.0)
+
+
+# -----------------------------------------------------------------------------
+# the evaluate stage
+
+@pytest.mark.slow  # train + three evaluate runs in subprocesses
+def test_evaluate_stage_lm_eval_tasks(tmp_path):
+    import subprocess
+
+    import yaml
+    from stagekit import env, make_project, run_stage, stage_cmd, write_gpt2_shards
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    synthetic_tasks(tasks)
+    project = make_project(tmp_path / "p", write_gpt2_shards(tmp_path / "shards"), model={"block_size": 64},
+                           eval={"lm_eval_tasks": ["synth_choice", "synth_word"], "lm_eval_include": str(tasks),
+                                 "lm_eval_limit": 10})
+    run_stage(project, "train")
+    out = run_stage(project, "evaluate").stdout
+    metrics = json.loads((project / "metrics/eval.json").read_text())
+    assert set(metrics["lm_eval"]) == {"synth_choice", "synth_word"} and "cloze" in metrics
+    assert metrics["lm_eval"]["synth_choice"]["samples"] == 10 and metrics["lm_eval"]["synth_choice"]["samples_total"] == 30
+    assert {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "num_fewshot"} <= set(metrics["lm_eval"]["synth_choice"])
+    assert {"acc", "perplexity", "perplexity_stderr"} <= set(metrics["lm_eval"]["synth_word"])
+    assert "[evaluate] lm-eval synth_choice: acc " in out
+
+    # a task whose data cannot be read: one line naming it, before the model is loaded; metrics/ unchanged
+    (tasks / "synth_word.jsonl").unlink()
+    before = {p: p.read_bytes() for p in (project / "metrics").rglob("*") if p.is_file()}
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["model"]["init_from"] = "no-such-model"  # not reached
+    (project / "params.yaml").write_text(yaml.safe_dump(params))
+    proc = subprocess.run(stage_cmd("evaluate"), cwd=project, env=env(), capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("[evaluate] ") and "'synth_word'" in lines[0], proc.stderr
+    assert {p: p.read_bytes() for p in (project / "metrics").rglob("*") if p.is_file()} == before
+
+
+def test_lm_eval_params():
+    from gptcore.eval.params import EVAL
+    from gptcore.params import ParamError
+
+    base = {"task": "cloze", "val_tokens": 1024, "sample_prompt": "x"}
+    p = EVAL.validate(base)
+    assert (p["lm_eval_tasks"], p["lm_eval_fewshot"], p["lm_eval_limit"], p["lm_eval_include"]) == ([], 0, None, None)
+    assert EVAL.validate({**base, "lm_eval_tasks": ["hellaswag", "lambada_openai"]})["lm_eval_tasks"] == \
+        ["hellaswag", "lambada_openai"]
+    for bad in ("hellaswag", ["hellaswag", "hellaswag"], [1], [""]):
+        with pytest.raises(ParamError, match="eval.lm_eval_tasks=.*must be a list of distinct strings"):
+            EVAL.validate({**base, "lm_eval_tasks": bad})
+    with pytest.raises(ParamError, match="eval.lm_eval_fewshot"):
+        EVAL.validate({**base, "lm_eval_fewshot": -1})

@@ -216,9 +216,9 @@ def make_lm(model: nn.Module, tokenizer: Tokenizer, *, device: torch.device, dty
 # tasks
 
 def _quiet_lm_eval() -> None:
-    # lm-eval logs every task it builds at INFO; the stage prints one line per task itself
-    logging.getLogger("lm-eval").setLevel(logging.WARNING)
-    logging.getLogger("lm_eval").setLevel(logging.WARNING)
+    # lm-eval logs each task it builds (and each default it fills in a YAML); the stage prints one line per task
+    for name in ("lm-eval", "lm_eval"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 @dataclass
@@ -255,11 +255,12 @@ def load_tasks(names: Sequence[str], include: str | Path | None = None) -> Tasks
             out = manager.load([name])
         except OSError as e:  # datasets: ConnectionError (no hub, offline cache miss), FileNotFoundError (local files)
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(
-                f"eval.lm_eval_tasks: the data of lm-eval task {name!r} cannot be read ({type(e).__name__}: "
-                f"{first[:200]}): run where the Hugging Face hub is reachable (once fills the cache; then "
-                f"HF_DATASETS_OFFLINE=1 works offline), or write a task YAML over local files into "
-                f"eval.lm_eval_include") from None
+            fix = ("check the data files its task YAML names (dataset_kwargs: data_files)"
+                   if isinstance(e, FileNotFoundError) and not isinstance(e, ConnectionError) else
+                   "run where the Hugging Face hub is reachable (once fills the cache; then HF_DATASETS_OFFLINE=1 "
+                   "works offline), or write a task YAML over local files into eval.lm_eval_include")
+            raise UserError(f"eval.lm_eval_tasks: the data of lm-eval task {name!r} cannot be read "
+                            f"({type(e).__name__}: {first[:200]}): {fix}") from None
         for task in out["tasks"].values():
             kind = task.get_config("output_type")
             if kind not in SCORED_OUTPUTS:
@@ -287,6 +288,15 @@ def run_tasks(lm: Any, tasks: Tasks, num_fewshot: int, limit: int | None,
         for name in out.get("results", {}):
             seconds[name] = time.perf_counter() - t0
     return merged, seconds
+
+
+def score_tasks(model: nn.Module, tokenizer: Tokenizer, tasks: Tasks, num_fewshot: int, limit: int | None, *,
+                device: torch.device, dtype: torch.dtype | None = None, batch_size: int = 32,
+                progress: bool = True) -> tuple[dict[str, dict[str, float | int]], dict[str, float]]:
+    """`tasks` scored on `model` through gptcore's LM: ({task: {metric: value}}, {task: seconds})."""
+    lm = make_lm(model, tokenizer, device=device, dtype=dtype, batch_size=batch_size, progress=progress)
+    results, seconds = run_tasks(lm, tasks, num_fewshot, limit)
+    return task_metrics(results), seconds
 
 
 def task_metrics(results: dict[str, Any]) -> dict[str, dict[str, float | int]]:

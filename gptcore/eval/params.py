@@ -27,6 +27,13 @@ EVAL = Section("eval", {
     "sample_tokens": Param(int, 64, "tokens per sample", min=1),
     "temperature": Param(float, 0.8, "sampling temperature", above=0.0),
     "top_k": Param(int, 200, "sample from the k most likely tokens (null: all)", min=1, also=(None,)),
+    "lm_eval_tasks": Param(list, [], "lm-evaluation-harness tasks scored on the model, e.g. [hellaswag, lambada_openai] "
+                                     "([]: none)"),
+    "lm_eval_fewshot": Param(int, 0, "few-shot examples before each lm-eval question", min=0),
+    "lm_eval_limit": Param(int, None, "score the first this many examples of each lm-eval task (null: all)", min=1,
+                           also=(None,)),
+    "lm_eval_include": Param(str, None, "a folder of your own lm-eval task YAMLs (null: lm-eval's tasks only)",
+                             also=(None,)),
 })
 
 
