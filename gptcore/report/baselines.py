@@ -2,6 +2,8 @@
 
 An entry such as `gpt2_124m` holds a `description` and figures (`val_loss`, `hellaswag_acc_norm`, each with a
 `<figure>_source`); each figure's one name everywhere is `<entry>_<figure>`, e.g. `gpt2_124m_val_loss`.
+An entry may also hold published lm-evaluation-harness figures, `lm_eval: {<task>: {num_fewshot, samples, source,
+<metric>: value, ...}}`, named `<entry>_lm_eval_<task>_<metric>`, e.g. `gpt2_124m_lm_eval_hellaswag_acc_norm`.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from gptcore.errors import UserError
 
 FIGURES = ("val_loss", "hellaswag_acc_norm")
 REQUIRED = {"gpt2_124m": FIGURES}  # the entry every run is set beside
+# what a published lm-eval figure was measured on, besides its metrics (compare needs both to match the run's)
+LM_EVAL_FACTS = ("num_fewshot", "samples", "source")
 
 
 def read_baselines(path: str | Path) -> dict[str, dict[str, Any]]:
@@ -43,6 +47,38 @@ def check_baselines(data: dict[str, Any], where: str | Path = "baselines") -> No
             value = body.get(figure)
             if figure in body and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
                 raise UserError(f"{where}: {entry}.{figure} must be a number, got {value!r}")
+        _check_lm_eval(body.get("lm_eval"), f"{where}: {entry}.lm_eval")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_lm_eval(tasks: Any, where: str) -> None:
+    """An entry's `lm_eval` section: {task: {num_fewshot, samples, source, <metric>: number, ...}}."""
+    if tasks is None:
+        return
+    if not isinstance(tasks, dict):
+        raise UserError(f"{where} must be a mapping of lm-eval task names, got {tasks!r}")
+    for task, figures in tasks.items():
+        if not isinstance(figures, dict):
+            raise UserError(f"{where}.{task} must be a mapping, got {figures!r}")
+        for key in ("num_fewshot", "samples"):
+            if not isinstance(figures.get(key), int) or isinstance(figures.get(key), bool) or figures[key] < 0:
+                raise UserError(f"{where}.{task}.{key} must be an integer >= 0 (what the figures were measured on)")
+        if not isinstance(figures.get("source"), str) or not figures["source"].strip():
+            raise UserError(f"{where}.{task}.source must say where the figures come from")
+        metrics = lm_eval_metrics(figures)
+        if not metrics:
+            raise UserError(f"{where}.{task} has no metric (e.g. acc_norm: 0.3114)")
+        for metric, value in metrics.items():
+            if not _is_number(value):
+                raise UserError(f"{where}.{task}.{metric} must be a number, got {value!r}")
+
+
+def lm_eval_metrics(figures: dict[str, Any]) -> dict[str, Any]:
+    """The metric values of one published lm-eval task entry (all but num_fewshot, samples and source)."""
+    return {k: v for k, v in figures.items() if k not in LM_EVAL_FACTS}
 
 
 def baseline_values(data: dict[str, Any]) -> dict[str, float]:
@@ -50,3 +86,11 @@ def baseline_values(data: dict[str, Any]) -> dict[str, float]:
     check_baselines(data)
     return {f"{entry}_{figure}": float(body[figure])
             for entry, body in data.items() for figure in FIGURES if figure in body}
+
+
+def lm_eval_values(data: dict[str, Any]) -> dict[str, float]:
+    """Every published lm-eval figure as {"<entry>_lm_eval_<task>_<metric>": value}, in file order."""
+    check_baselines(data)
+    return {f"{entry}_lm_eval_{task}_{metric}": float(value)
+            for entry, body in data.items() for task, figures in (body.get("lm_eval") or {}).items()
+            for metric, value in lm_eval_metrics(figures).items()}

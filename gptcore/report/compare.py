@@ -2,14 +2,15 @@
 
 A delta is written only when the run measured the same thing as the baseline: the same task on the same split
 (HellaSwag: the full 10,042-example val set) and the same data in the same units (val loss: FineWeb-Edu val in
-GPT-2 BPE tokens). Otherwise `comparable` says why the delta is absent.
+GPT-2 BPE tokens); for lm-eval figures, the same task, metric, few-shot count and full example set (lm-eval
+scores text, so any tokenizer compares). Otherwise `comparable` says why the delta is absent.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from gptcore.eval.hellaswag import HELLASWAG_VAL_EXAMPLES
-from gptcore.report.baselines import baseline_values
+from gptcore.report.baselines import baseline_values, lm_eval_metrics, lm_eval_values
 
 FINEWEB_EDU = "HuggingFaceFW/fineweb-edu"
 # delta key -> (run figure, baseline entry in conf/baselines.yaml, that entry's figure)
@@ -41,6 +42,23 @@ def why_not_comparable(figure: str, run: dict[str, Any], data: dict[str, Any]) -
     raise ValueError(f"no comparability rule for {figure!r}")
 
 
+def why_lm_eval_not_comparable(ours: dict[str, Any] | None, task: str, metric: str,
+                               published: dict[str, Any]) -> str | None:
+    """None when the run's lm-eval `task` scored `metric` as the published figure did: the same task name, the same
+    few-shot count and the task's full example set, of the size the baseline reports; else the reason."""
+    if not ours:
+        return f"the run did not score lm-eval task {task} (eval.lm_eval_tasks)"
+    if ours.get(metric) is None:
+        return f"the run's lm-eval {task} has no {metric}"
+    if ours.get("num_fewshot") != published["num_fewshot"]:
+        return (f"the run scored {task} {ours.get('num_fewshot')}-shot, the baseline {published['num_fewshot']}-shot "
+                f"(eval.lm_eval_fewshot)")
+    if ours.get("samples") != ours.get("samples_total") or ours.get("samples") != published["samples"]:
+        return (f"the run scored {ours.get('samples')} of {ours.get('samples_total')} {task} examples, the baseline "
+                f"all {published['samples']:,} (eval.lm_eval_limit: null)")
+    return None
+
+
 def summarize(run: dict[str, Any], baselines: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
     """The run beside the baselines. `run` is evaluate's eval.json ({"eval": {"val_loss"}, "hellaswag": {"acc_norm", "count"}, ...}); `data` says
     what the run was evaluated on ({"tokenizer": name, "dataset": the fetched dataset's name}).
@@ -64,6 +82,19 @@ def summarize(run: dict[str, Any], baselines: dict[str, Any], data: dict[str, An
             delta[key] = ours[figure] - baselines[name][base_figure]
         else:
             comparable[key]["reason"] = reason
+    baseline.update(lm_eval_values(baselines))
+    scored = run.get("lm_eval") or {}
+    if scored:  # lm-eval deltas are explained only for runs that scored lm-eval tasks at all
+        for name, body in baselines.items():
+            for task, published in (body.get("lm_eval") or {}).items():
+                for metric, value in lm_eval_metrics(published).items():
+                    key = f"lm_eval_{task}_{metric}_vs_{name.split('_')[0]}"
+                    reason = why_lm_eval_not_comparable(scored.get(task), task, metric, published)
+                    comparable[key] = {"baseline": name, "comparable": reason is None}
+                    if reason is None:
+                        delta[key] = scored[task][metric] - value
+                    else:
+                        comparable[key]["reason"] = reason
     return {"baseline": baseline, "delta": delta, "comparable": comparable}
 
 
