@@ -53,7 +53,7 @@ def main() -> None:
             examples = hellaswag.load_hellaswag(path, tok, limit=p["max_examples"])
         else:  # cloze (the schema allows nothing else)
             examples = cloze.build_cloze(val_tokens[:p["val_tokens"]], tok.eot, p["cloze_examples"],
-                                         p["cloze_context"], p["cloze_ending"], p["seed"])
+                                         p["cloze_context"], p["cloze_ending"], p["seed"], key="eval.cloze_examples")
     model.to(env.device).eval()
     dtype = resolve_dtype(p["dtype"], env.device)
     loss = evaluation.val_loss(model, val_tokens, block, p["batch_size"], env.device, dtype, env.rank,

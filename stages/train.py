@@ -19,12 +19,12 @@ from gptcore.data.tokenizers import load_tokenizer
 from gptcore.eval import hellaswag
 from gptcore.eval import val_loss as evaluation
 from gptcore.eval.sampling import TrainingSamples
-from gptcore.model.load import init_model
+from gptcore.model.load import init_model, padded_vocab
 from gptcore.model.params import MODEL
 from gptcore.precision import resolve_dtype
 from gptcore.process import FolderBusyError, FolderLock, lock_for_all_ranks, reading, run_child, stage_lifetime
 from gptcore.report.steplog import StepLogger
-from gptcore.train import checkpoint
+from gptcore.train import checkpoint, memory
 from gptcore.train.loop import TrainConfig, Trainer
 from gptcore.train.params import TRAIN, check_run, fingerprint_params
 from stages.common import load_params, user_errors
@@ -46,7 +46,11 @@ def check_params() -> tuple[dict[str, Any], dict[str, Any]]:
     world_size = int(os.environ["WORLD_SIZE"]) if under_torchrun() else train["nproc"]
     val_split = sum(len(shards.load_tokens(p)) for p in shards.open_split(SHARDS, "val"))
     check_run(model_params, train, world_size, val_split)
-    distributed.pick_device(train["device"], int(os.environ.get("LOCAL_RANK", "0")), key="train.device")
+    device = distributed.pick_device(train["device"], int(os.environ.get("LOCAL_RANK", "0")), key="train.device")
+    if device.type != "cuda" or not train["nproc"] > 1 or under_torchrun():  # a launcher keeps off the GPUs
+        vocab = model_params["vocab_size"]
+        vocab = padded_vocab(shards.read_manifest(SHARDS)["vocab_size"]) if vocab == "auto" else vocab
+        memory.check_fits(model_params, train, vocab, device, world_size)
     return model_params, train
 
 

@@ -8,8 +8,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptcore.eval.cloze import build_cloze
+from gptcore.eval.cloze import build_cloze, clean_windows
 from gptcore.eval.multichoice import score_examples
+from gptcore.params import ParamError
 
 EOT = 50
 
@@ -68,7 +69,7 @@ def test_a_model_that_knows_the_stream_gets_every_example_right():
 
 def test_bad_input_is_a_clear_error():
     short_docs = stream(n_docs=50, doc_len=6)
-    with pytest.raises(ValueError, match="without a document boundary; documents are too short"):
+    with pytest.raises(ValueError, match="n_examples=5: must be <= the 0 windows of 12 tokens"):
         build_cloze(short_docs, EOT, n_examples=5, context_len=8, ending_len=4, seed=0)
     with pytest.raises(ValueError, match="ending_len=0: must be >= 1"):
         build_cloze(stream(), EOT, n_examples=5, context_len=8, ending_len=0, seed=0)
@@ -76,3 +77,15 @@ def test_bad_input_is_a_clear_error():
         build_cloze(stream(n_docs=1, doc_len=10), EOT, n_examples=1, context_len=10, ending_len=4, seed=0)
     with pytest.raises(ValueError, match="expected a 1-D array"):
         build_cloze(stream().reshape(-1, 11), EOT, n_examples=1, context_len=4, ending_len=2, seed=0)
+
+
+def test_more_examples_than_windows_are_refused_at_once_naming_the_param():
+    tokens = stream(n_docs=30, doc_len=20)
+    window = 12
+    # by hand: a start is usable when no eot sits in the window after its first token
+    usable = sum(1 for s in range(len(tokens) - window + 1) if EOT not in tokens[s + 1:s + window].tolist())
+    assert clean_windows(tokens, EOT, window) == usable
+    with pytest.raises(ParamError, match=rf"eval.cloze_examples={usable + 1}: must be <= the {usable:,} windows"):
+        build_cloze(tokens, EOT, n_examples=usable + 1, context_len=8, ending_len=4, seed=0,
+                    key="eval.cloze_examples")
+    assert len(build_cloze(tokens, EOT, n_examples=usable // 4, context_len=8, ending_len=4, seed=0)) == usable // 4

@@ -75,7 +75,45 @@ def read_manifest(shard_dir: str | Path, require: tuple[str, ...] = SHARD_KEYS) 
     for key in require:
         if key not in m:
             raise UserError(f"{path}: missing key {key!r}")
+    problem = _manifest_problem(m)
+    if problem:
+        raise UserError(f"{path}: {problem}; rerun the tokenize stage (or restore the file)")
     return m
+
+
+def _is_count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _manifest_problem(m: dict) -> str | None:
+    """What is wrong with the type of a manifest field that is present (None: nothing), so that a hand-edited or
+    damaged manifest is refused naming the field rather than failing deep in the reader."""
+    if "dtype" in m and m["dtype"] not in ("uint16", "uint32"):
+        return f"dtype {m['dtype']!r}: must be uint16 or uint32"
+    for key in ("vocab_size", "eot", "shard_tokens", "val_tokens"):
+        if key in m and not _is_count(m[key]):
+            return f"{key} {m[key]!r}: must be an integer >= 0"
+    if "shards" not in m:
+        return None
+    if not isinstance(m["shards"], list):
+        return f"shards {m['shards']!r}: must be a list of shard entries"
+    for i, s in enumerate(m["shards"]):
+        where = f"shards[{i}]"
+        if not isinstance(s, dict):
+            return f"{where} {s!r}: must be an object with name, split, tokens, sha256"
+        for key in ("name", "split", "tokens"):
+            if key not in s:
+                return f"{where} has no {key!r}"
+        if not isinstance(s["name"], str) or "/" in s["name"] or s["name"] in ("", ".", ".."):
+            return f"{where}.name {s['name']!r}: must be a file name in the shard folder"
+        if s["split"] not in SPLITS:
+            return f"{where}.split {s['split']!r}: must be one of {', '.join(SPLITS)}"
+        for key in ("tokens", "documents"):
+            if key in s and not _is_count(s[key]):
+                return f"{where}.{key} {s[key]!r}: must be an integer >= 0"
+        if "sha256" in s and not isinstance(s["sha256"], str):
+            return f"{where}.sha256 {s['sha256']!r}: must be a hex string"
+    return None
 
 
 def list_shards(shard_dir: str | Path, split: str) -> list[Path]:

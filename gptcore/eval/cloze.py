@@ -11,6 +11,7 @@ import numpy as np
 
 from gptcore.errors import UserError
 from gptcore.eval.multichoice import Example
+from gptcore.params import ParamError
 
 
 def _clean(tokens: np.ndarray, start: int, length: int, eot: int, allow_first: bool) -> bool:
@@ -19,13 +20,25 @@ def _clean(tokens: np.ndarray, start: int, length: int, eot: int, allow_first: b
     return not bool((window == eot).any())
 
 
+def clean_windows(tokens: np.ndarray, eot: int, window: int) -> int:
+    """How many window starts hold no document boundary (an eot may only open the window): the most cloze
+    examples the tokens can give. One pass over the tokens."""
+    n_starts = len(tokens) - window + 1
+    if n_starts <= 0:
+        return 0
+    eots = np.concatenate(([0], np.cumsum(np.asarray(tokens) == eot)))  # eots[i]: eot count in tokens[:i]
+    starts = np.arange(n_starts)
+    return int(((eots[starts + window] - eots[starts + 1]) == 0).sum())
+
+
 def build_cloze(tokens: np.ndarray, eot: int, n_examples: int, context_len: int, ending_len: int, seed: int,
-                n_choices: int = 4) -> list[Example]:
+                n_choices: int = 4, key: str = "n_examples") -> list[Example]:
     """`n_examples` cloze Examples from a 1-D token array (a val shard, memory-mapped is fine).
 
     Deterministic for a given (tokens, seed). Windows never cross a document boundary (an eot may only be
     the first context token); example windows are distinct; distractors come from outside the example's
-    own window, contain no eot and differ from the true ending and from each other.
+    own window, contain no eot and differ from the true ending and from each other. More examples than the
+    tokens hold windows are a ParamError naming `key` (the param that asked for them).
     """
     tokens = np.asarray(tokens)
     if tokens.ndim != 1:
@@ -39,6 +52,11 @@ def build_cloze(tokens: np.ndarray, eot: int, n_examples: int, context_len: int,
     if len(tokens) < window + ending_len:
         raise UserError(f"tokens: {len(tokens):,} tokens are too few for windows of {window} "
                          f"(context_len={context_len} + ending_len={ending_len}) plus distractors")
+    available = clean_windows(tokens, eot, window)
+    if n_examples > available:  # refused at once, not after a long fruitless search
+        raise ParamError(key, n_examples, f"must be <= the {available:,} windows of {window} tokens (context "
+                                          f"{context_len} + ending {ending_len}) without a document boundary in the "
+                                          f"{len(tokens):,} val tokens: lower it or shorten the windows")
     rng = np.random.default_rng(seed)
     n_starts = len(tokens) - window + 1
     n_spans = len(tokens) - ending_len + 1

@@ -7,7 +7,9 @@ CLI (nanoGPT's sample.py, as a console script):
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 from tqdm import tqdm
@@ -15,10 +17,11 @@ from tqdm import tqdm
 from gptcore.atomic import write_text
 from gptcore.data.shards import MANIFEST
 from gptcore.data.tokenizers import GPT2Tokenizer, Tokenizer, load_tokenizer
-from gptcore.errors import UserError
+from gptcore.errors import UserError, one_line, user_error
 from gptcore.model.gpt import GPT
 from gptcore.model.load import load_model
-from gptcore.precision import autocast_context, resolve_dtype
+from gptcore.params import Param, ParamError
+from gptcore.precision import DTYPES, autocast_context, resolve_dtype
 
 
 def read_prompt(prompt: str) -> str:
@@ -99,30 +102,67 @@ class TrainingSamples:
         return {}
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose mistakes (an unknown option, `--num-samples two`) are a UserError: one line, exit 1."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{message} (gptcore-sample --help lists the options)")
+
+
+# what each option accepts, checked as params are (one line naming the option, the value and what is allowed)
+OPTIONS = {
+    "num_samples": Param(int, 3, min=1),
+    "max_new_tokens": Param(int, 200, min=1),
+    "temperature": Param(float, 0.8, min=0.0, what="a number >= 0 (0: always the most likely token)"),
+    "top_k": Param(int, 200, min=0, what="an integer >= 0 (0: all tokens)"),
+    "seed": Param(int, 1337, min=0),
+    "device": Param(str, "auto", pattern=r"auto|cpu|mps|cuda(:\d+)?", what="auto, cpu, cuda, cuda:N or mps"),
+    "dtype": Param(str, "bfloat16", choices=tuple(sorted(DTYPES))),
+}
+
+
 def main(argv: list[str] | None = None) -> None:
-    """gptcore-sample: print samples from a model spec (see gptcore.model.load)."""
-    ap = argparse.ArgumentParser(prog="gptcore-sample", description=__doc__.split("\n")[0])
+    """gptcore-sample: print samples from a model spec (see gptcore.model.load); a mistake is one line, exit 1."""
+    try:
+        _main(argv)
+    except (UserError, OSError) as e:
+        err = user_error(e)
+        if err is None:
+            raise
+        if isinstance(err, ParamError):
+            err.file = ""  # the option's name says where the value came from
+        sys.exit(one_line("gptcore-sample", err))
+
+
+def _main(argv: list[str] | None) -> None:
+    ap = _Parser(prog="gptcore-sample", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="model", help="model/ folder, checkpoint .pt, HF GPT-2 folder or "
                                                      "gpt2[-medium|-large|-xl]")
     ap.add_argument("--tokenizer-dir", default=None, help="folder with manifest.json (default: beside the model)")
     ap.add_argument("--prompt", default="", help="prompt text, or FILE:path")
-    ap.add_argument("--num-samples", type=int, default=3)
-    ap.add_argument("--max-new-tokens", type=int, default=200)
-    ap.add_argument("--temperature", type=float, default=0.8)
-    ap.add_argument("--top-k", type=int, default=200)
-    ap.add_argument("--seed", type=int, default=1337)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--dtype", default="bfloat16", help="float32 | bfloat16 | float16 (bf16 falls back where slow)")
+    ap.add_argument("--num-samples", type=int, default=OPTIONS["num_samples"].default)
+    ap.add_argument("--max-new-tokens", type=int, default=OPTIONS["max_new_tokens"].default)
+    ap.add_argument("--temperature", type=float, default=OPTIONS["temperature"].default)
+    ap.add_argument("--top-k", type=int, default=OPTIONS["top_k"].default, help="0: sample from all tokens")
+    ap.add_argument("--seed", type=int, default=OPTIONS["seed"].default)
+    ap.add_argument("--device", default=OPTIONS["device"].default)
+    ap.add_argument("--dtype", default=OPTIONS["dtype"].default,
+                    help="float32 | bfloat16 | float16 (bf16 falls back where slow)")
     args = ap.parse_args(argv)
+    for name, param in OPTIONS.items():
+        setattr(args, name, param.check("--" + name.replace("_", "-"), getattr(args, name)))
     from gptcore.distributed import pick_device
 
-    device = pick_device(args.device)
+    prompt = read_prompt(args.prompt)  # a missing prompt file is refused before the model loads
+    device = pick_device(args.device, key="--device")
+    if args.tokenizer_dir is not None and not Path(args.tokenizer_dir).is_dir():
+        raise UserError(f"--tokenizer-dir={args.tokenizer_dir}: no such folder")
     model = load_model(args.model)
     tok = tokenizer_for(args.model, model, args.tokenizer_dir)
     texts = sample(model, tok, args.prompt, args.num_samples, args.max_new_tokens, args.temperature,
                    args.top_k or None, args.seed, device, resolve_dtype(args.dtype, device))
     for i, text in enumerate(texts):
-        print(f"--- sample {i} ---\n{read_prompt(args.prompt)}{text}")
+        print(f"--- sample {i} ---\n{prompt}{text}")
 
 
 if __name__ == "__main__":
