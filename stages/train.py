@@ -24,6 +24,7 @@ from gptcore.model.params import MODEL
 from gptcore.precision import resolve_dtype
 from gptcore.process import FolderBusyError, FolderLock, lock_for_all_ranks, reading, run_child, stage_lifetime
 from gptcore.report.steplog import StepLogger
+from gptcore.report.wandb_log import wandb_sinks
 from gptcore.train import checkpoint, memory
 from gptcore.train.loop import TrainConfig, Trainer
 from gptcore.train.params import TRAIN, check_run, fingerprint_params
@@ -136,7 +137,8 @@ def main() -> None:
     if train["samples"] > 0:
         evaluators.append(TrainingSamples(tok, LIVE_DIR / "samples", train["sample_prompt"], train["samples"],
                                           train["sample_tokens"], cfg.seed, env.device, env.is_main, dtype))
-    logger = StepLogger(LIVE_DIR, enabled=env.is_main, resume_step=resume["step"] if resume else None)
+    logger = StepLogger(LIVE_DIR, enabled=env.is_main, resume_step=resume["step"] if resume else None,
+                        also=wandb_sinks(train, {"model": model_params, "train": train}, env.is_main))
     trainer = Trainer(model, loader, cfg, env, CKPT_DIR, logger, run_params, evaluators=evaluators,
                       resume_from=resume)
     if env.is_main:

@@ -4,8 +4,9 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping
+from typing import Any
 
 from gptcore.atomic import atomic_write, write_json
 
@@ -53,8 +54,10 @@ def repair_summary(live_dir: str | Path) -> None:
 class StepLogger:
     """dvclive on rank 0, nothing elsewhere. `resume_step` keeps the curves written before that step."""
 
-    def __init__(self, live_dir: str | Path, enabled: bool = True, resume_step: int | None = None) -> None:
-        self.live = None
+    def __init__(self, live_dir: str | Path, enabled: bool = True, resume_step: int | None = None,
+                 also: Sequence[Any] = ()) -> None:
+        # `also`: further sinks with log(step, metrics), log_constants(metrics), close() (gptcore.report.wandb_log)
+        self.live, self.also = None, list(also) if enabled else []
         if not enabled:
             return
         from dvclive import Live
@@ -71,11 +74,13 @@ class StepLogger:
         if self.live is None:
             return
         self.live.step = step
-        for name, value in metrics.items():
-            if value is None or (isinstance(value, float) and not math.isfinite(value)):
-                continue
+        kept = {name: value for name, value in metrics.items()
+                if value is not None and not (isinstance(value, float) and not math.isfinite(value))}
+        for name, value in kept.items():
             self.live.log_metric(name, value)
         self.live.make_summary()
+        for sink in self.also:
+            sink.log(step, kept)
 
     def log_constants(self, metrics: Mapping[str, float | int]) -> None:
         """Write `metrics` into metrics.json only (no curve): figures of the whole run, e.g. its parameter count."""
@@ -83,8 +88,12 @@ class StepLogger:
             return
         self.live.summary.update(metrics)
         self.live.make_summary()
+        for sink in self.also:
+            sink.log_constants(metrics)
 
     def close(self) -> None:
         """Finish dvclive's run (writes its summary)."""
         if self.live is not None:
             self.live.end()
+        for sink in self.also:
+            sink.close()

@@ -80,6 +80,10 @@ TRAIN = Section("train", {
     "samples": Param(int, 0, "text samples at each eval, written to metrics/train/samples/", min=0, resume_ok=True),
     "sample_prompt": Param(str, "", "prompt of those samples", resume_ok=True),
     "sample_tokens": Param(int, 32, "tokens per sample", min=1, resume_ok=True),
+    "wandb_log": Param(bool, False, "also log the step metrics to Weights & Biases (rank 0; dvclive stays)",
+                       resume_ok=True),
+    "wandb_project": Param(str, "gptcore", "the W&B project of those runs (each named after the DVC experiment)",
+                           resume_ok=True),
     "export": Param(str, "final", "what model/ gets: final (the last weights) | best (those of the lowest val loss)",
                     choices=EXPORTS),
 }, _relations)
