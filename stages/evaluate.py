@@ -19,7 +19,8 @@ from gptcore.data.tokenizers import load_tokenizer
 from gptcore.model.load import load_model
 from gptcore.precision import resolve_dtype
 from gptcore.data import shards
-from gptcore.eval.params import EVAL, check_val_tokens
+from gptcore.eval.params import EVAL
+from gptcore.params import check_val_tokens
 from gptcore.process import reading, stage_lifetime
 from stages.common import load_params, user_errors
 
@@ -45,7 +46,7 @@ def main() -> None:
         evaluation.check_same_tokenizer(model_tok, tok, model_spec, SHARDS)
         block = model.config.block_size
         val_split = sum(len(shards.load_tokens(path)) for path in shards.open_split(SHARDS, "val"))
-        check_val_tokens(p, block, val_split)
+        check_val_tokens("eval.val_tokens", p["val_tokens"], block, val_split)
         val_tokens = evaluation.val_stream(SHARDS, p["val_tokens"], tok.vocab_size)
         if p["task"] == "hellaswag":
             path = hellaswag.fetch_hellaswag("data/hellaswag", path=p["hellaswag_path"], progress=env.is_main,

@@ -31,7 +31,7 @@ CASES = [
     ("train", "train", "max_lr", "fast", "train.max_lr='fast': must be a number > 0"),
     ("train", "train", "warmup_steps", 100, "train.warmup_steps=100: must be <= train.max_steps=10"),
     ("train", "train", "ckpt_every", 0, "train.ckpt_every=0: must be an integer >= 1"),
-    ("train", "train", "val_tokens", 16, "train.val_tokens=16: must be >= model.block_size = 32"),
+    ("train", "train", "val_tokens", 16, 'train.val_tokens=16: must be >= the model's block_size = 32"),
     ("train", "train", "val_tokens", 10**9, "train.val_tokens=1000000000: must be <= the 4,096 tokens of the val split"),
     ("train", "train", "micro_batch", -8, "train.micro_batch=-8: must be an integer >= 1"),
     ("train", "train", "total_batch_tokens", -256, "train.total_batch_tokens=-256: must be an integer >= 1"),

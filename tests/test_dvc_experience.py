@@ -19,7 +19,8 @@ import yaml
 from dvc.utils.hydra import compose_and_dump
 
 from gptcore.data.params import FETCH, TOKENIZE
-from gptcore.eval.params import EVAL, check_val_tokens
+from gptcore.eval.params import EVAL
+from gptcore.params import check_val_tokens
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.model.params import MODEL
 from gptcore.report.params import COMPARE
@@ -67,7 +68,7 @@ def test_every_preset_composes_to_a_complete_valid_params_file(tmp_path, preset)
         schema.validate(p[schema.name])
     assert set(p["model"]) - {"init_from"} == {f.name for f in fields(GPTConfig)}
     check_run(p["model"], p["train"], p["train"]["nproc"], val_split_tokens=p["tokenize"]["val_tokens"])
-    check_val_tokens(p["eval"], p["model"]["block_size"], val_split_tokens=p["tokenize"]["val_tokens"])
+    check_val_tokens("eval.val_tokens", p["eval"]["val_tokens"], p["model"]["block_size"], p["tokenize"]["val_tokens"])
 
 
 def test_gpt2_124m_is_the_reproduction_recipe(tmp_path):

@@ -6,10 +6,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gptcore import config
 from gptcore.data.params import FETCH, TOKENIZE
-from gptcore.eval.params import EVAL, check_val_tokens
+from gptcore.eval.params import EVAL
 from gptcore.model.params import MODEL
-from gptcore.params import REQUIRED, ParamError
+from gptcore.params import REQUIRED, ParamError, check_val_tokens
 from gptcore.report.params import COMPARE
 from gptcore.train.params import RESUME_OK, TRAIN, check_run, fingerprint_params
 
@@ -17,20 +18,31 @@ ROOT = Path(__file__).resolve().parents[1]
 SCHEMAS = {s.name: s for s in (FETCH, TOKENIZE, MODEL, TRAIN, EVAL, COMPARE)}
 
 
-def test_config_yaml_shows_every_schema_key_with_its_default():
-    conf = yaml.safe_load((ROOT / "conf" / "config.yaml").read_text(encoding="utf-8"))
-    assert set(conf) - {"defaults", "preset"} == set(SCHEMAS), "a params section without a schema (or vice versa)"
-    for name, schema in SCHEMAS.items():
-        assert list(conf[name]) == list(schema.params), f"{name}: conf/config.yaml and the schema differ in keys/order"
-        for key, param in schema.params.items():
-            shown = conf[name][key]
-            if param.default is REQUIRED:
-                assert shown == "???", f"{name}.{key}: required in the schema, so conf/config.yaml must show ???"
-            else:
-                assert shown == param.default and type(shown) is type(param.default), (
-                    f"{name}.{key}: conf/config.yaml shows {shown!r}, the schema's default is {param.default!r}")
-                param.check(f"{name}.{key}", param.default)  # a default is itself allowed
-            assert param.doc, f"{name}.{key}: no description"
+def test_config_yaml_is_written_from_the_schemas():
+    """One source: conf/config.yaml is exactly what `python -m gptcore.config` renders from the schemas."""
+    assert (ROOT / "conf" / "config.yaml").read_text(encoding="utf-8") == config.render(), (
+        "conf/config.yaml is out of date with the schemas: run `python -m gptcore.config`")
+    assert {s.name for s in config.SECTIONS} == set(SCHEMAS)
+
+
+def test_config_yaml_reads_the_same_in_yaml_1_2_and_holds_every_default():
+    """DVC reads conf/config.yaml with ruamel (YAML 1.2), the stages read params.yaml with PyYAML (1.1): both must
+    give each schema's defaults, and each default must be allowed by its own key."""
+    from ruamel.yaml import YAML
+
+    text = (ROOT / "conf" / "config.yaml").read_text(encoding="utf-8")
+    for conf in (yaml.safe_load(text), YAML(typ="safe").load(text)):
+        assert set(conf) - {"defaults", "preset"} == set(SCHEMAS)
+        for name, schema in SCHEMAS.items():
+            assert list(conf[name]) == list(schema.params)
+            for key, param in schema.params.items():
+                shown = conf[name][key]
+                if param.default is REQUIRED:
+                    assert shown == "???"
+                else:
+                    assert shown == param.default and type(shown) is type(param.default), (name, key, shown)
+                    param.check(f"{name}.{key}", param.default)
+                assert param.doc, f"{name}.{key}: no description"
 
 
 def test_resume_flags_keep_weight_shaping_params_in_the_fingerprint():
@@ -99,13 +111,13 @@ def test_checks_between_sections():
     check_run(model, train, world_size=2)  # 512 = 4 * 64 * 2
     with pytest.raises(ParamError, match=r"train.total_batch_tokens=512: must be a multiple of .* = 4 \* 64 \* 4 = 1024"):
         check_run(model, train, world_size=4)
-    with pytest.raises(ParamError, match=r"train.val_tokens=63: must be >= model.block_size = 64"):
+    with pytest.raises(ParamError, match=r"train.val_tokens=63: must be >= the model's block_size = 64"):
         check_run(model, TRAIN.validate(_train(val_tokens=63)), world_size=1)
     with pytest.raises(ParamError, match="train.val_tokens=200: must be <= the 150 tokens of the val split"):
         check_run(model, train, world_size=1, val_split_tokens=150)
     ev = EVAL.validate({"task": "cloze", "val_tokens": 1000, "sample_prompt": ""})
     with pytest.raises(ParamError, match=r"eval.val_tokens=1000: must be >= the model's block_size = 1024"):
-        check_val_tokens(ev, 1024)
+        check_val_tokens("eval.val_tokens", ev["val_tokens"], 1024)
 
 
 def test_tokenize_schema_names_the_pre_tokenizations_the_tokenizers_have():

@@ -50,11 +50,8 @@ class TokenLoader:
         if not paths:
             raise ValueError("no training shards given to the loader")
         per_micro = micro_batch * block_size
-        if step_tokens % (per_micro * world_size) != 0:
-            raise ValueError(
-                f"train.total_batch_tokens={step_tokens} is not divisible by train.micro_batch * model.block_size * "
-                f"world_size = {micro_batch} * {block_size} * {world_size} = {per_micro * world_size}"
-            )
+        # train.params.check_run refused an indivisible train.total_batch_tokens
+        assert step_tokens % (per_micro * world_size) == 0, (step_tokens, micro_batch, block_size, world_size)
         self.paths = [Path(p) for p in paths]
         self.B, self.T = micro_batch, block_size
         self.step_tokens = step_tokens

@@ -288,10 +288,7 @@ class ShardWriter:
 
     def __init__(self, shard_dir: str | Path, header: dict, shard_tokens: int, val_tokens: int,
                  resume: dict | None = None) -> None:
-        if not isinstance(shard_tokens, int) or shard_tokens < 1:
-            raise ValueError(f"tokenize.shard_tokens={shard_tokens!r}: must be a positive integer")
-        if not isinstance(val_tokens, int) or val_tokens < 0:
-            raise ValueError(f"tokenize.val_tokens={val_tokens!r}: must be a non-negative integer")
+        assert shard_tokens >= 1 and val_tokens >= 0, (shard_tokens, val_tokens)  # the tokenize schema checked them
         self.dir = Path(shard_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.dtype = np.dtype(header["dtype"])

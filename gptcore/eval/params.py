@@ -1,9 +1,9 @@
-"""The schema of params.yaml's `eval:` section, and the check of its val_tokens against the model and the data."""
+"""The schema of params.yaml's `eval:` section."""
 from __future__ import annotations
 
 from typing import Any
 
-from gptcore.params import REQUIRED, Param, ParamError, Section
+from gptcore.params import REQUIRED, Param, Section
 from gptcore.precision import DTYPES
 
 TASKS = ("hellaswag", "cloze")
@@ -36,12 +36,3 @@ EVAL = Section("eval", {
                              also=(None,)),
 })
 
-
-def check_val_tokens(p: dict[str, Any], block_size: int, val_split_tokens: int | None = None) -> None:
-    """eval.val_tokens must fill one window of the model's context, and fit in the val split."""
-    if p["val_tokens"] < block_size:
-        raise ParamError("eval.val_tokens", p["val_tokens"],
-                         f"must be >= the model's block_size = {block_size} (at least one full window of targets)")
-    if val_split_tokens is not None and p["val_tokens"] > val_split_tokens:
-        raise ParamError("eval.val_tokens", p["val_tokens"],
-                         f"must be <= the {val_split_tokens:,} tokens of the val split (tokenize.val_tokens)")

@@ -23,6 +23,21 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 
+def relation_problem(c: dict[str, Any], prefix: str) -> tuple[str, str] | None:
+    """The first rule between shape fields that `c` breaks, as (field, what it must be), else None. The one
+    statement of these rules: the model schema names the param (prefix `model.`), GPTConfig the field of a config
+    read from a file (prefix `GPTConfig.`)."""
+    if c["zero_init_head"] and c["tie_embeddings"]:
+        return "zero_init_head", (f"needs {prefix}tie_embeddings: false (a tied head is the token table, which must "
+                                  f"not start at zero)")
+    if c["n_embd"] % c["n_head"]:
+        return "n_embd", f"must be divisible by {prefix}n_head={c['n_head']}"
+    if c["pos_encoding"] == "rotary" and (c["n_embd"] // c["n_head"]) % 2:
+        return "n_embd", (f"must give an even head size n_embd / n_head for rotary positions "
+                          f"({prefix}n_head={c['n_head']})")
+    return None
+
+
 @dataclass
 class GPTConfig:
     """The shape of a GPT: context length, vocabulary, depth, heads, width, dropout, biases and the modern switches."""
@@ -50,8 +65,6 @@ class GPTConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
-        if self.n_embd % self.n_head != 0:
-            raise ValueError(f"GPTConfig.n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if not 0.0 <= float(self.dropout) < 1.0:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
         choices = {"pos_encoding": POS_ENCODINGS, "norm": NORMS, "mlp": MLPS}
@@ -61,15 +74,14 @@ class GPTConfig:
         for name in ("qk_norm", "tie_embeddings", "zero_init_proj", "zero_init_head", "bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"GPTConfig.{name} must be true or false, got {getattr(self, name)!r}")
-        if self.pos_encoding == "rotary" and (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"rotary positions need an even head size, got n_embd/n_head={self.n_embd // self.n_head}")
         if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, numbers.Real) or self.rope_base <= 1:
             raise ValueError(f"GPTConfig.rope_base must be a number > 1, got {self.rope_base!r}")
         cap = self.logit_softcap
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, numbers.Real) or cap <= 0):
             raise ValueError(f"GPTConfig.logit_softcap must be a number > 0 or null, got {cap!r}")
-        if self.zero_init_head and self.tie_embeddings:
-            raise ValueError("GPTConfig.zero_init_head needs tie_embeddings=False (a tied head is the token table)")
+        problem = relation_problem(vars(self), "GPTConfig.")
+        if problem:
+            raise ValueError(f"GPTConfig.{problem[0]}={getattr(self, problem[0])!r}: {problem[1]}")
 
     @property
     def swiglu_hidden(self) -> int:

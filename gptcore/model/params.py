@@ -3,21 +3,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from gptcore.model.gpt import MLPS, NORMS, POS_ENCODINGS
+from gptcore.model.gpt import MLPS, NORMS, POS_ENCODINGS, relation_problem
 from gptcore.params import REQUIRED, Param, ParamError, Section
 
 
 def _relations(p: dict[str, Any]) -> None:
-    if p["zero_init_head"] and p["tie_embeddings"]:
-        raise ParamError("model.zero_init_head", True, "needs model.tie_embeddings: false (a tied head is the "
-                                                       "token table, which must not start at zero)")
-    if p["init_from"] != "scratch":  # the shape comes from the weights loaded
-        return
-    if p["n_embd"] % p["n_head"]:
-        raise ParamError("model.n_embd", p["n_embd"], f"must be divisible by model.n_head={p['n_head']}")
-    if p["pos_encoding"] == "rotary" and (p["n_embd"] // p["n_head"]) % 2:
-        raise ParamError("model.n_embd", p["n_embd"], f"must give an even head size n_embd / n_head for rotary "
-                                                      f"positions (n_head={p['n_head']})")
+    problem = relation_problem(p, "model.")
+    # a loaded model's shape comes from its weights: only zero_init_head's rule applies to it
+    if problem and (p["init_from"] == "scratch" or problem[0] == "zero_init_head"):
+        raise ParamError(f"model.{problem[0]}", p[problem[0]], problem[1])
 
 
 MODEL = Section("model", {

@@ -77,11 +77,9 @@ class LRSchedule:
     decay_frac: float = 0.2
 
     def __post_init__(self) -> None:
-        if self.warmup_steps < 0 or self.max_steps < 0:
-            raise ValueError(f"train.warmup_steps={self.warmup_steps} and train.max_steps={self.max_steps} must be >= 0")
-        if self.warmup_steps > self.max_steps:
-            raise ValueError(f"train.warmup_steps={self.warmup_steps} exceeds train.max_steps={self.max_steps}")
-        assert self.kind in SCHEDULES, self.kind  # the schema validated it
+        # the train schema validated these (gptcore/train/params.py)
+        assert 0 <= self.warmup_steps <= self.max_steps, (self.warmup_steps, self.max_steps)
+        assert self.kind in SCHEDULES, self.kind
 
     def __call__(self, step: int) -> float:
         if self.kind == "wsd":

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gptcore.params import REQUIRED, Param, ParamError, Section
+from gptcore.params import REQUIRED, Param, ParamError, Section, check_val_tokens
 from gptcore.precision import DTYPES
 from gptcore.train.optim import OPTIMIZERS, SCHEDULES, wsd_decay_steps
 
@@ -100,12 +100,7 @@ def check_run(model: dict[str, Any], train: dict[str, Any], world_size: int,
         raise ParamError("train.total_batch_tokens", train["total_batch_tokens"],
                          f"must be a multiple of train.micro_batch * model.block_size * processes = "
                          f"{train['micro_batch']} * {block} * {world_size} = {per_step}")
-    if train["val_tokens"] < block:
-        raise ParamError("train.val_tokens", train["val_tokens"],
-                         f"must be >= model.block_size = {block} (at least one full window of targets)")
-    if val_split_tokens is not None and train["val_tokens"] > val_split_tokens:
-        raise ParamError("train.val_tokens", train["val_tokens"],
-                         f"must be <= the {val_split_tokens:,} tokens of the val split (tokenize.val_tokens)")
+    check_val_tokens("train.val_tokens", train["val_tokens"], block, val_split_tokens)
 
 
 def fingerprint_params(model: dict[str, Any], train: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:

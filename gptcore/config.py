@@ -1,0 +1,81 @@
+"""Every params.yaml section's schema in pipeline order, and conf/config.yaml written from them: one source for each
+key's default and description.
+
+    python -m gptcore.config            # rewrite conf/config.yaml from the schemas
+    python -m gptcore.config --check    # exit 1 if conf/config.yaml is not what the schemas give
+
+Unlike the ground floor (gptcore/params.py holds the mechanics), this module imports the schema of each folder.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gptcore.data.params import FETCH, TOKENIZE
+from gptcore.eval.params import EVAL
+from gptcore.model.params import MODEL
+from gptcore.params import REQUIRED, Section
+from gptcore.report.params import COMPARE
+from gptcore.train.params import TRAIN
+
+SECTIONS: tuple[Section, ...] = (FETCH, TOKENIZE, MODEL, TRAIN, EVAL, COMPARE)
+CONFIG = Path(__file__).resolve().parents[1] / "conf" / "config.yaml"
+
+HEADER = """\
+# Hydra entry point for DVC experiments (`dvc config hydra.enabled True`): `dvc exp run` composes params.yaml
+# from this file and one preset in conf/preset/, then runs the pipeline.
+#   dvc exp run                                         # the default preset (quickstart)
+#   dvc exp run -S preset=gpt2_124m                     # another preset
+#   dvc exp run -S preset=gpt2_124m -S train.max_lr=1e-3  # a preset plus an override
+# Here: the schema of params.yaml (key order included) and each key's default; `???` marks what each preset must
+# set itself. A key that is not in this file needs `+` on the command line (-S +train.foo=1).
+# `dvc exp run` rewrites params.yaml from here, so change values in conf/ or with -S, not in params.yaml.
+# Written by `python -m gptcore.config` from the schemas (gptcore/*/params.py): edit those, not this file.
+defaults:
+  - _self_
+  - preset: quickstart
+
+preset: ???  # the preset's own name, so params.yaml and `dvc exp show` say which one ran
+"""
+
+
+def _scalar(value: Any) -> str:
+    """A default as YAML 1.2 reads it back the same (DVC's parser) as PyYAML does (the stages')."""
+    if value is REQUIRED:
+        return "???"
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    return text.removesuffix("\n...").removesuffix("...").strip()
+
+
+def render() -> str:
+    """conf/config.yaml as the schemas give it: every section, key, default and description, in order."""
+    lines = [HEADER.rstrip("\n")]
+    for section in SECTIONS:
+        lines.append(f"{section.name}:")
+        for key, param in section.params.items():
+            doc = f"  # {param.doc}" if param.doc else ""
+            lines.append(f"  {key}: {_scalar(param.default)}{doc}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Write conf/config.yaml from the schemas, or with --check say whether it is up to date."""
+    ap = argparse.ArgumentParser(prog="python -m gptcore.config", description=main.__doc__)
+    ap.add_argument("--check", action="store_true", help="exit 1 if the file differs from what the schemas give")
+    ap.add_argument("--path", type=Path, default=CONFIG)
+    args = ap.parse_args(argv)
+    text = render()
+    if args.check:
+        if args.path.read_text(encoding="utf-8") != text:
+            sys.exit(f"{args.path}: out of date with the schemas; run `python -m gptcore.config`")
+        return
+    args.path.write_text(text, encoding="utf-8")
+    print(f"wrote {args.path}")
+
+
+if __name__ == "__main__":
+    main()
