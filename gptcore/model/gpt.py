@@ -96,10 +96,19 @@ MLPS = ("gelu", "relu2", "swiglu")
 NORM_EPS = 1e-5  # LayerNorm's (GPT-2's) and RMSNorm's
 
 
+class RMSNorm(nn.RMSNorm):
+    """nn.RMSNorm whose gain takes the input's dtype: under bf16 autocast the QK-norm's input is bf16 while the gain
+    stays fp32, and torch then falls back from its fused kernel (with a warning) to a slower composite."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight.to(x.dtype) if self.weight is not None else None
+        return F.rms_norm(x, self.normalized_shape, weight, self.eps)
+
+
 def make_norm(config: GPTConfig) -> nn.Module:
     """The model's normalisation layer over n_embd: GPT-2's LayerNorm, or RMSNorm (a gain, no bias)."""
     if config.norm == "rmsnorm":
-        return nn.RMSNorm(config.n_embd, eps=NORM_EPS)
+        return RMSNorm(config.n_embd, eps=NORM_EPS)
     return nn.LayerNorm(config.n_embd, eps=NORM_EPS, bias=config.bias)
 
 
@@ -143,8 +152,8 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
         if config.qk_norm:  # one gain per head channel, shared by the heads
-            self.q_norm = nn.RMSNorm(config.n_embd // config.n_head, eps=NORM_EPS)
-            self.k_norm = nn.RMSNorm(config.n_embd // config.n_head, eps=NORM_EPS)
+            self.q_norm = RMSNorm(config.n_embd // config.n_head, eps=NORM_EPS)
+            self.k_norm = RMSNorm(config.n_embd // config.n_head, eps=NORM_EPS)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
