@@ -52,7 +52,8 @@ def flop_ceiling(examples: list[Example], config: GPTConfig, trunk_per_token: in
         context, endings = fit_example(ex, config.block_size)
         T = len(context) + max(len(e) for e in endings)
         ref += len(endings) * T * (trunk_per_token + head)
-        fast += (len(context) + sum(len(e) for e in endings)) * trunk_per_token + sum(map(len, endings)) * head
+        # an ending's last token is only a target: the trunk never sees it
+        fast += (len(context) + sum(len(e) - 1 for e in endings)) * trunk_per_token + sum(map(len, endings)) * head
     return ref / fast
 
 

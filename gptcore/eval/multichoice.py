@@ -193,11 +193,13 @@ class _Batch:
 
 
 def _packed_length(context: list[int], endings: list[list[int]]) -> int:
-    return len(context) + sum(len(e) for e in endings)
+    return len(context) + sum(len(e) - 1 for e in endings)
 
 
 def _build_packed(fitted: list[tuple[list[int], list[list[int]]]]) -> _Batch:
-    """Per example one sequence [context | ending_0 | ... | ending_K-1]; ending i sees the context and itself."""
+    """Per example one sequence [context | ending_0 | ... | ending_K-1]; ending i sees the context and itself.
+    An ending's last token predicts nothing and nothing attends to it, so it is left out of the sequence: it is
+    only ever a target."""
     B, T = len(fitted), max(_packed_length(c, e) for c, e in fitted)
     idx = torch.zeros(B, T, dtype=torch.long)
     pos = torch.zeros(B, T, dtype=torch.long)
@@ -214,9 +216,9 @@ def _build_packed(fitted: list[tuple[list[int], list[list[int]]]]) -> _Batch:
         start = C
         for i, ending in enumerate(endings):
             E = len(ending)
-            idx[b, start:start + E] = torch.tensor(ending)
-            pos[b, start:start + E] = torch.arange(C, C + E)
-            seg[b, start:start + E] = i + 1
+            idx[b, start:start + E - 1] = torch.tensor(ending[:-1], dtype=torch.long)
+            pos[b, start:start + E - 1] = torch.arange(C, C + E - 1)
+            seg[b, start:start + E - 1] = i + 1
             pair_head.append(shared)
             pair_target.append(ending[0])
             pair_row.append(row)
@@ -227,7 +229,7 @@ def _build_packed(fitted: list[tuple[list[int], list[list[int]]]]) -> _Batch:
                 pair_row.append(row)
             row_len.append(E)
             row += 1
-            start += E
+            start += E - 1
         rows_per_example.append(len(endings))
     ar = torch.arange(T)
     causal = ar[None, :] <= ar[:, None]  # [query, key]
