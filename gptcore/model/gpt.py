@@ -244,7 +244,9 @@ def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, s
     h = hidden.reshape(-1, hidden.size(-1))
     if chunk_rows is None:
         budget = LOSS_CHUNK_ELEMENTS["cuda" if h.is_cuda else "cpu"]
-        chunk_rows = max(1, budget // weight.size(0))
+        # at least n_embd rows: each chunk also reads and writes the (vocab, n_embd) weight gradient, which should
+        # cost no more memory traffic than the chunk's own (rows, vocab) logits
+        chunk_rows = max(budget // weight.size(0), weight.size(1), 1)
     return _ChunkedLMLoss.apply(h, weight, targets.reshape(-1), softcap, chunk_rows, reduction == "mean")
 
 
