@@ -101,6 +101,7 @@ class RMSNorm(nn.RMSNorm):
     stays fp32, and torch then falls back from its fused kernel (with a warning) to a slower composite."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x / rms(x) * gain over the last dimension, in x's dtype."""
         weight = self.weight.to(x.dtype) if self.weight is not None else None
         return F.rms_norm(x, self.normalized_shape, weight, self.eps)
 
