@@ -198,6 +198,29 @@ def stage_lifetime(stage: str, quiet: bool = False) -> Iterator[None]:
         os._exit(130)  # no interpreter teardown: no traceback from threads, atexit or half-shut pools
 
 
+def under_torchrun() -> bool:
+    """True in a process torchrun started (it sets LOCAL_RANK and WORLD_SIZE)."""
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def launch_torchrun(module: str, nproc: int, lock_folder: str | Path, what: str) -> int:
+    """Run `python -m module` under torchrun on `nproc` local processes (an argv list: no shell) and return its exit
+    status (128 + N when a signal N killed it, as a shell reports it).
+
+    This process takes `lock_folder`'s lock first (a busy folder raises FolderBusyError before torchrun starts) and
+    holds it while torchrun runs as its child: rank 0 finds it held by its ancestor (`lock_for_all_ranks`); torchrun,
+    and through it every worker, dies with this process; Ctrl-C or SIGTERM stop them all (see `run_child`)."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={int(nproc)}",
+            "-m", module]
+    lock = FolderLock(lock_folder, what).acquire()
+    sys.stdout.flush()
+    try:
+        status = run_child(argv)
+    finally:
+        lock.release()
+    return status if status >= 0 else 128 - status
+
+
 def run_child(argv: Sequence[str], env: dict[str, str] | None = None) -> int:
     """Run argv as a child that dies with this process, in its own process group, and return its exit status.
 

@@ -9,6 +9,7 @@ import torch
 
 from gptcore.model.load import init_model, load_model
 from gptcore.train import checkpoint
+from gptcore.train.export import export_model
 from gptcore.model.gpt import GPT, GPTConfig
 
 TINY = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64)
@@ -106,7 +107,7 @@ def test_init_model_pads_vocab_and_checks_it():
 
 def test_final_model_exports_to_hugging_face(tmp_path):
     model = GPT(TINY)
-    checkpoint.save_final(model, tmp_path, {"step": 3}, hf_vocab_size=60)
+    export_model(tmp_path, model, None, {"step": 3}, hf_vocab_size=60)
     assert (tmp_path / "model.pt").is_file() and (tmp_path / "hf" / "config.json").is_file()
     back = load_model(tmp_path / "model.pt")
     assert torch.equal(back.transformer.wte.weight, model.transformer.wte.weight)

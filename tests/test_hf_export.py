@@ -11,6 +11,7 @@ import torch
 from gptcore.data import tokenizers as T
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.train import checkpoint
+from gptcore.train.export import export_model
 
 transformers = pytest.importorskip("transformers")
 needs_qwen2 = pytest.mark.skipif(importlib.util.find_spec("dashscope") is None,
@@ -121,7 +122,7 @@ def test_generate_stops_at_the_runs_end_of_text(tmp_path, kind):
 
     tok = _kind(kind, tmp_path)
     model = _always_eot(padded_vocab(tok.vocab_size), tok.eot)
-    checkpoint.save_final(model, tmp_path / "model", {"step": 0}, tokenizer=tok)
+    export_model(tmp_path / "model", model, tok, {"step": 0})
     hf_dir = tmp_path / "model" / "hf"
     config = json.loads((hf_dir / "config.json").read_text())
     gen = json.loads((hf_dir / "generation_config.json").read_text())
@@ -151,7 +152,7 @@ def test_lm_eval_hf_model_reads_the_export_alone(tmp_path):
     tok = T.get_tokenizer("gpt2")
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=32, vocab_size=50304)).eval()
-    checkpoint.save_final(model, tmp_path / "model", {"step": 0}, tokenizer=tok)
+    export_model(tmp_path / "model", model, tok, {"step": 0})
     lm = HFLM(pretrained=str(tmp_path / "model" / "hf"), device="cpu", batch_size=1)
     assert (lm.eot_token_id, lm.max_length) == (tok.eot, 32)
     [(got, _)] = lm.loglikelihood([Instance("loglikelihood", {}, ("宝玉 and the cat", " sat 😀"), 0)])

@@ -13,6 +13,7 @@ from gptcore.eval.sampling import main as sample_main, tokenizer_for
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.model.load import MODEL_FILE, init_model, load_model, read_checkpoint
 from gptcore.train import checkpoint
+from gptcore.train.export import export_model
 
 TINY = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64)
 
@@ -90,7 +91,7 @@ def test_every_spec_loads_the_same_weights_everywhere(tmp_path):
     """init_from, eval.model and gptcore-sample share one loader: each spec gives the same model in each."""
     model = tiny()
     folder = tmp_path / "model"
-    checkpoint.save_final(model, folder, {"step": 3}, hf_vocab_size=64)
+    export_model(folder, model, None, {"step": 3}, hf_vocab_size=64)
     ckpt = checkpoint.save_checkpoint(tmp_path / "ckpts", 3, {"model": model.state_dict(),
                                                               "model_config": dict(TINY), "step": 3}, keep=1)
     for spec in (folder, folder / MODEL_FILE, folder / "hf", ckpt):
@@ -100,7 +101,7 @@ def test_every_spec_loads_the_same_weights_everywhere(tmp_path):
 
 def test_block_size_crops_when_smaller_and_refuses_when_larger(tmp_path):
     model = tiny()
-    checkpoint.save_final(model, tmp_path, {"step": 1})
+    export_model(tmp_path, model, None, {"step": 1})
     for spec in (tmp_path, tmp_path / "hf"):
         small = load_model(spec, block_size=8)
         assert small.config.block_size == 8 and small.transformer.wpe.weight.shape == (8, 16)
@@ -130,7 +131,7 @@ def test_bad_specs_say_what_is_accepted(tmp_path):
 def test_tokenizer_comes_from_beside_the_model(tmp_path):
     tok = CharTokenizer("abcdefgh ")
     model = GPT(GPTConfig(**{**TINY, "vocab_size": 64}))
-    checkpoint.save_final(model, tmp_path / "model", {"step": 1}, hf_vocab_size=tok.vocab_size)
+    export_model(tmp_path / "model", model, None, {"step": 1}, hf_vocab_size=tok.vocab_size)
     tok.save(tmp_path / "model")
     (tmp_path / "model" / "manifest.json").write_text(json.dumps({"tokenizer": tok.record()}))
     for spec in (tmp_path / "model", tmp_path / "model" / MODEL_FILE, tmp_path / "model" / "hf"):
@@ -145,7 +146,7 @@ def test_tokenizer_comes_from_beside_the_model(tmp_path):
 def test_sample_cli_reads_the_model_folder(tmp_path, capsys):
     tok = CharTokenizer("abcdefgh ")
     model = tiny()
-    checkpoint.save_final(model, tmp_path / "model", {"step": 1})
+    export_model(tmp_path / "model", model, None, {"step": 1})
     tok.save(tmp_path / "model")
     (tmp_path / "model" / "manifest.json").write_text(json.dumps({"tokenizer": tok.record()}))
     sample_main(["--model", str(tmp_path / "model"), "--prompt", "abc", "--num-samples", "2",

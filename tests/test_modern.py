@@ -255,15 +255,15 @@ def test_export_loads_in_transformers_with_the_same_logits(tmp_path, switches, a
 def test_export_refuses_what_no_architecture_represents(tmp_path, switches, reason):
     from gptcore.model.hf import NotRepresentable, export_hf
     from gptcore.model.load import load_model
-    from gptcore.train import checkpoint
+    from gptcore.train.export import NOT_EXPORTED, export_model
 
     model = tiny(**{**MODERN, **switches})
     with pytest.raises(NotRepresentable, match=reason) as e:
         export_hf(model, tmp_path / "x")
     assert "\n" not in str(e.value)
     # the train stage's final save keeps our format and says why there is no export
-    checkpoint.save_final(model, tmp_path / "model", {"step": 1})
-    note = (tmp_path / "model" / "hf" / checkpoint.NOT_EXPORTED).read_text()
+    export_model(tmp_path / "model", model, None, {"step": 1})
+    note = (tmp_path / "model" / "hf" / NOT_EXPORTED).read_text()
     assert reason in note and len(note.splitlines()) == 1
     idx = torch.randint(0, 64, (1, 8))
     assert torch.equal(load_model(tmp_path / "model")(idx)[0], model(idx)[0])

@@ -8,7 +8,7 @@ from gptcore.data.tokenizers import CharTokenizer
 from gptcore.eval.sampling import main as sample_main
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.precision import autocast_context, resolve_dtype
-from gptcore.train import checkpoint
+from gptcore.train.export import export_model
 
 CPU = torch.device("cpu")
 
@@ -38,8 +38,8 @@ def test_autocast_only_below_fp32():
 @pytest.mark.parametrize("native", [False, True])
 def test_sampling_cli_resolves_bf16_like_train_and_evaluate(tmp_path, monkeypatch, capsys, native):
     tok = CharTokenizer("abc ")
-    checkpoint.save_final(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=8)),
-                          tmp_path, {"step": 1})
+    export_model(tmp_path, GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=8)), None,
+                 {"step": 1})
     tok.save(tmp_path)
     (tmp_path / "manifest.json").write_text(json.dumps({"tokenizer": tok.record()}))
     cpu_bf16(monkeypatch, native)

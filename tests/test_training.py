@@ -13,6 +13,7 @@ from stagekit import env, make_project, run_stage, stage_cmd, tsv, write_gpt2_sh
 
 from gptcore.model.load import load_model
 from gptcore.train import checkpoint
+from gptcore.train.export import NOT_EXPORTED
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.train.optim import build_optimizers
 
@@ -221,7 +222,7 @@ def test_modern_killed_run_resumes_bit_identically(tmp_path, shards, nproc, dtyp
     wa, wb = final_weights(straight), final_weights(killed)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert tsv(killed, "train_loss") == tsv(straight, "train_loss")
-    assert (killed / "model" / "hf" / checkpoint.NOT_EXPORTED).is_file()  # the soft-cap has no HF equivalent
+    assert (killed / "model" / "hf" / NOT_EXPORTED).is_file()  # the soft-cap has no HF equivalent
 
 
 def test_a_llama_shaped_run_exports_to_hugging_face(tmp_path, shards):

@@ -237,6 +237,11 @@ def open_split(shard_dir: str | Path, split: str) -> list[Path]:
     return paths
 
 
+def split_tokens(shard_dir: str | Path, split: str) -> int:
+    """How many tokens the shards of `split` hold (from the headers; `open_split`'s checks first)."""
+    return sum(len(load_tokens(p)) for p in open_split(shard_dir, split))
+
+
 def check_token_range(tokens: np.ndarray, vocab_size: int, path: str | Path, offset: int = 0) -> None:
     """ValueError naming the shard and the token's offset in it if an id in `tokens` (the shard's tokens from
     `offset` on) is outside 0..vocab_size-1; one vectorised max, so cheap enough for every batch."""

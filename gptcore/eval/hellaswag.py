@@ -150,3 +150,10 @@ def load_hellaswag(path: str | Path, tokenizer: Tokenizer, limit: int | None = N
     endings = tokenizer.encode_batch([" " + e for it in items for e in it["endings"]])
     return [Example(context=contexts[n], endings=endings[4 * n:4 * n + 4], label=it["label"], index=it["ind"])
             for n, it in enumerate(items)]
+
+
+def hellaswag_examples(tokenizer: Tokenizer, path: str | Path | None, limit: int | None, key: str,
+                       dest_dir: str | Path = "data/hellaswag", progress: bool = True) -> list[Example]:
+    """The task's examples as training and evaluate score them: `path` (a local copy, set by the param `key`) or
+    the verified download in `dest_dir`, rendered with `tokenizer`, the first `limit` of them."""
+    return load_hellaswag(fetch_hellaswag(dest_dir, path=path, progress=progress, key=key), tokenizer, limit=limit)

@@ -12,9 +12,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import torch
-from tqdm import tqdm
 
-from gptcore.atomic import write_text
 from gptcore.data.shards import MANIFEST
 from gptcore.data.tokenizers import GPT2Tokenizer, Tokenizer, load_tokenizer
 from gptcore.errors import UserError, one_line, user_error
@@ -48,6 +46,22 @@ def tokenizer_for(spec: str, model: GPT, tokenizer_dir: str | Path | None = None
     return tok
 
 
+def check_same_tokenizer(model_tok: Tokenizer, data_tok: Tokenizer, model_spec: str, shard_dir: Path) -> None:
+    """A model can only be scored on shards made by its own tokenizer (e.g. OpenAI's gpt2 on GPT-2 BPE shards)."""
+    a = (getattr(model_tok, "name", None), getattr(model_tok, "vocab_size", None), getattr(model_tok, "eot", None))
+    b = (getattr(data_tok, "name", None), getattr(data_tok, "vocab_size", None), getattr(data_tok, "eot", None))
+    if a != b:
+        raise UserError(f"eval.model={model_spec} uses tokenizer {a[0]} (vocab {a[1]}, eot {a[2]}) but {shard_dir} was "
+                        f"tokenized with {b[0]} (vocab {b[1]}, eot {b[2]}); evaluate on matching shards")
+
+
+def model_for_shards(spec: str, data_tok: Tokenizer, shard_dir: Path) -> GPT:
+    """The model `spec` names (gptcore.model.load), refused unless its tokenizer made the shards in `shard_dir`."""
+    model = load_model(spec)
+    check_same_tokenizer(tokenizer_for(spec, model), data_tok, spec, shard_dir)
+    return model
+
+
 @torch.no_grad()
 def sample(
     model: GPT,
@@ -76,30 +90,6 @@ def sample(
         out = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen,
                              vocab_limit=tokenizer.vocab_size)
     return [tokenizer.decode(row[len(ids):].tolist()) for row in out]
-
-
-class TrainingSamples:
-    """Training-loop evaluator: on rank 0, `num_samples` continuations of `prompt`, written to out_dir/step_NNNNNNN.txt.
-
-    Sampling draws from its own generator seeded by (seed, step), never the global RNG, so a run with samples
-    resumes bit-exactly like one without. Returns no metrics.
-    """
-
-    def __init__(self, tokenizer: Tokenizer, out_dir: str | Path, prompt: str, num_samples: int, max_new_tokens: int,
-                 seed: int, device: torch.device, is_main: bool, dtype: torch.dtype | None = None) -> None:
-        self.tokenizer, self.out_dir, self.prompt = tokenizer, Path(out_dir), prompt
-        self.num_samples, self.max_new_tokens, self.seed = num_samples, max_new_tokens, seed
-        self.device, self.is_main, self.dtype = device, is_main, dtype
-
-    def __call__(self, model: GPT, step: int) -> dict[str, float]:
-        """Write this step's samples (rank 0); no metrics."""
-        if self.is_main and self.num_samples > 0:
-            texts = sample(model, self.tokenizer, self.prompt, self.num_samples, self.max_new_tokens,
-                           seed=self.seed * 1_000_003 + step, device=self.device, dtype=self.dtype)
-            body = "".join(f"--- step {step}, sample {i} ---\n{self.prompt}{t}\n\n" for i, t in enumerate(texts))
-            write_text(self.out_dir / f"step_{step:07d}.txt", body)
-            tqdm.write(body.rstrip())
-        return {}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -18,7 +18,6 @@ from gptcore import distributed
 from gptcore.data import shards
 from gptcore.atomic import write_text
 from gptcore.errors import UserError
-from gptcore.eval.multichoice import score_examples
 from gptcore.precision import autocast_context
 
 
@@ -111,39 +110,6 @@ def bits_per_char(loss: float, tokens: np.ndarray, tokenizer: object) -> float:
     return loss * (len(tokens) - 1) / max(scored_chars(tokens, tokenizer), 1) / math.log(2)
 
 
-def check_same_tokenizer(model_tok: object, data_tok: object, model_spec: str, shard_dir: Path) -> None:
-    """A model can only be scored on shards made by its own tokenizer (e.g. OpenAI's gpt2 on GPT-2 BPE shards)."""
-    a = (getattr(model_tok, "name", None), getattr(model_tok, "vocab_size", None), getattr(model_tok, "eot", None))
-    b = (getattr(data_tok, "name", None), getattr(data_tok, "vocab_size", None), getattr(data_tok, "eot", None))
-    if a != b:
-        raise UserError(f"eval.model={model_spec} uses tokenizer {a[0]} (vocab {a[1]}, eot {a[2]}) but {shard_dir} was "
-                         f"tokenized with {b[0]} (vocab {b[1]}, eot {b[2]}); evaluate on matching shards")
-
-
 def write_samples(path: Path, prompt: str, texts: list[str], model_spec: str) -> None:
     """Generated samples as a small text file (atomic), prompt shown once per sample."""
     write_text(path, "".join(f"--- sample {i} ({model_spec}) ---\n{prompt}{t}\n\n" for i, t in enumerate(texts)))
-
-
-class ValLoss:
-    """Training-loop evaluator: `val_loss` over fixed val tokens (every rank calls it; all get the same value)."""
-
-    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, device: torch.device,
-                 dtype: torch.dtype | None, rank: int = 0, world_size: int = 1, progress: bool = False) -> None:
-        self.args = (tokens, block_size, batch_size, device, dtype, rank, world_size, progress)
-
-    def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]:
-        return {"val_loss": val_loss(model, *self.args)}
-
-
-class ChoiceTask:
-    """Training-loop evaluator for a multiple-choice task (HellaSwag): `<name>_acc_norm` and `<name>_acc`."""
-
-    def __init__(self, name: str, examples: list, batch_size: int, device: torch.device, dtype: torch.dtype,
-                 progress: bool = False) -> None:
-        self.name, self.examples = name, examples
-        self.kwargs = dict(device=device, batch_size=batch_size, dtype=dtype, progress=progress)
-
-    def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]:
-        r = score_examples(model, self.examples, **self.kwargs)
-        return {f"{self.name}_acc_norm": r.acc_norm, f"{self.name}_acc": r.acc}

@@ -16,15 +16,13 @@ from typing import Any
 
 import torch
 
-from gptcore.atomic import atomic_write, json_sha256, write_text
-from gptcore.data.tokenizers import Tokenizer
+from gptcore import distributed
+from gptcore.atomic import atomic_write, json_sha256
 from gptcore.errors import UserError
 from gptcore.model.gpt import GPT
-from gptcore.model.hf import NotRepresentable, export_hf
-from gptcore.model.load import MODEL_FILE, read_checkpoint as load_checkpoint
+from gptcore.model.load import read_checkpoint as load_checkpoint
 
 CKPT_RE = re.compile(r"^ckpt_(\d{7})\.pt$")
-NOT_EXPORTED = "NOT_EXPORTED.txt"  # in model/hf when no transformers architecture represents the model
 BEST_RE = re.compile(r"^best_(\d{7})\.pt$")
 PREVIOUS = "previous"  # checkpoints/previous/<UTC time>/: what a fresh run moved aside
 
@@ -161,6 +159,28 @@ def move_aside(ckpt_dir: Path, also: list[Path] = ()) -> Path | None:
     return dest
 
 
+def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, also: list[Path] = ()
+                   ) -> tuple[dict[str, Any] | None, list[str]]:
+    """Collective: the checkpoint every rank resumes from (None: a fresh start), and what rank 0 decided, as lines.
+
+    Rank 0 alone decides (`find_resume`) and, on a fresh start, moves the previous run's checkpoints and `also`
+    (its step metrics) aside; the other ranks then load what it left: the run to resume, if any."""
+    resume, notes = None, []
+    if is_main:
+        _, resume, why = find_resume(ckpt_dir, run_params)
+        notes.append(why)
+        if resume is None:
+            moved = move_aside(ckpt_dir, also=also)
+            if moved is not None:
+                others = "".join(f" and {p}/" for p in also)
+                notes.append(f"the previous run's checkpoints{others} are kept in {moved}")
+    distributed.barrier()
+    if not is_main:
+        last = latest_checkpoint(ckpt_dir)
+        resume = load_checkpoint(last) if last else None
+    return resume, notes
+
+
 # -- the best weights (train.export: best) -----------------------------------------------------------------------
 # One file per improvement, named by step, rather than nanoGPT's single ckpt.pt overwritten on improvement: a
 # checkpoint records the best step it knows, so after a kill the resumed run finds exactly those weights even if a
@@ -204,32 +224,3 @@ def load_best(ckpt_dir: Path, step: int, run_fingerprint: str) -> dict[str, Any]
     if best.get("fingerprint") != run_fingerprint or int(best.get("step", -1)) != step:
         raise UserError(f"{path}: written by another run (fingerprint or step differ); delete {ckpt_dir} and rerun")
     return best
-
-
-def save_final(model: GPT, out_dir: Path, extra: dict[str, Any], hf_vocab_size: int | None = None,
-               tokenizer: Tokenizer | None = None) -> Path:
-    """The run's final weights as `model.pt` (config + weights + `extra`), plus a Hugging Face export (GPT-2, Llama or
-    Qwen3) in out_dir/hf when one represents the model; otherwise out_dir/hf/NOT_EXPORTED.txt says why in one line.
-    With the run's `tokenizer`, the export stands alone: its tokenizer files (Tokenizer.save_hf) and its end-of-text
-    id as bos/eos; hf_vocab_size defaults to the tokenizer's vocabulary."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / MODEL_FILE
-    atomic_torch_save({"model": model.state_dict(), "model_config": asdict(model.config), **extra}, path)
-    hf_dir = out_dir / "hf"
-    eot = None if tokenizer is None else tokenizer.eot
-    if tokenizer is not None and hf_vocab_size is None:
-        hf_vocab_size = tokenizer.vocab_size
-    try:
-        arch = export_hf(model, hf_dir, vocab_size=hf_vocab_size, eot=eot)
-    except NotRepresentable as e:
-        shutil.rmtree(hf_dir, ignore_errors=True)  # no stale export of an earlier run
-        hf_dir.mkdir()
-        write_text(hf_dir / NOT_EXPORTED, f"{e}; model.pt holds the weights\n")
-        print(f"[train] no Hugging Face export: {e}", flush=True)
-    else:
-        (hf_dir / NOT_EXPORTED).unlink(missing_ok=True)
-        if tokenizer is not None:
-            tokenizer.save_hf(hf_dir, max_length=model.config.block_size)
-        print(f"[train] Hugging Face export ({arch}): {hf_dir}", flush=True)
-    return path

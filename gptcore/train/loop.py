@@ -10,25 +10,23 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from gptcore.errors import UserError
-from gptcore.train import checkpoint
 from gptcore import distributed
 from gptcore.distributed import DistEnv
+from gptcore.eval.hooks import Evaluator
 from gptcore.report.steplog import StepLogger
 from gptcore.model.flops import estimate_mfu, model_sizes
 from gptcore.model.gpt import GPT
 from gptcore.model.load import strip_prefixes
 from gptcore.precision import autocast_context, resolve_dtype
+from gptcore.train import checkpoint
 from gptcore.train.optim import LRSchedule, build_optimizers, set_lr
-
-# An evaluator runs on every rank at the eval cadence and returns metrics for rank 0 to log.
-Evaluator = Callable[[GPT, int], dict[str, float]]
 
 
 class NonFiniteLoss(UserError):
@@ -161,6 +159,20 @@ class Trainer:
         # best weights of steps before this checkpoint that it does not point at can go (newer ones never exist here)
         checkpoint.prune_best(self.ckpt_dir, keep_step=self.best_step)
         return path
+
+    def export_weights(self) -> tuple[GPT, dict[str, Any]]:
+        """What model/ gets (train.export) and the record saying which: the last weights, or (best) those of the
+        lowest val loss seen, read back from checkpoints/best_<step>.pt, with their step and val loss."""
+        record: dict[str, Any] = {"step": self.step, "export": self.cfg.export}
+        if self.cfg.export != "best":
+            return self.raw_model, record
+        if self.best_step is None:
+            raise UserError("train.export=best: no finite val loss was measured, so there are no best weights to "
+                             "export (see val_loss in metrics/train)")
+        best = checkpoint.load_best(self.ckpt_dir, self.best_step, self.fingerprint)
+        self.raw_model.load_state_dict(best["model"])
+        return self.raw_model, {**record, "step": self.best_step, "best_step": self.best_step,
+                                "best_val_loss": self.best_val_loss, "trained_steps": self.step}
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:

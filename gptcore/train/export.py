@@ -1,0 +1,62 @@
+"""The `model/` folder a run exports, and the one function that writes it.
+
+model/
+  model.pt        config + weights + `record` (step, export kind, tokenizer record, final metrics): gptcore.model.load
+  manifest.json   the tokenizer record (gptcore.data.tokenizers.load_tokenizer reads it), step, export, hardware
+  <vocab file>    what load_tokenizer needs beside the manifest (char vocabulary, tokenizer.json, ranks)
+  hf/             a Hugging Face export (GPT-2, Llama or Qwen3) that stands alone: the run's end-of-text as bos/eos
+                  and the tokenizer's HF files (Tokenizer.save_hf); or hf/NOT_EXPORTED.txt saying in one line why
+                  no architecture represents the model
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from gptcore.atomic import write_json, write_text
+from gptcore.data.tokenizers import Tokenizer
+from gptcore.model.gpt import GPT
+from gptcore.model.hf import NotRepresentable, export_hf
+from gptcore.model.load import MODEL_FILE
+from gptcore.train.checkpoint import atomic_torch_save
+
+NOT_EXPORTED = "NOT_EXPORTED.txt"  # in model/hf when no transformers architecture represents the model
+
+
+def export_model(model_dir: Path, model: GPT, tokenizer: Tokenizer | None, record: dict[str, Any],
+                 hardware: dict[str, Any] | None = None, hf_vocab_size: int | None = None) -> list[str]:
+    """Write `model_dir` (see the module docstring) for `model` and the tokenizer its data was made with; `record`
+    (step, export, ...) goes into model.pt and manifest.json. Returns one note per fact worth showing (which Hugging
+    Face architecture, or why none)."""
+    model_dir = Path(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    data = tokenizer.record() if tokenizer is not None else None
+    if tokenizer is not None and hf_vocab_size is None:
+        hf_vocab_size = tokenizer.vocab_size
+    atomic_torch_save({"model": model.state_dict(), "model_config": asdict(model.config),
+                       **({"data": data} if data else {}), **record}, model_dir / MODEL_FILE)
+    notes = [_export_hf(model, model_dir / "hf", tokenizer, hf_vocab_size)]
+    if tokenizer is not None:
+        tokenizer.save(model_dir)  # the folder carries its tokenizer: sampling and evaluate need nothing else
+        manifest = {"tokenizer": data, **{k: v for k, v in record.items() if k != "final"}}
+        if hardware is not None:  # where it trained: compare turns training hours into GPU-hours with it
+            manifest["hardware"] = hardware
+        write_json(model_dir / "manifest.json", manifest)
+    return notes
+
+
+def _export_hf(model: GPT, hf_dir: Path, tokenizer: Tokenizer | None, vocab_size: int | None) -> str:
+    """model/hf: the Hugging Face export and, where the tokenizer can write them, its HF tokenizer files."""
+    try:
+        arch = export_hf(model, hf_dir, vocab_size=vocab_size, eot=None if tokenizer is None else tokenizer.eot)
+    except NotRepresentable as e:
+        shutil.rmtree(hf_dir, ignore_errors=True)  # no stale export of an earlier run
+        hf_dir.mkdir()
+        write_text(hf_dir / NOT_EXPORTED, f"{e}; model.pt holds the weights\n")
+        return f"no Hugging Face export: {e}"
+    (hf_dir / NOT_EXPORTED).unlink(missing_ok=True)
+    if tokenizer is not None:
+        tokenizer.save_hf(hf_dir, max_length=model.config.block_size)
+    return f"Hugging Face export ({arch}): {hf_dir}"
