@@ -122,7 +122,7 @@ def stage_step(base: GPT, shard: Path, cfg: TrainConfig, micro_batch: int, steps
         for i in range(steps):
             sync(env.device)
             t0 = time.perf_counter()
-            loss = trainer.train_step()["train_loss"]
+            loss = float(trainer.train_step()["train_loss"])  # a host sync, as the timing needs anyway
             sync(env.device)
             trainer.step += 1
             if i == 0:

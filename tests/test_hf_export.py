@@ -10,7 +10,6 @@ import torch
 
 from gptcore.data import tokenizers as T
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.train import checkpoint
 from gptcore.train.export import export_model
 
 transformers = pytest.importorskip("transformers")

@@ -108,6 +108,7 @@ class Trainer:
         self.step = 0
         # export=best: the lowest val loss seen at the eval cadence and its step (weights in checkpoints/best_*.pt)
         self.best_val_loss, self.best_step = math.inf, None
+        self._first_bad = torch.full((), -1, dtype=torch.long, device=self.device)  # see train_step
         if resume_from is not None:
             self._restore(resume_from)
         # Dropout and any sampling differ per rank; weights start equal (DDP also broadcasts rank 0's).
@@ -194,8 +195,10 @@ class Trainer:
                 checkpoint.save_best(self.ckpt_dir, self.step, self.raw_model, val_loss, self.fingerprint)
         return {"best_val_loss": self.best_val_loss, "best_step": self.best_step}
 
-    def train_step(self) -> dict[str, float]:
-        """One optimizer update over total_batch_tokens tokens; returns the rank-averaged loss and stats."""
+    def train_step(self) -> dict[str, Any]:
+        """One optimizer update over total_batch_tokens tokens. Returns the rank-averaged loss and the gradient norm
+        as 0-d tensors on the device (reading them is a host sync, which `fit` does only at the logging cadence),
+        and the learning rate. A non-finite loss is noted on the device (`check_finite` raises on it)."""
         cfg, accum = self.cfg, self.loader.grad_accum
         self.model.train()
         lr = self.schedule(self.step)
@@ -215,56 +218,86 @@ class Trainer:
                 loss_sum += loss.detach()
                 self.scaler.scale(loss).backward()
         distributed.all_reduce_mean(loss_sum)
-        train_loss = loss_sum.item()
-        if not math.isfinite(train_loss):
-            last = checkpoint.latest_checkpoint(self.ckpt_dir)
-            raise NonFiniteLoss(
-                f"non-finite training loss ({train_loss}) at step {self.step}; last good checkpoint: "
-                f"{last or 'none'}. Lower train.max_lr or check the data; the run stopped without saving.")
+        # the first step whose loss was not finite, kept on the device: no host sync here
+        self._first_bad = torch.where((self._first_bad < 0) & ~torch.isfinite(loss_sum), self.step, self._first_bad)
         for opt in self.optimizer:  # GradScaler keeps per-optimizer state: unscale and step each
             self.scaler.unscale_(opt)
         # train.muon_clip false: the clip (and grad_norm) covers AdamW's parameters only
         clipped = self.optimizer.clip_params
         grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters() if clipped is None else clipped,
-                                                   cfg.grad_clip).item()
+                                                   cfg.grad_clip)
         for opt in self.optimizer:
             self.scaler.step(opt)
         self.scaler.update()
-        return {"train_loss": train_loss, "lr": lr, "grad_norm": grad_norm}
+        return {"train_loss": loss_sum, "lr": lr, "grad_norm": grad_norm}
+
+    def check_finite(self) -> None:
+        """Raise NonFiniteLoss if a step since the start had a non-finite loss (a host sync: called at the logging
+        cadence and before anything is evaluated or saved, so no weights of a diverged run are ever written)."""
+        bad = int(self._first_bad)
+        if bad >= 0:
+            last = checkpoint.latest_checkpoint(self.ckpt_dir)
+            raise NonFiniteLoss(
+                f"non-finite training loss at step {bad}; last good checkpoint: {last or 'none'}. Lower "
+                f"train.max_lr or check the data; the run stopped without saving.")
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
 
     def fit(self) -> dict[str, float]:
-        """Train from the current step to max_steps, evaluating, logging and checkpointing; the last metrics."""
+        """Train from the current step to max_steps, evaluating, logging and checkpointing; the last metrics.
+
+        The host waits for the device only at the logging cadence (train.log_every) and around evals and saves:
+        the logged loss and gradient norm are those of the logged step, tokens_per_sec and step_ms the mean over the
+        steps since the last log (with log_every 1, each step's own)."""
         cfg, env = self.cfg, self.env
         step_tokens = cfg.total_batch_tokens
         final: dict[str, float] = {}
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", disable=not env.is_main,
                    dynamic_ncols=True)
+        started, elapsed, steps = None, 0.0, 0  # the timer: wall time of the steps since the last log
         # beside the curves: what makes runs of other shapes comparable (dvc exp show lists them)
         self.logger.log_constants(model_sizes(self.raw_model))
+
+        def pause() -> float:
+            self._sync()
+            return elapsed + (time.perf_counter() - started if started is not None else 0.0)
+
         while self.step < cfg.max_steps:
             if cfg.eval_every > 0 and self.step % cfg.eval_every == 0:
+                elapsed, started = pause(), None
+                self.check_finite()
                 metrics = self.evaluate()
                 self.logger.log(self.step, metrics)
                 final.update(metrics)
-            t0 = time.perf_counter()
-            stats = self.train_step()
-            if self.device.type == "cuda":
-                torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-            tokens_per_sec = step_tokens / dt
-            stats.update(tokens_per_sec=tokens_per_sec, tokens_seen=(self.step + 1) * step_tokens, step_ms=dt * 1e3)
-            mfu = estimate_mfu(self.raw_model, tokens_per_sec / env.world_size, self.device)
-            if mfu is not None:
-                stats["mfu"] = mfu
+            if started is None:
+                self._sync()
+                started = time.perf_counter()
+            out = self.train_step()
+            steps += 1
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps - 1:
+                dt, started, elapsed = pause() / steps, None, 0.0
+                steps = 0
+                self.check_finite()
+                stats = {"train_loss": float(out["train_loss"]), "lr": out["lr"],
+                         "grad_norm": float(out["grad_norm"]), "tokens_per_sec": step_tokens / dt,
+                         "tokens_seen": (self.step + 1) * step_tokens, "step_ms": dt * 1e3}
+                mfu = estimate_mfu(self.raw_model, stats["tokens_per_sec"] / env.world_size, self.device)
+                if mfu is not None:
+                    stats["mfu"] = mfu
                 self.logger.log(self.step, stats)
-            final.update(stats)
+                final.update(stats)
+                bar.set_postfix(loss=f"{stats['train_loss']:.4f}", tok_s=f"{stats['tokens_per_sec']:,.0f}",
+                                refresh=False)
             self.step += 1
-            bar.set_postfix(loss=f"{stats['train_loss']:.4f}", tok_s=f"{tokens_per_sec:,.0f}", refresh=False)
             bar.update(1)
             if self.step % cfg.ckpt_every == 0 and self.step < cfg.max_steps:
+                elapsed, started = pause(), None
+                self.check_finite()
                 self.save()
         bar.close()
+        self.check_finite()
         metrics = self.evaluate()
         self.logger.log(self.step, metrics)
         final.update(metrics)

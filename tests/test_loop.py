@@ -1,0 +1,96 @@
+"""The loop in one process, without the stage: when the host reads device values (syncs), and what it logs."""
+import pytest
+import torch
+
+from gptcore.distributed import DistEnv
+from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.train.loop import NonFiniteLoss, TrainConfig, Trainer
+from gptcore.train.params import TRAIN
+
+CFG = dict(micro_batch=4, total_batch_tokens=64, max_steps=10, warmup_steps=2, max_lr=1e-2, dtype="float32", seed=1,
+           eval_every=0, val_tokens=16, ckpt_every=1000, keep_checkpoints=1)
+
+
+class Batches:
+    """Fixed random batches: 4 x 16 tokens a step, one micro step."""
+
+    grad_accum = 1
+
+    def __init__(self, poison_at: int | None = None) -> None:
+        self.i, self.poison_at = 0, poison_at
+        self.data = torch.randint(0, 64, (100, 4, 17), generator=torch.Generator().manual_seed(0))
+
+    def next_batch(self):
+        b = self.data[self.i]
+        self.i += 1
+        return b[:, :-1], b[:, 1:]
+
+    def state_dict(self):
+        return {"i": self.i}
+
+
+class Log:
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, dict]] = []
+
+    def log(self, step, metrics):
+        self.rows.append((step, dict(metrics)))
+
+    def log_constants(self, metrics):
+        pass
+
+
+def trainer(tmp_path, loader=None, **cfg) -> tuple[Trainer, Log]:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64))
+    log = Log()
+    env = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    return Trainer(model, loader or Batches(), TrainConfig.from_params(TRAIN.validate({**CFG, **cfg})), env, tmp_path, log, {}), log
+
+
+def train_rows(log: Log) -> dict[int, dict]:
+    return {s: m for s, m in log.rows if "train_loss" in m}
+
+
+def test_log_every_k_logs_the_same_values_as_every_step(tmp_path):
+    every, log1 = trainer(tmp_path / "a", log_every=1)
+    every.fit()
+    sparse, log4 = trainer(tmp_path / "b", log_every=4)
+    sparse.fit()
+    one, four = train_rows(log1), train_rows(log4)
+    assert sorted(one) == list(range(10)) and sorted(four) == [0, 4, 8, 9]
+    for step in four:
+        for key in ("train_loss", "grad_norm", "lr", "tokens_seen"):
+            assert four[step][key] == one[step][key], (step, key)
+    assert all(four[s]["tokens_per_sec"] > 0 and four[s]["step_ms"] > 0 for s in four)
+
+
+def test_the_host_reads_device_values_only_at_the_logging_cadence(tmp_path, monkeypatch):
+    """Every way Python turns a tensor into a host value (item, float, int, bool, tolist) is counted per step."""
+    t, log = trainer(tmp_path, log_every=5)
+    reads: list[int] = []
+    for name in ("item", "__float__", "__int__", "__bool__", "tolist"):
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _real=real, **kw):
+            reads.append(t.step)
+            return _real(self, *a, **kw)
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    t.fit()
+    monkeypatch.undo()
+    during_training = sorted(set(s for s in reads if s < 10))
+    assert during_training == [0, 5, 9], reads  # the logged steps (and the last); none in between
+
+
+def test_a_non_finite_loss_stops_before_the_next_save_and_names_its_step(tmp_path):
+    t, _ = trainer(tmp_path, log_every=100, ckpt_every=2)
+    model = t.model
+
+    def poisoned(x, y=None):
+        logits, loss = model(x, y)
+        return logits, loss * float("nan") if t.step == 3 else loss
+    t.model = poisoned
+    t.model.train = lambda: None
+    with pytest.raises(NonFiniteLoss, match="non-finite training loss at step 3; last good checkpoint: .*ckpt_0000002"):
+        t.fit()
+    assert [p.name for p in tmp_path.glob("ckpt_*.pt")] == ["ckpt_0000002.pt"]  # nothing after the bad step
