@@ -5,7 +5,9 @@ In one run, on the same initial weights and the same real text (Shakespeare, GPT
   hardware reaches on this shape's largest kind of product, in fp32 and (where native) bf16;
 - nanoGPT-style fp32 eager, written here: full (B, T, vocab) logits, F.cross_entropy, foreach AdamW, clip;
 - the train stage's own Trainer in fp32, and with the stage's default precision (bf16 autocast where native,
-  else fp32), optionally compiled.
+  else fp32), optionally compiled;
+- the LM head and its cross-entropy alone: the plain full-logits path against gptcore's chunked lm_loss at its
+  default chunk size and at half and twice it (the chunk size is a constant, LOSS_CHUNK_ELEMENTS, set from these).
 Each row prints tokens/s, achieved FLOP/s by the 6N + attention count (gptcore.model.flops) and that as a share
 of the matmul rate of its precision, the speed-up over nanoGPT-style fp32 eager, and the last loss beside its.
 The summary checks the targets of issue 19: the stage in fp32 at >= 90% of the matmul rate; bf16 >= 2x fp32
@@ -37,7 +39,7 @@ from gptcore.data.loader import TokenLoader  # noqa: E402
 from gptcore.data.sources import package_documents  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
 from gptcore.model.flops import flops_per_token  # noqa: E402
-from gptcore.model.gpt import GPT, GPTConfig  # noqa: E402
+from gptcore.model.gpt import GPT, LOSS_CHUNK_ELEMENTS, GPTConfig, lm_loss  # noqa: E402
 from gptcore.precision import resolve_dtype  # noqa: E402
 from gptcore.report.steplog import StepLogger  # noqa: E402
 from gptcore.train.loop import TrainConfig, Trainer  # noqa: E402
@@ -76,6 +78,29 @@ def time_matmul(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device
         if i:
             times.append(time.perf_counter() - t0)
     return 2 * m * k * n / float(np.median(times))
+
+
+def head_side_by_side(rows: int, n_embd: int, vocab: int, device: torch.device, repeats: int) -> list[tuple[str, float]]:
+    """The LM head + cross-entropy alone, forward and backward in fp32: the plain full-logits path against lm_loss at
+    its default chunk and at half and twice that many rows; (name, median seconds), interleaved so load hits all."""
+    h = torch.randn(rows, n_embd, device=device, requires_grad=True)
+    w = (torch.randn(vocab, n_embd, device=device) * 0.02).requires_grad_()
+    y = torch.randint(0, vocab, (rows,), device=device)
+    default = max(LOSS_CHUNK_ELEMENTS[device.type if device.type == "cuda" else "cpu"] // vocab, n_embd, 1)
+    ways = {"plain F.cross_entropy(h @ W.T)": lambda: F.cross_entropy(h @ w.t(), y).backward()}
+    for r in (default, max(default // 2, 1), 2 * default):
+        ways[f"lm_loss, {r}-row chunks" + (" (default)" if r == default else "")] = \
+            lambda r=r: lm_loss(h, w, y, chunk_rows=r).backward()
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for i in range(repeats + 1):
+        for name, fn in ways.items():
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            if i:
+                times[name].append(time.perf_counter() - t0)
+    return [(name, float(np.median(t))) for name, t in times.items()]
 
 
 def nanogpt_eager(base: GPT, shard: Path, micro_batch: int, steps: int, warmup: int, lr: float,
@@ -184,6 +209,7 @@ def main(argv: list[str] | None = None) -> None:
                                                 args.device)
             rows.append((name, dtype, dt, loss, first if cfg.compile else None))
 
+    head = head_side_by_side(step_tokens, args.n_embd, 50304, device, 1 if args.tiny else 3)
     for dtype, rate in peak.items():
         print(f"matmul {m}x{k} @ {k}x{n} {str(dtype).replace('torch.', '')}: {rate / 1e9:,.1f} GFLOP/s")
     print(f"{'variant':24} {'dtype':9} {'tok/s':>9} {'ms/step':>9} {'GFLOP/s':>9} {'of matmul':>9} "
@@ -197,6 +223,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:24} {str(dtype).replace('torch.', ''):9} {tps:9.0f} {dt * 1e3:9.1f} {fpt * tps / 1e9:9.1f} "
               f"{100 * share[name]:8.1f}% {ref_dt / dt:7.2f}x {loss:8.4f} {100 * (loss - ref_loss) / ref_loss:+7.2f}%"
               f"{extra}")
+    print(f"LM head + cross-entropy alone, {step_tokens} rows x {args.n_embd} x 50,304, fp32, forward and backward:")
+    for name, t in head:
+        print(f"  {name:40} {t * 1e3:9.1f} ms  {head[0][1] / t:5.2f}x the plain path")
     print(f"target: stage fp32 at >= 90% of the fp32 matmul rate: {100 * share['stage fp32']:.1f}% "
           f"({'met' if share['stage fp32'] >= 0.9 else 'missed'}); nanoGPT-style at "
           f"{100 * share['nanoGPT-style fp32 eager']:.1f}%")
