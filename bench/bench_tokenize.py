@@ -1,22 +1,35 @@
-"""Benchmark: the tokenize stage's throughput on all cores vs (cores x single-core encode rate), and its memory,
-for each GPT-2 encoder (tokenize.encoder: tiktoken, gigatoken) side by side in one run.
+"""Benchmark: the tokenize stage's throughput on all cores vs (cores x single-core encode rate), its serial fraction
+and what Amdahl's law projects from it for 16, 64 and 128 cores, and its memory, for each GPT-2 encoder
+(tokenize.encoder: tiktoken, gigatoken) side by side in one run.
 
-Builds a synthetic English-like corpus (Shakespeare's word frequencies, sentences and paragraphs, documents
-of 2 to 8 KB) of each requested size, fetches it as the local source, then reports in the same run:
-  - single-process tiktoken GPT-2 `encode_ordinary` tokens/s (one core), and `encode_to_numpy` (what the
-    workers use),
+The corpus (--corpus):
+  fineweb    (default) FineWeb-Edu-like text: the reference sample ../shared/ref-data/fineweb_edu_sample.jsonl
+             (150 real documents) repeated to the requested size, each copy with a share of its words respelled
+             (--novel, default 2%: inner letters shuffled), so that, as in a real corpus, new words keep coming and
+             gigatoken's word cache does not turn the encode into a lookup (the synthetic corpus below flatters it)
+  synthetic  English-like documents of 2 to 8 KB drawn from Shakespeare's word frequencies
+It is fetched as the local source; then, in the same run:
+  - single-process GPT-2 tokens/s (one core): `encode_ordinary` and `encode_numpy` (what the workers use),
   - the parallel ceiling: `cores` independent encoding processes with no pipeline (cores that share a
     physical core or a turbo budget run slower together than alone),
-  - the tokenize stage with all cores (workers=0): tokens/s, and its ratio to cores x single-core rate,
+  - the tokenize stage with all cores (workers=0): tokens/s, and its ratio to the ceiling ('stage/ceil'),
+  - the serial fraction s: the stage's parent process CPU time (its threads included) over the CPU time of the
+    whole stage (parent + workers). The parent alone plans tasks, takes results in order and records shards; all
+    reading, encoding, shard writing, hashing and rereading runs on the workers. Amdahl's law then projects the
+    efficiency on N cores as 1 / (N s + 1 - s) (speedup / N), printed for N = 16, 64 and 128,
   - optionally a build-nanogpt-style per-document multiprocessing.Pool.imap (chunksize 16) for comparison,
   - peak memory of the stage's whole process tree (sum of RSS every 50 ms, sum of PSS every 500 ms).
-
 Then, per encoder: where one core's time goes in the stage's steps, run one after another (read the parquet row
-groups into strings, encode them, write the shards), and the single-core rate on the real FineWeb-Edu reference
-documents (cold: each document once, fresh encoders) when ../shared/ref-data is there.
+groups into strings, encode them, write the shards), and the single-core rate on the FineWeb-Edu reference
+documents themselves (cold: each document once, fresh encoders).
 
-    python bench/bench_tokenize.py                 # 50 MB and 150 MB corpora, both encoders
-    python bench/bench_tokenize.py --sizes-mb 60 --no-imap --encoders tiktoken gigatoken
+Timings mean something only on quiet cores: run it on an otherwise idle machine (check `uptime`: the load average
+should be well under the core count; the table's 'load' column shows it after each run), e.g.
+
+    python bench/bench_tokenize.py                         # 50 MB FineWeb-like corpus, both encoders
+    python bench/bench_tokenize.py --sizes-mb 50 150 --corpus synthetic
+    taskset -c 0,1 python bench/bench_tokenize.py --encoders gigatoken   # the 2-core figures on a bigger machine
+    python bench/bench_tokenize.py --tiny                  # a 2 MB smoke run (CI): every figure, none meaningful
 """
 from __future__ import annotations
 
@@ -48,6 +61,44 @@ from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
 from gptcore.data import shards as S  # noqa: E402
 
 REF_DOCS = ROOT.parent / "shared" / "ref-data" / "fineweb_edu_sample.jsonl"
+AMDAHL_CORES = (16, 64, 128)
+
+
+def fineweb_like_corpus(path: Path, size_mb: float, ref: Path, novel: float = 0.02, seed: int = 0) -> tuple[int, int]:
+    """Write the reference FineWeb-Edu documents, copied until `size_mb` MB of text, to a parquet file: the first
+    copy as it is, each later one with a `novel` share of its words of 4+ letters respelled (inner letters shuffled,
+    the same way within a copy), as new words keep coming in real text. Returns (documents, bytes of text)."""
+    docs = [json.loads(line)["text"] for line in ref.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rng = np.random.default_rng(seed)
+    target, total, n_docs, copy = int(size_mb * 1e6), 0, 0, 0
+    writer = pq.ParquetWriter(path, pa.schema([("text", pa.large_string())]))
+    while total < target:
+        batch = []
+        for d in docs:
+            if copy:
+                parts = re.split(r"([A-Za-z]{4,})", d)
+                pick = rng.random(len(parts)) < novel
+                for i in range(1, len(parts), 2):
+                    if pick[i]:
+                        w = parts[i]
+                        inner = list(w[1:-1])
+                        rng.shuffle(inner)
+                        parts[i] = w[0] + "".join(inner) + w[-1]
+                d = "".join(parts)
+            batch.append(d)
+            total += len(d.encode("utf-8"))
+            if total >= target:
+                break
+        n_docs += len(batch)
+        writer.write_table(pa.table({"text": pa.array(batch, pa.large_string())}), row_group_size=1024)
+        copy += 1
+    writer.close()
+    return n_docs, total
+
+
+def amdahl_efficiency(serial: float, cores: int) -> float:
+    """Speedup on `cores` cores over one, divided by `cores`, when a share `serial` of the work cannot overlap."""
+    return 1.0 / (cores * serial + 1.0 - serial)
 
 
 def english_like_corpus(path: Path, size_mb: float, seed: int = 0) -> tuple[int, int]:
@@ -203,14 +254,28 @@ STAGE = """
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
 from gptcore.data.tokenize import tokenize
-def cpu():
-    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
-t0, c0 = time.perf_counter(), cpu()
-m = tokenize({raw!r}, {out!r}, {{"tokenizer": "gpt2", "shard_tokens": 100_000_000, "val_tokens": 1_000_000,
+def cpu(who):
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+import gptcore.data.tokenize as E
+run = dict.fromkeys(("parent", "workers"), 0.0)
+write_shards = E.write_shards
+def timed_pass(*a, **k):  # the pass over the corpus alone: what grows with it (start-up is a fixed cost)
+    p0, w0 = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
+    try:
+        return write_shards(*a, **k)
+    finally:  # the pool is joined by now: its workers are counted in RUSAGE_CHILDREN
+        run["parent"] += cpu(resource.RUSAGE_SELF) - p0
+        run["workers"] += cpu(resource.RUSAGE_CHILDREN) - w0
+E.write_shards = timed_pass
+t0, p0, w0 = time.perf_counter(), cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
+m = tokenize({raw!r}, {out!r}, {{"tokenizer": "gpt2", "shard_tokens": {shard_tokens}, "val_tokens": {val_tokens},
                                  "workers": 0, "encoder": {encoder!r}}}, progress=False)
-dt, dc = time.perf_counter() - t0, cpu() - c0
-print(json.dumps({{"tokens": m["tokens"]["val"] + m["tokens"]["train"], "seconds": dt, "cpu_seconds": dc}}))
+dt = time.perf_counter() - t0
+parent, workers = cpu(resource.RUSAGE_SELF) - p0, cpu(resource.RUSAGE_CHILDREN) - w0
+print(json.dumps({{"tokens": m["tokens"]["val"] + m["tokens"]["train"], "seconds": dt, "cpu_seconds": parent + workers,
+                  "parent_cpu": parent, "workers_cpu": workers, "pass_parent_cpu": run["parent"],
+                  "pass_workers_cpu": run["workers"]}}))
 """
 
 IMAP = """
@@ -237,7 +302,7 @@ print(json.dumps({{"tokens": n, "seconds": time.perf_counter() - t0, "cpu_second
 """
 
 
-def stage_breakdown(raw: Path, out: Path, encoder: str) -> dict:
+def stage_breakdown(raw: Path, out: Path, encoder: str, shard_tokens: int) -> dict:
     """One core, the stage's steps one after another over the whole corpus: read (parquet row groups -> str),
     encode (str -> one uint16 array per task, as the workers do), write (ShardWriter: shards + sha256 + fsync)."""
     tok = get_tokenizer("gpt2", encoder=encoder)
@@ -251,7 +316,7 @@ def stage_breakdown(raw: Path, out: Path, encoder: str) -> dict:
     n = sum(len(tokens) for _, tokens, _ in encoded)
     head = {"tokenizer": {"name": "gpt2"}, "vocab_size": tok.vocab_size, "eot": tok.eot, "dtype": "uint16"}
     t0 = time.perf_counter()
-    writer = S.ShardWriter(out, head, 100_000_000, 1_000_000)
+    writer = S.ShardWriter(out, head, shard_tokens, shard_tokens)
     for first, tokens, starts in encoded:
         writer.add(first, tokens, starts)
     writer.finish(corpus.documents)
@@ -272,11 +337,11 @@ print(json.dumps({{"tokens": n, "seconds": time.perf_counter() - t0, "bytes": su
 """
 
 
-def real_docs_rate(encoder: str) -> dict | None:
+def real_docs_rate(encoder: str, ref: Path) -> dict | None:
     """Single-core tokens/s on the FineWeb-Edu reference documents, each once, in a fresh process (cold caches)."""
-    if not REF_DOCS.is_file():
+    if not ref.is_file():
         return None
-    out = subprocess.run([sys.executable, "-c", REAL.format(root=str(ROOT), ref=str(REF_DOCS), encoder=encoder)],
+    out = subprocess.run([sys.executable, "-c", REAL.format(root=str(ROOT), ref=str(ref), encoder=encoder)],
                          capture_output=True, text=True, check=True).stdout
     r = json.loads(out.strip().splitlines()[-1])
     return {"tokens": r["tokens"], "rate": r["tokens"] / r["seconds"]}
@@ -284,11 +349,29 @@ def real_docs_rate(encoder: str) -> dict | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes-mb", type=float, nargs="+", default=[50, 150])
+    ap.add_argument("--sizes-mb", type=float, nargs="+", default=[50], help="corpus sizes in MB of text (default 50)")
+    ap.add_argument("--corpus", choices=["fineweb", "synthetic"], default="fineweb",
+                    help="FineWeb-Edu-like text from the reference sample (default; synthetic when it is absent) or "
+                         "the synthetic Shakespeare-frequency corpus")
+    ap.add_argument("--ref-docs", type=Path, default=REF_DOCS, help=f"the FineWeb-Edu sample (default {REF_DOCS})")
+    ap.add_argument("--novel", type=float, default=0.02,
+                    help="fineweb: share of the words of 4+ letters respelled in each copy after the first (0.02)")
+    ap.add_argument("--shard-tokens", type=int, default=4_000_000,
+                    help="tokenize.shard_tokens for the stage run (val_tokens: a quarter of it): a few shards per 50 "
+                         "MB, so that "
+                         "shard assembly overlaps encoding as over a full-size corpus (default 4,000,000; the gpt2_124m preset's are "
+                         "100,000,000, and each shard costs the parent a few fsyncs)")
     ap.add_argument("--encoders", nargs="+", default=["tiktoken", "gigatoken"], choices=["tiktoken", "gigatoken"])
     ap.add_argument("--no-imap", action="store_true", help="skip the per-document Pool.imap comparison")
+    ap.add_argument("--tiny", action="store_true",
+                    help="a smoke run for CI: a 2 MB corpus, 100,000-token shards, no imap (figures not meaningful)")
     ap.add_argument("--workdir", default=None, help="where to build corpora (default: a temp dir, removed after)")
     args = ap.parse_args()
+    if args.tiny:
+        args.sizes_mb, args.shard_tokens, args.no_imap = [2], 200_000, True
+    if args.corpus == "fineweb" and not args.ref_docs.is_file():
+        print(f"[bench] {args.ref_docs} not found: using the synthetic corpus", flush=True)
+        args.corpus = "synthetic"
     cores = cpu_count()
     rows, parts = [], {}
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
@@ -297,18 +380,42 @@ def main() -> None:
             d = tmp / f"c{size:g}"
             d.mkdir()
             t0 = time.perf_counter()
-            n_docs, n_bytes = english_like_corpus(d / "corpus.parquet", size)
-            fetch({"source": "local", "path": str(d / "corpus.parquet")}, d / "raw")
-            print(f"[bench] corpus {n_bytes / 1e6:.1f} MB, {n_docs:,} documents of 2-8 KB "
+            built = {}
+            for name, mb in (("corpus", size), ("half", size / 2)):  # the half is the whole's first half (same seed)
+                if args.corpus == "fineweb":
+                    built[name] = fineweb_like_corpus(d / f"{name}.parquet", mb, args.ref_docs, args.novel)
+                    what = f"FineWeb-Edu-like ({args.ref_docs.name} repeated, {args.novel:.0%} of words respelled per copy)"
+                else:
+                    built[name] = english_like_corpus(d / f"{name}.parquet", mb)
+                    what = "synthetic, documents of 2-8 KB"
+                fetch({"source": "local", "path": str(d / f"{name}.parquet")}, d / f"raw_{name}")
+            n_docs, n_bytes = built["corpus"]
+            (d / "raw").symlink_to(d / "raw_corpus")
+            print(f"[bench] corpus {n_bytes / 1e6:.1f} MB, {n_docs:,} documents, {what}, and its first half "
                   f"(built in {time.perf_counter() - t0:.1f}s)", flush=True)
             for encoder in args.encoders:  # side by side on the same corpus, one after the other
                 single = single_core_rates(d / "corpus.parquet", encoder)
-                stage, rss, pss = run_measured(STAGE.format(root=str(ROOT), raw=str(d / "raw"),
-                                                            out=str(d / "shards"), encoder=encoder))
-                shutil.rmtree(d / "shards")
+                runs = {}
+                # a quarter of a shard, or less on a small corpus (its half must hold more than the val split)
+                val_tokens = min(args.shard_tokens // 4, built["half"][1] // 20)
+                for name in ("half", "corpus"):
+                    runs[name] = run_measured(STAGE.format(root=str(ROOT), raw=str(d / f"raw_{name}"),
+                                                           out=str(d / "shards"), encoder=encoder,
+                                                           shard_tokens=args.shard_tokens,
+                                                           val_tokens=val_tokens))
+                    shutil.rmtree(d / "shards")
+                stage, rss, pss = runs["corpus"]
+                half = runs["half"][0]
+                # what the second half of the corpus cost: fixed costs (starting the pool, the last shard's tail) cancel
+                d_parent = stage["pass_parent_cpu"] - half["pass_parent_cpu"]
+                d_workers = stage["pass_workers_cpu"] - half["pass_workers_cpu"]
                 row = {"encoder": encoder, "mb": n_bytes / 1e6, "docs": n_docs, **single,
                        "stage": stage["tokens"] / stage["seconds"], "stage_cpu": stage["tokens"] / stage["cpu_seconds"],
                        "stage_tokens": stage["tokens"], "stage_s": stage["seconds"], "rss": rss, "pss": pss,
+                       "serial": max(d_parent, 0.0) / max(d_parent + d_workers, 1e-9),
+                       "serial_pass": stage["pass_parent_cpu"] / (stage["pass_parent_cpu"] + stage["pass_workers_cpu"]),
+                       "serial_all": stage["parent_cpu"] / stage["cpu_seconds"],
+                       "fixed_s": stage["parent_cpu"] - stage["pass_parent_cpu"],
                        "load": os.getloadavg()[0]}
                 if not args.no_imap and encoder == "tiktoken":
                     imap, _, _ = run_measured(IMAP.format(root=str(ROOT), parquet=str(d / "corpus.parquet"),
@@ -319,10 +426,10 @@ def main() -> None:
                 print(f"[bench] {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})}",
                       flush=True)
                 if size == args.sizes_mb[0]:
-                    parts[encoder] = stage_breakdown(d / "raw", d / "parts", encoder)
+                    parts[encoder] = stage_breakdown(d / "raw", d / "parts", encoder, args.shard_tokens)
                     print(f"[bench] steps on one core ({encoder}): {json.dumps(parts[encoder])}", flush=True)
             shutil.rmtree(d)
-    real = {e: real_docs_rate(e) for e in args.encoders}
+    real = {e: real_docs_rate(e, args.ref_docs) for e in args.encoders}
     print(f"\ncores: {cores}   (GPT-2 BPE; rates in million tokens/s; memory = peak of the stage's process tree)")
     print("ratio = stage tokens/s / (cores x 1-core tokens/s), wall clock; 'cpu eff' = stage tokens per CPU-second "
           "(parent + workers) / 1-core np tokens per CPU-second: the share of CPU spent encoding, which other load "
@@ -334,6 +441,7 @@ def main() -> None:
             f"{'ratio ord':>9} {'ratio np':>8}")
     head += "" if args.no_imap else f" {'imap/doc':>8} {'imap ratio':>10}"
     head += f" {'cpu eff':>7} {'ceiling':>7} {'stage/ceil':>10} {'vs tiktoken':>11} {'RSS sum':>8} {'PSS sum':>8} {'load':>5}"
+    head += f" {'serial':>7}" + "".join(f" {f'E{n}':>6}" for n in AMDAHL_CORES)
     print(head)
     base = {r["mb"]: r["stage"] for r in rows if r["encoder"] == "tiktoken"}
     for r in rows:
@@ -346,8 +454,21 @@ def main() -> None:
         vs = f"{r['stage'] / base[r['mb']]:.2f}x" if r["mb"] in base else "-"
         line += (f" {r['stage_cpu'] / r['encode_numpy_cpu']:>7.1%} {r['ceiling'] / (cores * r['encode_numpy']):>7.1%}"
                  f" {r['stage'] / r['ceiling']:>10.1%} {vs:>11} {r['rss'] / 2**20:>5.0f} MB {r['pss'] / 2**20:>5.0f} MB"
-                 f" {r['load']:>5.1f}")
+                 f" {r['load']:>5.1f} {r['serial']:>7.2%}")
+        line += "".join(f" {amdahl_efficiency(r['serial'], n):>6.1%}" for n in AMDAHL_CORES)
         print(line)
+    print("\n'serial' = the parent's share of the CPU time that the second half of the corpus added (the stage run on "
+          "the corpus and on its first half; CPU times, so other load on the machine matters less than for wall "
+          "clock): the part of the work that does not spread over the workers, per token, as over a full-size "
+          "corpus. 'E<N>' = the efficiency Amdahl's law projects from it on N cores, 1 / (N serial + 1 - serial). "
+          "Fixed parent costs (building the tokenizer, checking val_tokens, starting the pool) do not grow with the "
+          "corpus; they are shown apart, as is the parent's share of the whole run at this size")
+    for r in rows:
+        effs = ", ".join(f"{n} cores {amdahl_efficiency(r['serial'], n):.1%}" for n in AMDAHL_CORES)
+        print(f"{r['encoder']:>9} {r['mb']:>4.0f} MB: stage at {r['stage'] / r['ceiling']:.1%} of the parallel ceiling on "
+              f"{cores} cores; serial fraction {r['serial']:.3%} -> Amdahl efficiency {effs} (fixed start-up "
+              f"{r['fixed_s']:.2f} CPU-s; the parent's share of this whole run {r['serial_all']:.2%}, of its pass "
+              f"over the corpus {r['serial_pass']:.2%})")
     if parts:
         print(f"\nwhere one core's time goes ({args.sizes_mb[0]:g} MB corpus, the stage's steps run one after another; "
               f"seconds per 100M tokens):")

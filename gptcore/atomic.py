@@ -53,12 +53,15 @@ def fsync_dir(path: str | Path) -> None:
         os.close(fd)
 
 
-def publish(tmp: str | Path, path: str | Path) -> None:
-    """Make the finished temp file `tmp` durable and rename it over `path`, then fsync the folder."""
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
+def publish(tmp: str | Path, path: str | Path, synced: bool = False) -> None:
+    """Make the finished temp file `tmp` durable and rename it over `path`, then fsync the folder. `synced`: the writer
+    already fsynced `tmp` and fsyncs the folder itself after its next rename there (the shard writer: its manifest)."""
+    if not synced:
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
-    fsync_dir(Path(path).parent)
+    if not synced:
+        fsync_dir(Path(path).parent)
 
 
 @contextmanager

@@ -35,7 +35,18 @@ def test_bench_gpu_tiny():
 
 
 @pytest.mark.slow
-def test_bench_tokenize_small():
-    """bench_tokenize at its smallest corpus that holds its 1M val tokens, one encoder."""
-    out = run_bench("bench_tokenize.py", "--sizes-mb", "5", "--encoders", "tiktoken", "--no-imap")
-    assert out.strip()
+def test_bench_tokenize_tiny():
+    """The figures the lead reads are all there: stage against the ceiling, serial fraction, Amdahl's projection."""
+    out = run_bench("bench_tokenize.py", "--tiny")
+    lines = out.splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("encoder") and "serial" in line)
+    assert all(col in header.split() for col in ("stage/ceil", "serial", "E16", "E64", "E128"))
+    for encoder in ("tiktoken", "gigatoken"):
+        summary = [line for line in lines if line.lstrip().startswith(f"{encoder} ") and "of the parallel ceiling" in line]
+        assert len(summary) == 1, out[-3000:]
+        assert "serial fraction" in summary[0] and all(f"{n} cores" in summary[0] for n in (16, 64, 128))
+
+
+def test_bench_tokenize_help_says_how_to_run_it():
+    out = run_bench("bench_tokenize.py", "--help")
+    assert "quiet" in out and "--tiny" in out and "Amdahl" in out

@@ -325,7 +325,7 @@ def test_hub_file_with_one_large_row_group_streams_and_skips(tmp_path):
     assert batches[0][0] == 1500 and max(len(b) for _, b in batches) < 100
     assert [d for _, b in batches for d in b] == [f"file 0 doc {j}" for j in range(1500, 3000)]
     tasks = list(corpus.tasks(start_doc=1500, task_bytes=2000))
-    assert len(tasks) > 5 and all(t.row_group == 0 for t in tasks)
+    assert len(tasks) > 5 and all(t.row_groups == (0,) for t in tasks)
     assert [d for t in tasks for d in corpus_mod.read_task(t)] == [f"file 0 doc {j}" for j in range(1500, 3000)]
 
 

@@ -183,10 +183,14 @@ class DiesOnPoison(WrapsAround):
 
 def test_a_killed_worker_is_an_error_not_a_hang(tmp_path):
     raw = make_raw(tmp_path, ["abcdefghij"] * 200 + ["poison"] + ["abc"] * 10)
-    with pytest.raises(UserError, match="a tokenize worker process died.*after 4 finished shards"):
+    with pytest.raises(UserError, match=r"a tokenize worker process died.*after \d finished shards") as e:
         E.write_shards(open_corpus(raw), tmp_path / "shards", DiesOnPoison(), shard_tokens=500, val_tokens=0,
                        workers=2, progress=False, task_bytes=100)
-    assert len(S.read_manifest(tmp_path / "shards")["shards"]) == 4
+    # the shards closed before the death are kept (4 when every task before the poisoned one had reported back; the
+    # other worker's task in progress when the pool breaks is lost, so fewer on some runs), intact
+    m = S.read_manifest(tmp_path / "shards")
+    assert 1 <= len(m["shards"]) <= 4 and f"after {len(m['shards'])} finished shards" in str(e.value)
+    assert S.check_files(tmp_path / "shards", m, full=True) == [] and not list((tmp_path / "shards").glob(".*tmp"))
 
 
 @pytest.mark.parametrize("spec", ["gpt2", "char"])

@@ -154,10 +154,19 @@ class Corpus:
             raise UserError(f"{path}: listed in {self.root / FETCH_RECORD} but missing; run fetch again")
         return open_parquet(path, self.text_column)
 
-    def tasks(self, start_doc: int = 0, task_bytes: int = 4 << 20) -> Iterator["ReadTask"]:
-        """Units of work for the tokenize workers, from document `start_doc` on, planned from parquet
-        metadata alone: one task per row group, except that a row group holding more than
-        task_bytes of text is cut into slices of about that size (each worker then decodes it once)."""
+    def text_bytes(self) -> int:
+        """The text column's size over all files, uncompressed, from parquet metadata alone (an estimate of the text)."""
+        total = 0
+        for path, _ in self.files():
+            md = self._open(path).metadata
+            col = next(j for j in range(md.num_columns) if md.schema.column(j).path == self.text_column)
+            total += sum(md.row_group(rg).column(col).total_uncompressed_size for rg in range(md.num_row_groups))
+        return total
+
+    def tasks(self, start_doc: int = 0, task_bytes: int = 4 << 20) -> Iterator[ReadTask]:
+        """Units of work for the tokenize workers, from document `start_doc` on, planned from parquet metadata alone,
+        each about task_bytes of text: consecutive row groups of a file together, and a row group holding more than
+        task_bytes cut into slices of about that size (each worker then decodes it once)."""
         doc = 0
         for path, n_docs in self.files():
             if doc + n_docs <= start_doc:
@@ -167,6 +176,7 @@ class Corpus:
             md = pf.metadata
             col = next(j for j in range(md.num_columns) if md.schema.column(j).path == self.text_column)
             file_row, left = 0, n_docs
+            group: list = []  # row groups gathered into one task: [first_doc, [row groups], offset, rows, file_row, bytes]
             for rg in range(md.num_row_groups):
                 if left <= 0:
                     break
@@ -175,13 +185,25 @@ class Corpus:
                 if doc + rows > start_doc and rows > 0:
                     skip = max(0, start_doc - doc)
                     text_bytes = md.row_group(rg).column(col).total_uncompressed_size * (rows - skip) / rg_rows
-                    per = math.ceil((rows - skip) / max(1, math.ceil(text_bytes / task_bytes)))
-                    for off in range(skip, rows, per):
-                        yield ReadTask(doc + off, str(path), self.text_column, rg, off, min(per, rows - off),
-                                       file_row + off)
+                    if group and group[5] + text_bytes > task_bytes:
+                        yield ReadTask(group[0], str(path), self.text_column, tuple(group[1]), *group[2:5])
+                        group = []
+                    if text_bytes > task_bytes:
+                        per = math.ceil((rows - skip) / math.ceil(text_bytes / task_bytes))
+                        for off in range(skip, rows, per):
+                            yield ReadTask(doc + off, str(path), self.text_column, (rg,), off, min(per, rows - off),
+                                           file_row + off)
+                    elif group:
+                        group[1].append(rg)
+                        group[3] += rows
+                        group[5] += text_bytes
+                    else:
+                        group = [doc + skip, [rg], skip, rows - skip, file_row + skip, text_bytes]
                 doc += rows
                 file_row += rg_rows
                 left -= rows
+            if group:
+                yield ReadTask(group[0], str(path), self.text_column, tuple(group[1]), *group[2:5])
             if left > 0:
                 raise UserError(f"{path}: has {n_docs - left} documents, {FETCH_RECORD} lists {n_docs}; run fetch again")
 
@@ -192,12 +214,13 @@ class Corpus:
 
 
 class ReadTask(NamedTuple):
-    """Rows [offset, offset + rows) of one parquet row group: documents first_doc, first_doc + 1, ..."""
+    """Rows [offset, offset + rows) of consecutive parquet row groups read as one: documents first_doc, first_doc + 1,
+    ..."""
 
     first_doc: int
     path: str
     text_column: str
-    row_group: int
+    row_groups: tuple[int, ...]
     offset: int
     rows: int
     file_row: int  # the first row's index in the file, for error messages
@@ -206,26 +229,26 @@ class ReadTask(NamedTuple):
 # per process (each tokenize worker): the last file opened and the last row group decoded, so the
 # slices of a large row group that land on the same worker decode it once
 _open_file: tuple[str, pq.ParquetFile] | None = None
-_decoded: tuple[tuple[str, int], pa.ChunkedArray] | None = None
+_decoded: tuple[tuple[str, tuple[int, ...]], pa.ChunkedArray] | None = None
 
 
 def read_task(task: ReadTask) -> list[str]:
     """The documents of one task (run in a tokenize worker); ValueError naming the file and row if
     one is not a string."""
     global _open_file, _decoded
-    key = (task.path, task.row_group)
+    key = (task.path, task.row_groups)
     if _decoded is not None and _decoded[0] == key:
         column = _decoded[1]
     else:
         if _open_file is None or _open_file[0] != task.path:
             _open_file = (task.path, pq.ParquetFile(task.path))
         pf = _open_file[1]
-        column = pf.read_row_group(task.row_group, columns=[task.text_column], use_threads=False).column(0)
-        whole = task.offset == 0 and task.rows == pf.metadata.row_group(task.row_group).num_rows
+        column = pf.read_row_groups(list(task.row_groups), columns=[task.text_column], use_threads=False).column(0)
+        whole = task.offset == 0 and task.rows == len(column)
         _decoded = None if whole else (key, column)
     docs = column_texts(column.slice(task.offset, task.rows), Path(task.path), task.file_row)
     if len(docs) != task.rows:
-        raise UserError(f"{task.path}: row group {task.row_group} has fewer rows than planned; run fetch again")
+        raise UserError(f"{task.path}: row groups {task.row_groups} have fewer rows than planned; run fetch again")
     return docs
 
 

@@ -13,11 +13,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import struct
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Executor, Future
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -156,42 +159,43 @@ def load_tokens(path: str | Path) -> np.ndarray:
     return arr
 
 
-def check_files(shard_dir: str | Path, m: dict, full: bool = True) -> list[str]:
-    """Problems of the shard files against manifest `m`, one line each naming the file: missing, wrong size or
-    dtype, token count, and shard files the manifest does not list. `full` also rereads every byte (sha256,
-    document count): tokenize's check before it reports complete; train and evaluate run the cheap part."""
+def check_shard(shard_dir: str | Path, dtype: str, eot: int, s: dict, full: bool = True) -> str | None:
+    """The problem of one listed shard (manifest entry `s`) as one line naming the file, or None: missing, wrong size
+    or dtype, token count; `full` also rereads every byte (sha256, document count). Runs in a tokenize worker."""
+    path = Path(shard_dir) / s["name"]
+    if not path.is_file():
+        return f"{path}: missing"
+    want = NPY_HEADER_BYTES + s["tokens"] * np.dtype(dtype).itemsize
+    if path.stat().st_size != want:
+        return (f"{path}: {path.stat().st_size:,} bytes, the manifest's {s['tokens']:,} {dtype} tokens "
+                f"make {want:,}; the shard is truncated or damaged")
+    try:
+        arr = load_tokens(path)
+    except ValueError as e:
+        return str(e)
+    if arr.dtype != np.dtype(dtype):
+        return f"{path}: dtype {arr.dtype}, manifest says {dtype}"
+    if len(arr) != s["tokens"]:
+        return f"{path}: {len(arr)} tokens, manifest says {s['tokens']}"
+    if not full:
+        return None
+    docs = int(np.count_nonzero(arr == eot))
+    if docs != s["documents"]:
+        return f"{path}: {docs} documents (eot tokens), manifest says {s['documents']}"
+    if file_sha256(path) != s["sha256"]:
+        return f"{path}: sha256 does not match the manifest (bytes changed since tokenize wrote it)"
+    return None
+
+
+def check_files(shard_dir: str | Path, m: dict, full: bool = True, map_fn: Callable = map) -> list[str]:
+    """Problems of the shard files against manifest `m`, one line each naming the file (check_shard for each listed
+    shard, and shard files the manifest does not list). `full` also rereads every byte: tokenize's check before it
+    reports complete, spread over its workers by `map_fn`; train and evaluate run the cheap part."""
     shard_dir = Path(shard_dir)
-    problems = []
-    listed = set()
-    for s in m["shards"]:
-        path = shard_dir / s["name"]
-        listed.add(s["name"])
-        if not path.is_file():
-            problems.append(f"{path}: missing")
-            continue
-        want = NPY_HEADER_BYTES + s["tokens"] * np.dtype(m["dtype"]).itemsize
-        if path.stat().st_size != want:
-            problems.append(f"{path}: {path.stat().st_size:,} bytes, the manifest's {s['tokens']:,} {m['dtype']} tokens "
-                            f"make {want:,}; the shard is truncated or damaged")
-            continue
-        try:
-            arr = load_tokens(path)
-        except ValueError as e:
-            problems.append(str(e))
-            continue
-        if arr.dtype != np.dtype(m["dtype"]):
-            problems.append(f"{path}: dtype {arr.dtype}, manifest says {m['dtype']}")
-            continue
-        if len(arr) != s["tokens"]:
-            problems.append(f"{path}: {len(arr)} tokens, manifest says {s['tokens']}")
-            continue
-        if not full:
-            continue
-        docs = int(np.count_nonzero(arr == m["eot"]))
-        if docs != s["documents"]:
-            problems.append(f"{path}: {docs} documents (eot tokens), manifest says {s['documents']}")
-        if file_sha256(path) != s["sha256"]:
-            problems.append(f"{path}: sha256 does not match the manifest (bytes changed since tokenize wrote it)")
+    n = len(m["shards"])
+    found = map_fn(check_shard, [str(shard_dir)] * n, [m["dtype"]] * n, [m["eot"]] * n, m["shards"], [full] * n)
+    problems = [p for p in found if p is not None]
+    listed = {s["name"] for s in m["shards"]}
     if shard_dir.is_dir():
         for p in sorted(shard_dir.iterdir()):
             if _NAME.match(p.name) and p.name not in listed:
@@ -283,16 +287,70 @@ def clear_shard_dir(shard_dir: str | Path, keep: tuple[str, ...] = ()) -> None:
             p.unlink()
 
 
+def piece_path(shard_dir: str | Path, first_doc: int) -> Path:
+    """Where a tokenize worker leaves the tokens of the task starting at document `first_doc` until they are copied
+    into their shard(s): a hidden temp name, removed by the writer (or by the next run, after a kill)."""
+    return Path(shard_dir) / f".piece.{first_doc:012d}{TMP_SUFFIX}"
+
+
+def write_piece(path: str | Path, tokens: np.ndarray) -> None:
+    """A task's tokens as raw bytes; not fsynced: the shard assembled from it is."""
+    tokens.tofile(path)
+
+
+def assemble_shard(shard_dir: str, name: str, dtype: str, n_tokens: int,
+                   segments: list[tuple[str, int, int]]) -> tuple[str, str]:
+    """Write shard `name` (n_tokens of `dtype`) to a temp file from token ranges [start, stop) of piece files, hashing
+    as it goes, and fsync it; returns (temp path, sha256). Runs in a tokenize worker, so the bytes never pass through
+    the parent; the parent publishes the file in order (ShardWriter)."""
+    dt = np.dtype(dtype)
+    header = npy_header(dt, n_tokens)
+    h = hashlib.sha256(header)
+    tmp = temp_beside(Path(shard_dir) / name)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header)
+            for path, start, stop in segments:
+                chunk = np.fromfile(path, dtype=dt, count=stop - start, offset=start * dt.itemsize)
+                if len(chunk) != stop - start:
+                    raise RuntimeError(f"{path}: {len(chunk)} tokens from {start}, expected {stop - start}")
+                h.update(chunk)
+                f.write(chunk.data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return str(tmp), h.hexdigest()
+
+
+class _Inline(Executor):
+    """An executor that runs each call at once in this process (one worker, no pool)."""
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:  # noqa: D102
+        f: Future = Future()
+        try:
+            f.set_result(fn(*args, **kwargs))
+        except Exception as e:  # noqa: BLE001  (handed to whoever asks for the result, as a pool would)
+            f.set_exception(e)
+        return f
+
+
 class ShardWriter:
     """Cuts an ordered stream of tokenized documents into shards.
 
     `header` is what the manifest records besides the shards (tokenizer, vocab_size, eot, dtype,
     fingerprint, ...). Pass the manifest of an unfinished run with the same fingerprint as `resume`:
     the writer then keeps its finished shards and `resume_point` says where the stream restarts
-    (document index, and how many of that document's tokens, its eot included, to drop)."""
+    (document index, and how many of that document's tokens, its eot included, to drop).
+
+    The tokens arrive as piece files (add_piece; `add` writes one from an array). The writer itself only does the
+    bookkeeping (where each piece's tokens fall, document counts, resume points, the manifest): copying pieces into a
+    shard and hashing it (assemble_shard), and the final reread, run on `pool` (the tokenize workers; by default in
+    this process). Shards are published and recorded in order, each as soon as it and those before it are done."""
 
     def __init__(self, shard_dir: str | Path, header: dict, shard_tokens: int, val_tokens: int,
-                 resume: dict | None = None) -> None:
+                 resume: dict | None = None, pool: Executor | None = None) -> None:
         assert shard_tokens >= 1 and val_tokens >= 0, (shard_tokens, val_tokens)  # the tokenize schema checked them
         self.dir = Path(shard_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -304,19 +362,19 @@ class ShardWriter:
         self.resume_point = (0, 0)
         if resume is not None:
             self._adopt(resume)
-        for p in self.dir.iterdir():  # partial files of a killed run are never shards; drop them
+        for p in self.dir.iterdir():  # partial files and pieces of a killed run are never shards; drop them
             if p.name.startswith(".") and p.name.endswith(TMP_SUFFIX):
                 p.unlink()
-        self._file = None
-        self._tmp: Path | None = None
+        self.pool: Executor = pool or _Inline()  # may be replaced before the first add
+        self._open = False
+        self._segments: list[tuple[str, int, int]] = []
         self._in_shard = 0
         self._docs_in_shard = 0
         self._expect_doc = self.resume_point[0]
         self._drop = self.resume_point[1]
-        # finished shards are fsynced, renamed and recorded by one background thread, in order, so the
-        # tokenize loop keeps feeding the workers while a 200 MB shard goes to disk
-        self._closer = ThreadPoolExecutor(1, thread_name_prefix="shard-close")
-        self._closing: list[Future] = []
+        self._closed = 0  # shards handed to assembly; the next one to close has this number
+        self._closing: deque = deque()  # (future of assemble_shard, record, segments), in shard order
+        self._pieces: deque = deque()  # (piece path, number of the last shard that reads it)
         if not self.manifest["complete"]:
             write_json(self.dir / MANIFEST, self.manifest, indent=1)
 
@@ -356,18 +414,11 @@ class ShardWriter:
         i = (self.pos - self.val_tokens) // self.shard_tokens
         return "train", i, self.shard_tokens
 
-    def _open(self) -> None:
-        split, index, _ = self._current()
-        self._name = shard_name(split, index)
-        self._split = split
-        self._tmp = temp_beside(self.dir / self._name)
-        self._file = open(self._tmp, "wb")
-        # written for a full shard and hashed as we go, so closing one needs no second pass over the
-        # file; a shorter last shard gets its real header (and a fresh hash) when it closes
-        _, _, self._cap = self._current()
-        header = npy_header(self.dtype, self._cap)
-        self._file.write(header)
-        self._sha = hashlib.sha256(header)
+    def _start_shard(self) -> None:
+        self._split, index, self._cap = self._current()
+        self._name = shard_name(self._split, index)
+        self._open = True
+        self._segments = []
         self._in_shard = 0
         self._docs_in_shard = 0
 
@@ -375,74 +426,86 @@ class ShardWriter:
     def add(self, first_doc: int, tokens: np.ndarray, starts: np.ndarray) -> None:
         """Append documents first_doc, first_doc+1, ...: `tokens` is their concatenation (each beginning
         with eot) and `starts` the offset of each document in it."""
+        if tokens.dtype != self.dtype:
+            raise TypeError(f"tokens are {tokens.dtype}, the shards are {self.dtype}")
+        path = piece_path(self.dir, first_doc)
+        write_piece(path, tokens)
+        self.add_piece(first_doc, len(tokens), starts, path)
+
+    def add_piece(self, first_doc: int, n_tokens: int, starts: np.ndarray, path: str | Path,
+                  publish: bool = True) -> None:
+        """Append documents first_doc, first_doc+1, ... whose n_tokens tokens (each document beginning with eot) are
+        in the piece file `path`; `starts` is the offset of each document in it. The writer deletes the piece.
+        Then the shards assembled so far are published (not with `publish=False`: after a failure, abort does it)."""
         if self.complete:
             raise RuntimeError(f"{self.dir}: the shards are already complete")
-        self._check_closed()
         if first_doc != self._expect_doc:
             raise RuntimeError(f"documents out of order: got {first_doc}, expected {self._expect_doc}")
         self._expect_doc += len(starts)
-        if tokens.dtype != self.dtype:
-            raise TypeError(f"tokens are {tokens.dtype}, the shards are {self.dtype}")
         starts = np.asarray(starts, dtype=np.int64)
-        if self._drop:  # resuming inside a document: its first tokens are in the previous shard
-            tokens, starts = tokens[self._drop:], starts - self._drop
-            self._drop = 0
-        at = 0
-        while at < len(tokens):
-            if self._file is None:
-                self._open()
-            _, _, cap = self._current()
-            take = min(cap - self._in_shard, len(tokens) - at)
-            chunk = tokens[at:at + take].tobytes()
-            self._file.write(chunk)
-            self._sha.update(chunk)
+        at, self._drop = self._drop, 0  # resuming inside a document: its first tokens are in the previous shard
+        while at < n_tokens:
+            if not self._open:
+                self._start_shard()
+            take = min(self._cap - self._in_shard, n_tokens - at)
+            self._segments.append((str(path), at, at + take))
             self._docs_in_shard += int(np.count_nonzero((starts >= at) & (starts < at + take)))
             self._in_shard += take
             self.pos += take
             at += take
-            if self._in_shard == cap:
+            if self._in_shard == self._cap:
                 # where the next shard starts: the document holding token `at` and the offset in it
                 j = int(np.searchsorted(starts, at, side="right")) - 1
-                nxt = (first_doc + j, int(at - starts[j])) if at < len(tokens) else (first_doc + len(starts), 0)
+                nxt = (first_doc + j, int(at - starts[j])) if at < n_tokens else (first_doc + len(starts), 0)
                 self._close(nxt)
+        # the last shard that reads this piece: the open one if it does, else the one just closed
+        reader = self._closed if self._open and self._segments and self._segments[-1][0] == str(path) else self._closed - 1
+        self._pieces.append((Path(path), reader))
+        if publish:
+            self._drain()
 
     def _close(self, nxt: tuple[int, int]) -> None:
-        """Hand the full (or last) shard to the closer thread; the next one can start at once."""
-        f = self._file
-        if self._in_shard != self._cap:
-            f.seek(0)
-            f.write(npy_header(self.dtype, self._in_shard))
-        sha = self._sha.hexdigest() if self._in_shard == self._cap else None
+        """Hand the full (or last) shard to the pool for assembly; the next one can start at once."""
         record = {"name": self._name, "split": self._split, "tokens": self._in_shard,
-                  "documents": self._docs_in_shard, "sha256": sha, "next": {"doc": nxt[0], "offset": nxt[1]}}
+                  "documents": self._docs_in_shard, "sha256": None, "next": {"doc": nxt[0], "offset": nxt[1]}}
         if "encoder" in self.manifest:  # per shard too: a resumed run may finish with another encoder
             record["encoder"] = self.manifest["encoder"]
-        self._closing.append(self._closer.submit(self._finalize, f, self._tmp, record))
-        self._file, self._tmp = None, None
-        self._check_closed()
+        segments = self._segments
+        fut = self.pool.submit(assemble_shard, str(self.dir), self._name, self.dtype.str, self._in_shard, segments)
+        self._closing.append((fut, record, segments))
+        self._closed += 1
+        self._open, self._segments = False, []
 
-    def _check_closed(self, wait: bool = False) -> None:
-        """Raise the first error of the closer thread (e.g. a different finished shard in the way)."""
-        while self._closing and (wait or self._closing[0].done()):
-            self._closing.pop(0).result()
+    def _drain(self, wait: bool = False) -> None:
+        """Publish the assembled shards in order, as far as they are done (all of them with `wait`)."""
+        while self._closing and (wait or self._closing[0][0].done()):
+            fut, record, _ = self._closing[0]
+            tmp, sha = fut.result()  # on an error the shard stays queued: abort assembles it here
+            self._closing.popleft()
+            self._publish(Path(tmp), record, sha)
 
-    def _finalize(self, f, tmp: Path, record: dict) -> None:  # noqa: ANN001  (runs in the closer thread)
-        f.close()
-        name = record["name"]
-        sha = record["sha256"] = record["sha256"] or file_sha256(tmp)
-        final = self.dir / name
+    def _publish(self, tmp: Path, record: dict, sha: str) -> None:
+        record["sha256"] = sha
+        final = self.dir / record["name"]
         if final.exists():
             # a kill between rename and manifest update leaves a finished shard the manifest does not list:
             # keep it untouched if it is what we just produced
-            if file_sha256(final) != sha:
-                tmp.unlink()
-                raise UserError(f"{final}: a finished shard with different content is in the way; "
-                                 f"delete it (or the whole {self.dir}) and rerun tokenize")
             tmp.unlink()
+            if file_sha256(final) != sha:
+                raise UserError(f"{final}: a finished shard with different content is in the way; "
+                                f"delete it (or the whole {self.dir}) and rerun tokenize")
         else:
-            publish(tmp, final)
+            # assemble_shard fsynced it; the manifest's write fsyncs the folder, so both renames are durable together
+            publish(tmp, final, synced=True)
         self.manifest["shards"].append(record)
         write_json(self.dir / MANIFEST, self.manifest, indent=1)
+        self._drop_pieces()
+
+    def _drop_pieces(self) -> None:
+        """Delete the pieces every reader of which is published (those of the shards still being assembled stay)."""
+        done = self._closed - len(self._closing)  # shards published so far by this writer
+        while self._pieces and self._pieces[0][1] < done:
+            self._pieces.popleft()[0].unlink(missing_ok=True)
 
     def finish(self, documents: int) -> dict:
         """Close the last shard and mark the manifest complete; `documents` is the corpus size."""
@@ -457,12 +520,9 @@ class ShardWriter:
             self.abort()
             raise UserError(f"the corpus has {self.pos:,} tokens, all taken by tokenize.val_tokens={self.val_tokens:,}; "
                              f"nothing is left for train: lower val_tokens")
-        if self._file is not None and self._in_shard:
+        if self._open and self._in_shard:
             self._close((documents, 0))
-        try:
-            self._check_closed(wait=True)
-        finally:
-            self._closer.shutdown()
+        self._drain(wait=True)
         self.check_finished()
         self.manifest["complete"] = True
         self.manifest["documents"] = documents
@@ -475,7 +535,7 @@ class ShardWriter:
         """Reread every finished shard against the manifest (sha256, counts, no unlisted shard) before the run may
         report complete: a flipped byte on disk must not reach DVC's hash and the trainer. On a problem the
         manifest is left (or set back to) complete: false, and the error names the file."""
-        problems = check_files(self.dir, self.manifest, full=True)
+        problems = check_files(self.dir, self.manifest, full=True, map_fn=self.pool.map)
         if problems:
             if self.manifest["complete"]:
                 self.manifest["complete"] = False
@@ -485,11 +545,20 @@ class ShardWriter:
                              f"file(s) and rerun tokenize (it rewrites from the first missing shard on)")
 
     def abort(self) -> None:
-        """Drop the shard being written; finished shards already handed to the closer are recorded."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._tmp is not None:
-            self._tmp.unlink(missing_ok=True)
-            self._tmp = None
-        self._closer.shutdown(wait=True)  # lets pending closes finish; their errors do not mask the caller's
+        """Drop the shard being filled; the shards already closed are still assembled (in this process if the pool
+        cannot: cancelled, or a worker died) and recorded, so no finished work is lost; then remove every piece and
+        temp file (call it once the pool's workers are stopped)."""
+        self._open, self._segments = False, []
+        try:
+            while self._closing:
+                fut, record, segments = self._closing.popleft()
+                try:
+                    tmp, sha = fut.result()
+                except Exception:  # noqa: BLE001  (cancelled or the pool broke: the pieces are still on disk)
+                    tmp, sha = assemble_shard(str(self.dir), record["name"], self.dtype.str, record["tokens"], segments)
+                self._publish(Path(tmp), record, sha)
+        finally:
+            self._closing.clear()
+            for p in self.dir.glob(f".*{TMP_SUFFIX}"):  # pieces, and shards a killed worker was writing
+                p.unlink(missing_ok=True)
+            self._pieces.clear()

@@ -31,7 +31,6 @@ from tqdm import tqdm
 
 from gptcore.atomic import file_sha256, publish, swap_dir, temp_beside, write_json
 from gptcore.data.corpus import FETCH_RECORD, column_texts, lone_surrogate, open_parquet
-from gptcore.errors import UserError
 from gptcore.data.params import FETCH, PACKAGES
 from gptcore.errors import UserError, cause
 

@@ -20,7 +20,7 @@ from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -48,7 +48,10 @@ def staged_dir(shard_dir: Path) -> Path:
     return shard_dir.parent / f".{shard_dir.name}.next"
 
 
-TASK_BYTES = 4 << 20  # row groups with more text than this are split into several tasks
+# text per task: consecutive row groups are read together up to this, larger ones are split. Large enough that the
+# parent's cost per task (a few hundred microseconds of pool traffic) stays well under 1% of a task's encoding; a
+# small corpus gets smaller tasks (at least 4 per worker) so that every worker has some
+TASK_BYTES = 8 << 20
 
 
 def cpu_count() -> int:
@@ -103,47 +106,46 @@ def encode_documents(tok: Tokenizer, docs: list[str], dtype: np.dtype, first_doc
     return flat.astype(dtype, copy=False), starts
 
 
-def _encode_task(task: ReadTask) -> tuple[int, np.ndarray, np.ndarray]:
-    tokens, starts = encode_documents(_TOK, read_task(task), _DTYPE, task.first_doc)
-    return task.first_doc, tokens, starts
+def _encode_task(task: ReadTask, piece_dir: str, tok: Tokenizer | None = None,
+                 dtype: np.dtype | None = None) -> tuple[int, int, np.ndarray, str]:
+    """Read, encode and leave one task's tokens in a piece file (in a worker: the tokenizer of _init_worker);
+    returns (first document, tokens, document starts, piece path): only counts cross the pipe, never tokens."""
+    tokens, starts = encode_documents(tok or _TOK, read_task(task), _DTYPE if dtype is None else dtype,
+                                      task.first_doc)
+    path = shards.piece_path(piece_dir, task.first_doc)
+    shards.write_piece(path, tokens)
+    return task.first_doc, len(tokens), starts, str(path)
 
 
-def _ordered_map(tasks: Iterable[ReadTask], workers: int, tok: Tokenizer, dtype: np.dtype,
-                 window: int) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """Read and encode tasks on `workers` processes; yield results in task order, at most `window` in flight."""
-    if workers == 1:
-        for task in tasks:
-            tokens, starts = encode_documents(tok, read_task(task), dtype, task.first_doc)
-            yield task.first_doc, tokens, starts
-        return
-    # fork starts workers at once and shares the built tokenizer; spawn where fork does not exist.
-    # A process pool executor (rather than multiprocessing.Pool) reports a worker killed by the OS
-    # (e.g. out of memory) as BrokenProcessPool instead of waiting forever for its result.
+def _start_pool(workers: int, tok: Tokenizer, dtype: np.dtype) -> ProcessPoolExecutor:
+    """`workers` processes, forked (they start at once and share the built tokenizer; spawn where fork does not exist).
+    A process pool executor (rather than multiprocessing.Pool) reports a worker killed by the OS (out of memory) as
+    BrokenProcessPool instead of waiting forever for its result."""
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     # HF tokenizers checks this when the workers are forked: no Rust thread pool there, and no warning
     saved = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(tok, dtype.str))
     try:
-        pending: deque = deque()
-        for task in tasks:
-            pending.append(pool.submit(_encode_task, task))
-            if len(pending) >= window:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    except BaseException:
-        # interrupted or failed: do not wait for the tasks in flight; the workers exit after their current task
-        # (or die with this process)
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    else:
-        pool.shutdown(wait=True)
+        pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(tok, dtype.str))
+        pool.submit(int).result()  # the workers exist now, forked while the variable is set
     finally:
         if saved is None:
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = saved
+    return pool
+
+
+def _stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Interrupted or failed: cancel what has not started and kill the workers at once (what they hold is a task in
+    progress, worth nothing), waiting until they are gone so that none writes a piece after the clean-up."""
+    pool.shutdown(wait=False, cancel_futures=True)
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+    for proc in procs:
+        proc.join(5)
 
 
 def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard_tokens: int, val_tokens: int,
@@ -164,30 +166,61 @@ def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard
         finally:
             writer.abort()
         return writer.manifest
+    pool = _start_pool(workers, tok, dtype) if workers > 1 else None
+    if pool is not None:
+        writer.pool = pool  # shards are assembled and checked by the workers too
     start_doc = writer.resume_point[0]  # the writer drops the already-written head of that document
     bar = tqdm(total=corpus.documents, initial=start_doc, unit="doc", unit_scale=True, disable=not progress,
                desc="tokenize", smoothing=0.05, dynamic_ncols=True)
-    t0, n_tokens = time.perf_counter(), 0
+    t0, pos0 = time.perf_counter(), writer.pos
+    piece_dir = str(writer.dir)
+    pending: deque = deque()
     try:
-        tasks = corpus.tasks(start_doc=start_doc, task_bytes=task_bytes)
-        for first_doc, tokens, starts in _ordered_map(tasks, workers, tok, dtype, window=8 * workers):
-            writer.add(first_doc, tokens, starts)
-            n_tokens += len(tokens)
-            bar.update(len(starts))
-            rate = n_tokens / max(time.perf_counter() - t0, 1e-9)
-            bar.set_postfix_str(f"{writer.pos / 1e6:,.1f}M tok, {rate / 1e6:.2f}M tok/s", refresh=False)
+        # results are taken in task order through a window of `window` tasks in flight, so shards are cut in
+        # document order (byte-identical whatever the worker count) while memory and pieces on disk stay bounded
+        window = 8 * workers
+        size = min(task_bytes, max(64 << 10, corpus.text_bytes() // (4 * workers))) if workers > 1 else task_bytes
+        for task in corpus.tasks(start_doc=start_doc, task_bytes=size):
+            if pool is None:
+                pending.append(shards._Inline().submit(_encode_task, task, piece_dir, tok, dtype))
+            else:
+                pending.append(pool.submit(_encode_task, task, piece_dir))
+            while len(pending) >= window or (pending and pool is None):
+                _take(pending.popleft().result(), writer, bar, t0, pos0)
+        while pending:
+            _take(pending.popleft().result(), writer, bar, t0, pos0)
         manifest = writer.finish(corpus.documents)
-    except BrokenProcessPool as e:
+    except BaseException as e:
+        if pool is not None:
+            _stop_pool(pool)
+        try:  # the tasks that did finish before the failure, in order: their documents are finished work too
+            for fut in pending:
+                if not fut.done() or fut.cancelled() or fut.exception() is not None:
+                    break
+                writer.add_piece(*fut.result(), publish=False)
+        except Exception:  # noqa: BLE001, S110  (what failed first is what the user must see)
+            pass
         writer.abort()
-        raise UserError(f"a tokenize worker process died (killed by the OS, e.g. out of memory?) after "
-                        f"{len(writer.manifest['shards'])} finished shards in {shard_dir}; rerun to resume "
-                        f"(with fewer tokenize.workers if memory is short)") from e
-    except BaseException:
-        writer.abort()
+        if isinstance(e, BrokenProcessPool):
+            raise UserError(f"a tokenize worker process died (killed by the OS, e.g. out of memory?) after "
+                            f"{len(writer.manifest['shards'])} finished shards in {shard_dir}; rerun to resume "
+                            f"(with fewer tokenize.workers if memory is short)") from e
         raise
+    else:
+        if pool is not None:
+            pool.shutdown(wait=True)
     finally:
         bar.close()
     return manifest
+
+
+def _take(result: tuple[int, int, np.ndarray, str], writer: shards.ShardWriter, bar: tqdm, t0: float,
+          pos0: int) -> None:
+    first_doc, n_tokens, starts, path = result
+    writer.add_piece(first_doc, n_tokens, starts, path)
+    bar.update(len(starts))
+    rate = (writer.pos - pos0) / max(time.perf_counter() - t0, 1e-9)
+    bar.set_postfix_str(f"{writer.pos / 1e6:,.1f}M tok, {rate / 1e6:.2f}M tok/s", refresh=False)
 
 
 # ---------------------------------------------------------------------------------------------
