@@ -10,8 +10,8 @@ The corpus (--corpus):
   synthetic  English-like documents of 2 to 8 KB drawn from Shakespeare's word frequencies
 It is fetched as the local source; then, in the same run:
   - single-process GPT-2 tokens/s (one core): `encode_ordinary` and `encode_numpy` (what the workers use),
-  - the parallel ceiling: `cores` independent encoding processes with no pipeline (cores that share a
-    physical core or a turbo budget run slower together than alone),
+  - the parallel ceiling: `cores` independent processes that each build a tokenizer and encode their share of the
+    corpus, with no pipeline (cores that share a physical core or a turbo budget run slower together than alone),
   - the tokenize stage with all cores (workers=0): tokens/s, and its ratio to the ceiling ('stage/ceil'),
   - the serial fraction s: the stage's parent process CPU time (its threads included) over the CPU time of the
     whole stage (parent + workers). The parent alone plans tasks, takes results in order and records shards; all
@@ -26,7 +26,7 @@ documents themselves (cold: each document once, fresh encoders).
 Timings mean something only on quiet cores: run it on an otherwise idle machine (check `uptime`: the load average
 should be well under the core count; the table's 'load' column shows it after each run), e.g.
 
-    python bench/bench_tokenize.py                         # 50 MB FineWeb-like corpus, both encoders
+    python bench/bench_tokenize.py                         # 100 MB FineWeb-like corpus, both encoders
     python bench/bench_tokenize.py --sizes-mb 50 150 --corpus synthetic
     taskset -c 0,1 python bench/bench_tokenize.py --encoders gigatoken   # the 2-core figures on a bigger machine
     python bench/bench_tokenize.py --tiny                  # a 2 MB smoke run (CI): every figure, none meaningful
@@ -160,27 +160,30 @@ def single_core_rates(parquet: Path, encoder: str, max_bytes: int = 40_000_000) 
     assert n == n2
     return {"tokens": n, "bytes": size, "encode_ordinary": n / t_list, "encode_numpy": n / t_np,
             "encode_ordinary_cpu": n / c_list, "encode_numpy_cpu": n / c_np,
-            "ceiling": parallel_ceiling(tok, docs[: len(docs) // 2])}
+            "ceiling": parallel_ceiling(encoder, docs)}
 
 
-def _encode_all(tok, docs: list[str], q) -> None:  # noqa: ANN001
+def _encode_all(encoder: str, docs: list[str], q) -> None:  # noqa: ANN001
+    tok = get_tokenizer("gpt2", encoder=encoder)  # built here, as cold as a stage worker's
     q.put(sum(len(tok.encode_numpy(d)) for d in docs))
 
 
-def parallel_ceiling(tok, docs: list[str]) -> float:  # noqa: ANN001
-    """Aggregate tokens/s of `cores` independent processes each encoding the same documents, with no
-    pipeline at all: what the hardware gives when every core encodes at once (cores that share a
-    physical core, memory bandwidth or a turbo budget run slower together than alone)."""
+def parallel_ceiling(encoder: str, docs: list[str]) -> float:
+    """Aggregate tokens/s of `cores` independent processes that each build the tokenizer and encode 1/cores of the
+    documents, with no pipeline at all: what the hardware gives when every core encodes at once (cores that share a
+    physical core, memory bandwidth or a turbo budget run slower together than alone). Each starts with a fresh
+    tokenizer, as the stage's workers do, so a word cache warmed by the single-core runs does not flatter it."""
     ctx = mp.get_context("fork")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_encode_all, args=(tok, docs, q)) for _ in range(cpu_count())]
+    n = cpu_count()
+    procs = [ctx.Process(target=_encode_all, args=(encoder, docs[i::n], q)) for i in range(n)]
     t0 = time.perf_counter()
     for p in procs:
         p.start()
-    n = sum(q.get() for _ in procs)
+    total = sum(q.get() for _ in procs)
     for p in procs:
         p.join()
-    return n / (time.perf_counter() - t0)
+    return total / (time.perf_counter() - t0)
 
 
 def _tree_pids(pid: int) -> list[int]:
@@ -257,6 +260,7 @@ from gptcore.data.tokenize import tokenize
 def cpu(who):
     r = resource.getrusage(who)
     return r.ru_utime + r.ru_stime
+import multiprocessing as mp, os
 import gptcore.data.tokenize as E
 run = dict.fromkeys(("parent", "workers"), 0.0)
 write_shards = E.write_shards
@@ -268,6 +272,19 @@ def timed_pass(*a, **k):  # the pass over the corpus alone: what grows with it (
         run["parent"] += cpu(resource.RUSAGE_SELF) - p0
         run["workers"] += cpu(resource.RUSAGE_CHILDREN) - w0
 E.write_shards = timed_pass
+def on_cpu(pid):  # nanoseconds on a CPU, every thread of a live process (schedstat: ns, not clock ticks)
+    total = 0
+    for tid in os.listdir(f"/proc/{{pid}}/task"):
+        with open(f"/proc/{{pid}}/task/{{tid}}/schedstat") as f:
+            total += int(f.read().split()[0])
+    return total * 1e-9
+steady = []
+take = E._take
+def timed_take(*a, **k):  # parent and workers' CPU at each result: the steady state, between the first and last
+    workers = sum(on_cpu(c.pid) for c in mp.active_children())
+    steady.append((cpu(resource.RUSAGE_SELF), workers))
+    return take(*a, **k)
+E._take = timed_take
 t0, p0, w0 = time.perf_counter(), cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
 m = tokenize({raw!r}, {out!r}, {{"tokenizer": "gpt2", "shard_tokens": {shard_tokens}, "val_tokens": {val_tokens},
                                  "workers": 0, "encoder": {encoder!r}}}, progress=False)
@@ -275,7 +292,9 @@ dt = time.perf_counter() - t0
 parent, workers = cpu(resource.RUSAGE_SELF) - p0, cpu(resource.RUSAGE_CHILDREN) - w0
 print(json.dumps({{"tokens": m["tokens"]["val"] + m["tokens"]["train"], "seconds": dt, "cpu_seconds": parent + workers,
                   "parent_cpu": parent, "workers_cpu": workers, "pass_parent_cpu": run["parent"],
-                  "pass_workers_cpu": run["workers"]}}))
+                  "pass_workers_cpu": run["workers"],
+                  "steady_parent_cpu": steady[-1][0] - steady[0][0] if len(steady) > 1 else 0.0,
+                  "steady_workers_cpu": steady[-1][1] - steady[0][1] if len(steady) > 1 else 0.0}}))
 """
 
 IMAP = """
@@ -349,7 +368,8 @@ def real_docs_rate(encoder: str, ref: Path) -> dict | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes-mb", type=float, nargs="+", default=[50], help="corpus sizes in MB of text (default 50)")
+    ap.add_argument("--sizes-mb", type=float, nargs="+", default=[100],
+                    help="corpus sizes in MB of text (default 100: tasks near their full size of 16 MB on 2 cores)")
     ap.add_argument("--corpus", choices=["fineweb", "synthetic"], default="fineweb",
                     help="FineWeb-Edu-like text from the reference sample (default; synthetic when it is absent) or "
                          "the synthetic Shakespeare-frequency corpus")
@@ -357,7 +377,7 @@ def main() -> None:
     ap.add_argument("--novel", type=float, default=0.02,
                     help="fineweb: share of the words of 4+ letters respelled in each copy after the first (0.02)")
     ap.add_argument("--shard-tokens", type=int, default=4_000_000,
-                    help="tokenize.shard_tokens for the stage run (val_tokens: a quarter of it): a few shards per 50 "
+                    help="tokenize.shard_tokens for the stage run (val_tokens: a quarter of it): a few shards per 100 "
                          "MB, so that "
                          "shard assembly overlaps encoding as over a full-size corpus (default 4,000,000; the gpt2_124m preset's are "
                          "100,000,000, and each shard costs the parent a few fsyncs)")
@@ -381,7 +401,7 @@ def main() -> None:
             d.mkdir()
             t0 = time.perf_counter()
             built = {}
-            for name, mb in (("corpus", size), ("half", size / 2)):  # the half is the whole's first half (same seed)
+            for name, mb in (("corpus", size),):
                 if args.corpus == "fineweb":
                     built[name] = fineweb_like_corpus(d / f"{name}.parquet", mb, args.ref_docs, args.novel)
                     what = f"FineWeb-Edu-like ({args.ref_docs.name} repeated, {args.novel:.0%} of words respelled per copy)"
@@ -391,24 +411,17 @@ def main() -> None:
                 fetch({"source": "local", "path": str(d / f"{name}.parquet")}, d / f"raw_{name}")
             n_docs, n_bytes = built["corpus"]
             (d / "raw").symlink_to(d / "raw_corpus")
-            print(f"[bench] corpus {n_bytes / 1e6:.1f} MB, {n_docs:,} documents, {what}, and its first half "
+            print(f"[bench] corpus {n_bytes / 1e6:.1f} MB, {n_docs:,} documents, {what} "
                   f"(built in {time.perf_counter() - t0:.1f}s)", flush=True)
             for encoder in args.encoders:  # side by side on the same corpus, one after the other
                 single = single_core_rates(d / "corpus.parquet", encoder)
-                runs = {}
-                # a quarter of a shard, or less on a small corpus (its half must hold more than the val split)
-                val_tokens = min(args.shard_tokens // 4, built["half"][1] // 20)
-                for name in ("half", "corpus"):
-                    runs[name] = run_measured(STAGE.format(root=str(ROOT), raw=str(d / f"raw_{name}"),
-                                                           out=str(d / "shards"), encoder=encoder,
-                                                           shard_tokens=args.shard_tokens,
-                                                           val_tokens=val_tokens))
-                    shutil.rmtree(d / "shards")
-                stage, rss, pss = runs["corpus"]
-                half = runs["half"][0]
-                # what the second half of the corpus cost: fixed costs (starting the pool, the last shard's tail) cancel
-                d_parent = stage["pass_parent_cpu"] - half["pass_parent_cpu"]
-                d_workers = stage["pass_workers_cpu"] - half["pass_workers_cpu"]
+                # a quarter of a shard, or less on a small corpus
+                val_tokens = min(args.shard_tokens // 4, built["corpus"][1] // 40)
+                stage, rss, pss = run_measured(STAGE.format(root=str(ROOT), raw=str(d / "raw"), out=str(d / "shards"),
+                                                            encoder=encoder, shard_tokens=args.shard_tokens,
+                                                            val_tokens=val_tokens))
+                shutil.rmtree(d / "shards")
+                d_parent, d_workers = stage["steady_parent_cpu"], stage["steady_workers_cpu"]
                 row = {"encoder": encoder, "mb": n_bytes / 1e6, "docs": n_docs, **single,
                        "stage": stage["tokens"] / stage["seconds"], "stage_cpu": stage["tokens"] / stage["cpu_seconds"],
                        "stage_tokens": stage["tokens"], "stage_s": stage["seconds"], "rss": rss, "pss": pss,
@@ -457,12 +470,13 @@ def main() -> None:
                  f" {r['load']:>5.1f} {r['serial']:>7.2%}")
         line += "".join(f" {amdahl_efficiency(r['serial'], n):>6.1%}" for n in AMDAHL_CORES)
         print(line)
-    print("\n'serial' = the parent's share of the CPU time that the second half of the corpus added (the stage run on "
-          "the corpus and on its first half; CPU times, so other load on the machine matters less than for wall "
-          "clock): the part of the work that does not spread over the workers, per token, as over a full-size "
-          "corpus. 'E<N>' = the efficiency Amdahl's law projects from it on N cores, 1 / (N serial + 1 - serial). "
-          "Fixed parent costs (building the tokenizer, checking val_tokens, starting the pool) do not grow with the "
-          "corpus; they are shown apart, as is the parent's share of the whole run at this size")
+    print("\n'serial' = the parent's share of the CPU time spent between the first and the last task result it takes "
+          "(parent from getrusage, workers from /proc/<pid>/schedstat; CPU times, so other load on the machine "
+          "matters less than for wall clock): the part of the steady-state work that does not spread over the "
+          "workers, as over a full-size corpus. 'E<N>' = the efficiency Amdahl's law projects from it on N cores, "
+          "1 / (N serial + 1 - serial). Fixed costs (building the tokenizer, checking val_tokens, starting the pool, "
+          "the last shard and the final reread) do not grow with the corpus; the parent's share of the whole run "
+          "and of its pass over the corpus at this size are shown apart")
     for r in rows:
         effs = ", ".join(f"{n} cores {amdahl_efficiency(r['serial'], n):.1%}" for n in AMDAHL_CORES)
         print(f"{r['encoder']:>9} {r['mb']:>4.0f} MB: stage at {r['stage'] / r['ceiling']:.1%} of the parallel ceiling on "

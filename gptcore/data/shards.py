@@ -324,10 +324,11 @@ def assemble_shard(shard_dir: str, name: str, dtype: str, n_tokens: int,
     return str(tmp), h.hexdigest()
 
 
-class _Inline(Executor):
+class InlineExecutor(Executor):
     """An executor that runs each call at once in this process (one worker, no pool)."""
 
-    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:  # noqa: D102
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
+        """Run fn(*args, **kwargs) now; its result or exception is in the returned future, as a pool would leave it."""
         f: Future = Future()
         try:
             f.set_result(fn(*args, **kwargs))
@@ -365,7 +366,7 @@ class ShardWriter:
         for p in self.dir.iterdir():  # partial files and pieces of a killed run are never shards; drop them
             if p.name.startswith(".") and p.name.endswith(TMP_SUFFIX):
                 p.unlink()
-        self.pool: Executor = pool or _Inline()  # may be replaced before the first add
+        self.pool: Executor = pool or InlineExecutor()  # may be replaced before the first add
         self._open = False
         self._segments: list[tuple[str, int, int]] = []
         self._in_shard = 0

@@ -1,16 +1,19 @@
 """The tokenize stage: fetched documents -> token shards, on every core, resumable, byte-reproducible.
 
-The parent plans tasks from parquet metadata (a row group each, about 1 MB of text in the files fetch
-writes) and worker processes read and encode them, returning one token array per task (every document
-prefixed with the end-of-text token). Results come back in submission order through a bounded window, so
-the parent writes shards in document order and the output is byte-identical whatever the number of
-workers, while memory stays flat: at most `window` tasks are in flight and shards go to disk as they fill.
-Batching (rather than one document per task, as build-nanogpt's Pool.imap does) and reading in the
-workers (rather than shipping text through pipes) keep the parent's share of the CPU small.
+The parent plans tasks from parquet metadata (consecutive row groups up to about 16 MB of text) and worker processes
+read and encode them, each leaving its task's tokens (every document prefixed with the end-of-text token) in a piece
+file and returning only counts. Results are taken in submission order through a bounded window, so the parent cuts
+shards in document order (bookkeeping: which piece ranges make which shard) and the output is byte-identical whatever
+the number of workers, while memory and the pieces on disk stay bounded. The workers also assemble each full shard
+from its pieces (hashing it as they copy) and reread the shards at the end: the parent never touches a token, so its
+share of the work stays a small per-task and per-shard cost (bench/bench_tokenize.py measures it). Batching (rather
+than one document per task, as build-nanogpt's Pool.imap does) and reading in the workers (rather than shipping text
+through pipes) keep that share small.
 """
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import shutil
@@ -51,7 +54,7 @@ def staged_dir(shard_dir: Path) -> Path:
 # text per task: consecutive row groups are read together up to this, larger ones are split. Large enough that the
 # parent's cost per task (a few hundred microseconds of pool traffic) stays well under 1% of a task's encoding; a
 # small corpus gets smaller tasks (at least 4 per worker) so that every worker has some
-TASK_BYTES = 8 << 20
+TASK_BYTES = 16 << 20
 
 
 def cpu_count() -> int:
@@ -125,9 +128,15 @@ def _start_pool(workers: int, tok: Tokenizer, dtype: np.dtype) -> ProcessPoolExe
     # HF tokenizers checks this when the workers are forked: no Rust thread pool there, and no warning
     saved = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    # objects made before the fork are left out of the garbage collector's passes (until the pass ends): a pass touches
+    # every object it tracks, which would copy the forked pages in the parent and in each worker (copy-on-write)
+    gc.freeze()
     try:
         pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(tok, dtype.str))
         pool.submit(int).result()  # the workers exist now, forked while the variable is set
+    except BaseException:
+        gc.unfreeze()
+        raise
     finally:
         if saved is None:
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
@@ -178,11 +187,11 @@ def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard
     try:
         # results are taken in task order through a window of `window` tasks in flight, so shards are cut in
         # document order (byte-identical whatever the worker count) while memory and pieces on disk stay bounded
-        window = 8 * workers
+        window = 4 * workers  # enough to keep every worker busy; each holds a piece on disk until its shard is done
         size = min(task_bytes, max(64 << 10, corpus.text_bytes() // (4 * workers))) if workers > 1 else task_bytes
         for task in corpus.tasks(start_doc=start_doc, task_bytes=size):
             if pool is None:
-                pending.append(shards._Inline().submit(_encode_task, task, piece_dir, tok, dtype))
+                pending.append(shards.InlineExecutor().submit(_encode_task, task, piece_dir, tok, dtype))
             else:
                 pending.append(pool.submit(_encode_task, task, piece_dir))
             while len(pending) >= window or (pending and pool is None):
@@ -211,6 +220,7 @@ def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard
             pool.shutdown(wait=True)
     finally:
         bar.close()
+        gc.unfreeze()
     return manifest
 
 
