@@ -16,7 +16,7 @@ from gptcore.data import shards
 from gptcore.data.loader import TokenLoader
 from gptcore.data.tokenizers import load_tokenizer
 from gptcore.eval.hooks import training_evaluators
-from gptcore.model.load import init_model, padded_vocab
+from gptcore.model.load import init_model, model_vocab
 from gptcore.model.params import MODEL
 from gptcore.precision import resolve_dtype
 from gptcore.process import launch_torchrun, lock_for_all_ranks, reading, stage_lifetime, under_torchrun
@@ -46,8 +46,7 @@ def main() -> None:
         check_run(model_params, train, world, shards.split_tokens(SHARDS, "val"))
         device = distributed.pick_device(train["device"], int(os.environ.get("LOCAL_RANK", "0")), key="train.device")
         if device.type != "cuda" or world == 1 or under_torchrun():  # a launcher keeps off the GPUs
-            vocab = model_params["vocab_size"]
-            vocab = padded_vocab(shards.read_manifest(SHARDS)["vocab_size"]) if vocab == "auto" else vocab
+            vocab = model_vocab(model_params["vocab_size"], shards.read_manifest(SHARDS)["vocab_size"])
             memory.check_fits(model_params, train, vocab, device, world)
         tok = load_tokenizer(SHARDS)
         data = tok.record()  # part of what a checkpoint must match to resume

@@ -153,3 +153,11 @@ def test_sample_cli_reads_the_model_folder(tmp_path, capsys):
                  "--max-new-tokens", "5", "--device", "cpu"])
     out = capsys.readouterr().out
     assert out.count("--- sample") == 2 and "abc" in out
+
+
+def test_model_vocab_pads_auto_to_a_multiple_of_64_and_keeps_an_explicit_size():
+    from gptcore.model.load import model_vocab
+
+    for data in (50257, 4506, 151646, 64, 1):
+        assert model_vocab("auto", data) == model_vocab(None, data) == -(-data // 64) * 64
+    assert model_vocab(50400, 50257) == 50400

@@ -128,6 +128,13 @@ def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
     return ((vocab_size + multiple - 1) // multiple) * multiple
 
 
+def model_vocab(vocab_param: int | str | None, data_vocab_size: int) -> int:
+    """The model's vocabulary for `model.vocab_size` (`auto`/None: the data's padded by `padded_vocab`); the one place
+    the padding rule is applied. Ids at and above the tokenizer's vocabulary are never produced or exported: sampling,
+    lm-eval scoring and the HF export limit themselves to the tokenizer's size."""
+    return padded_vocab(data_vocab_size) if vocab_param in (None, "auto") else int(vocab_param)
+
+
 def init_model(model_params: dict[str, Any], data_vocab_size: int, seed: int = 1337) -> GPT:
     """The weights a run starts from, by `model.init_from` (any spec of `load_model`, or scratch).
 
@@ -137,7 +144,7 @@ def init_model(model_params: dict[str, Any], data_vocab_size: int, seed: int = 1
     params = dict(model_params)
     init_from = str(params.pop("init_from", "scratch"))
     vocab = params.get("vocab_size", "auto")
-    params["vocab_size"] = padded_vocab(data_vocab_size) if vocab in (None, "auto") else int(vocab)
+    params["vocab_size"] = model_vocab(vocab, data_vocab_size)
     if init_from == "scratch":
         torch.manual_seed(seed)
         model = GPT(GPTConfig(**params))
