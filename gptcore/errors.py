@@ -71,8 +71,8 @@ def disk_error(e: BaseException, path: str | Path, needed: int | None = None, wr
                          f"folder at a larger disk) and run again")
     if code in DENIED_ERRNOS:
         why = "read-only file system" if code == errno.EROFS else "permission denied"
-        return UserError(f"{path}: cannot write ({why}): make {_existing(path)} writable, or run from a copy of the "
-                         f"project that is")
+        return UserError(f"{path}: cannot write ({why}): make {_existing(path.parent)} writable, or run from a copy "
+                         f"of the project that is")
     return e
 
 

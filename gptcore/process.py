@@ -188,7 +188,9 @@ def stage_lifetime(stage: str, quiet: bool = False) -> Iterator[None]:
         err = user_error(e)
         if err is None:
             raise
-        sys.exit(1 if quiet else one_line(stage, err))
+        if not quiet:  # on a line of its own: a progress bar may be half drawn on the current one
+            print(f"\n{one_line(stage, err)}", file=sys.stderr, flush=True)
+        sys.exit(1)
     except KeyboardInterrupt as e:
         why = str(e) or "SIGINT"
         if not quiet:

@@ -7,13 +7,17 @@ Each case runs the stage as DVC does (`python -m stages.<name>` in a project fol
 print the matrix: `PYTHONPATH=. python tests/test_bad_params.py`."""
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
 import yaml
@@ -24,14 +28,14 @@ import stagekit as sk  # noqa: E402
 pytestmark = pytest.mark.slow  # about two minutes: each case is a fresh Python process importing torch
 
 SHELL = "1 --version; echo X > pwned"
-PROGRESS = re.compile(r"^[\w ]+: +\d+%\|")
+PROGRESS = re.compile(r"^[\w .]+: +\d+%\|")
 # (stage, section, key, value, what the one-line message must contain)
 CASES = [
     ("train", "train", "max_steps", -1, "train.max_steps=-1: must be an integer >= 0"),
     ("train", "train", "max_lr", "fast", "train.max_lr='fast': must be a number > 0"),
     ("train", "train", "warmup_steps", 100, "train.warmup_steps=100: must be <= train.max_steps=10"),
     ("train", "train", "ckpt_every", 0, "train.ckpt_every=0: must be an integer >= 1"),
-    ("train", "train", "val_tokens", 16, 'train.val_tokens=16: must be >= the model's block_size = 32"),
+    ("train", "train", "val_tokens", 16, "train.val_tokens=16: must be >= the model's block_size = 32"),
     ("train", "train", "val_tokens", 10**9, "train.val_tokens=1000000000: must be <= the 4,096 tokens of the val split"),
     ("train", "train", "micro_batch", -8, "train.micro_batch=-8: must be an integer >= 1"),
     ("train", "train", "total_batch_tokens", -256, "train.total_batch_tokens=-256: must be an integer >= 1"),
@@ -179,6 +183,247 @@ def test_nproc_above_one_starts_torchrun_without_a_shell(tmp_path):
     assert "2 x cpu" in out
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# every other failure a user can cause or meet, through the stages or gptcore-sample: one line, exit 1, nothing lost
+
+
+def _dump(project: Path, params: dict) -> None:
+    (project / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+
+
+def set_param(section: str, key: str, value):
+    def edit(project: Path) -> None:
+        params = yaml.safe_load((project / "params.yaml").read_text(encoding="utf-8"))
+        params[section][key] = value
+        _dump(project, params)
+    return edit
+
+
+def set_params(**changes):
+    """`set_params(train__hellaswag=True, eval__task="hellaswag")`: several params at once."""
+    def edit(project: Path) -> None:
+        params = yaml.safe_load((project / "params.yaml").read_text(encoding="utf-8"))
+        for name, value in changes.items():
+            section, key = name.split("__")
+            params[section][key] = value
+        _dump(project, params)
+    return edit
+
+
+def edit_text(path: str, old: str, new: str):
+    def edit(project: Path) -> None:
+        text = (project / path).read_text(encoding="utf-8")
+        assert old in text, (path, old)
+        (project / path).write_text(text.replace(old, new, 1), encoding="utf-8")
+    return edit
+
+
+def edit_manifest(change):
+    def edit(project: Path) -> None:
+        path = project / "data" / "shards" / "manifest.json"
+        m = json.loads(path.read_text(encoding="utf-8"))
+        change(m)
+        path.write_text(json.dumps(m), encoding="utf-8")
+    return edit
+
+
+def pickled_hf_folder(project: Path) -> None:
+    """eval.model: a Hugging Face GPT-2 folder whose pytorch_model.bin pickles an object besides tensors."""
+    import argparse
+
+    import torch
+
+    folder = project / "hf_pickled"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 32,
+                                                    "n_positions": 32, "vocab_size": 50304}), encoding="utf-8")
+    torch.save({"wte": torch.zeros(2), "extra": argparse.Namespace(code="runs on load")}, folder / "pytorch_model.bin")
+    set_param("eval", "model", "hf_pickled")(project)
+
+
+def no_network(project: Path) -> dict[str, str]:
+    """What a machine without internet sees, on any machine: a proxy that refuses every connection, the hub offline
+    with an empty cache (so no copy of GPT-2 a developer has cached is found)."""
+    return {"https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "1",
+            "HF_HOME": str(project.parent / "empty_hf_home")}
+
+
+FULL = "full"  # the file system under the case's folder is full
+READ_ONLY = "read-only"  # the case's folder cannot be written
+
+
+@dataclasses.dataclass
+class Case:
+    """One mistake: `edit` changes the project (params, a file), `argv` runs a stage or gptcore-sample in it, the one
+    line on stderr must contain `message`; `env` adds variables; `disk` puts `folder` on a full or read-only file
+    system."""
+
+    name: str
+    argv: list[str]
+    message: str
+    edit: Callable[[Path], None] | None = None
+    env: Callable[[Path], dict[str, str]] | None = None
+    disk: str | None = None
+    folder: str = "metrics"
+    needs_no_gpu: bool = False
+
+
+def stage(name: str) -> list[str]:
+    return [sys.executable, "-m", f"stages.{name}"]
+
+
+SAMPLE = [sys.executable, "-m", "gptcore.eval.sampling"]
+
+USER_CASES = [
+    Case("params.yaml not YAML", stage("train"), "params.yaml:", edit_text("params.yaml", "train:\n", "train: [\n")),
+    Case("params.yaml key twice", stage("train"), "key 'max_steps' is given twice",
+         edit_text("params.yaml", "  max_steps: 10\n", "  max_steps: 10\n  max_steps: 20\n")),
+    Case("train.seed: 2**64", stage("train"), "train.seed=18446744073709551616: must be an integer >= 0 and fit in "
+         "64 bits", set_param("train", "seed", 2**64)),
+    Case("train.device: cuda, no GPU", stage("train"), "params.yaml train.device='cuda': no CUDA GPU is visible",
+         set_param("train", "device", "cuda"), needs_no_gpu=True),
+    Case("eval.device: cuda, no GPU", stage("evaluate"), "params.yaml eval.device='cuda': no CUDA GPU is visible",
+         set_param("eval", "device", "cuda"), needs_no_gpu=True),
+    Case("model.n_layer: 1000000", stage("train"), "model.n_layer=1000000, model.n_embd=32, train.micro_batch=4, "
+         "model.block_size=32: training needs at least", set_param("model", "n_layer", 1_000_000)),
+    Case("eval.cloze_examples: 10**6", stage("evaluate"), "params.yaml eval.cloze_examples=1000000: must be <= the",
+         set_param("eval", "cloze_examples", 10**6)),
+    Case("GPT-2 weights offline", stage("train"), "model 'gpt2': cannot fetch openai-community/gpt2 from the Hugging "
+         "Face hub", set_param("model", "init_from", "gpt2"), env=no_network),
+    Case("HellaSwag offline (evaluate)", stage("evaluate"), "or set eval.hellaswag_path to a local copy",
+         set_param("eval", "task", "hellaswag"), env=no_network),
+    Case("HellaSwag offline (train)", stage("train"), "or set train.hellaswag_path to a local copy",
+         set_param("train", "hellaswag", True), env=no_network),
+    Case("manifest dtype: float64", stage("train"), "data/shards/manifest.json: dtype 'float64': must be uint16 or "
+         "uint32", edit_manifest(lambda m: m.update(dtype="float64"))),
+    Case("manifest shards: null", stage("evaluate"), "data/shards/manifest.json: shards None: must be a list",
+         edit_manifest(lambda m: m.update(shards=None))),
+    Case("manifest tokens: '4096'", stage("train"), "data/shards/manifest.json: shards[0].tokens '4096': must be an "
+         "integer", edit_manifest(lambda m: m["shards"][0].update(tokens=str(m["shards"][0]["tokens"])))),
+    Case("manifest shard without split", stage("train"), "data/shards/manifest.json: shards[0] has no 'split'",
+         edit_manifest(lambda m: m["shards"][0].pop("split"))),
+    Case("HF folder, pickled .bin", stage("evaluate"), "hf_pickled/pytorch_model.bin: not loadable as plain tensors",
+         pickled_hf_folder),
+    Case("full disk (evaluate)", stage("evaluate"), "no space left on", disk=FULL),
+    Case("read-only metrics/ (evaluate)", stage("evaluate"), "cannot write (read-only file system)", disk=READ_ONLY),
+    Case("full disk under model/ (train's torch.save)", stage("train"), "model/model.pt: no space left on", disk=FULL,
+         folder="model"),
+    Case("gptcore-sample --num-samples 0", [*SAMPLE, "--num-samples", "0"],
+         "[gptcore-sample] --num-samples=0: must be an integer >= 1"),
+    Case("gptcore-sample, no model/", [*SAMPLE, "--model", "no_such_model"], "model 'no_such_model': no such file"),
+    Case("gptcore-sample, no prompt file", [*SAMPLE, "--prompt", "FILE:nope.txt"], "prompt file nope.txt not found"),
+    Case("gptcore-sample --top-k x", [*SAMPLE, "--top-k", "x"], "argument --top-k: invalid int value: 'x'"),
+]
+
+
+def _mount(*args: str) -> bool:
+    return subprocess.run(["mount", *args], capture_output=True).returncode == 0
+
+
+@contextlib.contextmanager
+def disk(project: Path, kind: str | None, folder: str) -> Iterator[str]:
+    """project/folder on a full (a tmpfs filled to the last byte) or read-only (a read-only bind mount) file system
+    where this process may mount (root); elsewhere the same errno raised by the writer's temp file, through
+    sitecustomize. Yields how it was done."""
+    if kind is None:
+        yield ""
+        return
+    metrics = project / folder
+    if kind == READ_ONLY and _mount("--bind", str(metrics), str(metrics)):
+        try:
+            if _mount("-o", "remount,bind,ro", str(metrics)):
+                yield "a read-only bind mount"
+                return
+        finally:
+            subprocess.run(["umount", str(metrics)], check=True)
+    if kind == FULL:
+        saved = project.parent / "folder_saved"
+        shutil.copytree(metrics, saved)
+        used = sum(p.stat().st_size for p in saved.rglob("*") if p.is_file())
+        if _mount("-t", "tmpfs", "-o", f"size={used + (1 << 20)}", "tmpfs", str(metrics)):
+            try:
+                shutil.copytree(saved, metrics, dirs_exist_ok=True)
+                fd = os.open(metrics / ".filler", os.O_WRONLY | os.O_CREAT)  # fill what is left, unbuffered
+                try:
+                    while os.write(fd, b"\0" * 4096):
+                        pass
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
+                yield "a tmpfs filled to the last byte"
+                (metrics / ".filler").unlink()
+                return
+            finally:
+                subprocess.run(["umount", str(metrics)], check=True)
+                shutil.rmtree(saved)
+        shutil.rmtree(saved)
+    # not root: the writer's first temp file fails with the errno the kernel would give
+    code = "ENOSPC" if kind == FULL else "EROFS"
+    site = project.parent / "sitecustomize_disk"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(
+        "import errno, os\nimport gptcore.atomic as a\n"
+        "def refuse(path):\n"
+        f"    raise OSError(errno.{code}, os.strerror(errno.{code}), str(path))\n"
+        "a.temp_beside = refuse\n", encoding="utf-8")
+    yield f"OSError({code}) raised by the writer (sitecustomize; not root, no mount)"
+
+
+def run_user_case(project: Path, case: Case) -> tuple[subprocess.CompletedProcess, bool, str]:
+    """Run `case` in the project; returns the process, whether every file of data/, checkpoints/, metrics/ and model/
+    is byte-identical afterwards (the command changed nothing, and the edit is undone), and how a disk was made."""
+    before = snapshot(project)
+    saved = {name: (project / name).read_bytes() for name in ("params.yaml", "data/shards/manifest.json")}
+    env = sk.env()
+    try:
+        if case.edit is not None:
+            case.edit(project)
+        env.update(case.env(project) if case.env else {})
+        with disk(project, case.disk, case.folder) as how:
+            if how.startswith("OSError"):
+                env["PYTHONPATH"] = f"{project.parent / 'sitecustomize_disk'}:{env['PYTHONPATH']}"
+            edited = snapshot(project)
+            proc = subprocess.run(case.argv, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+            untouched = snapshot(project) == edited
+    finally:
+        for name, data in saved.items():
+            (project / name).write_bytes(data)
+        shutil.rmtree(project / "hf_pickled", ignore_errors=True)
+        shutil.rmtree(project.parent / "sitecustomize_disk", ignore_errors=True)
+    return proc, untouched and snapshot(project) == before, how
+
+
+def message_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in proc.stderr.strip().splitlines() if line.strip() and not PROGRESS.match(line)]
+
+
+@pytest.mark.parametrize("case", USER_CASES, ids=[c.name for c in USER_CASES])
+def test_a_user_error_is_one_line_and_loses_nothing(project, case):
+    if case.needs_no_gpu:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a GPU")
+    proc, unchanged, _ = run_user_case(project, case)
+    lines = message_lines(proc)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(lines) == 1 and case.message in lines[0], proc.stderr[-3000:]
+    assert unchanged
+
+
+def test_a_non_finite_loss_is_one_line_and_saves_nothing(tmp_path):
+    """A learning rate that blows the weights up: the loss turns non-finite in the first steps, the run stops with
+    one line and writes no checkpoint and no model/."""
+    project = sk.make_project(tmp_path / "p", sk.write_gpt2_shards(_mkdir(tmp_path / "shards")), max_lr=1e12,
+                              warmup_steps=0)
+    proc = subprocess.run(stage("train"), cwd=project, env=sk.env(), capture_output=True, text=True, timeout=600)
+    lines = message_lines(proc)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(lines) == 1 and "non-finite training loss" in lines[0] and "train.max_lr" in lines[0], lines
+    assert not list((project / "checkpoints").glob("ckpt_*.pt")) and not (project / "model").exists()
+
+
 def _mkdir(p: Path) -> Path:
     p.mkdir(parents=True, exist_ok=True)
     return p
@@ -189,10 +434,14 @@ if __name__ == "__main__":  # print the matrix: case, exit status, the line on s
 
     with tempfile.TemporaryDirectory() as d:
         proj = make_full_project(Path(d) / "project")
-        for stage, section, key, value, _ in CASES:
+        print("| case | exit | the line on stderr | files |\n|---|---|---|---|")
+        for stage_name, section, key, value, _ in CASES:
             before = snapshot(proj)
-            proc = run_case(proj, stage, section, key, value)
+            proc = run_case(proj, stage_name, section, key, value)
             same = snapshot(proj) == before and not (proj / "pwned").exists()
-            msg = [line for line in proc.stderr.strip().splitlines() if line.strip() and not PROGRESS.match(line)]
-            print(f"| {section}.{key}={value!r} | {proc.returncode} | {' / '.join(msg)} | "
+            print(f"| {section}.{key}={value!r} | {proc.returncode} | {' / '.join(message_lines(proc))} | "
                   f"{'nothing changed' if same else 'CHANGED'} |", flush=True)
+        for case in USER_CASES:
+            proc, same, how = run_user_case(proj, case)
+            print(f"| {case.name}{f' ({how})' if how else ''} | {proc.returncode} | {' / '.join(message_lines(proc))} "
+                  f"| {'nothing changed' if same else 'CHANGED'} |", flush=True)
