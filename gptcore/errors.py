@@ -69,10 +69,12 @@ def disk_error(e: BaseException, path: str | Path, needed: int | None = None, wr
         size = f" ({', '.join(amounts)})" if amounts else ""
         return UserError(f"{path}: no space left on {_mount_point(path)}{size}: free some space there (or point the "
                          f"folder at a larger disk) and run again")
-    if code in DENIED_ERRNOS:
-        why = "read-only file system" if code == errno.EROFS else "permission denied"
-        return UserError(f"{path}: cannot write ({why}): make {_existing(path.parent)} writable, or run from a copy "
-                         f"of the project that is")
+    if code == errno.EROFS:
+        return UserError(f"{path}: cannot write (read-only file system): make {_existing(path.parent)} writable, or "
+                         f"run from a copy of the project that is")
+    if code in DENIED_ERRNOS:  # reading or writing: the OSError does not say which
+        return UserError(f"{path}: permission denied: give this user access to {_existing(path.parent)}, or run from "
+                         f"a copy of the project it owns")
     return e
 
 

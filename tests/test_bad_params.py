@@ -306,8 +306,6 @@ USER_CASES = [
          pickled_hf_folder),
     Case("full disk (evaluate)", stage("evaluate"), "no space left on", disk=FULL),
     Case("read-only metrics/ (evaluate)", stage("evaluate"), "cannot write (read-only file system)", disk=READ_ONLY),
-    Case("full disk under model/ (train's torch.save)", stage("train"), "model/model.pt: no space left on", disk=FULL,
-         folder="model"),
     Case("gptcore-sample --num-samples 0", [*SAMPLE, "--num-samples", "0"],
          "[gptcore-sample] --num-samples=0: must be an integer >= 1"),
     Case("gptcore-sample, no model/", [*SAMPLE, "--model", "no_such_model"], "model 'no_such_model': no such file"),

@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         plots = read_plots_json(args.json)
         files = render_plots(plots, args.out, args.format, args.scale, log=lambda m: print(m, file=sys.stderr))
-    except ValueError as e:
+    except UserError as e:  # a bug keeps its traceback
         sys.exit(f"gptcore-render-plots: {e}")
     for path in files:
         print(path)
