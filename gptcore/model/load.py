@@ -151,7 +151,7 @@ def init_model(model_params: dict[str, Any], data_vocab_size: int, seed: int = 1
     else:
         try:
             model = load_model(init_from, block_size=params.get("block_size"), dropout=params.get("dropout", 0.0))
-        except ValueError as e:
+        except UserError as e:  # the loader's own one-line reasons; anything else is a bug
             raise UserError(f"model.init_from={init_from!r}: {e}") from e
     if model.config.vocab_size < data_vocab_size:
         raise UserError(
