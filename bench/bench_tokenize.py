@@ -321,7 +321,7 @@ print(json.dumps({{"tokens": n, "seconds": time.perf_counter() - t0, "cpu_second
 """
 
 
-def stage_breakdown(raw: Path, out: Path, encoder: str, shard_tokens: int) -> dict:
+def stage_breakdown(raw: Path, out: Path, encoder: str, shard_tokens: int, val_tokens: int) -> dict:
     """One core, the stage's steps one after another over the whole corpus: read (parquet row groups -> str),
     encode (str -> one uint16 array per task, as the workers do), write (ShardWriter: shards + sha256 + fsync)."""
     tok = get_tokenizer("gpt2", encoder=encoder)
@@ -335,7 +335,7 @@ def stage_breakdown(raw: Path, out: Path, encoder: str, shard_tokens: int) -> di
     n = sum(len(tokens) for _, tokens, _ in encoded)
     head = {"tokenizer": {"name": "gpt2"}, "vocab_size": tok.vocab_size, "eot": tok.eot, "dtype": "uint16"}
     t0 = time.perf_counter()
-    writer = S.ShardWriter(out, head, shard_tokens, shard_tokens)
+    writer = S.ShardWriter(out, head, shard_tokens, val_tokens)
     for first, tokens, starts in encoded:
         writer.add(first, tokens, starts)
     writer.finish(corpus.documents)
@@ -376,11 +376,10 @@ def main() -> None:
     ap.add_argument("--ref-docs", type=Path, default=REF_DOCS, help=f"the FineWeb-Edu sample (default {REF_DOCS})")
     ap.add_argument("--novel", type=float, default=0.02,
                     help="fineweb: share of the words of 4+ letters respelled in each copy after the first (0.02)")
-    ap.add_argument("--shard-tokens", type=int, default=4_000_000,
-                    help="tokenize.shard_tokens for the stage run (val_tokens: a quarter of it): a few shards per 100 "
-                         "MB, so that "
-                         "shard assembly overlaps encoding as over a full-size corpus (default 4,000,000; the gpt2_124m preset's are "
-                         "100,000,000, and each shard costs the parent a few fsyncs)")
+    ap.add_argument("--shard-tokens", type=int, default=100_000_000,
+                    help="tokenize.shard_tokens for the stage run (default 100,000,000, the gpt2_124m preset's: the "
+                         "parent's few fsyncs per shard weigh as they do in a full run; val_tokens is a quarter of a "
+                         "shard or 1/40 of the corpus, the smaller)")
     ap.add_argument("--encoders", nargs="+", default=["tiktoken", "gigatoken"], choices=["tiktoken", "gigatoken"])
     ap.add_argument("--no-imap", action="store_true", help="skip the per-document Pool.imap comparison")
     ap.add_argument("--tiny", action="store_true",
@@ -388,7 +387,7 @@ def main() -> None:
     ap.add_argument("--workdir", default=None, help="where to build corpora (default: a temp dir, removed after)")
     args = ap.parse_args()
     if args.tiny:
-        args.sizes_mb, args.shard_tokens, args.no_imap = [2], 200_000, True
+        args.sizes_mb, args.shard_tokens, args.no_imap = [2], 200_000, True  # several shards even so
     if args.corpus == "fineweb" and not args.ref_docs.is_file():
         print(f"[bench] {args.ref_docs} not found: using the synthetic corpus", flush=True)
         args.corpus = "synthetic"
@@ -439,7 +438,7 @@ def main() -> None:
                 print(f"[bench] {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})}",
                       flush=True)
                 if size == args.sizes_mb[0]:
-                    parts[encoder] = stage_breakdown(d / "raw", d / "parts", encoder, args.shard_tokens)
+                    parts[encoder] = stage_breakdown(d / "raw", d / "parts", encoder, args.shard_tokens, val_tokens)
                     print(f"[bench] steps on one core ({encoder}): {json.dumps(parts[encoder])}", flush=True)
             shutil.rmtree(d)
     real = {e: real_docs_rate(e, args.ref_docs) for e in args.encoders}

@@ -187,13 +187,17 @@ def check_shard(shard_dir: str | Path, dtype: str, eot: int, s: dict, full: bool
     return None
 
 
-def check_files(shard_dir: str | Path, m: dict, full: bool = True, map_fn: Callable = map) -> list[str]:
+def check_files(shard_dir: str | Path, m: dict, full: bool = True, map_fn: Callable = map,
+                hashed_now: frozenset[str] = frozenset()) -> list[str]:
     """Problems of the shard files against manifest `m`, one line each naming the file (check_shard for each listed
     shard, and shard files the manifest does not list). `full` also rereads every byte: tokenize's check before it
-    reports complete, spread over its workers by `map_fn`; train and evaluate run the cheap part."""
+    reports complete, spread over its workers by `map_fn`, except for the shards named in `hashed_now` (hashed from
+    the very bytes written, by this run, moments ago: a reread would come from the page cache and prove nothing more);
+    train and evaluate run the cheap part."""
     shard_dir = Path(shard_dir)
     n = len(m["shards"])
-    found = map_fn(check_shard, [str(shard_dir)] * n, [m["dtype"]] * n, [m["eot"]] * n, m["shards"], [full] * n)
+    fulls = [full and s["name"] not in hashed_now for s in m["shards"]]
+    found = map_fn(check_shard, [str(shard_dir)] * n, [m["dtype"]] * n, [m["eot"]] * n, m["shards"], fulls)
     problems = [p for p in found if p is not None]
     listed = {s["name"] for s in m["shards"]}
     if shard_dir.is_dir():
@@ -376,6 +380,7 @@ class ShardWriter:
         self._closed = 0  # shards handed to assembly; the next one to close has this number
         self._closing: deque = deque()  # (future of assemble_shard, record, segments), in shard order
         self._pieces: deque = deque()  # (piece path, number of the last shard that reads it)
+        self._written: set[str] = set()  # the shards this writer assembled and hashed itself
         if not self.manifest["complete"]:
             write_json(self.dir / MANIFEST, self.manifest, indent=1)
 
@@ -498,6 +503,7 @@ class ShardWriter:
         else:
             # assemble_shard fsynced it; the manifest's write fsyncs the folder, so both renames are durable together
             publish(tmp, final, synced=True)
+            self._written.add(record["name"])
         self.manifest["shards"].append(record)
         write_json(self.dir / MANIFEST, self.manifest, indent=1)
         self._drop_pieces()
@@ -534,9 +540,12 @@ class ShardWriter:
 
     def check_finished(self) -> None:
         """Reread every finished shard against the manifest (sha256, counts, no unlisted shard) before the run may
-        report complete: a flipped byte on disk must not reach DVC's hash and the trainer. On a problem the
-        manifest is left (or set back to) complete: false, and the error names the file."""
-        problems = check_files(self.dir, self.manifest, full=True, map_fn=self.pool.map)
+        report complete: a flipped byte on disk must not reach DVC's hash and the trainer. The shards this writer
+        assembled were hashed from the bytes it wrote and get the cheap checks (size, header, count); those of an
+        earlier run are reread whole. On a problem the manifest is left (or set back to) complete: false, and the
+        error names the file."""
+        problems = check_files(self.dir, self.manifest, full=True, map_fn=self.pool.map,
+                               hashed_now=frozenset(self._written))
         if problems:
             if self.manifest["complete"]:
                 self.manifest["complete"] = False
