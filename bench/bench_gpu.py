@@ -96,7 +96,7 @@ def run(name: str, args: argparse.Namespace, shard: Path) -> dict:
         t_start = time.perf_counter()
         for i in range(args.steps):
             t0 = time.perf_counter()
-            loss = trainer.train_step()["train_loss"]  # .item() inside: the step has finished on the device
+            loss = float(trainer.train_step()["train_loss"])  # a host sync: the step has finished on the device
             trainer.step += 1
             if i == args.warmup - 1:
                 first = time.perf_counter() - t_start

@@ -84,7 +84,7 @@ def train(model: GPT, shard_dir: Path, cfg: TrainConfig, steps: int, between=Non
     trainer = Trainer(model, loader, cfg, env, ckpt, StepLogger(ckpt, enabled=False), {"test": 1})
     losses = []
     for _ in range(steps):
-        losses.append(trainer.train_step()["train_loss"])
+        losses.append(float(trainer.train_step()["train_loss"]))
         trainer.step += 1
         if between is not None:
             between(trainer)
