@@ -49,7 +49,7 @@ def main() -> None:
             vocab = model_vocab(model_params["vocab_size"], shards.read_manifest(SHARDS)["vocab_size"])
             memory.check_fits(model_params, train, vocab, device, world)
         tok = load_tokenizer(SHARDS)
-        data = tok.record()  # part of what a checkpoint must match to resume
+        data = {**tok.record(), "shards": shards.identity(SHARDS)}  # a checkpoint resumes only on the same data
         model = init_model(model_params, data["vocab_size"], seed=train["seed"])
         if world > 1 and not under_torchrun():  # checked once here, so a mistake is one line, not one per rank
             sys.exit(launch_torchrun("stages.train", train["nproc"], CKPT_DIR, "train"))
@@ -69,20 +69,15 @@ def main() -> None:
                         also=wandb_sinks(train, {"model": model_params, "train": train}, env.is_main))
     trainer = Trainer(model, loader, TrainConfig.from_params(train), env, CKPT_DIR, logger, run_params, evaluators,
                       resume_from=resume)
-    n_params = sum(p.numel() for p in model.parameters())
-    notes.append(f"{n_params / 1e6:.2f}M params, {env.world_size} x {env.device}, {trainer.dtype}, grad accumulation "
-                 f"{loader.grad_accum}, {train['total_batch_tokens']:,} tokens/step")
-    say(notes if env.is_main else [])
+    say([*notes, trainer.describe()] if env.is_main else [])
     final = trainer.fit()
     logger.close()
     if env.is_main:
         with user_errors("train"):
             weights, record = trainer.export_weights()
-            hardware = {"device": env.device.type, "processes": env.world_size}
-            say(export_model(MODEL_DIR, weights, tok, {**record, "final": final}, hardware, data["vocab_size"]))
-        if record["export"] == "best":
-            say([f"model/: the best weights, step {record['step']} of {trainer.step} (val_loss "
-                 f"{record['best_val_loss']:.4f})"])
+            record.update(final=final, shards_digest=data["shards"])  # the shards it trained on
+            say(export_model(MODEL_DIR, weights, tok, record, {"device": env.device.type,
+                                                               "processes": env.world_size}))
     distributed.teardown()
 
 

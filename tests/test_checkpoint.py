@@ -111,3 +111,63 @@ def test_final_model_exports_to_hugging_face(tmp_path):
     assert (tmp_path / "model.pt").is_file() and (tmp_path / "hf" / "config.json").is_file()
     back = load_model(tmp_path / "model.pt")
     assert torch.equal(back.transformer.wte.weight, model.transformer.wte.weight)
+
+
+def tree(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_kill_during_the_export_leaves_the_previous_model_whole(tmp_path):
+    """model/ is one run's: a kill after model.pt but before hf/ is written leaves the previous export as it was,
+    and the next export clears what the killed one left."""
+    from gptcore.data.tokenizers import CharTokenizer
+
+    tok = CharTokenizer("abcdefgh ")
+    torch.manual_seed(1)
+    export_model(tmp_path / "model", GPT(TINY), tok, {"step": 3})
+    before = tree(tmp_path / "model")
+    assert {"model.pt", "manifest.json", "hf/config.json"} <= set(before)
+    code = textwrap.dedent(f"""
+        import os, signal, torch
+        import gptcore.train.export as export
+        from gptcore.data.tokenizers import CharTokenizer
+        from gptcore.model.gpt import GPT, GPTConfig
+        def dying_export(*args, **kwargs):  # model.pt of the new run is written by now
+            os.kill(os.getpid(), signal.SIGKILL)
+        export.export_hf = dying_export
+        torch.manual_seed(2)
+        model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64))
+        export.export_model({str(tmp_path / "model")!r}, model, CharTokenizer("abcdefgh "), {{"step": 9}})
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=os.getcwd())
+    assert proc.returncode == -signal.SIGKILL
+    assert tree(tmp_path / "model") == before
+    torch.manual_seed(3)
+    new = GPT(TINY)
+    export_model(tmp_path / "model", new, tok, {"step": 12})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # nothing of the killed export is left
+    assert torch.equal(load_model(tmp_path / "model").transformer.wte.weight, new.transformer.wte.weight)
+    hf = load_model(tmp_path / "model" / "hf")  # the export keeps the tokenizer's rows of the padded 64
+    assert torch.equal(hf.transformer.wte.weight, new.transformer.wte.weight[:tok.vocab_size])
+
+
+def test_a_new_run_removes_the_temp_files_of_killed_saves(tmp_path):
+    checkpoint.save_checkpoint(tmp_path, 4, {"step": 4}, keep=2)
+    (tmp_path / ".ckpt_0000006.pt.123.abcd.tmp").write_bytes(b"x" * 1000)
+    (tmp_path / ".best_0000005.pt.9f2e.tmp").write_bytes(b"x" * 10)
+    (tmp_path / "notes.tmp").write_bytes(b"not ours")
+    resume, notes = checkpoint.prepare_resume(tmp_path, {"model": {"init_from": "scratch"}}, is_main=True)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["notes.tmp"]
+    assert resume is None and "removed 2 temp file(s) of interrupted saves" in notes[0]
+
+
+def test_a_start_from_a_file_the_run_would_move_aside_is_refused(tmp_path, monkeypatch):
+    from gptcore.params import ParamError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "checkpoints" / "previous" / "old").mkdir(parents=True)
+    for spec in ("checkpoints/ckpt_0000030.pt", "./checkpoints/best_0000020.pt", str(tmp_path / "checkpoints/x.pt")):
+        with pytest.raises(ParamError, match="model.init_from=.*copy it out first"):
+            checkpoint.check_init_from(spec, tmp_path / "checkpoints")
+    for spec in ("scratch", "gpt2", "model", "init.pt", "checkpoints/previous/old/ckpt_0000030.pt"):
+        checkpoint.check_init_from(spec, tmp_path / "checkpoints")

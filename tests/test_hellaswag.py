@@ -150,6 +150,22 @@ def test_missing_file_says_where_to_place_it(tmp_path):
         read_hellaswag(tmp_path / "hellaswag_val.jsonl")
 
 
+@pytest.mark.parametrize("content", ["", "\n  \n\n"], ids=["empty", "blank_lines"])
+def test_a_file_without_examples_is_refused_naming_it(tmp_path, content):
+    """Zero examples would score acc 0.0 over count 0: no metric is ever written from zero examples."""
+    path = tmp_path / "hellaswag_val.jsonl"
+    path.write_text(content)
+    with pytest.raises(UserError, match=f"{path}: no HellaSwag examples in the file"):
+        load_hellaswag(path, CharCodes())
+
+
+def test_no_accuracy_of_zero_examples():
+    model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16))
+    for score in (score_examples, score_examples_reference):
+        with pytest.raises(ValueError, match="over zero examples is undefined"):
+            score(model, [], device="cpu", progress=False)
+
+
 @pytest.fixture(scope="module")
 def ref_examples():
     if not REF.is_file():

@@ -82,6 +82,16 @@ def test_state_dict_resumes_exactly(shard_dir):
     assert all(torch.equal(p[0], q[0]) for s, t in zip(expected, got) for p, q in zip(s, t))
 
 
+def test_a_position_is_never_carried_into_other_shards(shard_dir):
+    """A position (shard 1, window 5) means other tokens in other shards: refused, never silently resumed."""
+    ld = TokenLoader(paths(shard_dir), 2, 8, 32, shuffle=True, seed=7)
+    collect(ld, 37)
+    state = ld.state_dict()
+    np.save(shard_dir / "train_000003.npy", np.zeros(500, dtype=np.uint16))  # the data changed: one more shard
+    with pytest.raises(ValueError, match="loader state is for other shards"):
+        TokenLoader(paths(shard_dir), 2, 8, 32, shuffle=True, seed=7).load_state_dict(state)
+
+
 def test_indivisible_batch_is_an_assertion(shard_dir):
     # train.params.check_run refuses it with one line (tests/test_params.py); reaching the loader is a bug
     with pytest.raises(AssertionError):

@@ -124,12 +124,20 @@ class TokenLoader:
         s.shard = 0
         s.epoch += 1
 
+    def _shards(self) -> list[list]:
+        return [[p.name, n] for p, n in zip(self.paths, self._windows)]
+
     def state_dict(self) -> dict:
-        """The position to resume from, with the settings it is only valid for."""
-        return {**asdict(self.state), "seed": self.seed, "shuffle": self.shuffle, "step_tokens": self.step_tokens}
+        """The position to resume from, with the settings and the shards (names, windows) it is only valid for."""
+        return {**asdict(self.state), "seed": self.seed, "shuffle": self.shuffle, "step_tokens": self.step_tokens,
+                "shards": self._shards()}
 
     def load_state_dict(self, d: dict) -> None:
-        """Resume at a position saved by state_dict (same tokens per step)."""
+        """Resume at a position saved by state_dict: same tokens per step, same shards (a position in other shards
+        would point at other tokens)."""
         if d.get("step_tokens", self.step_tokens) != self.step_tokens:
             raise ValueError(f"loader state is for {d['step_tokens']} tokens per step, this run uses {self.step_tokens}")
+        if "shards" in d and [list(s) for s in d["shards"]] != self._shards():
+            raise ValueError(f"loader state is for other shards ({len(d['shards'])} listed) than this run reads "
+                             f"({len(self.paths)} in {self.paths[0].parent}): it cannot resume there")
         self.state = LoaderState(epoch=d["epoch"], shard=d["shard"], window=d["window"], micro=d["micro"])

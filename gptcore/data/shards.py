@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from gptcore.atomic import TMP_SUFFIX, file_sha256, publish, temp_beside, write_json
+from gptcore.atomic import TMP_SUFFIX, file_sha256, json_sha256, publish, temp_beside, write_json
 from gptcore.errors import UserError
 
 MANIFEST = "manifest.json"
@@ -248,6 +248,17 @@ def open_split(shard_dir: str | Path, split: str) -> list[Path]:
 def split_tokens(shard_dir: str | Path, split: str) -> int:
     """How many tokens the shards of `split` hold (from the headers; `open_split`'s checks first)."""
     return sum(len(load_tokens(p)) for p in open_split(shard_dir, split))
+
+
+def identity(shard_dir: str | Path) -> str:
+    """A digest naming exactly the shards in `shard_dir`: of the manifest's per-shard name, split, token count and
+    sha256 (computed by tokenize, so nothing is reread here); for a folder without a manifest (build-nanogpt's
+    shards), of the shard files' names and byte sizes. Two folders with the same identity hold the same tokens."""
+    shard_dir = Path(shard_dir)
+    if (shard_dir / MANIFEST).exists():
+        m = read_manifest(shard_dir)
+        return json_sha256([[s["name"], s["split"], s["tokens"], s["sha256"]] for s in m["shards"]])
+    return json_sha256([[p.name, p.stat().st_size] for split in SPLITS for p in list_shards(shard_dir, split)])
 
 
 def check_token_range(tokens: np.ndarray, vocab_size: int, path: str | Path, offset: int = 0) -> None:

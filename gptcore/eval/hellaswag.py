@@ -126,7 +126,7 @@ def parse_hellaswag_line(raw: bytes, where: str, default_ind: int) -> dict:
 
 def read_hellaswag(path: str | Path, limit: int | None = None) -> list[dict]:
     """The raw items (ctx, endings, label, ind) of a HellaSwag jsonl file, checked field by field; a bad line
-    of any kind raises ValueError naming the file and line number."""
+    of any kind, or a file without a single example, raises an error naming the file (and the line)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: HellaSwag file not found; {_place_hint(path)}")
@@ -140,6 +140,9 @@ def read_hellaswag(path: str | Path, limit: int | None = None) -> list[dict]:
             if not raw.strip():
                 continue
             items.append(parse_hellaswag_line(raw, f"{path}:{lineno}", len(items)))
+    if not items and limit != 0:  # no accuracy is ever written from zero examples
+        raise UserError(f"{path}: no HellaSwag examples in the file (it is empty or holds only blank lines); "
+                        f"{_place_hint(path)}")
     return items
 
 

@@ -131,8 +131,10 @@ def _prediction(example: Example, sum_losses: Sequence[float], mean_losses: Sequ
 
 
 def _result(predictions: list[dict], count: int, correct: int, correct_norm: int, seconds: float) -> ChoiceResult:
+    if count == 0:  # an accuracy of zero examples is no number: the caller must refuse an empty task before this
+        raise ValueError("no multiple-choice examples were scored: an accuracy over zero examples is undefined")
     return ChoiceResult(count=count, correct=correct, correct_norm=correct_norm,
-                        acc=correct / count if count else 0.0, acc_norm=correct_norm / count if count else 0.0,
+                        acc=correct / count, acc_norm=correct_norm / count,
                         predictions=predictions, examples_per_sec=count / seconds if seconds > 0 else 0.0)
 
 

@@ -106,8 +106,12 @@ def scored_chars(tokens: np.ndarray, tokenizer: object) -> int:
 
 def bits_per_char(loss: float, tokens: np.ndarray, tokenizer: object) -> float:
     """`val_loss` over `tokens` (nats per target token) -> bits per character of the same text: loss x targets /
-    characters / ln 2."""
-    return loss * (len(tokens) - 1) / max(scored_chars(tokens, tokenizer), 1) / math.log(2)
+    characters / ln 2. Scored tokens that decode to no character at all (only end-of-text) have no such figure."""
+    chars = scored_chars(tokens, tokenizer)
+    if chars == 0:
+        raise UserError(f"the {len(tokens) - 1:,} scored val tokens decode to no characters (only end-of-text "
+                        f"tokens): bits per character is undefined; raise eval.val_tokens")
+    return loss * (len(tokens) - 1) / chars / math.log(2)
 
 
 def write_samples(path: Path, prompt: str, texts: list[str], model_spec: str) -> None:

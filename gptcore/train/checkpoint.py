@@ -17,10 +17,11 @@ from typing import Any
 import torch
 
 from gptcore import distributed
-from gptcore.atomic import atomic_write, json_sha256
+from gptcore.atomic import TMP_SUFFIX, atomic_write, json_sha256
 from gptcore.errors import UserError
 from gptcore.model.gpt import GPT
 from gptcore.model.load import read_checkpoint as load_checkpoint
+from gptcore.params import ParamError
 
 CKPT_RE = re.compile(r"^ckpt_(\d{7})\.pt$")
 BEST_RE = re.compile(r"^best_(\d{7})\.pt$")
@@ -159,14 +160,40 @@ def move_aside(ckpt_dir: Path, also: list[Path] = ()) -> Path | None:
     return dest
 
 
+def remove_temp_files(ckpt_dir: Path) -> list[str]:
+    """Delete what saves killed mid-write left in ckpt_dir (hidden `.ckpt_*` / `.best_*` temp files, as large as a
+    checkpoint); call only while holding the folder's lock, so no save is under way. A note if any were found."""
+    ckpt_dir = Path(ckpt_dir)
+    found = [p for p in ckpt_dir.iterdir() if p.name.startswith((".ckpt_", ".best_")) and p.name.endswith(TMP_SUFFIX)
+             ] if ckpt_dir.is_dir() else []
+    size = sum(p.stat().st_size for p in found)
+    for p in found:
+        p.unlink(missing_ok=True)
+    if not found:
+        return []
+    return [f"removed {len(found)} temp file(s) of interrupted saves ({size / 1e6:,.1f} MB) from {ckpt_dir}"]
+
+
+def check_init_from(init_from: str | None, ckpt_dir: Path) -> None:
+    """A run may not start from a file directly in its checkpoint folder: a fresh start moves those aside (and
+    keep_checkpoints deletes old ones), so a rerun after a kill would find its starting weights gone. ParamError
+    saying to copy it out; files in ckpt_dir/previous/ stay where they are and are fine."""
+    if init_from and Path(init_from).resolve().parent == Path(ckpt_dir).resolve():
+        raise ParamError("model.init_from", init_from,
+                         f"is in {ckpt_dir}/, whose checkpoints a fresh run moves aside and keep_checkpoints deletes; "
+                         f"copy it out first (cp {init_from} init.pt) and set model.init_from: init.pt")
+
+
 def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, also: list[Path] = ()
                    ) -> tuple[dict[str, Any] | None, list[str]]:
     """Collective: the checkpoint every rank resumes from (None: a fresh start), and what rank 0 decided, as lines.
 
     Rank 0 alone decides (`find_resume`) and, on a fresh start, moves the previous run's checkpoints and `also`
     (its step metrics) aside; the other ranks then load what it left: the run to resume, if any."""
+    check_init_from(run_params["model"].get("init_from"), ckpt_dir)  # every rank: all refuse together
     resume, notes = None, []
     if is_main:
+        notes += remove_temp_files(ckpt_dir)
         _, resume, why = find_resume(ckpt_dir, run_params)
         notes.append(why)
         if resume is None:

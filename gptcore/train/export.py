@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from gptcore.atomic import write_json, write_text
+from gptcore.atomic import swap_dir, write_json, write_text
 from gptcore.data.tokenizers import Tokenizer
 from gptcore.model.gpt import GPT
 from gptcore.model.hf import NotRepresentable, export_hf
@@ -25,26 +25,39 @@ from gptcore.train.checkpoint import atomic_torch_save
 NOT_EXPORTED = "NOT_EXPORTED.txt"  # in model/hf when no transformers architecture represents the model
 
 
+def staged_dir(model_dir: Path) -> Path:
+    """Where the next export is built: a hidden folder beside model_dir, swapped in whole when complete (a kill
+    leaves it behind, never a model_dir of two runs; the next export starts by removing it)."""
+    return model_dir.parent / f".{model_dir.name}.next"
+
+
 def export_model(model_dir: Path, model: GPT, tokenizer: Tokenizer | None, record: dict[str, Any],
                  hardware: dict[str, Any] | None = None, hf_vocab_size: int | None = None) -> list[str]:
     """Write `model_dir` (see the module docstring) for `model` and the tokenizer its data was made with; `record`
-    (step, export, ...) goes into model.pt and manifest.json. Returns one note per fact worth showing (which Hugging
-    Face architecture, or why none)."""
+    (step, export, ...) goes into model.pt and manifest.json. The folder is built aside and swapped in as one unit,
+    so `model_dir` is always one run's. Returns one note per fact worth showing (which Hugging Face architecture, or
+    why none)."""
     model_dir = Path(model_dir)
-    model_dir.mkdir(parents=True, exist_ok=True)
+    staged = staged_dir(model_dir)
+    shutil.rmtree(staged, ignore_errors=True)  # what a killed export left
+    staged.mkdir(parents=True)
     data = tokenizer.record() if tokenizer is not None else None
     if tokenizer is not None and hf_vocab_size is None:
         hf_vocab_size = tokenizer.vocab_size
     atomic_torch_save({"model": model.state_dict(), "model_config": asdict(model.config),
-                       **({"data": data} if data else {}), **record}, model_dir / MODEL_FILE)
-    notes = [_export_hf(model, model_dir / "hf", tokenizer, hf_vocab_size)]
+                       **({"data": data} if data else {}), **record}, staged / MODEL_FILE)
+    notes = [_export_hf(model, staged / "hf", tokenizer, hf_vocab_size)]
     if tokenizer is not None:
-        tokenizer.save(model_dir)  # the folder carries its tokenizer: sampling and evaluate need nothing else
+        tokenizer.save(staged)  # the folder carries its tokenizer: sampling and evaluate need nothing else
         manifest = {"tokenizer": data, **{k: v for k, v in record.items() if k != "final"}}
         if hardware is not None:  # where it trained: compare turns training hours into GPU-hours with it
             manifest["hardware"] = hardware
-        write_json(model_dir / "manifest.json", manifest)
-    return notes
+        write_json(staged / "manifest.json", manifest)
+    swap_dir(staged, model_dir)
+    if record.get("export") == "best":
+        notes.append(f"{model_dir}/: the best weights, step {record['step']} of {record['trained_steps']} (val_loss "
+                     f"{record['best_val_loss']:.4f})")
+    return [n.replace(str(staged), str(model_dir)) for n in notes]
 
 
 def _export_hf(model: GPT, hf_dir: Path, tokenizer: Tokenizer | None, vocab_size: int | None) -> str:
@@ -52,11 +65,9 @@ def _export_hf(model: GPT, hf_dir: Path, tokenizer: Tokenizer | None, vocab_size
     try:
         arch = export_hf(model, hf_dir, vocab_size=vocab_size, eot=None if tokenizer is None else tokenizer.eot)
     except NotRepresentable as e:
-        shutil.rmtree(hf_dir, ignore_errors=True)  # no stale export of an earlier run
-        hf_dir.mkdir()
+        hf_dir.mkdir(exist_ok=True)
         write_text(hf_dir / NOT_EXPORTED, f"{e}; model.pt holds the weights\n")
         return f"no Hugging Face export: {e}"
-    (hf_dir / NOT_EXPORTED).unlink(missing_ok=True)
     if tokenizer is not None:
         tokenizer.save_hf(hf_dir, max_length=model.config.block_size)
     return f"Hugging Face export ({arch}): {hf_dir}"

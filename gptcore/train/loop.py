@@ -161,6 +161,12 @@ class Trainer:
         checkpoint.prune_best(self.ckpt_dir, keep_step=self.best_step)
         return path
 
+    def describe(self) -> str:
+        """One line: parameters, processes x device, precision, gradient accumulation, tokens per step."""
+        n = sum(p.numel() for p in self.raw_model.parameters())
+        return (f"{n / 1e6:.2f}M params, {self.env.world_size} x {self.device}, {self.dtype}, grad accumulation "
+                f"{self.loader.grad_accum}, {self.cfg.total_batch_tokens:,} tokens/step")
+
     def export_weights(self) -> tuple[GPT, dict[str, Any]]:
         """What model/ gets (train.export) and the record saying which: the last weights, or (best) those of the
         lowest val loss seen, read back from checkpoints/best_<step>.pt, with their step and val loss."""
