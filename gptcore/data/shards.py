@@ -313,11 +313,12 @@ def write_piece(path: str | Path, tokens: np.ndarray) -> None:
     tokens.tofile(path)
 
 
-def assemble_shard(shard_dir: str, name: str, dtype: str, n_tokens: int,
-                   segments: list[tuple[str, int, int]]) -> tuple[str, str]:
+def assemble_shard(shard_dir: str, name: str, dtype: str, n_tokens: int, segments: list[tuple[str, int, int]],
+                   drop: tuple[str, ...] = ()) -> tuple[str, str]:
     """Write shard `name` (n_tokens of `dtype`) to a temp file from token ranges [start, stop) of piece files, hashing
-    as it goes, and fsync it; returns (temp path, sha256). Runs in a tokenize worker, so the bytes never pass through
-    the parent; the parent publishes the file in order (ShardWriter)."""
+    as it goes, and fsync it; returns (temp path, sha256). Then delete the pieces in `drop` (spent: freeing their
+    pages is kernel work, kept off the parent too). Runs in a tokenize worker, so the bytes never pass through the
+    parent; the parent publishes the file in order (ShardWriter)."""
     dt = np.dtype(dtype)
     header = npy_header(dt, n_tokens)
     h = hashlib.sha256(header)
@@ -336,6 +337,8 @@ def assemble_shard(shard_dir: str, name: str, dtype: str, n_tokens: int,
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    for spent in drop:
+        Path(spent).unlink(missing_ok=True)
     return str(tmp), h.hexdigest()
 
 
@@ -392,6 +395,7 @@ class ShardWriter:
         self._closing: deque = deque()  # (future of assemble_shard, record, segments), in shard order
         self._pieces: deque = deque()  # (piece path, number of the last shard that reads it)
         self._written: set[str] = set()  # the shards this writer assembled and hashed itself
+        self._spent: list[Path] = []  # pieces no shard needs any more, for the next assembly to delete
         if not self.manifest["complete"]:
             write_json(self.dir / MANIFEST, self.manifest, indent=1)
 
@@ -487,8 +491,10 @@ class ShardWriter:
                   "documents": self._docs_in_shard, "sha256": None, "next": {"doc": nxt[0], "offset": nxt[1]}}
         if "encoder" in self.manifest:  # per shard too: a resumed run may finish with another encoder
             record["encoder"] = self.manifest["encoder"]
-        segments = self._segments
-        fut = self.pool.submit(assemble_shard, str(self.dir), self._name, self.dtype.str, self._in_shard, segments)
+        segments, spent = self._segments, tuple(str(p) for p in self._spent)
+        self._spent = []
+        fut = self.pool.submit(assemble_shard, str(self.dir), self._name, self.dtype.str, self._in_shard, segments,
+                               spent)
         self._closing.append((fut, record, segments))
         self._closed += 1
         self._open, self._segments = False, []
@@ -520,10 +526,11 @@ class ShardWriter:
         self._drop_pieces()
 
     def _drop_pieces(self) -> None:
-        """Delete the pieces every reader of which is published (those of the shards still being assembled stay)."""
+        """Mark spent the pieces every reader of which is published (those of shards still being assembled stay): the
+        next shard's assembly deletes them, finish the last ones."""
         done = self._closed - len(self._closing)  # shards published so far by this writer
         while self._pieces and self._pieces[0][1] < done:
-            self._pieces.popleft()[0].unlink(missing_ok=True)
+            self._spent.append(self._pieces.popleft()[0])
 
     def finish(self, documents: int) -> dict:
         """Close the last shard and mark the manifest complete; `documents` is the corpus size."""
@@ -541,6 +548,9 @@ class ShardWriter:
         if self._open and self._in_shard:
             self._close((documents, 0))
         self._drain(wait=True)
+        for spent in self._spent:
+            spent.unlink(missing_ok=True)
+        self._spent = []
         self.check_finished()
         self.manifest["complete"] = True
         self.manifest["documents"] = documents
@@ -583,3 +593,4 @@ class ShardWriter:
             for p in self.dir.glob(f".*{TMP_SUFFIX}"):  # pieces, and shards a killed worker was writing
                 p.unlink(missing_ok=True)
             self._pieces.clear()
+            self._spent = []
