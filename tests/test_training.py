@@ -229,7 +229,8 @@ def test_modern_killed_run_resumes_bit_identically(tmp_path, shards, nproc, dtyp
 def test_a_llama_shaped_run_exports_to_hugging_face(tmp_path, shards):
     transformers = pytest.importorskip("transformers")
     model = {**MODERN_MODEL, "logit_softcap": None, "qk_norm": False}
-    project = make_project(tmp_path / "p", shards, model=model, max_steps=3, eval_every=3, **MODERN_TRAIN)
+    # 5 steps: 2 of warmup and a WSD decay of 2 must fit (the schema refuses less)
+    project = make_project(tmp_path / "p", shards, model=model, max_steps=5, eval_every=5, **MODERN_TRAIN)
     out = run_train(project)
     assert "Hugging Face export (llama)" in out.stdout
     hf = transformers.AutoModelForCausalLM.from_pretrained(project / "model" / "hf", torch_dtype=torch.float32)
