@@ -25,10 +25,10 @@ sys.path.insert(0, str(ROOT))
 
 import random  # noqa: E402
 
-from gptcore.eval.hellaswag import HELLASWAG_VAL_EXAMPLES, load_hellaswag  # noqa: E402
-from gptcore.model.gpt import GPT, GPTConfig  # noqa: E402
-from gptcore.eval.multichoice import ChoiceResult, Example, fit_example, score_examples, score_examples_reference  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
+from gptcore.eval.hellaswag import HELLASWAG_VAL_EXAMPLES, load_hellaswag  # noqa: E402
+from gptcore.eval.multichoice import ChoiceResult, Example, fit_example, score_examples, score_examples_reference  # noqa: E402
+from gptcore.model.gpt import GPT, GPTConfig  # noqa: E402
 from gptcore.precision import DTYPES  # noqa: E402
 
 REF = ROOT / ".." / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"

@@ -54,11 +54,11 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gptcore.data.tokenize import cpu_count, encode_documents  # noqa: E402
+from gptcore.data import shards as S  # noqa: E402
 from gptcore.data.corpus import open_corpus, read_task  # noqa: E402
 from gptcore.data.sources import fetch, package_documents  # noqa: E402
+from gptcore.data.tokenize import cpu_count, encode_documents  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
-from gptcore.data import shards as S  # noqa: E402
 
 REF_DOCS = ROOT.parent / "shared" / "ref-data" / "fineweb_edu_sample.jsonl"
 AMDAHL_CORES = (16, 64, 128)

@@ -6,12 +6,12 @@ from pathlib import Path
 
 from gptcore.atomic import write_json
 from gptcore.data.shards import read_manifest
-from gptcore.report.plots import write_plot_data
+from gptcore.process import stage_lifetime
 from gptcore.report.baselines import read_baselines
 from gptcore.report.compare import describe, summarize
-from gptcore.report.speedrun import describe_speedrun, speedrun_summary
 from gptcore.report.params import COMPARE
-from gptcore.process import stage_lifetime
+from gptcore.report.plots import write_plot_data
+from gptcore.report.speedrun import describe_speedrun, speedrun_summary
 from stages.common import load_params, user_errors
 
 EVAL = Path("metrics/eval.json")

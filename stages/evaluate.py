@@ -12,15 +12,15 @@ from gptcore import distributed
 from gptcore.atomic import write_json
 from gptcore.data import shards
 from gptcore.data.tokenizers import load_tokenizer
-from gptcore.eval.cloze import build_cloze
 from gptcore.eval import harness
+from gptcore.eval.cloze import build_cloze
 from gptcore.eval.hellaswag import hellaswag_examples
 from gptcore.eval.multichoice import score_examples, write_predictions
 from gptcore.eval.params import EVAL
 from gptcore.eval.sampling import model_for_shards, sample
 from gptcore.eval.val_loss import bits_per_char, val_loss, val_stream, write_samples
-from gptcore.precision import resolve_dtype
 from gptcore.params import check_val_tokens
+from gptcore.precision import resolve_dtype
 from gptcore.process import reading, stage_lifetime
 from stages.common import load_params, user_errors
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gptcore.data.sources import fetch
 from gptcore.data.params import FETCH
+from gptcore.data.sources import fetch
 from gptcore.process import FolderLock, stage_lifetime
 from stages.common import load_params, user_errors
 

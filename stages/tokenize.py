@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gptcore.data.tokenize import tokenize
 from gptcore.data.params import TOKENIZE
+from gptcore.data.tokenize import tokenize
 from gptcore.process import stage_lifetime
 from stages.common import load_params, user_errors
 

@@ -7,10 +7,10 @@ import textwrap
 import pytest
 import torch
 
+from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.model.load import init_model, load_model
 from gptcore.train import checkpoint
 from gptcore.train.export import export_model
-from gptcore.model.gpt import GPT, GPTConfig
 
 TINY = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64)
 

@@ -1,9 +1,9 @@
 """gptcore.report.compare.summarize: a delta only where the run measured what the baseline measured, labelled with it."""
 import pytest
 import yaml
+from stagekit import ROOT
 
 from gptcore.report.compare import describe, summarize
-from stagekit import ROOT
 
 BASELINES = yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text(encoding="utf-8"))
 FINEWEB = {"tokenizer": "gpt2", "dataset": "HuggingFaceFW/fineweb-edu"}

@@ -6,8 +6,9 @@ import ast
 import importlib.metadata as md
 import re
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 # declared though never imported: the tools the pipeline runs under (dvc runs the stages, hydra-core composes

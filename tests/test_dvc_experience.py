@@ -20,9 +20,9 @@ from dvc.utils.hydra import compose_and_dump
 
 from gptcore.data.params import FETCH, TOKENIZE
 from gptcore.eval.params import EVAL
-from gptcore.params import check_val_tokens
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.model.params import MODEL
+from gptcore.params import check_val_tokens
 from gptcore.report.params import COMPARE
 from gptcore.train.params import TRAIN, check_run
 

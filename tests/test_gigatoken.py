@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptcore.data.params import TOKENIZE
 from gptcore.data import tokenize as E
 from gptcore.data import tokenizers as T
+from gptcore.data.params import TOKENIZE
 from gptcore.data.sources import fetch
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data" / "fineweb_edu_sample.jsonl"

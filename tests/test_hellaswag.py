@@ -11,8 +11,8 @@ import torch
 import gptcore.eval.hellaswag as hs
 from gptcore.errors import UserError
 from gptcore.eval.hellaswag import fetch_hellaswag, load_hellaswag, read_hellaswag
-from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.eval.multichoice import score_examples, score_examples_reference
+from gptcore.model.gpt import GPT, GPTConfig
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"
 

@@ -72,7 +72,6 @@ def test_gpt2_export_equals_tiktokens_own_gpt2(tmp_path, monkeypatch):
     that path)."""
     import tiktoken
     import tiktoken.registry
-
     from test_tokenizers import seed_tiktoken_cache
 
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))

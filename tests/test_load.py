@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from gptcore.data.tokenizers import CharTokenizer
-from gptcore.eval.sampling import main as sample_main, tokenizer_for
+from gptcore.eval.sampling import main as sample_main
+from gptcore.eval.sampling import tokenizer_for
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.model.load import MODEL_FILE, init_model, load_model, read_checkpoint
 from gptcore.train import checkpoint

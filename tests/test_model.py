@@ -8,7 +8,8 @@ import torch
 
 from gptcore.errors import UserError
 from gptcore.model import flops as flops_mod
-from gptcore.model.flops import device_peak_flops as peak_flops, estimate_mfu, flops_per_token, peak_flops_for_name
+from gptcore.model.flops import device_peak_flops as peak_flops
+from gptcore.model.flops import flops_per_token, peak_flops_for_name
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.model.hf import load_hf_gpt2, save_hf_gpt2
 from gptcore.model.load import strip_prefixes

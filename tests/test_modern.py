@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-from torch.nn import functional as F
 
 from gptcore.model.flops import flops_per_token
 from gptcore.model.gpt import GPT, GPTConfig, Rotary, apply_rotary

@@ -11,9 +11,16 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gptcore.eval.multichoice import (
+    ChoiceResult,
+    Example,
+    fit_example,
+    render_rows,
+    score_examples,
+    score_examples_reference,
+    write_predictions,
+)
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.eval.multichoice import (ChoiceResult, Example, fit_example, render_rows, score_examples,
-                                 score_examples_reference, write_predictions)
 
 # Next-token distributions of a bigram "model": P[a][b] = p(next = b | current = a).
 P = [[0.1, 0.2, 0.3, 0.4],

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptcore.data.params import TOKENIZE
-from gptcore.data import tokenizers as T
-from gptcore.data import tokenize as E
 from gptcore.data import shards as S
+from gptcore.data import tokenize as E
+from gptcore.data import tokenizers as T
+from gptcore.data.params import TOKENIZE
 from gptcore.model.load import padded_vocab
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("dashscope") is None,

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptcore.data import tokenize as E
 from gptcore.data import shards as S
+from gptcore.data import tokenize as E
 from gptcore.data.corpus import open_corpus
 from gptcore.data.sources import fetch
 from gptcore.data.tokenizers import get_tokenizer, load_tokenizer

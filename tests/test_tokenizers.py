@@ -38,7 +38,7 @@ def seed_tiktoken_cache(cache: Path) -> None:
 
 def big_wordlevel(path: Path, n_words: int = 70_000, specials: tuple[str, ...] = ("<|endoftext|>",)) -> Path:
     """A WordLevel tokenizer.json with more than 65,536 entries (like Qwen2's ~151k), built offline."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {"[UNK]": 0}
     for i in range(n_words):

@@ -1,7 +1,7 @@
 """The train stage end to end on CPU: overfitting, DDP (gloo) equivalence, and exact resume after SIGKILL."""
 import json
-import shutil
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -12,10 +12,10 @@ import pytest
 import torch
 from stagekit import env, make_project, run_stage, stage_cmd, tsv, write_gpt2_shards
 
+from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.model.load import load_model
 from gptcore.train import checkpoint
 from gptcore.train.export import NOT_EXPORTED
-from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.train.optim import build_optimizers
 
 pytestmark = pytest.mark.slow  # training runs through the stage, in subprocesses (-m "not slow" skips them)

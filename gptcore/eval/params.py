@@ -1,8 +1,6 @@
 """The schema of params.yaml's `eval:` section."""
 from __future__ import annotations
 
-from typing import Any
-
 from gptcore.params import REQUIRED, Param, Section
 from gptcore.precision import DTYPES
 

@@ -15,8 +15,8 @@ import torch
 from tqdm import tqdm
 
 from gptcore import distributed
-from gptcore.data import shards
 from gptcore.atomic import write_text
+from gptcore.data import shards
 from gptcore.errors import UserError
 from gptcore.precision import autocast_context
 

@@ -16,15 +16,15 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from gptcore.errors import UserError
 from gptcore import distributed
 from gptcore.distributed import DistEnv
+from gptcore.errors import UserError
 from gptcore.eval.hooks import Evaluator
-from gptcore.report.steplog import StepLogger
 from gptcore.model.flops import estimate_mfu, model_sizes
 from gptcore.model.gpt import GPT
 from gptcore.model.load import strip_prefixes
 from gptcore.precision import autocast_context, resolve_dtype
+from gptcore.report.steplog import StepLogger
 from gptcore.train import checkpoint
 from gptcore.train.optim import LRSchedule, build_optimizers, set_lr
 
