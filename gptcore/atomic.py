@@ -149,6 +149,13 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(a))
 
 
+def staged_dir(final: str | Path) -> Path:
+    """Where a new version of the folder `final` is built while the old one stays: a hidden folder beside it (not in
+    it: the two are exchanged by swap_dir as one unit when the new one is complete)."""
+    final = Path(final)
+    return final.parent / f".{final.name}.next"
+
+
 def swap_dir(staged: str | Path, final: str | Path) -> None:
     """Put the complete folder `staged` at `final` as one unit, after fsyncing everything in it; the old `final`
     (if any) is deleted. On Linux the two folders are exchanged in one rename, so a reader or a kill sees the old

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from gptcore.atomic import json_sha256, swap_dir
+from gptcore.atomic import json_sha256, staged_dir, swap_dir
 from gptcore.data import shards
 from gptcore.errors import UserError
 from gptcore.process import FolderLock, die_with_parent
@@ -43,12 +43,6 @@ from gptcore.data.tokenizers import (
     tokenizer_identity,
 )
 
-
-
-def staged_dir(shard_dir: Path) -> Path:
-    """Where a run of new params is written while the finished shards of the old ones stay: a hidden folder beside
-    shard_dir (not in it: the two are exchanged as one unit when the new run is complete)."""
-    return shard_dir.parent / f".{shard_dir.name}.next"
 
 
 # text per task: consecutive row groups are read together up to this, larger ones are split. Large enough that the

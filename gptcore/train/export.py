@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from gptcore.atomic import swap_dir, write_json, write_text
+from gptcore.atomic import staged_dir, swap_dir, write_json, write_text
 from gptcore.data.tokenizers import Tokenizer
 from gptcore.model.gpt import GPT
 from gptcore.model.hf import NotRepresentable, export_hf
@@ -25,12 +25,6 @@ from gptcore.train.checkpoint import atomic_torch_save
 NOT_EXPORTED = "NOT_EXPORTED.txt"  # in model/hf when no transformers architecture represents the model
 
 
-def staged_dir(model_dir: Path) -> Path:
-    """Where the next export is built: a hidden folder beside model_dir, swapped in whole when complete (a kill
-    leaves it behind, never a model_dir of two runs; the next export starts by removing it)."""
-    return model_dir.parent / f".{model_dir.name}.next"
-
-
 def export_model(model_dir: Path, model: GPT, tokenizer: Tokenizer | None, record: dict[str, Any],
                  hardware: dict[str, Any] | None = None, hf_vocab_size: int | None = None) -> list[str]:
     """Write `model_dir` (see the module docstring) for `model` and the tokenizer its data was made with; `record`
@@ -38,7 +32,7 @@ def export_model(model_dir: Path, model: GPT, tokenizer: Tokenizer | None, recor
     so `model_dir` is always one run's. Returns one note per fact worth showing (which Hugging Face architecture, or
     why none)."""
     model_dir = Path(model_dir)
-    staged = staged_dir(model_dir)
+    staged = staged_dir(model_dir)  # a kill leaves it behind, never a model_dir of two runs
     shutil.rmtree(staged, ignore_errors=True)  # what a killed export left
     staged.mkdir(parents=True)
     data = tokenizer.record() if tokenizer is not None else None
