@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -163,6 +164,47 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         os.kill(os.getpid(), sig)
 
 
+# the shells dvc may run a stage's command through ($SHELL -c, /bin/sh when SHELL is unset), as /proc names them
+_SHELLS = frozenset({"sh", "dash", "bash", "zsh", "ksh", "mksh", "fish"})
+
+
+def _name_and_parent(pid: int) -> tuple[str, int] | None:
+    """(command name, parent pid) of `pid` from /proc/<pid>/stat, or None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    close = text.rindex(")")  # the name may itself hold spaces and parentheses
+    return text[text.index("(") + 1:close], int(text[close + 2:].split()[1])
+
+
+def die_with_the_shells_parent(sig: int = signal.SIGKILL, every: float = 0.2) -> None:
+    """When shells stand between this process and the program that started it, send `sig` to this process once that
+    program dies (Linux; a no-op elsewhere or with no shell between).
+
+    dvc runs a stage through `$SHELL -c cmd`. bash replaces itself with a lone command, but dash (/bin/sh on Debian,
+    dvc's choice when SHELL is unset) stays as our parent, so PR_SET_PDEATHSIG would watch the shell, which outlives
+    a killed dvc. A daemon thread notices instead that a shell in the chain was given another parent."""
+    if not sys.platform.startswith("linux"):
+        return
+    links, pid = [], os.getppid()
+    while (name_parent := _name_and_parent(pid)) is not None and name_parent[0] in _SHELLS and name_parent[1] > 1:
+        links.append((pid, name_parent[1]))
+        pid = name_parent[1]
+    if not links:
+        return
+
+    def watch() -> None:
+        while True:
+            time.sleep(every)
+            for shell, parent in links:
+                now = _name_and_parent(shell)
+                if now is None or now[1] != parent:  # reparented (or gone): whoever started the shell died
+                    os.kill(os.getpid(), sig)
+
+    threading.Thread(target=watch, name="die-with-the-shells-parent", daemon=True).start()
+
+
 def supervised() -> bool:
     """True when this process was started by dvc (it sets DVC_STAGE for a stage's command) or is a torchrun worker
     (LOCAL_RANK): a parent whose death means the run was abandoned."""
@@ -181,6 +223,7 @@ def stage_lifetime(stage: str, quiet: bool = False) -> Iterator[None]:
     0) prints nothing. A stage started by hand from a shell is left to the shell's job control (nohup keeps it)."""
     if supervised():
         die_with_parent()
+        die_with_the_shells_parent()
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         yield

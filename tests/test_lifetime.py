@@ -330,6 +330,26 @@ def test_killing_torchrun_takes_its_workers_and_the_rerun_matches_an_uninterrupt
     same_run(solo, project)
 
 
+STAGE_BODY = ("import os, time; from gptcore.process import stage_lifetime\n"
+              "with stage_lifetime('x'):\n    print(os.getpid(), flush=True); time.sleep(60)")
+
+
+@pytest.mark.parametrize("shell", ["/bin/sh", "bash"])
+def test_a_stage_behind_a_shell_dies_with_the_program_that_started_the_shell(tmp_path, shell):
+    """What dvc does: `$SHELL -c cmd`, where the shell stays the stage's parent (dash always; bash when the command is
+    not a lone one). SIGKILL of the starting program must take the stage with it, though its parent, the shell, lives on."""
+    (tmp_path / "stage.py").write_text(STAGE_BODY)
+    cmd = f"{sys.executable} stage.py; exit $?"
+    starter = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:])",
+                                shell, "-c", cmd], cwd=tmp_path, env=dict(env(), DVC_STAGE="x"),
+                               stdout=subprocess.PIPE, text=True)
+    stage = psutil.Process(int(starter.stdout.readline()))
+    assert psutil.Process(stage.ppid()).name() in ("sh", "dash", "bash")  # a shell stands between
+    starter.kill()
+    starter.wait()
+    seconds_until_gone([stage], limit=5.0)
+
+
 # ---------------------------------------------------------------------------------------------
 # SIGKILL of `dvc repro` itself (slow: real dvc in a temp clone of the committed HEAD)
 
@@ -351,7 +371,10 @@ def dvc_clone(tmp_path: Path, overrides: list[str]) -> Path:
 
 
 def start_dvc(clone: Path, *args: str) -> subprocess.Popen:
+    """dvc with SHELL unset, as CI runs it: dvc then runs each stage through /bin/sh -c, and dash stays between dvc
+    and the stage (bash would exec the stage in its place), the harder case for dying with dvc."""
     e = dict(env(), PYTHONPATH=str(clone))
+    e.pop("SHELL", None)
     return subprocess.Popen([sys.executable, "-m", "dvc", *args], cwd=clone, env=e, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
