@@ -58,6 +58,9 @@ def test_gigatoken_ids_equal_tiktoken_encode_ordinary(which):
         want = ref.encode_ordinary(d)
         got = fast.encode_numpy(d)
         assert got.dtype == np.uint32 and got.tolist() == want, f"document {i}: {d[:60]!r}"
+        # tokenize hands gigatoken each document's UTF-8 bytes (takes_utf8): the same ids
+        assert fast.encode_numpy(d.encode("utf-8")).tolist() == want, f"document {i} as bytes: {d[:60]!r}"
+    assert fast.takes_utf8 and not T.GPT2Tokenizer("tiktoken").takes_utf8
     assert fast.encode("<|endoftext|>") != [50256]  # literal special-token text stays ordinary text
 
 

@@ -119,6 +119,11 @@ def test_read_tasks_cover_the_corpus_from_any_document(tmp_path):
             tasks = list(corpus.tasks(start_doc=start, task_bytes=task_bytes))
             got = [d for t in tasks for d in corpus_mod.read_task(t)]
             assert got == docs[start:2400], (task_bytes, start)
+            # a worker reads a task in runs of about chunk_bytes of text: the same documents, each run's first named
+            for chunk_bytes in (1, 2_000, 1 << 30):
+                runs = [run for t in tasks for run in corpus_mod.read_task_chunks(t, chunk_bytes, utf8=True)]
+                assert [d.decode() for _, r in runs for d in r] == docs[start:2400], (task_bytes, start, chunk_bytes)
+                assert [first for first, _ in runs] == [start + sum(len(r) for _, r in runs[:i]) for i in range(len(runs))]
             assert [t.first_doc for t in tasks] == [start + sum(t.rows for t in tasks[:i]) for i in range(len(tasks))]
     assert len(list(corpus.tasks(task_bytes=5_000))) > 3 * len(list(corpus.tasks()))
 
@@ -406,5 +411,14 @@ def test_text_that_is_not_utf8_is_one_line_naming_file_and_line_or_row(tmp_path)
     corpus = corpus_mod.open_corpus(raw)
     with pytest.raises(UserError, match=r"c\.parquet: row 2: not valid UTF-8"):
         [corpus_mod.read_task(t) for t in corpus.tasks()]
+    with pytest.raises(UserError, match=r"c\.parquet: row 2: not valid UTF-8"):  # as UTF-8 bytes, for gigatoken
+        [corpus_mod.read_task(t, utf8=True) for t in corpus.tasks()]
+    with pytest.raises(UserError, match=r"c\.parquet: row 2: not valid UTF-8"):  # in runs of one document
+        [run for t in corpus.tasks() for run in corpus_mod.read_task_chunks(t, 1, utf8=True)]
     with pytest.raises(UserError, match=r"c\.parquet: row 2: not valid UTF-8"):
         list(corpus.texts())
+    pq.write_table(pa.table({"text": ["ok", "fine", None]}), raw / "c.parquet")
+    with pytest.raises(UserError, match=r"c\.parquet: document at row 2 is NoneType, not a string"):
+        [corpus_mod.read_task(t, utf8=True) for t in corpus.tasks()]
+    pq.write_table(pa.table({"text": ["ok", "fine", "née"]}), raw / "c.parquet")
+    assert [d for t in corpus.tasks() for d in corpus_mod.read_task(t, utf8=True)] == [b"ok", b"fine", "née".encode()]

@@ -85,11 +85,13 @@ def test_gpt2_shards_exact_sizes_and_content(tmp_path, corpus_docs):
     assert load_tokenizer(tmp_path / "shards").decode(got[:40].tolist()).startswith("<|endoftext|>" + corpus_docs[0][:20])
 
 
-def test_output_is_byte_identical_whatever_the_workers_and_batches(tmp_path, corpus_docs):
+def test_output_is_byte_identical_whatever_the_workers_and_batches(tmp_path, corpus_docs, monkeypatch):
     raw = make_raw(tmp_path, corpus_docs)
     cfg = {"tokenizer": "gpt2", "shard_tokens": 7777, "val_tokens": 5000}
     outs = []
-    for workers, task_bytes in [(1, 1 << 20), (2, 3000), (3, 777)]:
+    # (workers, text per task, text per run a worker encodes at a time)
+    for workers, task_bytes, chunk_bytes in [(1, 1 << 20, 8 << 20), (2, 3000, 1000), (3, 777, 1)]:
+        monkeypatch.setattr(E, "CHUNK_BYTES", chunk_bytes)  # the workers are forked: they see it
         d = tmp_path / f"s{workers}"
         corpus = open_corpus(raw)
         E.write_shards(corpus, d, get_tokenizer("gpt2"), shard_tokens=7777, val_tokens=5000, workers=workers,
@@ -143,7 +145,7 @@ def test_hf_tokenizer_over_65535_writes_uint32(tmp_path):
 class WrapsAround:
     """A broken tokenizer whose ids do not fit the dtype its vocab_size implies."""
 
-    name, vocab_size, eot = "broken", 100, 99
+    name, vocab_size, eot, takes_utf8 = "broken", 100, 99, False
 
     def encode(self, text: str) -> list[int]:
         return [70_000] if "poison" in text else [1] * len(text)

@@ -60,6 +60,19 @@ def column_texts(column: pa.Array | pa.ChunkedArray, path: Path, first_row: int)
     return check_docs(path, docs, first_row)
 
 
+def column_utf8(column: pa.Array | pa.ChunkedArray, path: Path, first_row: int) -> list[bytes]:
+    """A parquet text column's values as their UTF-8 bytes (no str is built), checked as column_texts checks them:
+    every value a string, valid UTF-8 (Arrow's full validation, in C++); the error names the file and row."""
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)) or column.null_count:
+        column_texts(column, path, first_row)  # raises, naming the row
+    try:
+        column.validate(full=True)
+    except pa.ArrowInvalid:
+        column_texts(column, path, first_row)  # raises, naming the row
+        raise
+    return column.cast(pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary()).to_pylist()
+
+
 def lone_surrogate(text: str) -> int | None:
     """Index of the first lone surrogate in `text` (JSON can spell one, '\\ud800', UTF-8 cannot), else None."""
     m = _SURROGATE.search(text)
@@ -232,9 +245,8 @@ _open_file: tuple[str, pq.ParquetFile] | None = None
 _decoded: tuple[tuple[str, tuple[int, ...]], pa.ChunkedArray] | None = None
 
 
-def read_task(task: ReadTask) -> list[str]:
-    """The documents of one task (run in a tokenize worker); ValueError naming the file and row if
-    one is not a string."""
+def _task_column(task: ReadTask) -> pa.ChunkedArray:
+    """The task's rows of its text column, decoded (a large row group split over tasks is decoded once per worker)."""
     global _open_file, _decoded
     key = (task.path, task.row_groups)
     if _decoded is not None and _decoded[0] == key:
@@ -246,10 +258,27 @@ def read_task(task: ReadTask) -> list[str]:
         column = pf.read_row_groups(list(task.row_groups), columns=[task.text_column], use_threads=False).column(0)
         whole = task.offset == 0 and task.rows == len(column)
         _decoded = None if whole else (key, column)
-    docs = column_texts(column.slice(task.offset, task.rows), Path(task.path), task.file_row)
-    if len(docs) != task.rows:
+    column = column.slice(task.offset, task.rows)
+    if len(column) != task.rows:
         raise UserError(f"{task.path}: row groups {task.row_groups} have fewer rows than planned; run fetch again")
-    return docs
+    return column
+
+
+def read_task(task: ReadTask, utf8: bool = False) -> list[str] | list[bytes]:
+    """The documents of one task, as str or, with `utf8`, as UTF-8 bytes (for an encoder that takes them);
+    ValueError naming the file and row if one is not a string."""
+    return (column_utf8 if utf8 else column_texts)(_task_column(task), Path(task.path), task.file_row)
+
+
+def read_task_chunks(task: ReadTask, chunk_bytes: int,
+                     utf8: bool = False) -> Iterator[tuple[int, list[str] | list[bytes]]]:
+    """read_task in runs of consecutive documents of about `chunk_bytes` of text each, as (first document, documents):
+    a tokenize worker holds one run's Python strings and tokens at a time, however large its task."""
+    column = _task_column(task)
+    step = max(1, math.ceil(len(column) * chunk_bytes / max(column.nbytes, 1)))
+    for i in range(0, len(column), step):
+        part = column.slice(i, step)
+        yield task.first_doc + i, (column_utf8 if utf8 else column_texts)(part, Path(task.path), task.file_row + i)
 
 
 def open_corpus(raw_dir: str | Path) -> Corpus:

@@ -20,7 +20,7 @@ import sys
 from collections import deque
 from concurrent.futures import Executor, Future
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
@@ -308,8 +308,9 @@ def piece_path(shard_dir: str | Path, first_doc: int) -> Path:
     return Path(shard_dir) / f".piece.{first_doc:012d}{TMP_SUFFIX}"
 
 
-def write_piece(path: str | Path, tokens: np.ndarray) -> None:
-    """A task's tokens as raw bytes; not fsynced: the shard assembled from it is."""
+def write_piece(path: str | Path | BinaryIO, tokens: np.ndarray) -> None:
+    """A task's tokens (or the next of them, to an open file) as raw bytes; not fsynced: the shard assembled from it
+    is."""
     tokens.tofile(path)
 
 

@@ -33,7 +33,7 @@ from gptcore.data import shards
 from gptcore.errors import UserError
 from gptcore.process import FolderLock, die_with_parent
 from gptcore.data.params import TOKENIZE
-from gptcore.data.corpus import Corpus, ReadTask, open_corpus, read_task
+from gptcore.data.corpus import Corpus, ReadTask, open_corpus, read_task_chunks
 from gptcore.data.tokenizers import (
     Tokenizer,
     clear_tokenizer_files,
@@ -45,10 +45,14 @@ from gptcore.data.tokenizers import (
 
 
 
-# text per task: consecutive row groups are read together up to this, larger ones are split. Large enough that the
-# parent's cost per task (a few hundred microseconds of pool traffic) stays well under 1% of a task's encoding; a
-# small corpus gets smaller tasks (at least 4 per worker) so that every worker has some
-TASK_BYTES = 16 << 20
+# text per task: consecutive row groups are read together up to this, larger ones are split. The parent spends about
+# a millisecond of CPU per task (pool traffic, bookkeeping) whatever its size: at gigatoken's speed that is 1.1% of a
+# 16 MB task's work and 0.3% of a 64 MB one's, which is what Amdahl's law charges on many cores. A small corpus gets
+# smaller tasks (at least 4 per worker) so that every worker has some
+TASK_BYTES = 64 << 20
+# a worker reads a task's column once and converts, encodes and writes it in runs of this much text, so its memory
+# is one run's strings and tokens (plus the decoded column), not the whole task's
+CHUNK_BYTES = 8 << 20
 
 
 def cpu_count() -> int:
@@ -77,15 +81,17 @@ def _init_worker(tok: Tokenizer, dtype: str) -> None:
     _TOK, _DTYPE = tok, np.dtype(dtype)
 
 
-def encode_documents(tok: Tokenizer, docs: list[str], dtype: np.dtype, first_doc: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def encode_documents(tok: Tokenizer, docs: list[str] | list[bytes], dtype: np.dtype,
+                     first_doc: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Concatenate [eot] + tokens of every document as `dtype`; return (tokens, start offset of each document).
+    Documents are str, or UTF-8 bytes for a tokenizer that `takes_utf8`.
 
     Raises ValueError if a token id does not fit dtype (rather than letting it wrap)."""
     parts: list[np.ndarray] = []
     eot = np.array([tok.eot], dtype=np.uint32)
     lengths = np.empty(len(docs), dtype=np.int64)
     for i, d in enumerate(docs):
-        if not isinstance(d, str):
+        if not isinstance(d, str) and not (tok.takes_utf8 and isinstance(d, bytes)):
             raise ValueError(f"document {first_doc + i} is {type(d).__name__}, not a string")
         ids = tok.encode_numpy(d)
         parts.append(eot)
@@ -106,12 +112,19 @@ def encode_documents(tok: Tokenizer, docs: list[str], dtype: np.dtype, first_doc
 def _encode_task(task: ReadTask, piece_dir: str, tok: Tokenizer | None = None,
                  dtype: np.dtype | None = None) -> tuple[int, int, np.ndarray, str]:
     """Read, encode and leave one task's tokens in a piece file (in a worker: the tokenizer of _init_worker);
-    returns (first document, tokens, document starts, piece path): only counts cross the pipe, never tokens."""
-    tokens, starts = encode_documents(tok or _TOK, read_task(task), _DTYPE if dtype is None else dtype,
-                                      task.first_doc)
+    returns (first document, tokens, document starts, piece path): only counts cross the pipe, never tokens.
+    The task is encoded and written in runs of CHUNK_BYTES of text, so a worker's memory does not grow with it."""
+    tok = tok or _TOK
+    dtype = _DTYPE if dtype is None else dtype
     path = shards.piece_path(piece_dir, task.first_doc)
-    shards.write_piece(path, tokens)
-    return task.first_doc, len(tokens), starts, str(path)
+    starts, n = [], 0
+    with open(path, "wb") as f:
+        for first, docs in read_task_chunks(task, CHUNK_BYTES, utf8=tok.takes_utf8):
+            tokens, at = encode_documents(tok, docs, dtype, first)
+            starts.append(at + n)
+            n += len(tokens)
+            shards.write_piece(f, tokens)
+    return task.first_doc, n, np.concatenate(starts) if starts else np.empty(0, np.int64), str(path)
 
 
 def _start_pool(workers: int, tok: Tokenizer, dtype: np.dtype) -> ProcessPoolExecutor:
