@@ -11,7 +11,7 @@ The corpus (--corpus):
 It is fetched as the local source; then, in the same run:
   - single-process GPT-2 tokens/s (one core): `encode_ordinary` and `encode_numpy` (what the workers use),
   - the parallel ceiling: `cores` independent processes that each build a tokenizer and encode their share of the
-    corpus, with no pipeline (cores that share a physical core or a turbo budget run slower together than alone),
+    corpus (in the form the stage hands that encoder its documents: UTF-8 bytes for gigatoken), with no pipeline (cores that share a physical core or a turbo budget run slower together than alone),
   - the tokenize stage with all cores (workers=0): tokens/s, and its ratio to the ceiling ('stage/ceil'),
   - the serial fraction s: the stage's parent process CPU time (its threads included) over the CPU time of the
     whole stage (parent + workers). The parent alone plans tasks, takes results in order and records shards; all
@@ -55,9 +55,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gptcore.data import shards as S  # noqa: E402
-from gptcore.data.corpus import open_corpus, read_task  # noqa: E402
+from gptcore.data.corpus import open_corpus, read_task, read_task_chunks  # noqa: E402
 from gptcore.data.sources import fetch, package_documents  # noqa: E402
-from gptcore.data.tokenize import cpu_count, encode_documents  # noqa: E402
+from gptcore.data.tokenize import CHUNK_BYTES, TASK_BYTES, cpu_count, encode_documents  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
 
 REF_DOCS = ROOT.parent / "shared" / "ref-data" / "fineweb_edu_sample.jsonl"
@@ -141,7 +141,9 @@ def english_like_corpus(path: Path, size_mb: float, seed: int = 0) -> tuple[int,
     return n_docs, total
 
 
-def single_core_rates(parquet: Path, encoder: str, max_bytes: int = 40_000_000) -> dict:
+def single_core_rates(parquet: Path, encoder: str, max_bytes: float = float("inf")) -> dict:
+    """One core's encode rates and the parallel ceiling, over the whole corpus by default: the same documents as the
+    stage, so that gigatoken's word cache warms as much in both (a prefix of the corpus would be mostly cold)."""
     tok = get_tokenizer("gpt2", encoder=encoder)
     docs, size = [], 0
     for b in pq.ParquetFile(parquet).iter_batches(columns=["text"]):
@@ -150,6 +152,8 @@ def single_core_rates(parquet: Path, encoder: str, max_bytes: int = 40_000_000) 
             size += len(d)
         if size >= max_bytes:
             break
+    if tok.takes_utf8:  # the documents as the stage hands them to this encoder: UTF-8 bytes (the ids are the same)
+        docs = [d.encode("utf-8") for d in docs]
     enc = tok.encode if encoder != "tiktoken" else tok._enc.encode_ordinary
     t0, c0 = time.perf_counter(), time.process_time()
     n = sum(len(enc(d)) for d in docs)
@@ -160,23 +164,56 @@ def single_core_rates(parquet: Path, encoder: str, max_bytes: int = 40_000_000) 
     assert n == n2
     return {"tokens": n, "bytes": size, "encode_ordinary": n / t_list, "encode_numpy": n / t_np,
             "encode_ordinary_cpu": n / c_list, "encode_numpy_cpu": n / c_np,
-            "ceiling": parallel_ceiling(encoder, docs)}
+            "ceiling": parallel_ceiling(encoder, parquet)}
 
 
-def _encode_all(encoder: str, docs: list[str], q) -> None:  # noqa: ANN001
+def _encode_share(encoder: str, parquet: Path, i: int, n: int, start, q) -> None:  # noqa: ANN001
     tok = get_tokenizer("gpt2", encoder=encoder)  # built here, as cold as a stage worker's
-    q.put(sum(len(tok.encode_numpy(d)) for d in docs))
+    docs = [d for b in pq.ParquetFile(parquet).iter_batches(columns=["text"]) for d in b.column(0).to_pylist()][i::n]
+    if tok.takes_utf8:
+        docs = [d.encode("utf-8") for d in docs]
+    start.wait()  # every process has its documents: the timed part is encoding alone
+    t0 = time.perf_counter()
+    q.put((sum(len(tok.encode_numpy(d)) for d in docs), time.perf_counter() - t0))
 
 
-def parallel_ceiling(encoder: str, docs: list[str]) -> float:
+def parallel_ceiling(encoder: str, parquet: Path) -> float:
     """Aggregate tokens/s of `cores` independent processes that each build the tokenizer and encode 1/cores of the
     documents, with no pipeline at all: what the hardware gives when every core encodes at once (cores that share a
     physical core, memory bandwidth or a turbo budget run slower together than alone). Each starts with a fresh
-    tokenizer, as the stage's workers do, so a word cache warmed by the single-core runs does not flatter it."""
+    tokenizer, as the stage's workers do, so a word cache warmed by the single-core runs does not flatter it, and
+    reads its own documents before the clock starts (documents inherited through fork would be copied page by page
+    as their reference counts change, which is no part of encoding)."""
+    ctx = mp.get_context("fork")
+    q, n = ctx.Queue(), cpu_count()
+    start = ctx.Barrier(n)
+    procs = [ctx.Process(target=_encode_share, args=(encoder, parquet, i, n, start, q)) for i in range(n)]
+    for p in procs:
+        p.start()
+    results = [q.get() for _ in procs]
+    for p in procs:
+        p.join()
+    return sum(t for t, _ in results) / max(s for _, s in results)
+
+
+def _read_encode_share(encoder: str, raw: Path, task_bytes: int, i: int, n: int, q) -> None:  # noqa: ANN001
+    tok = get_tokenizer("gpt2", encoder=encoder)
+    total = 0
+    for task in list(open_corpus(raw).tasks(task_bytes=task_bytes))[i::n]:
+        for _, docs in read_task_chunks(task, CHUNK_BYTES, utf8=tok.takes_utf8):
+            total += sum(len(tok.encode_numpy(d)) for d in docs)
+    q.put(total)
+
+
+def read_encode_ceiling(encoder: str, raw: Path) -> float:
+    """Aggregate tokens/s of `cores` independent processes that each read their share of the stage's tasks from the
+    parquet files (as a worker does: decode, convert, in runs) and encode it, writing nothing: the part of the
+    stage's work no pipeline can avoid, spread with no coordination at all."""
+    corpus, n = open_corpus(raw), cpu_count()
+    task_bytes = min(TASK_BYTES, max(64 << 10, corpus.text_bytes() // (4 * n)))  # the stage's choice
     ctx = mp.get_context("fork")
     q = ctx.Queue()
-    n = cpu_count()
-    procs = [ctx.Process(target=_encode_all, args=(encoder, docs[i::n], q)) for i in range(n)]
+    procs = [ctx.Process(target=_read_encode_share, args=(encoder, raw, task_bytes, i, n, q)) for i in range(n)]
     t0 = time.perf_counter()
     for p in procs:
         p.start()
@@ -280,9 +317,12 @@ def on_cpu(pid):  # nanoseconds on a CPU, every thread of a live process (scheds
     return total * 1e-9
 steady = []
 take = E._take
+probe = [0.0]  # this measuring's own CPU time (in the parent, not the stage's work): left out of the parent's
 def timed_take(*a, **k):  # parent and workers' CPU at each result: the steady state, between the first and last
+    c0 = time.thread_time()
     workers = sum(on_cpu(c.pid) for c in mp.active_children())
-    steady.append((cpu(resource.RUSAGE_SELF), workers))
+    steady.append((cpu(resource.RUSAGE_SELF) - probe[0], workers))
+    probe[0] += time.thread_time() - c0
     return take(*a, **k)
 E._take = timed_take
 t0, p0, w0 = time.perf_counter(), cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
@@ -327,7 +367,7 @@ def stage_breakdown(raw: Path, out: Path, encoder: str, shard_tokens: int, val_t
     tok = get_tokenizer("gpt2", encoder=encoder)
     corpus = open_corpus(raw)
     t0 = time.perf_counter()
-    texts = [(t.first_doc, read_task(t)) for t in corpus.tasks()]
+    texts = [(t.first_doc, read_task(t, utf8=tok.takes_utf8)) for t in corpus.tasks()]
     t_read = time.perf_counter() - t0
     t0 = time.perf_counter()
     encoded = [(first, *encode_documents(tok, docs, np.dtype(np.uint16), first)) for first, docs in texts]
@@ -368,8 +408,9 @@ def real_docs_rate(encoder: str, ref: Path) -> dict | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes-mb", type=float, nargs="+", default=[100],
-                    help="corpus sizes in MB of text (default 100: tasks near their full size of 16 MB on 2 cores)")
+    ap.add_argument("--sizes-mb", type=float, nargs="+", default=[600],
+                    help="corpus sizes in MB of text (default 600: on 2 cores the stage's tasks reach their full size "
+                         "of 64 MB, as on a full corpus whatever the core count)")
     ap.add_argument("--corpus", choices=["fineweb", "synthetic"], default="fineweb",
                     help="FineWeb-Edu-like text from the reference sample (default; synthetic when it is absent) or "
                          "the synthetic Shakespeare-frequency corpus")
@@ -414,6 +455,7 @@ def main() -> None:
                   f"(built in {time.perf_counter() - t0:.1f}s)", flush=True)
             for encoder in args.encoders:  # side by side on the same corpus, one after the other
                 single = single_core_rates(d / "corpus.parquet", encoder)
+                single["read_ceiling"] = read_encode_ceiling(encoder, d / "raw")
                 # a quarter of a shard, or less on a small corpus
                 val_tokens = min(args.shard_tokens // 4, built["corpus"][1] // 40)
                 stage, rss, pss = run_measured(STAGE.format(root=str(ROOT), raw=str(d / "raw"), out=str(d / "shards"),
@@ -447,12 +489,13 @@ def main() -> None:
           "(parent + workers) / 1-core np tokens per CPU-second: the share of CPU spent encoding, which other load "
           "on the machine does not change. 'ceiling' = cores independent encode_numpy processes with no pipeline, "
           "as a share of cores x 1-core np: the most any pipeline can reach here; 'stage/ceil' = stage tokens/s / "
-          "that. 'load' = 1-min load average after the run (> cores means contention). 'vs tiktoken' = this "
+          "that; 'stage/read+enc' = stage tokens/s / that of cores independent processes that read their share of the "
+          "parquet and encode it (the work no pipeline avoids; only writing, hashing and coordination are left). 'load' = 1-min load average after the run (> cores means contention). 'vs tiktoken' = this "
           "encoder's stage tokens/s / tiktoken's stage tokens/s on the same corpus.")
     head = (f"{'encoder':>9} {'corpus':>9} {'tokens':>8} {'1-core ord':>10} {'1-core np':>9} {'stage':>7} "
             f"{'ratio ord':>9} {'ratio np':>8}")
     head += "" if args.no_imap else f" {'imap/doc':>8} {'imap ratio':>10}"
-    head += f" {'cpu eff':>7} {'ceiling':>7} {'stage/ceil':>10} {'vs tiktoken':>11} {'RSS sum':>8} {'PSS sum':>8} {'load':>5}"
+    head += f" {'cpu eff':>7} {'ceiling':>7} {'stage/ceil':>10} {'stage/read+enc':>14} {'vs tiktoken':>11} {'RSS sum':>8} {'PSS sum':>8} {'load':>5}"
     head += f" {'serial':>7}" + "".join(f" {f'E{n}':>6}" for n in AMDAHL_CORES)
     print(head)
     base = {r["mb"]: r["stage"] for r in rows if r["encoder"] == "tiktoken"}
@@ -465,7 +508,7 @@ def main() -> None:
                      else f" {'':>8} {'':>10}")
         vs = f"{r['stage'] / base[r['mb']]:.2f}x" if r["mb"] in base else "-"
         line += (f" {r['stage_cpu'] / r['encode_numpy_cpu']:>7.1%} {r['ceiling'] / (cores * r['encode_numpy']):>7.1%}"
-                 f" {r['stage'] / r['ceiling']:>10.1%} {vs:>11} {r['rss'] / 2**20:>5.0f} MB {r['pss'] / 2**20:>5.0f} MB"
+                 f" {r['stage'] / r['ceiling']:>10.1%} {r['stage'] / r['read_ceiling']:>14.1%} {vs:>11} {r['rss'] / 2**20:>5.0f} MB {r['pss'] / 2**20:>5.0f} MB"
                  f" {r['load']:>5.1f} {r['serial']:>7.2%}")
         line += "".join(f" {amdahl_efficiency(r['serial'], n):>6.1%}" for n in AMDAHL_CORES)
         print(line)
@@ -479,7 +522,7 @@ def main() -> None:
     for r in rows:
         effs = ", ".join(f"{n} cores {amdahl_efficiency(r['serial'], n):.1%}" for n in AMDAHL_CORES)
         print(f"{r['encoder']:>9} {r['mb']:>4.0f} MB: stage at {r['stage'] / r['ceiling']:.1%} of the parallel ceiling on "
-              f"{cores} cores; serial fraction {r['serial']:.3%} -> Amdahl efficiency {effs} (fixed start-up "
+              f"{cores} cores ({r['stage'] / r['read_ceiling']:.1%} of reading + encoding alone); serial fraction {r['serial']:.3%} -> Amdahl efficiency {effs} (fixed start-up "
               f"{r['fixed_s']:.2f} CPU-s; the parent's share of this whole run {r['serial_all']:.2%}, of its pass "
               f"over the corpus {r['serial_pass']:.2%})")
     if parts:
