@@ -196,31 +196,39 @@ def parallel_ceiling(encoder: str, parquet: Path) -> float:
     return sum(t for t, _ in results) / max(s for _, s in results)
 
 
-def _read_encode_share(encoder: str, raw: Path, task_bytes: int, i: int, n: int, q) -> None:  # noqa: ANN001
-    tok = get_tokenizer("gpt2", encoder=encoder)
-    total = 0
-    for task in list(open_corpus(raw).tasks(task_bytes=task_bytes))[i::n]:
-        for _, docs in read_task_chunks(task, CHUNK_BYTES, utf8=tok.takes_utf8):
+def _read_encode_share(encoder: str, raw: Path, task_bytes: int, start, next_task, q) -> None:  # noqa: ANN001
+    tok = get_tokenizer("gpt2", encoder=encoder)  # as cold as a stage worker's
+    tasks = list(open_corpus(raw).tasks(task_bytes=task_bytes))
+    start.wait()
+    t0, total = time.perf_counter(), 0
+    while True:
+        with next_task.get_lock():  # the next task, as a pool hands them out: no process idles while others work
+            i = next_task.value
+            next_task.value += 1
+        if i >= len(tasks):
+            break
+        for _, docs in read_task_chunks(tasks[i], CHUNK_BYTES, utf8=tok.takes_utf8):
             total += sum(len(tok.encode_numpy(d)) for d in docs)
-    q.put(total)
+    q.put((total, time.perf_counter() - t0))
 
 
 def read_encode_ceiling(encoder: str, raw: Path) -> float:
-    """Aggregate tokens/s of `cores` independent processes that each read their share of the stage's tasks from the
-    parquet files (as a worker does: decode, convert, in runs) and encode it, writing nothing: the part of the
-    stage's work no pipeline can avoid, spread with no coordination at all."""
+    """Aggregate tokens/s of `cores` independent processes that take the stage's tasks one at a time, read each from
+    the parquet files (as a worker does: decode, convert, in runs) and encode it, writing nothing and recording
+    nothing: the part of the stage's work no pipeline can avoid. The clock starts once every process has its
+    tokenizer and task list."""
     corpus, n = open_corpus(raw), cpu_count()
     task_bytes = min(TASK_BYTES, max(64 << 10, corpus.text_bytes() // (4 * n)))  # the stage's choice
     ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_read_encode_share, args=(encoder, raw, task_bytes, i, n, q)) for i in range(n)]
-    t0 = time.perf_counter()
+    q, start, next_task = ctx.Queue(), ctx.Barrier(n), ctx.Value("i", 0)
+    procs = [ctx.Process(target=_read_encode_share, args=(encoder, raw, task_bytes, start, next_task, q))
+             for _ in range(n)]
     for p in procs:
         p.start()
-    total = sum(q.get() for _ in procs)
+    results = [q.get() for _ in procs]
     for p in procs:
         p.join()
-    return total / (time.perf_counter() - t0)
+    return sum(t for t, _ in results) / max(s for _, s in results)
 
 
 def _tree_pids(pid: int) -> list[int]:
@@ -321,7 +329,7 @@ probe = [0.0]  # this measuring's own CPU time (in the parent, not the stage's w
 def timed_take(*a, **k):  # parent and workers' CPU at each result: the steady state, between the first and last
     c0 = time.thread_time()
     workers = sum(on_cpu(c.pid) for c in mp.active_children())
-    steady.append((cpu(resource.RUSAGE_SELF) - probe[0], workers))
+    steady.append((cpu(resource.RUSAGE_SELF) - probe[0], workers, time.perf_counter(), a[0][1]))
     probe[0] += time.thread_time() - c0
     return take(*a, **k)
 E._take = timed_take
@@ -334,7 +342,8 @@ print(json.dumps({{"tokens": m["tokens"]["val"] + m["tokens"]["train"], "seconds
                   "parent_cpu": parent, "workers_cpu": workers, "pass_parent_cpu": run["parent"],
                   "pass_workers_cpu": run["workers"],
                   "steady_parent_cpu": steady[-1][0] - steady[0][0] if len(steady) > 1 else 0.0,
-                  "steady_workers_cpu": steady[-1][1] - steady[0][1] if len(steady) > 1 else 0.0}}))
+                  "steady_workers_cpu": steady[-1][1] - steady[0][1] if len(steady) > 1 else 0.0,
+                  "steady_tokens_per_s": sum(x[3] for x in steady[1:]) / max(steady[-1][2] - steady[0][2], 1e-9)}}))
 """
 
 IMAP = """
@@ -464,7 +473,7 @@ def main() -> None:
                 shutil.rmtree(d / "shards")
                 d_parent, d_workers = stage["steady_parent_cpu"], stage["steady_workers_cpu"]
                 row = {"encoder": encoder, "mb": n_bytes / 1e6, "docs": n_docs, **single,
-                       "stage": stage["tokens"] / stage["seconds"], "stage_cpu": stage["tokens"] / stage["cpu_seconds"],
+                       "stage": stage["tokens"] / stage["seconds"], "steady": stage["steady_tokens_per_s"], "stage_cpu": stage["tokens"] / stage["cpu_seconds"],
                        "stage_tokens": stage["tokens"], "stage_s": stage["seconds"], "rss": rss, "pss": pss,
                        "serial": max(d_parent, 0.0) / max(d_parent + d_workers, 1e-9),
                        "serial_pass": stage["pass_parent_cpu"] / (stage["pass_parent_cpu"] + stage["pass_workers_cpu"]),
@@ -489,7 +498,7 @@ def main() -> None:
           "(parent + workers) / 1-core np tokens per CPU-second: the share of CPU spent encoding, which other load "
           "on the machine does not change. 'ceiling' = cores independent encode_numpy processes with no pipeline, "
           "as a share of cores x 1-core np: the most any pipeline can reach here; 'stage/ceil' = stage tokens/s / "
-          "that; 'stage/read+enc' = stage tokens/s / that of cores independent processes that read their share of the "
+          "that; 'stage/read+enc' = the stage's steady rate (tokens taken between its first and last task result, over that time: no start-up, no last shard, no final reread) / that of cores independent processes that read their share of the "
           "parquet and encode it (the work no pipeline avoids; only writing, hashing and coordination are left). 'load' = 1-min load average after the run (> cores means contention). 'vs tiktoken' = this "
           "encoder's stage tokens/s / tiktoken's stage tokens/s on the same corpus.")
     head = (f"{'encoder':>9} {'corpus':>9} {'tokens':>8} {'1-core ord':>10} {'1-core np':>9} {'stage':>7} "
@@ -508,7 +517,7 @@ def main() -> None:
                      else f" {'':>8} {'':>10}")
         vs = f"{r['stage'] / base[r['mb']]:.2f}x" if r["mb"] in base else "-"
         line += (f" {r['stage_cpu'] / r['encode_numpy_cpu']:>7.1%} {r['ceiling'] / (cores * r['encode_numpy']):>7.1%}"
-                 f" {r['stage'] / r['ceiling']:>10.1%} {r['stage'] / r['read_ceiling']:>14.1%} {vs:>11} {r['rss'] / 2**20:>5.0f} MB {r['pss'] / 2**20:>5.0f} MB"
+                 f" {r['stage'] / r['ceiling']:>10.1%} {r['steady'] / r['read_ceiling']:>14.1%} {vs:>11} {r['rss'] / 2**20:>5.0f} MB {r['pss'] / 2**20:>5.0f} MB"
                  f" {r['load']:>5.1f} {r['serial']:>7.2%}")
         line += "".join(f" {amdahl_efficiency(r['serial'], n):>6.1%}" for n in AMDAHL_CORES)
         print(line)
@@ -522,7 +531,7 @@ def main() -> None:
     for r in rows:
         effs = ", ".join(f"{n} cores {amdahl_efficiency(r['serial'], n):.1%}" for n in AMDAHL_CORES)
         print(f"{r['encoder']:>9} {r['mb']:>4.0f} MB: stage at {r['stage'] / r['ceiling']:.1%} of the parallel ceiling on "
-              f"{cores} cores ({r['stage'] / r['read_ceiling']:.1%} of reading + encoding alone); serial fraction {r['serial']:.3%} -> Amdahl efficiency {effs} (fixed start-up "
+              f"{cores} cores (its steady rate {r['steady'] / r['read_ceiling']:.1%} of reading + encoding alone); serial fraction {r['serial']:.3%} -> Amdahl efficiency {effs} (fixed start-up "
               f"{r['fixed_s']:.2f} CPU-s; the parent's share of this whole run {r['serial_all']:.2%}, of its pass "
               f"over the corpus {r['serial_pass']:.2%})")
     if parts:
