@@ -83,3 +83,22 @@ def test_bf16_autocast_close_to_the_plain_path():
     got, want = grads(model, chunked), grads(model, expected)
     for name in want:  # bf16 matmuls: about 3 significant digits
         torch.testing.assert_close(got[name], want[name], rtol=0.05, atol=2e-3, msg=name)
+
+
+def test_without_grad_mode_only_the_loss_is_computed():
+    """Under no_grad (val loss, evaluation) the head's one matmul, counted by torch's FLOP counter: 2 N V C, not the
+    4 to 6 N V C of the loss and its gradients (which the Function cannot tell apart by itself: inside it, autograd
+    still marks the weight as needing a gradient)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    n, c, v = 24, 16, 50
+    h = torch.randn(n, c, requires_grad=True)
+    w = torch.randn(v, c, requires_grad=True)
+    y = torch.randint(0, v, (n,))
+    with torch.no_grad(), FlopCounterMode(display=False) as counted:
+        loss = lm_loss(h, w, y, chunk_rows=8)
+    assert counted.get_total_flops() == 2 * n * v * c
+    assert torch.allclose(loss, F.cross_entropy(h @ w.t(), y), atol=1e-6)
+    with FlopCounterMode(display=False) as counted:
+        lm_loss(h, w, y, chunk_rows=8).backward()
+    assert counted.get_total_flops() >= 4 * n * v * c  # the gradients' matmuls too (an in-place addmm_ may go uncounted)

@@ -249,7 +249,10 @@ def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, s
         # at least n_embd rows: each chunk also reads and writes the (vocab, n_embd) weight gradient, which should
         # cost no more memory traffic than the chunk's own (rows, vocab) logits
         chunk_rows = max(budget // weight.size(0), weight.size(1), 1)
-    return _ChunkedLMLoss.apply(h, weight, targets.reshape(-1), softcap, chunk_rows, reduction == "mean")
+    # under no_grad (evaluation) autograd still marks the weight as needing a gradient inside the Function, so the
+    # grad mode is passed in: without it every val-loss batch would also compute both gradients of the head
+    return _ChunkedLMLoss.apply(h, weight, targets.reshape(-1), softcap, chunk_rows, reduction == "mean",
+                                torch.is_grad_enabled())
 
 
 class _ChunkedLMLoss(torch.autograd.Function):
@@ -257,11 +260,11 @@ class _ChunkedLMLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, softcap: float | None,
-                chunk_rows: int, mean: bool) -> torch.Tensor:
+                chunk_rows: int, mean: bool, grads: bool) -> torch.Tensor:
         # under autocast the matmuls run in its dtype, as they would in the plain path; softmax is always fp32
         dtype = torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else h.dtype
         hc, wc = h.to(dtype), weight.to(dtype)
-        want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        want_h, want_w = grads and ctx.needs_input_grad[0], grads and ctx.needs_input_grad[1]
         grad_h = torch.empty_like(h) if want_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
         total = torch.zeros((), dtype=torch.float32, device=h.device)
@@ -306,7 +309,7 @@ class _ChunkedLMLoss(torch.autograd.Function):
         s = grad_out * scale
         gh = grad_h * s.to(grad_h.dtype) if grad_h is not None else None
         gw = (grad_w * s).to(ctx.weight_dtype) if grad_w is not None else None
-        return gh, gw, None, None, None, None
+        return gh, gw, None, None, None, None, None
 
 
 class GPT(nn.Module):
