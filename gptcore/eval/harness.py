@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from gptcore.data.tokenizers import Tokenizer
 from gptcore.errors import UserError
+from gptcore.model.gpt import without_padding
 from gptcore.precision import autocast_context
 
 # positions sent through GPT.logits at once: bounds the [positions, vocab] float32 logits in memory
@@ -139,7 +140,7 @@ def score_pairs(model: nn.Module, pairs: Sequence[tuple[list[int], list[int]]], 
                 t = target[start:start + HEAD_CHUNK].to(device)
                 with autocast_context(device, dtype):
                     logits = model.logits(h)
-                logits = logits[:, :vocab_size].float()
+                logits = without_padding(logits, vocab_size).float()
                 lp = logits.gather(1, t[:, None])[:, 0] - logits.logsumexp(dim=-1)
                 hit = logits.argmax(dim=-1) == t
                 o = owner[start:start + HEAD_CHUNK]

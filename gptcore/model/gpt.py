@@ -233,6 +233,13 @@ class Block(nn.Module):
 LOSS_CHUNK_ELEMENTS = {"cpu": 1 << 23, "cuda": 1 << 26}
 
 
+def without_padding(t: torch.Tensor, vocab_size: int, dim: int = -1) -> torch.Tensor:
+    """`t` cut to a tokenizer's first `vocab_size` ids along `dim` (logits: the last; an embedding or a head: dim 0).
+    The ids a padded vocabulary adds (GPT-2 BPE's 50,257 -> 50,304) are no token: nothing scores, samples or exports
+    them. The one place that drops them; `model.load.padded_vocab` is the one that adds them."""
+    return t.narrow(dim, 0, vocab_size)
+
+
 def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, softcap: float | None = None,
             reduction: str = "mean", chunk_rows: int | None = None) -> torch.Tensor:
     """Cross-entropy of the LM head `weight` (vocab, n_embd) over trunk outputs `hidden` (..., n_embd) against
@@ -469,7 +476,7 @@ class GPT(nn.Module):
                 # score only the last position: the other T-1 rows of logits are not needed
                 logits = self.logits(self.hidden_states(idx_cond)[:, -1, :]).float()
                 if vocab_limit is not None:
-                    logits = logits[:, :vocab_limit]
+                    logits = without_padding(logits, vocab_limit)
                 if temperature == 0 or top_k == 1:
                     idx_next = logits.argmax(dim=-1, keepdim=True)
                 else:

@@ -16,7 +16,7 @@ import torch
 
 from gptcore.atomic import atomic_write, write_text
 from gptcore.errors import UserError, cause
-from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.model.gpt import GPT, GPTConfig, without_padding
 
 # The one list of OpenAI's GPT-2 checkpoints a model spec may name, and the Hub repositories that hold them.
 HF_GPT2_NAMES = {
@@ -86,7 +86,7 @@ def save_hf_gpt2(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None
             continue  # tied to wte; Hugging Face re-ties it from tie_word_embeddings
         t = t.detach().to(device="cpu", dtype=torch.float32)
         if name == "transformer.wte.weight":
-            t = t[:vocab_size]
+            t = without_padding(t, vocab_size, dim=0)
         if name.endswith(_CONV1D_SUFFIXES):
             t = t.t()
         tensors[name] = t.contiguous().clone()
@@ -201,10 +201,10 @@ def save_hf_llama(model: GPT, save_dir: str | os.PathLike, vocab_size: int | Non
     vocab_size = _check_vocab(cfg, vocab_size, eot)
     C, hidden, head = cfg.n_embd, cfg.swiglu_hidden, cfg.n_embd // cfg.n_head
     sd = {k: v.detach().to(device="cpu", dtype=torch.float32) for k, v in model.state_dict().items()}
-    tensors = {"model.embed_tokens.weight": sd["transformer.wte.weight"][:vocab_size],
+    tensors = {"model.embed_tokens.weight": without_padding(sd["transformer.wte.weight"], vocab_size, dim=0),
                "model.norm.weight": sd["transformer.ln_f.weight"]}
     if not cfg.tie_embeddings:
-        tensors["lm_head.weight"] = sd["lm_head.weight"][:vocab_size]
+        tensors["lm_head.weight"] = without_padding(sd["lm_head.weight"], vocab_size, dim=0)
     for i in range(cfg.n_layer):
         ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
         q, k, v = sd[ours + "attn.c_attn.weight"].split(C, dim=0)
