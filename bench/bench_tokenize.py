@@ -167,6 +167,20 @@ def single_core_rates(parquet: Path, encoder: str, max_bytes: float = float("inf
             "ceiling": parallel_ceiling(encoder, parquet)}
 
 
+def _together(target, args: list[tuple]) -> float:  # noqa: ANN001
+    """Run target(*a, start, q) in one forked process per `a`; each waits at the barrier `start` once set up, then
+    puts (tokens, seconds of its timed part) on `q`. Returns the aggregate tokens/s: all tokens over the slowest."""
+    ctx = mp.get_context("fork")
+    q, start = ctx.Queue(), ctx.Barrier(len(args))
+    procs = [ctx.Process(target=target, args=(*a, start, q)) for a in args]
+    for p in procs:
+        p.start()
+    results = [q.get() for _ in procs]
+    for p in procs:
+        p.join()
+    return sum(t for t, _ in results) / max(s for _, s in results)
+
+
 def _encode_share(encoder: str, parquet: Path, i: int, n: int, start, q) -> None:  # noqa: ANN001
     tok = get_tokenizer("gpt2", encoder=encoder)  # built here, as cold as a stage worker's
     docs = [d for b in pq.ParquetFile(parquet).iter_batches(columns=["text"]) for d in b.column(0).to_pylist()][i::n]
@@ -184,19 +198,11 @@ def parallel_ceiling(encoder: str, parquet: Path) -> float:
     tokenizer, as the stage's workers do, so a word cache warmed by the single-core runs does not flatter it, and
     reads its own documents before the clock starts (documents inherited through fork would be copied page by page
     as their reference counts change, which is no part of encoding)."""
-    ctx = mp.get_context("fork")
-    q, n = ctx.Queue(), cpu_count()
-    start = ctx.Barrier(n)
-    procs = [ctx.Process(target=_encode_share, args=(encoder, parquet, i, n, start, q)) for i in range(n)]
-    for p in procs:
-        p.start()
-    results = [q.get() for _ in procs]
-    for p in procs:
-        p.join()
-    return sum(t for t, _ in results) / max(s for _, s in results)
+    n = cpu_count()
+    return _together(_encode_share, [(encoder, parquet, i, n) for i in range(n)])
 
 
-def _read_encode_share(encoder: str, raw: Path, task_bytes: int, start, next_task, q) -> None:  # noqa: ANN001
+def _read_encode_share(encoder: str, raw: Path, task_bytes: int, next_task, start, q) -> None:  # noqa: ANN001
     tok = get_tokenizer("gpt2", encoder=encoder)  # as cold as a stage worker's
     tasks = list(open_corpus(raw).tasks(task_bytes=task_bytes))
     start.wait()
@@ -219,16 +225,8 @@ def read_encode_ceiling(encoder: str, raw: Path) -> float:
     tokenizer and task list."""
     corpus, n = open_corpus(raw), cpu_count()
     task_bytes = min(TASK_BYTES, max(64 << 10, corpus.text_bytes() // (4 * n)))  # the stage's choice
-    ctx = mp.get_context("fork")
-    q, start, next_task = ctx.Queue(), ctx.Barrier(n), ctx.Value("i", 0)
-    procs = [ctx.Process(target=_read_encode_share, args=(encoder, raw, task_bytes, start, next_task, q))
-             for _ in range(n)]
-    for p in procs:
-        p.start()
-    results = [q.get() for _ in procs]
-    for p in procs:
-        p.join()
-    return sum(t for t, _ in results) / max(s for _, s in results)
+    next_task = mp.get_context("fork").Value("i", 0)
+    return _together(_read_encode_share, [(encoder, raw, task_bytes, next_task)] * n)
 
 
 def _tree_pids(pid: int) -> list[int]:
