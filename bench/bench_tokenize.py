@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 from gptcore.data import shards as S  # noqa: E402
 from gptcore.data.corpus import open_corpus, read_task, read_task_chunks  # noqa: E402
 from gptcore.data.sources import fetch, package_documents  # noqa: E402
-from gptcore.data.tokenize import CHUNK_BYTES, TASK_BYTES, cpu_count, encode_documents  # noqa: E402
+from gptcore.data.tokenize import CHUNK_BYTES, cpu_count, encode_documents, task_size  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
 
 REF_DOCS = ROOT.parent / "shared" / "ref-data" / "fineweb_edu_sample.jsonl"
@@ -224,7 +224,7 @@ def read_encode_ceiling(encoder: str, raw: Path) -> float:
     nothing: the part of the stage's work no pipeline can avoid. The clock starts once every process has its
     tokenizer and task list."""
     corpus, n = open_corpus(raw), cpu_count()
-    task_bytes = min(TASK_BYTES, max(64 << 10, corpus.text_bytes() // (4 * n)))  # the stage's choice
+    task_bytes = task_size(corpus.text_bytes(), n)  # the stage's choice
     next_task = mp.get_context("fork").Value("i", 0)
     return _together(_read_encode_share, [(encoder, raw, task_bytes, next_task)] * n)
 

@@ -102,6 +102,14 @@ def test_output_is_byte_identical_whatever_the_workers_and_batches(tmp_path, cor
     assert shard_bytes(tmp_path / "stage") == outs[0]
 
 
+def test_task_size_gives_each_worker_about_four_tasks_within_bounds():
+    mib = 1 << 20
+    assert E.task_size(100 * mib, 4) == 100 * mib // 16  # a mid-size corpus: four tasks a worker
+    assert E.task_size(1 * mib, 4) == 64 << 10  # a small one: never under 64 KiB a task
+    assert E.task_size(100_000 * mib, 4) == E.TASK_BYTES == 64 * mib  # a large one: capped
+    assert E.task_size(1 * mib, 1) == E.TASK_BYTES  # one process takes the corpus in full-size runs
+
+
 def test_char_tokenizer_end_to_end(tmp_path):
     docs = ["hello world", "红楼梦\n第一回", "", "café ☕"]
     raw = make_raw(tmp_path, docs * 50)

@@ -164,6 +164,14 @@ def _stop_pool(pool: ProcessPoolExecutor) -> None:
         proc.join(5)
 
 
+def task_size(text_bytes: int, workers: int, task_bytes: int = TASK_BYTES) -> int:
+    """The bytes of text per task: `task_bytes`, cut for a small corpus so every worker gets about four tasks
+    (never under 64 KiB); one process takes the corpus in `task_bytes` runs."""
+    if workers <= 1:
+        return task_bytes
+    return min(task_bytes, max(64 << 10, text_bytes // (4 * workers)))
+
+
 def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard_tokens: int, val_tokens: int,
                  workers: int = 0, header: dict | None = None, resume: dict | None = None,
                  progress: bool = True, task_bytes: int = TASK_BYTES) -> dict:
@@ -195,7 +203,7 @@ def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard
         # results are taken in task order through a window of `window` tasks in flight, so shards are cut in
         # document order (byte-identical whatever the worker count) while memory and pieces on disk stay bounded
         window = 4 * workers  # enough to keep every worker busy; each holds a piece on disk until its shard is done
-        size = min(task_bytes, max(64 << 10, corpus.text_bytes() // (4 * workers))) if workers > 1 else task_bytes
+        size = task_size(corpus.text_bytes(), workers, task_bytes)
         for task in corpus.tasks(start_doc=start_doc, task_bytes=size):
             if pool is None:
                 pending.append(shards.InlineExecutor().submit(_encode_task, task, piece_dir, tok, dtype))
