@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gptcore.report.table import experiments, markdown, summarize
+from gptcore.report.table import experiments, markdown, summarize, versus
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,3 +83,39 @@ def test_command_reads_a_file_and_refuses_a_document_without_experiments(tmp_pat
     assert out.stdout.splitlines()[0] == "| seeds | eval.val_loss |" and "| 2 | 5.23 ± 0.04243 |" in out.stdout
     out = subprocess.run([*cmd, str(empty)], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "no finished experiment" in out.stderr
+
+
+def test_difference_from_a_baseline_pools_the_seed_to_seed_spread():
+    one_seed = exp("modern-lr6e-3", "modern_quickstart", 6e-3, 1, 5.31, 245760, 13_600_000)
+    doc = [{**DOC[1], "experiments": [*DOC[1]["experiments"], one_seed]}]
+    _, groups = summarize(experiments(doc), ["eval.val_loss"])
+    gpt2, modern, lone = groups
+    d = versus(groups, gpt2, "eval.val_loss")
+    # by hand: variances 0.030551^2 (3 seeds) and 0.042426^2 (2 seeds), pooled with weights 2 and 1
+    pooled = math.sqrt((2 * 0.0305505 ** 2 + 1 * 0.0424264 ** 2) / 3)
+    assert d[1]["diff"] == pytest.approx(5.23 - 6.006667, abs=1e-5)
+    assert d[1]["sd"] == pytest.approx(pooled, abs=1e-6) == pytest.approx(0.034960, abs=1e-6)
+    assert d[1]["sd_diff"] == pytest.approx(pooled * math.sqrt(1 / 2 + 1 / 3), abs=1e-6)
+    assert d[1]["beyond_2sd"] and d[0]["diff"] == 0 and not d[0]["beyond_2sd"]
+    # a one-seed row borrows the baseline's spread alone
+    base = versus(groups, modern, "eval.val_loss")[2]
+    assert base["sd"] == pytest.approx(0.0424264, abs=1e-6) and base["diff"] == pytest.approx(0.08)
+    assert base["sd_diff"] == pytest.approx(0.0424264 * math.sqrt(1 + 1 / 2), abs=1e-6)
+    assert not base["beyond_2sd"]  # 0.08 < 2 * 0.0424
+    lines = markdown(["train.max_lr"], groups, ["eval.val_loss"], base=modern).splitlines()
+    assert lines[0] == "| train.max_lr | seeds | eval.val_loss | Δ eval.val_loss | > 2 sd |"
+    assert lines[3] == "| 0.003 | 2 | 5.23 ± 0.04243 | (baseline) |  |"
+    assert lines[4] == "| 0.006 | 1 | 5.31 | +0.080 ± 0.052 | no |"
+    assert lines[2] == "| 0.001 | 3 | 6.007 ± 0.03055 | +0.777 ± 0.032 | yes |"
+
+
+def test_baseline_must_name_one_group(tmp_path):
+    good = tmp_path / "exps.json"
+    good.write_text(json.dumps(DOC))
+    cmd = [sys.executable, "-m", "gptcore.report.table", str(good), "--metrics", "eval.val_loss"]
+    out = subprocess.run([*cmd, "--baseline", "^modern"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0 and "| quickstart | 0.001 | 3 | 6.007 ± 0.03055 | +0.777 ± 0.032 | yes |" in out.stdout
+    for regex, why in [("-s1$", "names experiments of 2 groups"), ("^nobody", "of 0 groups (none)"),
+                       ("(", "not a regular expression")]:
+        out = subprocess.run([*cmd, f"--baseline={regex}"], cwd=ROOT, capture_output=True, text=True)
+        assert out.returncode == 1 and out.stderr.count("\n") == 1 and why in out.stderr, out.stderr

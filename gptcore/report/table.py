@@ -7,11 +7,16 @@ A group is every experiment with the same params apart from `train.seed` (and th
 table shows the params that differ between groups, the number of seeds, and for each metric its mean and sample
 standard deviation (n - 1). A metric some seeds lack (say, tokens_to_target of a run that never reached the
 target) is averaged over the seeds that have it, and the count is shown beside it.
+
+`--baseline REGEX` names one group (say the all-switches-on recipe of an ablation); every other group then shows its
+difference from it in the first metric, with that difference's standard deviation and whether it exceeds twice the
+seed-to-seed standard deviation (pooled over the two groups), the bar an ablation's effect must clear.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import statistics
 import sys
@@ -90,6 +95,29 @@ def summarize(rows: list[dict[str, Any]], metrics: Iterable[str] = METRICS, igno
     return varying, out
 
 
+def versus(groups: list[dict[str, Any]], base: dict[str, Any], metric: str) -> list[dict[str, Any] | None]:
+    """Each group's difference from `base` in `metric`: {"diff": mean - base mean, "sd_diff": the standard deviation
+    of that difference of means, "sd": the pooled seed-to-seed standard deviation, "beyond_2sd": |diff| > 2 sd}.
+
+    The two groups' seed-to-seed variances are pooled (weights n - 1), so a one-seed row (an ablation run) borrows
+    the baseline's spread: sd_diff = sd * sqrt(1/n_a + 1/n_b). None where a mean is missing or neither group has two
+    seeds of the metric."""
+    b = base["metrics"][metric]
+    out: list[dict[str, Any] | None] = []
+    for g in groups:
+        s = g["metrics"][metric]
+        spreads = [(x["count"] - 1, x["std"]) for x in (s, b) if x["std"] is not None and x["count"] > 1]
+        dof = sum(d for d, _ in spreads)
+        if s["mean"] is None or b["mean"] is None or not dof:
+            out.append(None)
+            continue
+        sd = math.sqrt(sum(d * v * v for d, v in spreads) / dof)
+        diff = s["mean"] - b["mean"]
+        out.append({"diff": diff, "sd_diff": sd * math.sqrt(1 / s["count"] + 1 / b["count"]), "sd": sd,
+                    "beyond_2sd": abs(diff) > 2 * sd})
+    return out
+
+
 def _fmt(x: float | None) -> str:
     if x is None:
         return "-"
@@ -99,15 +127,20 @@ def _fmt(x: float | None) -> str:
 
 
 def markdown(varying: list[str], groups: list[dict[str, Any]], metrics: Iterable[str] = METRICS,
-             show: list[str] | None = None) -> str:
+             show: list[str] | None = None, base: dict[str, Any] | None = None) -> str:
     """A Markdown table: the varying params (or those of them in `show`), seeds, then "mean ± std" per metric
-    ("(k/n)" where only k seeds have it)."""
+    ("(k/n)" where only k seeds have it). With a `base` group, two more columns for the first metric: its difference
+    from the base ("± the difference's standard deviation") and whether that exceeds twice the pooled seed-to-seed
+    standard deviation."""
     metrics = list(metrics)
     if show is not None:
         varying = [k for k in varying if k in show]
     head = [*varying, "seeds", *metrics]
+    diffs = versus(groups, base, metrics[0]) if base is not None else []
+    if base is not None:
+        head += [f"Δ {metrics[0]}", "> 2 sd"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for g in groups:
+    for i, g in enumerate(groups):
         cells = [str(g["params"][k]) for k in varying] + [str(g["n"])]
         for m in metrics:
             s = g["metrics"][m]
@@ -115,6 +148,14 @@ def markdown(varying: list[str], groups: list[dict[str, Any]], metrics: Iterable
             if s["count"] != g["n"]:
                 cell += f" ({s['count']}/{g['n']})"
             cells.append(cell)
+        if base is not None:
+            d = diffs[i]
+            if g is base:
+                cells += ["(baseline)", ""]
+            elif d is None:
+                cells += ["-", "-"]
+            else:
+                cells += [f"{d['diff']:+.3f} ± {d['sd_diff']:.3f}", "yes" if d["beyond_2sd"] else "no"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -129,6 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", default=None, help="a regular expression: only experiments whose name matches")
     ap.add_argument("--show", nargs="+", default=None,
                     help="param columns to show (default: every param that differs); grouping still uses them all")
+    ap.add_argument("--baseline", default=None,
+                    help="a regular expression naming the experiments of one group: the table adds each group's "
+                         "difference from it in the first metric and whether it exceeds twice the seed-to-seed sd")
     ap.add_argument("--json-out", action="store_true", help="print the groups as JSON instead of a table")
     args = ap.parse_args(argv)
     try:
@@ -146,8 +190,20 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"gptcore-exp-table: {args.json}: no finished experiment (run `dvc exp show --json` in the repo "
                  f"where the experiments ran)")
     varying, groups = summarize(rows, args.metrics, args.ignore)
+    base = None
+    if args.baseline:
+        try:
+            hits = [g for g in groups if any(re.search(args.baseline, str(n)) for n in g["names"])]
+        except re.error as e:
+            sys.exit(f"gptcore-exp-table: --baseline {args.baseline!r}: not a regular expression ({e})")
+        if len(hits) != 1:
+            sys.exit(f"gptcore-exp-table: --baseline {args.baseline!r}: names experiments of {len(hits)} groups "
+                     f"({', '.join(str(g['names'][0]) for g in hits) or 'none'}); it must name one group")
+        base = hits[0]
+        for g, d in zip(groups, versus(groups, base, args.metrics[0])):
+            g["versus_baseline"] = d
     print(json.dumps({"varying": varying, "groups": groups}, indent=1) if args.json_out
-          else markdown(varying, groups, args.metrics, args.show))
+          else markdown(varying, groups, args.metrics, args.show, base))
 
 
 if __name__ == "__main__":
