@@ -81,6 +81,9 @@ def test_command_reads_a_file_and_refuses_a_document_without_experiments(tmp_pat
                          cwd=ROOT, capture_output=True, text=True)
     # one group left, so no param differs: no param column
     assert out.stdout.splitlines()[0] == "| seeds | eval.val_loss |" and "| 2 | 5.23 ± 0.04243 |" in out.stdout
+    out = subprocess.run([*cmd, str(good), "--sort", "train.max_lr", "--metrics", "eval.val_loss"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert [ln.split(" | ")[1] for ln in out.stdout.splitlines()[2:]] == ["0.001", "0.003"]  # by value
     out = subprocess.run([*cmd, str(empty)], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "no finished experiment" in out.stderr
 

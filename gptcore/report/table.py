@@ -118,6 +118,15 @@ def versus(groups: list[dict[str, Any]], base: dict[str, Any], metric: str) -> l
     return out
 
 
+def _order(value: Any) -> tuple:
+    """A sort key that orders numbers by value, other values by their text, and missing ones last."""
+    if value is None:
+        return (2, "")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, value)
+    return (1, str(value))
+
+
 def _fmt(x: float | None) -> str:
     if x is None:
         return "-"
@@ -170,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--only", default=None, help="a regular expression: only experiments whose name matches")
     ap.add_argument("--show", nargs="+", default=None,
                     help="param columns to show (default: every param that differs); grouping still uses them all")
+    ap.add_argument("--sort", nargs="+", default=None,
+                    help="param keys to order the groups by (default: the order of `dvc exp show`)")
     ap.add_argument("--baseline", default=None,
                     help="a regular expression naming the experiments of one group: the table adds each group's "
                          "difference from it in the first metric and whether it exceeds twice the seed-to-seed sd")
@@ -190,6 +201,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"gptcore-exp-table: {args.json}: no finished experiment (run `dvc exp show --json` in the repo "
                  f"where the experiments ran)")
     varying, groups = summarize(rows, args.metrics, args.ignore)
+    if args.sort:
+        groups.sort(key=lambda g: [_order(g["params"].get(k)) for k in args.sort])
     base = None
     if args.baseline:
         try:
