@@ -84,6 +84,10 @@ def test_command_reads_a_file_and_refuses_a_document_without_experiments(tmp_pat
     out = subprocess.run([*cmd, str(good), "--sort", "train.max_lr", "--metrics", "eval.val_loss"], cwd=ROOT,
                          capture_output=True, text=True)
     assert [ln.split(" | ")[1] for ln in out.stdout.splitlines()[2:]] == ["0.001", "0.003"]  # by value
+    out = subprocess.run([*cmd, str(good), "--names", "--show", "--metrics", "eval.val_loss"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.stdout.splitlines()[0] == "| experiments | seeds | eval.val_loss |"
+    assert "| gpt2-s1, gpt2-s2, gpt2-s3 | 3 | 6.007 ± 0.03055 |" in out.stdout
     out = subprocess.run([*cmd, str(empty)], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "no finished experiment" in out.stderr
 

@@ -136,21 +136,22 @@ def _fmt(x: float | None) -> str:
 
 
 def markdown(varying: list[str], groups: list[dict[str, Any]], metrics: Iterable[str] = METRICS,
-             show: list[str] | None = None, base: dict[str, Any] | None = None) -> str:
+             show: list[str] | None = None, base: dict[str, Any] | None = None, names: bool = False) -> str:
     """A Markdown table: the varying params (or those of them in `show`), seeds, then "mean ± std" per metric
     ("(k/n)" where only k seeds have it). With a `base` group, two more columns for the first metric: its difference
     from the base ("± the difference's standard deviation") and whether that exceeds twice the pooled seed-to-seed
-    standard deviation."""
+    standard deviation. `names`: a first column with the group's experiment names."""
     metrics = list(metrics)
     if show is not None:
         varying = [k for k in varying if k in show]
-    head = [*varying, "seeds", *metrics]
+    head = [*(["experiments"] if names else []), *varying, "seeds", *metrics]
     diffs = versus(groups, base, metrics[0]) if base is not None else []
     if base is not None:
         head += [f"Δ {metrics[0]}", "> 2 sd"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, g in enumerate(groups):
-        cells = [str(g["params"][k]) for k in varying] + [str(g["n"])]
+        cells = ([", ".join(map(str, g["names"]))] if names else []) + [str(g["params"][k]) for k in varying]
+        cells.append(str(g["n"]))
         for m in metrics:
             s = g["metrics"][m]
             cell = _fmt(s["mean"]) + (f" ± {_fmt(s['std'])}" if s["std"] is not None else "")
@@ -177,8 +178,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ignore", nargs="*", default=list(IGNORED),
                     help="param keys pooled over, not grouped by (default: %(default)s)")
     ap.add_argument("--only", default=None, help="a regular expression: only experiments whose name matches")
-    ap.add_argument("--show", nargs="+", default=None,
-                    help="param columns to show (default: every param that differs); grouping still uses them all")
+    ap.add_argument("--show", nargs="*", default=None,
+                    help="param columns to show (default: every param that differs; none if given empty); grouping "
+                         "still uses them all")
+    ap.add_argument("--names", action="store_true", help="a first column with each group's experiment names")
     ap.add_argument("--sort", nargs="+", default=None,
                     help="param keys to order the groups by (default: the order of `dvc exp show`)")
     ap.add_argument("--baseline", default=None,
@@ -216,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
         for g, d in zip(groups, versus(groups, base, args.metrics[0])):
             g["versus_baseline"] = d
     print(json.dumps({"varying": varying, "groups": groups}, indent=1) if args.json_out
-          else markdown(varying, groups, args.metrics, args.show, base))
+          else markdown(varying, groups, args.metrics, args.show, base, args.names))
 
 
 if __name__ == "__main__":
