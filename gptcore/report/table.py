@@ -216,10 +216,13 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"gptcore-exp-table: --baseline {args.baseline!r}: names experiments of {len(hits)} groups "
                      f"({', '.join(str(g['names'][0]) for g in hits) or 'none'}); it must name one group")
         base = hits[0]
-        for g, d in zip(groups, versus(groups, base, args.metrics[0])):
-            g["versus_baseline"] = d
-    print(json.dumps({"varying": varying, "groups": groups}, indent=1) if args.json_out
-          else markdown(varying, groups, args.metrics, args.show, base, args.names))
+    if args.json_out:
+        if base is not None:  # the table computes its own differences; JSON carries them per group
+            for g, d in zip(groups, versus(groups, base, args.metrics[0])):
+                g["versus_baseline"] = d
+        print(json.dumps({"varying": varying, "groups": groups}, indent=1))
+    else:
+        print(markdown(varying, groups, args.metrics, args.show, base, args.names))
 
 
 if __name__ == "__main__":
