@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import re
 import subprocess
 import sys
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import clone_env as env
+from conftest import run_in as run
 from dvc.utils.hydra import compose_and_dump
 
 from gptcore.data.params import FETCH, TOKENIZE
@@ -195,20 +196,6 @@ HLM_MICRO = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32, "model.b
              "train.eval_every": 4, "train.val_tokens": 1024, "train.val_batch": 8, "eval.val_tokens": 2048,
              "eval.batch_size": 8, "eval.cloze_examples": 20, "eval.cloze_context": 16, "eval.cloze_ending": 4,
              "eval.samples": 2, "eval.sample_tokens": 12}
-
-
-def env(clone: Path) -> dict[str, str]:
-    # COLUMNS: `dvc exp show` fits its table to the terminal and would cut columns
-    e = dict(os.environ, PYTHONPATH=str(clone), OMP_NUM_THREADS="1", COLUMNS="300")
-    e["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{e['PATH']}"  # the venv's dvc, torchrun, gptcore-*
-    return e
-
-
-def run(clone: Path, *cmd: str, timeout: int = 600) -> str:
-    proc = subprocess.run(cmd, cwd=clone, env=env(clone), capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, (
-        f"{' '.join(cmd)} (exit {proc.returncode})\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc.stdout
 
 
 @pytest.fixture(scope="module")
