@@ -6,6 +6,7 @@ clone of the committed HEAD on a micro budget (a 1-layer, 32-wide model, a few s
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import re
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import clone_env as env
-from conftest import run_in as run
+from conftest import run_in
 from dvc.utils.hydra import compose_and_dump
 
 from gptcore.data.params import FETCH, TOKENIZE
@@ -196,6 +197,10 @@ HLM_MICRO = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32, "model.b
              "train.eval_every": 4, "train.val_tokens": 1024, "train.val_batch": 8, "eval.val_tokens": 2048,
              "eval.batch_size": 8, "eval.cloze_examples": 20, "eval.cloze_context": 16, "eval.cloze_ending": 4,
              "eval.samples": 2, "eval.sample_tokens": 12}
+
+
+# each dvc command here gets 600 s (conftest's run_in allows 900 for the whole repro)
+run = functools.partial(run_in, timeout=600)
 
 
 @pytest.fixture(scope="module")
