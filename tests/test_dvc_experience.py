@@ -388,3 +388,47 @@ def test_train_nproc_through_dvc_exp_run_never_reaches_a_shell(two_runs):
     assert bad.returncode != 0
     assert "[train] params.yaml train.nproc='1 --version; echo X > pwned': must be an integer >= 1" in bad.stderr + bad.stdout
     assert not (two_runs / "pwned").exists()
+
+
+def _tree_digest(clone: Path, names: tuple[str, ...]) -> dict[str, str]:
+    """sha256 of every file under each of `names` (a file or a folder) in the clone; absent files are absent keys."""
+    import hashlib
+
+    out = {}
+    for name in names:
+        top = clone / name
+        for f in sorted([top] if top.is_file() else top.rglob("*") if top.is_dir() else []):
+            if f.is_file():
+                out[str(f.relative_to(clone))] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+KEPT = ("model", "metrics/eval.json", "metrics/predictions.jsonl", "metrics/samples.txt", "metrics/summary.json",
+        "metrics/plots", "metrics/train")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key,value,stage", [("eval.batch_size", 0, "evaluate"), ("train.max_steps", -1, "train")])
+def test_a_refused_param_through_dvc_keeps_every_output(clone, key, value, stage):
+    """DVC deletes a stage's outs before it runs the command unless they are `persist: true`: a mistyped param that
+    the stage refuses must not have cost the previous run's model or metrics, through `dvc repro` or `dvc exp run`."""
+    params = clone / "params.yaml"
+    committed = params.read_text(encoding="utf-8")
+    before = _tree_digest(clone, KEPT)
+    assert "model/model.pt" in before and "metrics/eval.json" in before
+    section, name = key.split(".")
+    edited = yaml.safe_load(committed)
+    edited[section][name] = value
+    try:
+        params.write_text(yaml.safe_dump(edited, sort_keys=False), encoding="utf-8")
+        by_repro = subprocess.run(["dvc", "repro"], cwd=clone, env=env(clone), capture_output=True, text=True,
+                                  timeout=600)
+        params.write_text(committed, encoding="utf-8")
+        by_exp = subprocess.run(["dvc", "exp", "run", "-S", "preset=micro", "-S", f"{key}={value}"], cwd=clone,
+                                env=env(clone), capture_output=True, text=True, timeout=600)
+    finally:
+        params.write_text(committed, encoding="utf-8")
+    for proc in (by_repro, by_exp):
+        assert proc.returncode != 0
+        assert f"[{stage}] params.yaml {key}={value}: must be" in proc.stdout + proc.stderr
+        assert _tree_digest(clone, KEPT) == before
