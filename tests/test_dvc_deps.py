@@ -2,98 +2,39 @@
 (with the metrics it records) comes from the committed code and params."""
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import re
 from pathlib import Path
 
-import pytest
 import yaml
 from ruamel.yaml import YAML
 
+from stages.deps import closure, main, regenerate
+
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("gptcore", "stages")
-
-
-def module_file(name: str) -> Path | None:
-    """The project file of a dotted module name (a package's __init__.py), or None outside the project."""
-    if name.split(".")[0] not in PACKAGES:
-        return None
-    base = ROOT.joinpath(*name.split("."))
-    for p in (base.with_suffix(".py"), base / "__init__.py"):
-        if p.is_file():
-            return p
-    return None
-
-
-def imported_modules(path: Path) -> set[str]:
-    """Every module an import statement in `path` may load (anywhere in the file, function bodies included):
-    `from a.b import c` counts a.b and a.b.c (c may be a submodule), and each parent package."""
-    pkg = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = pkg.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
-            names.add(base)
-            names.update(f"{base}.{a.name}" for a in node.names)
-    out = set()
-    for n in names:  # importing a.b.c runs a/__init__.py and a/b/__init__.py first
-        parts = n.split(".")
-        out.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
-    return out
-
-
-def closure(entry: str) -> set[str]:
-    """Project files (repo-relative) that running module `entry` imports, transitively."""
-    seen: set[Path] = set()
-    todo = [p for p in (module_file(m) for m in imported_modules_of_name(entry)) if p]
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        todo.extend(q for q in (module_file(m) for m in imported_modules(p)) if q and q not in seen)
-    return {p.relative_to(ROOT).as_posix() for p in seen}
-
-
-def imported_modules_of_name(entry: str) -> set[str]:
-    parts = entry.split(".")
-    return {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
-
-
-def stage_entries(cmd: str) -> set[str]:
-    """Project modules a stage command runs: `-m stages.x`, `-m gptcore.y`, or a script path stages/x.py."""
-    mods = set(re.findall(r"-m\s+((?:stages|gptcore)(?:\.\w+)+)", cmd))
-    mods.update(p[:-3].replace("/", ".") for p in re.findall(r"(?:stages|gptcore)/[\w/]+\.py", cmd))
-    return mods
 
 
 def dvc_stages() -> dict:
     return yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
 
 
-@pytest.mark.parametrize("stage", sorted(dvc_stages()))
-def test_stage_deps_cover_its_import_closure(stage):
-    spec = dvc_stages()[stage]
-    entries = stage_entries(spec["cmd"])
-    assert entries, f"dvc.yaml stage {stage}: no project module found in its cmd {spec['cmd']!r}"
-    needed = set().union(*(closure(e) for e in entries))
-    deps = {d if isinstance(d, str) else next(iter(d)) for d in spec.get("deps", [])}
-    missing = sorted(needed - deps)
-    assert not missing, f"dvc.yaml stage {stage} runs these files but does not list them as deps: {missing}"
-    # and no code dep it does not run (a stale entry reruns the stage for nothing, or names a moved file)
-    extra = sorted(d for d in deps if d.endswith(".py") and d not in needed)
-    assert not extra, f"dvc.yaml stage {stage} lists code it does not import: {extra}"
+def test_every_stage_lists_exactly_the_code_it_imports(capsys):
+    """dvc.yaml's code deps are written by `python -m stages.deps`; the committed file must be what it writes."""
+    assert main(["--check"]) == 0, capsys.readouterr().err
 
 
-def test_closure_sees_function_level_and_from_package_imports(tmp_path):
+def test_the_deps_command_repairs_a_missing_and_a_stale_dep(tmp_path):
+    text = (ROOT / "dvc.yaml").read_text(encoding="utf-8")
+    broken = text.replace("      - gptcore/atomic.py\n", "", 1).replace(
+        "      - stages/compare.py\n", "      - stages/compare.py\n      - gptcore/train/loop.py\n", 1)
+    assert broken != text
+    (tmp_path / "dvc.yaml").write_text(broken, encoding="utf-8")
+    fixed, changed = regenerate(tmp_path / "dvc.yaml", ROOT)
+    assert fixed == text and changed == ["fetch", "compare"]
+
+
+def test_closure_sees_function_level_and_from_package_imports():
     """The walker itself: a function-body import and `from gptcore.data import shards` both count."""
     files = closure("stages.evaluate")
     assert "gptcore/data/shards.py" in files and "gptcore/atomic.py" in files and "gptcore/__init__.py" in files
