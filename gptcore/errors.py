@@ -28,6 +28,11 @@ def one_line(stage: str, e: UserError) -> str:
     return f"[{stage}] {e.file} {text}" if e.file else f"[{stage}] {text}"
 
 
+class NotRepresentable(ValueError):
+    """No Hugging Face form gives what this tokenizer encodes or this model computes; the message says why, in one
+    line. Not a user error by itself: the caller decides (an export skips that part and says so)."""
+
+
 def user_error(e: BaseException) -> UserError | None:
     """`e` as the user's error a stage prints in one line: itself if it is a UserError, a UserError naming the file
     for an OSError of a full disk or a folder that cannot be written (one that did not go through the atomic

@@ -252,7 +252,8 @@ def test_export_loads_in_transformers_with_the_same_logits(tmp_path, switches, a
     (dict(logit_softcap=None, pos_encoding="learned"), "learned positions"),
 ])
 def test_export_refuses_what_no_architecture_represents(tmp_path, switches, reason):
-    from gptcore.model.hf import NotRepresentable, export_hf
+    from gptcore.errors import NotRepresentable
+    from gptcore.model.hf import export_hf
     from gptcore.model.load import load_model
     from gptcore.train.export import NOT_EXPORTED, export_model
 

@@ -14,7 +14,7 @@ import pytest
 from gptcore.data import shards as S
 from gptcore.data import tokenize as E
 from gptcore.data import tokenizers as T
-from gptcore.data.params import TOKENIZE
+from gptcore.data.params import TIKTOKEN_PATTERNS, TOKENIZE
 from gptcore.model.load import padded_vocab
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("dashscope") is None,
@@ -62,7 +62,7 @@ def reference():
 
 def test_pattern_is_transformers_qwen2_pattern():
     transformers_qwen2 = pytest.importorskip("transformers.models.qwen2.tokenization_qwen2")
-    assert T.QWEN2_PATTERN == transformers_qwen2.PRETOKENIZE_REGEX
+    assert TIKTOKEN_PATTERNS["qwen2"][0] == transformers_qwen2.PRETOKENIZE_REGEX
 
 
 def test_qwen2_vocabulary_and_specials(qwen2):

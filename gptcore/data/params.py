@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tiktoken_ext.openai_public import r50k_pat_str
+
 from gptcore.params import REQUIRED, Param, ParamError, Section
 
 
@@ -34,7 +36,15 @@ FETCH = Section("fetch", {
 # tokenize.encoder: what encodes GPT-2 BPE (the ids are the same); auto = gigatoken where it is installed (about 6x
 # tiktoken's rate on one core, measured by bench/bench_tokenize.py), else tiktoken
 ENCODERS = ("auto", "tiktoken", "gigatoken")
-TIKTOKEN_PATTERNS = ("qwen2", "gpt2", "cl100k")  # pre-tokenizations of a .tiktoken ranks file (tokenizers.py has them)
+# Pre-tokenization patterns for tiktoken ranks files, by name (tokenize.tiktoken_pattern), and whether the
+# text is NFC-normalised first. qwen2 is PRETOKENIZE_REGEX of transformers' Qwen2 tokenizer (the same as
+# Qwen1's tiktoken PAT_STR), whose tokenizer.json also applies an NFC normaliser; gpt2 and cl100k are OpenAI's
+# r50k and cl100k patterns (tiktoken normalises nothing).
+QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+                 r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|"""
+                  r"""\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
+TIKTOKEN_PATTERNS = {"qwen2": (QWEN2_PATTERN, True), "gpt2": (r50k_pat_str, False), "cl100k": (CL100K_PATTERN, False)}
 
 
 def _tokenize_relations(p: dict[str, Any]) -> None:
@@ -57,7 +67,7 @@ def _tokenize_relations(p: dict[str, Any]) -> None:
 TOKENIZE = Section("tokenize", {
     "tokenizer": Param(str, REQUIRED, "gpt2 | qwen2 | char | bpe | path/to/tokenizer.json | path/to/ranks.tiktoken"),
     "tiktoken_pattern": Param(str, None, "a .tiktoken tokenizer's pre-tokenization: qwen2 | gpt2 | cl100k",
-                              choices=TIKTOKEN_PATTERNS, also=(None,)),
+                              choices=tuple(TIKTOKEN_PATTERNS), also=(None,)),
     "encoder": Param(str, "auto", "what encodes gpt2, same ids: auto (gigatoken if installed, else tiktoken) | "
                                   "tiktoken | gigatoken", choices=ENCODERS),
     "bpe_vocab_size": Param(int, 8192, "vocabulary size of a bpe tokenizer trained on the corpus (256 bytes + "

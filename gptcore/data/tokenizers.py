@@ -24,9 +24,9 @@ import numpy as np
 from tiktoken_ext.openai_public import r50k_pat_str
 
 from gptcore.atomic import atomic_path, atomic_write, file_sha256, write_text
-from gptcore.data.params import ENCODERS, TOKENIZE
+from gptcore.data.params import ENCODERS, TIKTOKEN_PATTERNS, TOKENIZE
 from gptcore.data.shards import MANIFEST, read_manifest
-from gptcore.errors import UserError
+from gptcore.errors import NotRepresentable, UserError
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as HFTokenizerObject
@@ -38,22 +38,9 @@ TIKTOKEN_FILE = "tokenizer.tiktoken"
 HF_TOKENIZER_CONFIG = "tokenizer_config.json"  # beside tokenizer.json in a model/hf export
 HF_NOT_SUPPORTED = "TOKENIZER_NOT_SUPPORTED.txt"  # in model/hf instead, when transformers cannot represent it
 
-# Pre-tokenization patterns for tiktoken ranks files, by name (tokenize.tiktoken_pattern), and whether the
-# text is NFC-normalised first. qwen2 is PRETOKENIZE_REGEX of transformers' Qwen2 tokenizer (the same as
-# Qwen1's tiktoken PAT_STR), whose tokenizer.json also applies an NFC normaliser; gpt2 and cl100k are OpenAI's
-# r50k and cl100k patterns (tiktoken normalises nothing).
-QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
-                 r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
-CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|"""
-                  r"""\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
-TIKTOKEN_PATTERNS = {"qwen2": (QWEN2_PATTERN, True), "gpt2": (r50k_pat_str, False), "cl100k": (CL100K_PATTERN, False)}
 # Qwen2's added special tokens: <|endoftext|> separates documents; the two chat tokens complete its vocabulary
 QWEN2_SPECIALS = (EOT_TEXT, "<|im_start|>", "<|im_end|>")
 QWEN2_DIST = "dashscope==2.0.2"  # the PyPI package whose resources/qwen.tiktoken holds Qwen2's ranks
-
-
-class NotRepresentable(ValueError):
-    """No Hugging Face tokenizer gives this tokenizer's ids; the message says why, in one line."""
 
 
 class MissingPackage(UserError):

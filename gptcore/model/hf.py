@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from gptcore.atomic import atomic_write, write_text
-from gptcore.errors import UserError, cause
+from gptcore.errors import NotRepresentable, UserError, cause
 from gptcore.model.gpt import GPT, GPTConfig, without_padding
 
 # The one list of OpenAI's GPT-2 checkpoints a model spec may name, and the Hub repositories that hold them.
@@ -138,10 +138,6 @@ def _write_config(out: Path, hf_config: dict, eot: int | None) -> None:
     else:
         write_text(out / GENERATION_CONFIG, json.dumps({"bos_token_id": eot, "eos_token_id": eot}, indent=2) + "\n")
     write_text(out / "config.json", json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-
-
-class NotRepresentable(ValueError):
-    """No transformers architecture computes what this model does; the message says why, in one line."""
 
 
 def hf_architecture(cfg: GPTConfig) -> tuple[str | None, str]:

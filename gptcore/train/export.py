@@ -17,8 +17,9 @@ from typing import Any
 
 from gptcore.atomic import staged_dir, swap_dir, write_json, write_text
 from gptcore.data.tokenizers import Tokenizer
+from gptcore.errors import NotRepresentable
 from gptcore.model.gpt import GPT
-from gptcore.model.hf import NotRepresentable, export_hf
+from gptcore.model.hf import export_hf
 from gptcore.model.load import MODEL_FILE
 from gptcore.train.checkpoint import atomic_torch_save
 
