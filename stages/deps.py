@@ -91,6 +91,7 @@ def regenerate(dvc_yaml: Path, root: Path = ROOT) -> tuple[str, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Rewrite dvc.yaml's code deps (or, with --check, only say which stages are stale); the exit status."""
     argv = sys.argv[1:] if argv is None else argv
     path = ROOT / "dvc.yaml"
     text, changed = regenerate(path)
