@@ -417,3 +417,15 @@ def test_every_relative_link_and_anchor_resolves(page):
         assert dest.exists(), f"{page.name}: link to {target}: no such file"
         if anchor:
             assert anchor in anchors(dest), f"{page.name}: link to {target}: no such heading in {dest.name}"
+
+
+def test_readme_holds_the_two_set_up_lines_and_ci_runs_the_test_line_verbatim():
+    """A fresh machine needs exactly two lines: the quick start's (install + `dvc repro`) and the tests' (install +
+    ruff + pytest), which .ci/run must run as README prints it."""
+    setup = [ln for ln in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+             if ln.startswith("python3 -m venv")]
+    assert len(setup) == 2 and setup[0].endswith("&& dvc repro"), setup
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
+    assert setup[1] == ci, f"README's test line and .ci/run's differ:\n{setup[1]}\n{ci}"
+    assert not [ln for page in PAGES[1:] for ln in page.read_text(encoding="utf-8").splitlines()
+                if ln.startswith("python3 -m venv")], "docs/ repeat a set-up line: link README's instead"
