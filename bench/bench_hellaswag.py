@@ -20,6 +20,7 @@ the model's arithmetic, not by overhead; bf16 on hardware with native bf16 can g
 
     python bench/bench_hellaswag.py                      # the quick-start shape (4L 128d, block 128), 200 examples
     python bench/bench_hellaswag.py --shape 124m         # the 124M shape at block 1024
+    python bench/bench_hellaswag.py --model model        # a trained model: the quick-start's model/ folder
     python bench/bench_hellaswag.py --tiny               # a seconds-long smoke run (CI); synthetic examples if no file
 """
 from __future__ import annotations
@@ -44,6 +45,7 @@ from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
 from gptcore.eval.hellaswag import HELLASWAG_VAL_EXAMPLES, load_hellaswag  # noqa: E402
 from gptcore.eval.multichoice import ChoiceResult, Example, fit_example, score_examples, score_examples_reference  # noqa: E402
 from gptcore.model.gpt import GPT, GPTConfig  # noqa: E402
+from gptcore.model.load import load_model  # noqa: E402
 from gptcore.precision import DTYPES  # noqa: E402
 
 REF = ROOT / ".." / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"
@@ -130,17 +132,22 @@ def lm_eval_peers(model: GPT, folder: Path, requests: list, batch_size: int, dev
 HF, OURS = "lm-eval hf (HFLM)", "lm-eval gptcore adapter"
 
 
-def compare_peers(requests: list, ours: list, theirs: list) -> tuple[int, int, float]:
-    """(examples, identical picks, max |log-likelihood difference|) between the two peers' answers to `requests`."""
+def compare_peers(requests: list, ours: list, theirs: list, tie: float = 1e-4) -> tuple[int, int, int, float]:
+    """(examples, identical picks, near-ties, max |log-likelihood difference|) between the two peers' answers to
+    `requests`; a near-tie is an example whose best two choices are within `tie` in hf's scores (float rounding may
+    pick either), counted apart."""
     docs: dict[int, list[tuple[int, float, float]]] = {}
     for req, a, b in zip(requests, ours, theirs):
         docs.setdefault(req.doc_id, []).append((req.idx, a[0], b[0]))
-    same = 0
+    same = ties = 0
     for choices in docs.values():
-        choices.sort()
-        same += max(choices, key=lambda c: c[1])[0] == max(choices, key=lambda c: c[2])[0]
+        top = sorted((c[2] for c in choices), reverse=True)
+        if len(top) > 1 and top[0] - top[1] < tie:
+            ties += 1
+        else:
+            same += max(choices, key=lambda c: c[1])[0] == max(choices, key=lambda c: c[2])[0]
     diff = max(abs(a[0] - b[0]) for a, b in zip(ours, theirs))
-    return len(docs), same, diff
+    return len(docs), same, ties, diff
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -150,7 +157,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--ref", type=Path, default=REF, help="the preprocessed HellaSwag copy the lm-eval task reads "
                                                           f"(default {REF})")
     ap.add_argument("--examples", type=int, default=200)
-    ap.add_argument("--shape", choices=sorted(SHAPES), default="quickstart")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="quickstart", help="the random model's shape")
+    ap.add_argument("--model", default=None, help="trained weights instead of a random model (a model/ folder, a "
+                                                  "checkpoint, a Hugging Face GPT-2 folder or name)")
     ap.add_argument("--vocab-size", type=int, default=50304)
     ap.add_argument("--batch-size", type=int, default=32, help="examples per forward on the fast path; requests per "
                                                                "batch of both lm-eval models")
@@ -162,7 +171,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tiny", action="store_true", help="a 2-layer 64-wide model, 8 examples, 2 rounds: checks the "
                                                         "script runs")
     args = ap.parse_args(argv)
-    args.model = TINY if args.tiny else SHAPES[args.shape]
+    args.weights, args.model = args.model, TINY if args.tiny else SHAPES[args.shape]
     if args.tiny:
         args.examples, args.rounds = 8, 2
     return args
@@ -178,8 +187,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         sys.exit(f"{path}: no HellaSwag file; pass --path or run the evaluate stage's download first")
     torch.manual_seed(args.seed)
-    config = GPTConfig(vocab_size=args.vocab_size, **args.model)
-    model = GPT(config).to(args.device).eval()
+    model = load_model(args.weights) if args.weights else GPT(GPTConfig(vocab_size=args.vocab_size, **args.model))
+    model = model.to(args.device).eval()
+    config = model.config
     print(f"model: {config.n_layer}L {config.n_embd}d {config.n_head}h vocab {config.vocab_size} block "
           f"{config.block_size} ({model.get_num_params() / 1e6:.1f}M params) on {args.device}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}; figures: median (min-max) over "
@@ -227,13 +237,13 @@ def report(timed: Timed, dtypes: list[str], n: int, ceiling: float) -> None:
 
 def report_peers(timed: Timed, requests: list) -> None:
     """lm-eval's hf model against gptcore's adapter on the same requests, and whether they pick alike."""
-    n, same, diff = compare_peers(requests, timed.last[OURS], timed.last[HF])
+    n, same, ties, diff = compare_peers(requests, timed.last[OURS], timed.last[HF])
     print(f"lm-eval, {n} HellaSwag examples ({len(requests)} requests), float32:")
     for name in (HF, OURS):
         print(f"  {name:26} {fmt(timed.rate(name, n)):>20} ex/s")
     speed = ratios(timed.seconds[HF], timed.seconds[OURS])
-    print(f"  gptcore adapter / hf: {fmt(speed, '.2f', unit='x')}; identical picks {same}/{n}; "
-          f"max |log-likelihood difference| {diff:.2e}")
+    print(f"  gptcore adapter / hf: {fmt(speed, '.2f', unit='x')}; identical picks {same}/{n - ties} ({ties} near-ties "
+          f"left aside); max |log-likelihood difference| {diff:.2e}")
 
 
 if __name__ == "__main__":

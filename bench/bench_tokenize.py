@@ -19,9 +19,12 @@ It is fetched as the local source; then, in the same run:
     efficiency on N cores as 1 / (N s + 1 - s) (speedup / N), printed for N = 16, 64 and 128,
   - optionally a build-nanogpt-style per-document multiprocessing.Pool.imap (chunksize 16) for comparison,
   - peak memory of the stage's whole process tree (sum of RSS every 50 ms, sum of PSS every 500 ms).
-Then, per encoder: where one core's time goes in the stage's steps, run one after another (read the parquet row
-groups into strings, encode them, write the shards), and the single-core rate on the FineWeb-Edu reference
-documents themselves (cold: each document once, fresh encoders).
+The encoders (and the imap comparison) take turns over --rounds rounds after an untimed warm-up round
+(bench/rounds.py), each round measuring an encoder's single-core rates, ceilings and stage run back to back; the
+table gives each figure's median over the rounds, the summary lines the stage's ratios as medians of per-round
+ratios with their range (min-max). Then, per encoder, in one pass each: where one core's time goes in the stage's
+steps, run one after another (read the parquet row groups into strings, encode them, write the shards), and the
+single-core rate on the FineWeb-Edu reference documents themselves (cold: each document once, fresh encoders).
 
 Timings mean something only on quiet cores: run it on an otherwise idle machine (check `uptime`: the load average
 should be well under the core count; the table's 'load' column shows it after each run), e.g.
