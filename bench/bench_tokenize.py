@@ -19,9 +19,12 @@ It is fetched as the local source; then, in the same run:
     efficiency on N cores as 1 / (N s + 1 - s) (speedup / N), printed for N = 16, 64 and 128,
   - optionally a build-nanogpt-style per-document multiprocessing.Pool.imap (chunksize 16) for comparison,
   - peak memory of the stage's whole process tree (sum of RSS every 50 ms, sum of PSS every 500 ms).
-Then, per encoder: where one core's time goes in the stage's steps, run one after another (read the parquet row
-groups into strings, encode them, write the shards), and the single-core rate on the FineWeb-Edu reference
-documents themselves (cold: each document once, fresh encoders).
+The encoders (and the imap comparison) take turns over --rounds rounds after an untimed warm-up round
+(bench/rounds.py), each round measuring an encoder's single-core rates, ceilings and stage run back to back; the
+table gives each figure's median over the rounds, the summary lines the stage's ratios as medians of per-round
+ratios with their range (min-max). Then, per encoder, in one pass each: where one core's time goes in the stage's
+steps, run one after another (read the parquet row groups into strings, encode them, write the shards), and the
+single-core rate on the FineWeb-Edu reference documents themselves (cold: each document once, fresh encoders).
 
 Timings mean something only on quiet cores: run it on an otherwise idle machine (check `uptime`: the load average
 should be well under the core count; the table's 'load' column shows it after each run), e.g.
@@ -39,12 +42,14 @@ import multiprocessing as mp
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +59,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.rounds import DEFAULT_ROUNDS, fmt, ratios, time_rounds  # noqa: E402
 from gptcore.data import shards as S  # noqa: E402
 from gptcore.data.corpus import open_corpus, read_task, read_task_chunks  # noqa: E402
 from gptcore.data.sources import fetch, package_documents  # noqa: E402
@@ -413,6 +419,37 @@ def real_docs_rate(encoder: str, ref: Path) -> dict | None:
     return {"tokens": r["tokens"], "rate": r["tokens"] / r["seconds"]}
 
 
+def measure_encoder(d: Path, encoder: str, shard_tokens: int, val_tokens: int) -> dict:
+    """One round's figures of `encoder` on the corpus in `d`: its single-core rates and parallel ceilings, then the
+    stage with all cores (its tokens/s, CPU times and peak memory), back to back so their ratios share the moment."""
+    single = single_core_rates(d / "corpus.parquet", encoder)
+    single["read_ceiling"] = read_encode_ceiling(encoder, d / "raw")
+    stage, rss, pss = run_measured(STAGE.format(root=str(ROOT), raw=str(d / "raw"), out=str(d / "shards"),
+                                                encoder=encoder, shard_tokens=shard_tokens, val_tokens=val_tokens))
+    shutil.rmtree(d / "shards")
+    d_parent, d_workers = stage["steady_parent_cpu"], stage["steady_workers_cpu"]
+    return {**single, "stage": stage["tokens"] / stage["seconds"], "steady": stage["steady_tokens_per_s"],
+            "stage_cpu": stage["tokens"] / stage["cpu_seconds"], "stage_tokens": stage["tokens"],
+            "stage_s": stage["seconds"], "rss": rss, "pss": pss,
+            "serial": max(d_parent, 0.0) / max(d_parent + d_workers, 1e-9),
+            "serial_pass": stage["pass_parent_cpu"] / (stage["pass_parent_cpu"] + stage["pass_workers_cpu"]),
+            "serial_all": stage["parent_cpu"] / stage["cpu_seconds"],
+            "fixed_s": stage["parent_cpu"] - stage["pass_parent_cpu"], "load": os.getloadavg()[0]}
+
+
+def median_row(rounds: list[dict], tiktoken: list[dict] | None) -> dict:
+    """Each figure's median over the rounds, and the per-round values of the ratios the summary gives with their
+    range: stage / ceiling, steady / read+encode ceiling, the serial fraction, and stage / tiktoken's stage in the
+    same round."""
+    row = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    row["per_round"] = {
+        "stage/ceil": [r["stage"] / r["ceiling"] for r in rounds],
+        "steady/read+enc": [r["steady"] / r["read_ceiling"] for r in rounds],
+        "serial": [r["serial"] for r in rounds],
+        "vs tiktoken": ratios([r["stage"] for r in rounds], [t["stage"] for t in tiktoken]) if tiktoken else []}
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes-mb", type=float, nargs="+", default=[600],
@@ -430,12 +467,15 @@ def main() -> None:
                          "shard or 1/40 of the corpus, the smaller)")
     ap.add_argument("--encoders", nargs="+", default=["tiktoken", "gigatoken"], choices=["tiktoken", "gigatoken"])
     ap.add_argument("--no-imap", action="store_true", help="skip the per-document Pool.imap comparison")
+    ap.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                    help=f"timed rounds after one warm-up round, the encoders (and imap) taking turns ({DEFAULT_ROUNDS})")
     ap.add_argument("--tiny", action="store_true",
-                    help="a smoke run for CI: a 2 MB corpus, 100,000-token shards, no imap (figures not meaningful)")
+                    help="a smoke run for CI: a 2 MB corpus, 200,000-token shards, no imap, 2 rounds (figures not "
+                         "meaningful)")
     ap.add_argument("--workdir", default=None, help="where to build corpora (default: a temp dir, removed after)")
     args = ap.parse_args()
     if args.tiny:
-        args.sizes_mb, args.shard_tokens, args.no_imap = [2], 200_000, True  # several shards even so
+        args.sizes_mb, args.shard_tokens, args.no_imap, args.rounds = [2], 200_000, True, 2  # several shards even so
     if args.corpus == "fineweb" and not args.ref_docs.is_file():
         print(f"[bench] {args.ref_docs} not found: using the synthetic corpus", flush=True)
         args.corpus = "synthetic"
@@ -460,29 +500,21 @@ def main() -> None:
             (d / "raw").symlink_to(d / "raw_corpus")
             print(f"[bench] corpus {n_bytes / 1e6:.1f} MB, {n_docs:,} documents, {what} "
                   f"(built in {time.perf_counter() - t0:.1f}s)", flush=True)
-            for encoder in args.encoders:  # side by side on the same corpus, one after the other
-                single = single_core_rates(d / "corpus.parquet", encoder)
-                single["read_ceiling"] = read_encode_ceiling(encoder, d / "raw")
-                # a quarter of a shard, or less on a small corpus
-                val_tokens = min(args.shard_tokens // 4, built["corpus"][1] // 40)
-                stage, rss, pss = run_measured(STAGE.format(root=str(ROOT), raw=str(d / "raw"), out=str(d / "shards"),
-                                                            encoder=encoder, shard_tokens=args.shard_tokens,
-                                                            val_tokens=val_tokens))
-                shutil.rmtree(d / "shards")
-                d_parent, d_workers = stage["steady_parent_cpu"], stage["steady_workers_cpu"]
-                row = {"encoder": encoder, "mb": n_bytes / 1e6, "docs": n_docs, **single,
-                       "stage": stage["tokens"] / stage["seconds"], "steady": stage["steady_tokens_per_s"], "stage_cpu": stage["tokens"] / stage["cpu_seconds"],
-                       "stage_tokens": stage["tokens"], "stage_s": stage["seconds"], "rss": rss, "pss": pss,
-                       "serial": max(d_parent, 0.0) / max(d_parent + d_workers, 1e-9),
-                       "serial_pass": stage["pass_parent_cpu"] / (stage["pass_parent_cpu"] + stage["pass_workers_cpu"]),
-                       "serial_all": stage["parent_cpu"] / stage["cpu_seconds"],
-                       "fixed_s": stage["parent_cpu"] - stage["pass_parent_cpu"],
-                       "load": os.getloadavg()[0]}
-                if not args.no_imap and encoder == "tiktoken":
-                    imap, _, _ = run_measured(IMAP.format(root=str(ROOT), parquet=str(d / "corpus.parquet"),
-                                                          cores=cores))
-                    row["imap"] = imap["tokens"] / imap["seconds"]
-                    row["imap_cpu"] = imap["tokens"] / imap["cpu_seconds"]
+            # a quarter of a shard, or less on a small corpus
+            val_tokens = min(args.shard_tokens // 4, n_bytes // 40)
+            variants = {encoder: partial(measure_encoder, d, encoder, args.shard_tokens, val_tokens)
+                        for encoder in args.encoders}  # side by side on the same corpus, taking turns
+            if not args.no_imap and "tiktoken" in args.encoders:
+                variants["imap"] = partial(run_measured, IMAP.format(root=str(ROOT), parquet=str(d / "corpus.parquet"),
+                                                                     cores=cores))
+            timed = time_rounds(variants, args.rounds, progress=True)
+            for encoder in args.encoders:
+                row = median_row(timed.returns[encoder], timed.returns.get("tiktoken"))
+                row.update(encoder=encoder, mb=n_bytes / 1e6, docs=n_docs)
+                if "imap" in timed.returns and encoder == "tiktoken":
+                    imap = [r for r, _, _ in timed.returns["imap"]]
+                    row["imap"] = statistics.median(r["tokens"] / r["seconds"] for r in imap)
+                    row["imap_cpu"] = statistics.median(r["tokens"] / r["cpu_seconds"] for r in imap)
                 rows.append(row)
                 print(f"[bench] {json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})}",
                       flush=True)
@@ -526,10 +558,16 @@ def main() -> None:
           "1 / (N serial + 1 - serial). Fixed costs (building the tokenizer, checking val_tokens, starting the pool, "
           "the last shard and the final reread) do not grow with the corpus; the parent's share of the whole run "
           "and of its pass over the corpus at this size are shown apart")
+    print(f"\nmedian (min-max) over {args.rounds} rounds after a warm-up, the encoders taking turns; the table above "
+          f"gives each figure's median")
     for r in rows:
         effs = ", ".join(f"{n} cores {amdahl_efficiency(r['serial'], n):.1%}" for n in AMDAHL_CORES)
-        print(f"{r['encoder']:>9} {r['mb']:>4.0f} MB: stage at {r['stage'] / r['ceiling']:.1%} of the parallel ceiling on "
-              f"{cores} cores (its steady rate {r['steady'] / r['read_ceiling']:.1%} of reading + encoding alone); serial fraction {r['serial']:.3%} -> Amdahl efficiency {effs} (fixed start-up "
+        pr = r["per_round"]
+        vs = f"; {fmt(pr['vs tiktoken'], '.2f', unit='x')} tiktoken's stage" if r["encoder"] != "tiktoken" and \
+            pr["vs tiktoken"] else ""
+        print(f"{r['encoder']:>9} {r['mb']:>4.0f} MB: stage at {fmt(pr['stage/ceil'], '.1f', 100, '%')} of the parallel "
+              f"ceiling on {cores} cores (its steady rate {fmt(pr['steady/read+enc'], '.1f', 100, '%')} of reading + "
+              f"encoding alone{vs}); serial fraction {fmt(pr['serial'], '.3f', 100, '%')} -> Amdahl efficiency {effs} (fixed start-up "
               f"{r['fixed_s']:.2f} CPU-s; the parent's share of this whole run {r['serial_all']:.2%}, of its pass "
               f"over the corpus {r['serial_pass']:.2%})")
     if parts:

@@ -1,11 +1,42 @@
-"""Every bench script runs end to end at a tiny shape (--tiny), so none can rot; the figures are not checked."""
+"""Every bench script runs end to end at a tiny shape (--tiny), so none can rot; the figures are not checked. The
+round-robin timing they share (bench/rounds.py) is checked on its own, against figures worked out by hand."""
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from bench import rounds
+
 ROOT = Path(__file__).resolve().parents[1]
+REF = ROOT.parent / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"
+
+
+def test_rounds_take_turns_after_an_untimed_warm_up(monkeypatch):
+    """A B C A B C ...: every variant once a round, the warm-up round's calls untimed, each call's own seconds."""
+    calls, clock = [], iter(range(100))
+    monkeypatch.setattr(rounds.time, "perf_counter", lambda: float(next(clock)) ** 2)  # call k: (2k+1)^2 - (2k)^2
+    variants = {name: (lambda name=name: calls.append(name) or len(calls)) for name in "ABC"}
+    timed = rounds.time_rounds(variants, rounds=2, warmup=1)
+    assert calls == list("ABCABCABC")
+    assert timed.warmup == {"A": 1.0, "B": 5.0, "C": 9.0}
+    assert timed.seconds == {"A": [13.0, 25.0], "B": [17.0, 29.0], "C": [21.0, 33.0]}
+    assert timed.returns == {"A": [4, 7], "B": [5, 8], "C": [6, 9]} and timed.last == {"A": 7, "B": 8, "C": 9}
+    assert timed.rate("A", 26.0) == [2.0, 26.0 / 25.0]
+    with pytest.raises(ValueError):
+        rounds.time_rounds(variants, rounds=0)
+
+
+def test_ratios_are_per_round_and_summaries_median_and_range():
+    a, b = [10.0, 30.0, 20.0, 12.0, 40.0], [5.0, 10.0, 10.0, 4.0, 20.0]
+    assert rounds.ratios(a, b) == [2.0, 3.0, 2.0, 3.0, 2.0]  # not median(a) / median(b) = 20 / 10
+    assert rounds.spread(a) == (20.0, 10.0, 40.0)
+    assert rounds.fmt(rounds.ratios(a, b), ".2f", unit="x") == "2.00 (2.00-3.00)x"
+    assert rounds.fmt([0.5, 0.25, 0.75], ".1f", 100, "%") == "50.0 (25.0-75.0)%"
+    with pytest.raises(ValueError):
+        rounds.ratios([1.0], [1.0, 2.0])
+    # faster by more than the spread: ahead in every round, not only in the median
+    assert rounds.beats([1.2, 1.1, 1.05]) and not rounds.beats([1.3, 1.2, 0.99])
 
 
 def run_bench(script: str, *args: str) -> str:
@@ -18,14 +49,19 @@ def run_bench(script: str, *args: str) -> str:
 @pytest.mark.slow
 def test_bench_train_tiny():
     out = run_bench("bench_train.py", "--tiny")
-    for row in ("matmul", "nanoGPT-style fp32 eager", "stage fp32", "stage default", "target: stage fp32"):
+    for row in ("matmul", "nanoGPT-style fp32 eager", "stage fp32", "stage default", "target: stage fp32",
+                "head: plain", "decision: ", "median (min-max) over rounds"):
         assert row in out
 
 
 @pytest.mark.slow
 def test_bench_hellaswag_tiny():
-    out = run_bench("bench_hellaswag.py", "--tiny", "--path", str(ROOT / "no-such-file.jsonl"))
-    assert "synthetic" in out and "FLOP ceiling" in out and "float32" in out
+    out = run_bench("bench_hellaswag.py", "--tiny", "--path", str(ROOT / "no-such-file.jsonl"), "--ref", str(REF))
+    assert "synthetic" in out and "FLOP ceiling" in out and "float32" in out and "over 2 rounds" in out
+    if REF.is_file():  # lm-eval's hf model beside gptcore's adapter on the same requests
+        assert "lm-eval hf (HFLM)" in out and "gptcore adapter / hf" in out and "identical picks" in out
+    else:
+        assert "lm-eval peers: left out" in out
 
 
 @pytest.mark.slow
@@ -45,6 +81,8 @@ def test_bench_tokenize_tiny():
         summary = [line for line in lines if line.lstrip().startswith(f"{encoder} ") and "of the parallel ceiling" in line]
         assert len(summary) == 1, out[-3000:]
         assert "serial fraction" in summary[0] and all(f"{n} cores" in summary[0] for n in (16, 64, 128))
+        assert ")% of the parallel ceiling" in summary[0]  # a median with its range over rounds
+    assert "median (min-max) over 2 rounds" in out
 
 
 def test_bench_tokenize_help_says_how_to_run_it():

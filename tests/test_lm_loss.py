@@ -102,3 +102,49 @@ def test_without_grad_mode_only_the_loss_is_computed():
     with FlopCounterMode(display=False) as counted:
         lm_loss(h, w, y, chunk_rows=8).backward()
     assert counted.get_total_flops() >= 4 * n * v * c  # the gradients' matmuls too (an in-place addmm_ may go uncounted)
+
+
+# -----------------------------------------------------------------------------
+# the chunk size, and the switch to the plain path (GPTCORE_LOSS_CHUNK_ELEMENTS)
+
+def test_chunk_rows_follow_the_switch(monkeypatch):
+    monkeypatch.delenv(gpt.LOSS_CHUNK_ENV, raising=False)
+    assert gpt.loss_chunk_rows("cpu", 50304, 128) == 166  # 2^23 logits: the built-in CPU budget
+    assert gpt.loss_chunk_rows("cuda", 50304, 128) == 1334  # 2^26 on a GPU
+    assert gpt.loss_chunk_rows("cpu", 50304, 768) == 768  # never fewer rows than n_embd
+    monkeypatch.setenv(gpt.LOSS_CHUNK_ENV, "0")
+    assert gpt.loss_chunk_rows("cpu", 50304, 768) == 0 and gpt.loss_chunk_rows("cuda", 50304, 768) == 0
+    monkeypatch.setenv(gpt.LOSS_CHUNK_ENV, str(1000 * 50304))
+    assert gpt.loss_chunk_rows("cpu", 50304, 768) == 1000
+
+
+@pytest.mark.parametrize("value", ["-1", "lots", "1e6", ""])
+def test_a_bad_switch_is_one_line_naming_it(value, monkeypatch):
+    from gptcore.errors import UserError
+
+    monkeypatch.setenv(gpt.LOSS_CHUNK_ENV, value)
+    with pytest.raises(UserError) as e:
+        lm_loss(torch.randn(4, 8), torch.randn(10, 8), torch.zeros(4, dtype=torch.long))
+    assert "\n" not in str(e.value) and gpt.LOSS_CHUNK_ENV in str(e.value) and repr(value) in str(e.value)
+
+
+@pytest.mark.parametrize("softcap", [None, 5.0], ids=["no-cap", "softcap"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_switched_off_the_model_takes_the_plain_path(softcap, reduction, monkeypatch):
+    """GPTCORE_LOSS_CHUNK_ELEMENTS=0: the model's loss is F.cross_entropy over every logit (not the chunked Function),
+    with the chunked path's results within float rounding."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=300, logit_softcap=softcap))
+    idx, targets = torch.randint(0, 300, (3, 16)), torch.randint(0, 300, (3, 16))
+    targets[1, :4] = -1
+    monkeypatch.setenv(gpt.LOSS_CHUNK_ENV, "0")
+    _, plain = model(idx, targets, reduction=reduction)
+    assert "ChunkedLMLoss" not in type(plain.grad_fn).__name__
+    torch.testing.assert_close(plain, plain_loss(model, idx, targets, reduction), rtol=1e-6, atol=1e-6)
+    monkeypatch.setenv(gpt.LOSS_CHUNK_ENV, str(10 * 300))  # 32 rows a chunk (n_embd's floor): two chunks
+    _, chunked = model(idx, targets, reduction=reduction)
+    assert "ChunkedLMLoss" in type(chunked.grad_fn).__name__
+    torch.testing.assert_close(chunked, plain, rtol=1e-5, atol=1e-5)
+    got, want = grads(model, chunked), grads(model, plain)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-6, msg=name)

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+
+from gptcore.errors import UserError
 
 
 def relation_problem(c: dict[str, Any], prefix: str) -> tuple[str, str] | None:
@@ -229,8 +232,26 @@ class Block(nn.Module):
 
 # Elements of the (rows, vocab) logits that lm_loss holds at once: about 32 MB of fp32 on the CPU (a server's L3), so
 # a chunk mostly stays in cache between its matmul, softmax and the two gradient matmuls, while each chunk's parallel
-# regions stay large enough for several threads; larger on a GPU, where each chunk costs kernel launches.
+# regions stay large enough for several threads; larger on a GPU, where each chunk costs kernel launches. Where
+# bench/bench_train.py shows no chunk beating the plain path in every round, GPTCORE_LOSS_CHUNK_ELEMENTS=0 takes the
+# plain path (N: N elements a chunk): an explicit switch rather than a timing taken at run time, so a run's numbers
+# never depend on how busy the machine was when it started.
 LOSS_CHUNK_ELEMENTS = {"cpu": 1 << 23, "cuda": 1 << 26}
+LOSS_CHUNK_ENV = "GPTCORE_LOSS_CHUNK_ELEMENTS"
+
+
+def loss_chunk_rows(device_type: str, vocab_size: int, n_embd: int) -> int:
+    """Rows per chunk of lm_loss's default on `device_type` for a (vocab_size, n_embd) head; 0: the plain path."""
+    raw = os.environ.get(LOSS_CHUNK_ENV)
+    if raw is not None and not raw.strip().isdigit():
+        raise UserError(f"{LOSS_CHUNK_ENV}={raw!r}: expected a whole number of logits per chunk, or 0 for the plain "
+                        f"full-logits path (or unset it)")
+    budget = int(raw) if raw is not None else LOSS_CHUNK_ELEMENTS["cuda" if device_type == "cuda" else "cpu"]
+    if budget == 0:
+        return 0
+    # at least n_embd rows: each chunk also reads and writes the (vocab, n_embd) weight gradient, which should cost
+    # no more memory traffic than the chunk's own (rows, vocab) logits
+    return max(budget // vocab_size, n_embd, 1)
 
 
 def without_padding(t: torch.Tensor, vocab_size: int, dim: int = -1) -> torch.Tensor:
@@ -244,18 +265,21 @@ def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, s
             reduction: str = "mean", chunk_rows: int | None = None) -> torch.Tensor:
     """Cross-entropy of the LM head `weight` (vocab, n_embd) over trunk outputs `hidden` (..., n_embd) against
     `targets` (...; -1 = ignored), equal to F.cross_entropy(cap-softcapped hidden @ weight.T, targets) within float
-    rounding, without ever holding all the logits: rows go through in chunks of `chunk_rows`, and when a gradient is
-    wanted each chunk's gradients are made while its logits are in cache (as fused linear-cross-entropy kernels do).
+    rounding, without ever holding all the logits: rows go through in chunks of `chunk_rows` (default:
+    `loss_chunk_rows`; 0: that plain computation), and when a gradient is wanted each chunk's gradients are made
+    while its logits are in cache (as fused linear-cross-entropy kernels do).
     At the quick-start's shape the full logits are 4,096 x 50,304 floats (824 MB), and the plain path is
     memory-bound on them."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     h = hidden.reshape(-1, hidden.size(-1))
     if chunk_rows is None:
-        budget = LOSS_CHUNK_ELEMENTS["cuda" if h.is_cuda else "cpu"]
-        # at least n_embd rows: each chunk also reads and writes the (vocab, n_embd) weight gradient, which should
-        # cost no more memory traffic than the chunk's own (rows, vocab) logits
-        chunk_rows = max(budget // weight.size(0), weight.size(1), 1)
+        chunk_rows = loss_chunk_rows(h.device.type, weight.size(0), weight.size(1))
+    if chunk_rows == 0:  # the plain path: every logit at once
+        logits = (h @ weight.t()).float()
+        if softcap is not None:
+            logits = softcap * torch.tanh(logits / softcap)
+        return F.cross_entropy(logits, targets.reshape(-1), ignore_index=-1, reduction=reduction)
     # under no_grad (evaluation) autograd still marks the weight as needing a gradient inside the Function, so the
     # grad mode is passed in: without it every val-loss batch would also compute both gradients of the head
     return _ChunkedLMLoss.apply(h, weight, targets.reshape(-1), softcap, chunk_rows, reduction == "mean",
