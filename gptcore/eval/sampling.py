@@ -14,6 +14,7 @@ from typing import NoReturn
 import torch
 
 from gptcore.data.shards import MANIFEST
+from gptcore.data.sources import _read_utf8
 from gptcore.data.tokenizers import GPT2Tokenizer, Tokenizer, load_tokenizer
 from gptcore.errors import UserError, one_line, user_error
 from gptcore.model.gpt import GPT
@@ -28,7 +29,7 @@ def read_prompt(prompt: str) -> str:
         path = Path(prompt[5:])
         if not path.is_file():
             raise UserError(f"prompt file {path} not found (from --prompt {prompt!r})")
-        return path.read_text(encoding="utf-8")
+        return _read_utf8(path)  # a file of another encoding: one line naming it and the byte
     return prompt
 
 
