@@ -266,19 +266,36 @@ def test_evaluate_stage_lm_eval_tasks(tmp_path):
     assert {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "num_fewshot"} <= set(metrics["lm_eval"]["synth_choice"])
     assert {"acc", "perplexity", "perplexity_stderr"} <= set(metrics["lm_eval"]["synth_word"])
     assert "[evaluate] lm-eval synth_choice: acc " in out
+    # what the figures were measured on, apart from the metrics: the folder's tasks, the val split
+    measured = json.loads((project / "metrics/measured_on.json").read_text())
+    assert {t["task_from"] for t in measured["lm_eval"]["tasks"].values()} == {"eval.lm_eval_include"}
+    assert measured["val_split"]["val_sha256"] and measured["val_split"]["tokenizer"] == "gpt2"
+    assert "[evaluate] lm-eval task synth_choice: the YAML " in out
 
-    # a task whose data cannot be read: one line naming it, before the model is loaded; metrics/ unchanged
+    def refused(**eval_params) -> str:
+        """evaluate with these eval params: exit 1, one line, metrics/ unchanged; the line."""
+        before = {p: p.read_bytes() for p in (project / "metrics").rglob("*") if p.is_file()}
+        params = yaml.safe_load((project / "params.yaml").read_text())
+        params["eval"].update(eval_params)
+        (project / "params.yaml").write_text(yaml.safe_dump(params))
+        proc = subprocess.run(stage_cmd("evaluate"), cwd=project, env=env(), capture_output=True, text=True,
+                              timeout=600, check=False)
+        assert proc.returncode == 1
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("[evaluate] "), proc.stderr
+        assert {p: p.read_bytes() for p in (project / "metrics").rglob("*") if p.is_file()} == before
+        return lines[0]
+
+    # more few-shot examples than synth_choice has: one line before the val pass (was lm-eval's traceback after it)
+    assert "eval.lm_eval_fewshot=31: lm-eval task 'synth_choice' has 30 few-shot" in refused(lm_eval_fewshot=31)
+    # a HellaSwag row with an empty context: named by file and line before the val pass (was "example 0" after it)
+    rows = tmp_path / "hs.jsonl"
+    rows.write_text(json.dumps({"ctx": "a b", "endings": ["c", "d", "e", "f"], "label": 0}) + "\n"
+                    + json.dumps({"ctx": "", "endings": ["c", "d", "e", "f"], "label": 0}) + "\n")
+    assert f"{rows}:2: empty context" in refused(lm_eval_fewshot=0, task="hellaswag", hellaswag_path=str(rows))
+    # a task whose data cannot be read: one line naming it, before the model is loaded
     (tasks / "synth_word.jsonl").unlink()
-    before = {p: p.read_bytes() for p in (project / "metrics").rglob("*") if p.is_file()}
-    params = yaml.safe_load((project / "params.yaml").read_text())
-    params["model"]["init_from"] = "no-such-model"  # not reached
-    (project / "params.yaml").write_text(yaml.safe_dump(params))
-    proc = subprocess.run(stage_cmd("evaluate"), cwd=project, env=env(), capture_output=True, text=True, timeout=600,
-                          check=False)
-    assert proc.returncode == 1
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("[evaluate] ") and "'synth_word'" in lines[0], proc.stderr
-    assert {p: p.read_bytes() for p in (project / "metrics").rglob("*") if p.is_file()} == before
+    assert "'synth_word'" in refused(task="cloze", hellaswag_path=None, model="no-such-model")  # model: not reached
 
 
 def test_lm_eval_params():
