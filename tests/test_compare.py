@@ -162,13 +162,13 @@ def test_an_include_folder_task_named_hellaswag_gets_no_lm_eval_delta():
 
 
 @pytest.mark.parametrize("change, why", [
-    ({"config": "sample-100BT"}, "HuggingFaceFW/fineweb-edu config 'sample-100BT', the baseline's from "
-                                 "HuggingFaceFW/fineweb-edu config 'sample-10BT'"),
+    ({"config": "sample-100BT"}, "from hub 'HuggingFaceFW/fineweb-edu' config 'sample-100BT', the baseline's from "
+                                 "the hub's HuggingFaceFW/fineweb-edu config 'sample-10BT'"),
     ({"split_tokens": 4096, "val_tokens": 4096}, "first 4096 tokens (tokenize.val_tokens: 4096), the baseline's the "
                                                  "first 100,000,000"),
-    ({"dataset": "HuggingFaceFW/fineweb"}, "from HuggingFaceFW/fineweb config"),
+    ({"dataset": "HuggingFaceFW/fineweb"}, "from hub 'HuggingFaceFW/fineweb' config"),
     ({"source": "local", "dataset": "data/local/fineweb-edu", "config": None, "revision": None},
-     f"not fetched from the hub; a copy compares only when its val shards (sha256 {VAL_SHA})"),
+     f"from local files 'data/local/fineweb-edu'; a copy compares only when its val shards (sha256 {VAL_SHA})"),
 ])
 def test_val_loss_of_another_val_split_gets_no_delta(change, why):
     s = summarize(FULL, BASELINES, measured(**change))

@@ -94,7 +94,7 @@ def test_compare_on_real_records(hub_and_local, tmp_path):
     p = EVAL.validate({"task": "cloze", "val_tokens": 1024, "sample_prompt": "x"})
     hub_rec, local_rec = measured_on(p, hub, None), measured_on(p, local, None)
     assert "val_loss_vs_gpt2" in summarize(run, base, hub_rec)["delta"]
-    assert "not fetched from the hub" in summarize(run, base, local_rec)["comparable"]["val_loss_vs_gpt2"]["reason"]
+    assert "from local files" in summarize(run, base, local_rec)["comparable"]["val_loss_vs_gpt2"]["reason"]
     base["gpt2_124m"]["val_loss_measured_on"]["val_sha256"] = hub_rec["val_split"]["val_sha256"]
     assert summarize(run, base, local_rec)["delta"]["val_loss_vs_gpt2"] == pytest.approx(4.0 - 3.2924)
 

@@ -263,7 +263,7 @@ def _task_source(manager: Any, task: Any) -> dict[str, Any]:
     builtin = Path(lm_eval.__file__).resolve().parent / "tasks"
     own = yaml_path is not None and yaml_path.is_relative_to(builtin)
     config = task.config
-    return {"task_from": LM_EVAL if own else INCLUDE,
+    return {"task_from": LM_EVAL if own else INCLUDE if yaml_path is not None else "no YAML",
             "yaml": str(yaml_path.relative_to(builtin) if own else yaml_path),
             "yaml_sha256": file_sha256(yaml_path) if yaml_path is not None and yaml_path.is_file() else None,
             "version": task.VERSION, "dataset": [config.dataset_path, config.dataset_name],
@@ -277,7 +277,7 @@ def check_fewshot(task: Any, num_fewshot: int) -> None:
     sampler = getattr(task, "sampler", None)
     pool = len(sampler.fewshot_docs()) if sampler is not None else 0
     # when the few-shot examples come from the scored split, lm-eval draws one more and drops the question itself
-    need = num_fewshot + int(getattr(task.fewshot_cfg, "split", None) == task.config.test_split)
+    need = num_fewshot + int(getattr(getattr(task, "fewshot_cfg", None), "split", None) == task.config.test_split)
     if pool < need:
         raise UserError(f"eval.lm_eval_fewshot={num_fewshot}: lm-eval task {task.task_name!r} has {pool} few-shot "
                         f"example(s){' (the question itself left out)' if need > num_fewshot else ''}; "

@@ -24,16 +24,17 @@ NO_RECORD = "evaluate recorded nothing of what it measured on (no metrics/measur
 
 def why_val_split_differs(split: dict[str, Any], base: dict[str, Any]) -> str | None:
     """None when the run's val split (measured_on.json's `val_split`) is the baseline's; else the reason."""
-    if split.get("val_sha256") and set(split["val_sha256"]) <= set(base["val_sha256"]):
+    listed = split.get("val_sha256") and set(split["val_sha256"]) <= set(base["val_sha256"])
+    if listed and split.get("val_tokens") == base["split_tokens"]:
         return None  # the very tokens the baseline lists, wherever the files came from
-    if split.get("source") != "hub":
-        return (f"the run's val split is from {split.get('source')} files {split.get('dataset')!r}, not fetched from "
-                f"the hub; a copy compares only when its val shards (sha256 {', '.join(split.get('val_sha256') or [])})"
-                f" are listed in conf/baselines.yaml val_loss_measured_on.val_sha256")
-    got = (split.get("dataset"), split.get("config"))
-    if got != (base["dataset"], base["config"]):
-        return f"the run's val split is from {got[0]} config {got[1]!r}, the baseline's from {base['dataset']} " \
-               f"config {base['config']!r}"
+    if split.get("source") == "local":
+        return (f"the run's val split is from local files {split.get('dataset')!r}; a copy compares only when its val "
+                f"shards (sha256 {', '.join(split.get('val_sha256') or [])}) are listed in conf/baselines.yaml "
+                f"val_loss_measured_on.val_sha256")
+    got = (split.get("source"), split.get("dataset"), split.get("config"))
+    if got != ("hub", base["dataset"], base["config"]):
+        return (f"the run's val split is from {got[0]} {got[1]!r} config {got[2]!r}, the baseline's from the hub's "
+                f"{base['dataset']} config {base['config']!r}")
     if base["revision"] is not None and split.get("revision") != base["revision"]:
         return f"the run's data is revision {split.get('revision')}, the baseline's {base['revision']}"
     if split.get("split_tokens") != base["split_tokens"] or split.get("val_tokens") != base["split_tokens"]:
@@ -84,7 +85,7 @@ def why_lm_eval_not_comparable(ours: dict[str, Any] | None, task: str, metric: s
     if not source:
         return f"evaluate recorded no source for lm-eval task {task} (metrics/measured_on.json)"
     if source.get("task_from") != published["task_from"]:
-        return (f"the run's {task} is the task YAML {source.get('yaml')} of eval.lm_eval_include, the baseline's "
+        return (f"the run's {task} is from {source.get('task_from')} ({source.get('yaml')}), the baseline's is "
                 f"lm-eval's own {task}")
     if ours.get("num_fewshot") != published["num_fewshot"]:
         return (f"the run scored {task} {ours.get('num_fewshot')}-shot, the baseline {published['num_fewshot']}-shot "
