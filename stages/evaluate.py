@@ -37,10 +37,9 @@ def main() -> None:
         shards_lock = reading(SHARDS, "evaluate").acquire()  # noqa: F841  (no tokenize swaps the shards meanwhile)
         tok = load_tokenizer(SHARDS)
         # lm-eval task data first: data that cannot be reached stops the stage before any model is loaded
-        lm_tasks = harness.load_tasks(p["lm_eval_tasks"], p["lm_eval_include"], p["lm_eval_fewshot"]) \
-            if p["lm_eval_tasks"] else None
-        for line in harness.notes(lm_tasks) if env.is_main else []:  # the include folder's Python, said first
-            print(f"[evaluate] {line}", flush=True)
+        lm_tasks = harness.load_tasks(p["lm_eval_tasks"], p["lm_eval_include"], p["lm_eval_fewshot"],
+                                      echo=(lambda line: print(f"[evaluate] {line}", flush=True)) if env.is_main
+                                      else None) if p["lm_eval_tasks"] else None
         spec = str(MODEL) if p["model"] == "checkpoint" else p["model"]
         model = model_for_shards(spec, tok, SHARDS)
         check_val_tokens("eval.val_tokens", p["val_tokens"], model.config.block_size,

@@ -342,11 +342,12 @@ def hellaswag_yaml(folder: Path, extra: str = "") -> None:
 
 def test_an_include_task_named_like_lm_evals_own_is_recorded_as_the_folders(tmp_path):
     hellaswag_yaml(tmp_path)
-    tasks = harness.load_tasks(["hellaswag"], include=tmp_path)
+    said = []
+    tasks = harness.load_tasks(["hellaswag"], include=tmp_path, echo=said.append)
     src = tasks.sources["hellaswag"]
     assert src["task_from"] == harness.INCLUDE and src["yaml"] == str((tmp_path / "hellaswag.yaml").resolve())
     assert src["yaml_sha256"] == hashlib.sha256((tmp_path / "hellaswag.yaml").read_bytes()).hexdigest()
-    (line,) = harness.notes(tasks)
+    (line,) = said
     assert "lm-eval task hellaswag: the YAML" in line and "not lm-eval's own" in line
 
 
@@ -370,11 +371,17 @@ def test_python_the_include_folder_runs_is_listed_before_scoring(tmp_path):
     (tmp_path / "helpers.py").write_text(f"open({str(ran)!r}, 'w').write('x')\n"
                                          "def docs(dataset):\n    return dataset\n")
     hellaswag_yaml(tmp_path, "process_docs: !function helpers.docs\n")
-    tasks = harness.load_tasks(["hellaswag"], include=tmp_path)
+    said = []
+
+    def echo(line: str) -> None:
+        said.append((line, ran.exists()))
+
+    tasks = harness.load_tasks(["hellaswag"], include=tmp_path, echo=echo)
     assert ran.exists()  # lm-eval did run it: the line is no guess
     assert tasks.python == [tmp_path / "helpers.py"]
-    assert harness.notes(tasks)[0] == ("lm-eval runs Python of eval.lm_eval_include (named by its YAMLs' !function): "
-                                       f"{tmp_path / 'helpers.py'}")
+    # said before lm-eval imported it
+    assert said[0] == ("lm-eval runs Python of eval.lm_eval_include (named by its YAMLs' !function): "
+                       f"{tmp_path / 'helpers.py'}", False)
 
 
 def test_the_include_folder_must_be_under_conf_lm_eval():

@@ -23,7 +23,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -284,13 +284,16 @@ def check_fewshot(task: Any, num_fewshot: int) -> None:
                         f"set eval.lm_eval_fewshot to at most {max(pool - (need - num_fewshot), 0)}")
 
 
-def load_tasks(names: Sequence[str], include: str | Path | None = None, num_fewshot: int = 0) -> Tasks:
+def load_tasks(names: Sequence[str], include: str | Path | None = None, num_fewshot: int = 0,
+               echo: Callable[[str], None] | None = None) -> Tasks:
     """The lm-eval tasks (or groups) `names`, their data read now: an unknown name, a generation task, data
     that cannot be reached or fewer few-shot examples than `num_fewshot` is a UserError naming the task and what
     to do, before any model is loaded.
 
     `include` is a folder of the user's own task YAMLs (lm-eval's `include_path`); their names join the
-    built-in ones (a name of both is the folder's task)."""
+    built-in ones (a name of both is the folder's task). `echo` gets a line naming the folder's Python files that
+    its YAMLs run (before lm-eval imports any), and one per task of the folder (compare sets only lm-eval's own
+    beside a published figure)."""
     _quiet_lm_eval()
     from lm_eval.tasks import TaskManager
 
@@ -303,6 +306,10 @@ def load_tasks(names: Sequence[str], include: str | Path | None = None, num_fews
         if not all(name in manager.all_tasks for name in names):
             manager = None
     manager = manager or TaskManager(include_path=str(include) if include is not None else None)
+    python = function_files(include) if include is not None else []
+    if python and echo is not None:
+        echo(f"lm-eval runs Python of eval.lm_eval_include (named by its YAMLs' !function): "
+             f"{', '.join(str(f) for f in python)}")
     loaded, sources = [], {}
     for name in names:
         out = _load_task(manager, name, include)
@@ -313,8 +320,12 @@ def load_tasks(names: Sequence[str], include: str | Path | None = None, num_fews
                                 f"scores {', '.join(SCORED_OUTPUTS)} tasks only")
             check_fewshot(task, num_fewshot)
             sources[task.task_name] = _task_source(manager, task)
+            if sources[task.task_name]["task_from"] == INCLUDE and echo is not None:
+                echo(f"lm-eval task {task.task_name}: the YAML {sources[task.task_name]['yaml']} of "
+                     f"eval.lm_eval_include, not lm-eval's own (compare sets only lm-eval's own beside a published "
+                     f"figure)")
         loaded.append(out["groups"].get(name) or out["tasks"].get(name) or next(iter(out["tasks"].values())))
-    return Tasks(manager, loaded, sources, function_files(include) if include is not None else [])
+    return Tasks(manager, loaded, sources, python)
 
 
 def _load_task(manager: Any, name: str, include: str | Path | None) -> dict:
@@ -332,18 +343,6 @@ def _load_task(manager: Any, name: str, include: str | Path | None) -> dict:
                "works offline), or write a task YAML over local files into eval.lm_eval_include")
         raise UserError(f"eval.lm_eval_tasks: the data of lm-eval task {name!r} cannot be read "
                         f"({type(e).__name__}: {first[:200]}): {fix}") from None
-
-
-def notes(tasks: Tasks | None) -> list[str]:
-    """Lines the stage prints before scoring: the include folder's Python that lm-eval runs, and each task that
-    replaces one of lm-eval's own under the same name."""
-    if tasks is None:
-        return []
-    lines = [f"lm-eval runs Python of eval.lm_eval_include (named by its YAMLs' !function): "
-             f"{', '.join(str(p) for p in tasks.python)}"] if tasks.python else []
-    return lines + [f"lm-eval task {name}: the YAML {src['yaml']} of eval.lm_eval_include, not lm-eval's own "
-                    f"(compare sets only lm-eval's own beside a published figure)"
-                    for name, src in tasks.sources.items() if src["task_from"] == INCLUDE]
 
 
 def run_tasks(lm: Any, tasks: Tasks, num_fewshot: int, limit: int | None,
