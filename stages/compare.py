@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 
 from gptcore.atomic import write_json
-from gptcore.data.shards import read_manifest
 from gptcore.process import stage_lifetime
 from gptcore.report.baselines import read_baselines
 from gptcore.report.compare import describe, summarize
@@ -15,8 +14,8 @@ from gptcore.report.speedrun import describe_speedrun, speedrun_summary
 from stages.common import load_params, user_errors
 
 EVAL = Path("metrics/eval.json")
+MEASURED = Path("metrics/measured_on.json")
 BASELINES = Path("conf/baselines.yaml")
-SHARDS = Path("data/shards")
 LIVE_DIR = Path("metrics/train")
 OUT = Path("metrics/summary.json")
 PLOT_DATA = Path("metrics/plots")
@@ -29,10 +28,8 @@ def main() -> None:
         target = load_params(COMPARE)["target_val_loss"]
     run = json.loads(EVAL.read_text(encoding="utf-8"))
     baselines = read_baselines(BASELINES)
-    # what the run was evaluated on: a delta needs the baseline's data and tokenizer
-    manifest = read_manifest(SHARDS)
-    data = {"tokenizer": manifest["tokenizer"]["name"], "dataset": (manifest.get("source") or {}).get("name")}
-    summary = summarize(run, baselines, data)
+    # what the run was evaluated on (evaluate's record): a delta needs what the baseline was measured on
+    summary = summarize(run, baselines, json.loads(MEASURED.read_text(encoding="utf-8")) if MEASURED.is_file() else None)
     hardware = json.loads(MODEL_MANIFEST.read_text(encoding="utf-8")).get("hardware") if MODEL_MANIFEST.is_file() else None
     summary["speedrun"] = speedrun_summary(LIVE_DIR, target, hardware)
     write_json(OUT, summary)

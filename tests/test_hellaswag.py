@@ -202,3 +202,34 @@ def test_reference_file_scores_on_a_small_random_gpt(ref_examples):
     for p, q in zip(ref.predictions, fast.predictions):
         assert (q["index"], q["pred"], q["pred_norm"]) == (p["index"], p["pred"], p["pred_norm"])
         assert q["mean_losses"] == pytest.approx(p["mean_losses"], rel=1e-5)
+
+
+# issue 26: a row that cannot be scored is found when the file is read, named by its file and line
+
+@pytest.mark.parametrize("row, why", [
+    ({**ITEM, "ctx": ""}, "empty context"),
+    ({**ITEM, "endings": ["x" * 80, "b", "c", "d"]}, "an ending of 81 tokens does not fit block_size 64"),
+])
+def test_a_row_that_cannot_be_scored_is_refused_at_load_naming_file_and_line(tmp_path, row, why):
+    path = tmp_path / "val.jsonl"
+    path.write_text(json.dumps(ITEM) + "\n\n" + json.dumps(ITEM) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(UserError, match=f"^{path}:4: {why}"):
+        hs.hellaswag_examples(CharCodes(), path, None, "eval.hellaswag_path", block_size=64, progress=False)
+    assert len(load_hellaswag(path, CharCodes(), limit=2, block_size=64)) == 2  # the rows before it are fine
+
+
+def test_examples_name_their_file_and_line(tmp_path):
+    path = tmp_path / "val.jsonl"
+    path.write_text("\n" + json.dumps(ITEM) + "\n")
+    (ex,) = load_hellaswag(path, CharCodes())
+    assert ex.where == f"{path}:2" and ex.index == ITEM["ind"]
+
+
+def test_hellaswag_file_records_the_sha256_of_the_file_read(tmp_path, official):
+    path = tmp_path / "copy.jsonl"
+    path.write_bytes(CONTENT)
+    assert hs.hellaswag_file(path) == {"file": str(path), "sha256": hashlib.sha256(CONTENT).hexdigest()}
+    # null: the verified download in the cache folder
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / hs.HELLASWAG_VAL_NAME).write_bytes(CONTENT)
+    assert hs.hellaswag_file(None, tmp_path / "cache")["sha256"] == hs.HELLASWAG_VAL_SHA256

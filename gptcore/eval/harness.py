@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from gptcore.atomic import file_sha256
 from gptcore.data.tokenizers import Tokenizer
 from gptcore.errors import UserError
 from gptcore.model.gpt import without_padding
@@ -224,17 +226,74 @@ def _quiet_lm_eval() -> None:
 
 @dataclass
 class Tasks:
-    """lm-eval tasks with their data read, and the TaskManager that found them (lm-eval would build a new one)."""
+    """lm-eval tasks with their data read, and the TaskManager that found them (lm-eval would build a new one).
+
+    `sources` says per task what it is (for compare: lm-eval's own task or a YAML of the include folder): where its
+    YAML is, that file's sha256, its version and dataset; `python` lists the Python files that the include
+    folder's YAMLs name with `!function`, which lm-eval imports and runs."""
     manager: Any
     items: list
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    python: list[Path] = field(default_factory=list)
 
 
-def load_tasks(names: Sequence[str], include: str | Path | None = None) -> Tasks:
-    """The lm-eval tasks (or groups) `names`, their data read now: an unknown name, a generation task or data
-    that cannot be reached is a UserError naming the task and what to do, before any model is loaded.
+LM_EVAL = "lm-eval"  # a task's `task_from` when its YAML is one of lm-eval's own
+INCLUDE = "eval.lm_eval_include"  # ... when it is the user's
+_FUNCTION = re.compile(r"!function\s+([\w.]+)\.\w+")
+
+
+def function_files(include: str | Path) -> list[Path]:
+    """The Python files the task YAMLs under `include` name with lm-eval's `!function module.name` tag (lm-eval
+    imports `module.py` beside the YAML and runs it when that task loads), existing ones only, sorted."""
+    found = set()
+    for yaml_file in sorted(Path(include).rglob("*.yaml")) + sorted(Path(include).rglob("*.yml")):
+        for module in _FUNCTION.findall(yaml_file.read_text(encoding="utf-8", errors="replace")):
+            py = yaml_file.parent / f"{module.replace('.', '/')}.py"
+            if py.is_file():
+                found.add(py)
+    return sorted(found)
+
+
+def _task_source(manager: Any, task: Any) -> dict[str, Any]:
+    """Where one loaded task comes from: lm-eval's own YAML or the include folder's, and its config's identity."""
+    import lm_eval
+
+    entry = manager.task_index.get(task.task_name)
+    yaml_path = Path(entry.yaml_path).resolve() if entry is not None and entry.yaml_path else None
+    builtin = Path(lm_eval.__file__).resolve().parent / "tasks"
+    own = yaml_path is not None and yaml_path.is_relative_to(builtin)
+    config = task.config
+    return {"task_from": LM_EVAL if own else INCLUDE if yaml_path is not None else "no YAML",
+            "yaml": str(yaml_path.relative_to(builtin) if own else yaml_path),
+            "yaml_sha256": file_sha256(yaml_path) if yaml_path is not None and yaml_path.is_file() else None,
+            "version": task.VERSION, "dataset": [config.dataset_path, config.dataset_name],
+            "lm_eval_version": lm_eval.__version__}
+
+
+def check_fewshot(task: Any, num_fewshot: int) -> None:
+    """Refuse a few-shot count the task's few-shot pool cannot give (lm-eval fails only once scoring starts)."""
+    if num_fewshot == 0:
+        return
+    sampler = getattr(task, "sampler", None)
+    pool = len(sampler.fewshot_docs()) if sampler is not None else 0
+    # when the few-shot examples come from the scored split, lm-eval draws one more and drops the question itself
+    need = num_fewshot + int(getattr(getattr(task, "fewshot_cfg", None), "split", None) == task.config.test_split)
+    if pool < need:
+        raise UserError(f"eval.lm_eval_fewshot={num_fewshot}: lm-eval task {task.task_name!r} has {pool} few-shot "
+                        f"example(s){' (the question itself left out)' if need > num_fewshot else ''}; "
+                        f"set eval.lm_eval_fewshot to at most {max(pool - (need - num_fewshot), 0)}")
+
+
+def load_tasks(names: Sequence[str], include: str | Path | None = None, num_fewshot: int = 0,
+               echo: Callable[[str], None] | None = None) -> Tasks:
+    """The lm-eval tasks (or groups) `names`, their data read now: an unknown name, a generation task, data
+    that cannot be reached or fewer few-shot examples than `num_fewshot` is a UserError naming the task and what
+    to do, before any model is loaded.
 
     `include` is a folder of the user's own task YAMLs (lm-eval's `include_path`); their names join the
-    built-in ones."""
+    built-in ones (a name of both is the folder's task). `echo` gets a line naming the folder's Python files that
+    its YAMLs run (before lm-eval imports any), and one per task of the folder (compare sets only lm-eval's own
+    beside a published figure)."""
     _quiet_lm_eval()
     from lm_eval.tasks import TaskManager
 
@@ -247,28 +306,43 @@ def load_tasks(names: Sequence[str], include: str | Path | None = None) -> Tasks
         if not all(name in manager.all_tasks for name in names):
             manager = None
     manager = manager or TaskManager(include_path=str(include) if include is not None else None)
-    loaded = []
+    python = function_files(include) if include is not None else []
+    if python and echo is not None:
+        echo(f"lm-eval runs Python of eval.lm_eval_include (named by its YAMLs' !function): "
+             f"{', '.join(str(f) for f in python)}")
+    loaded, sources = [], {}
     for name in names:
-        if name not in manager.all_tasks:
-            where = f" or in {include}" if include is not None else " (eval.lm_eval_include adds a folder of yours)"
-            raise UserError(f"eval.lm_eval_tasks: no lm-eval task {name!r} among lm-eval's tasks{where}")
-        try:
-            out = manager.load([name])
-        except OSError as e:  # datasets: ConnectionError (no hub, offline cache miss), FileNotFoundError (local files)
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            fix = ("check the data files its task YAML names (dataset_kwargs: data_files)"
-                   if isinstance(e, FileNotFoundError) and not isinstance(e, ConnectionError) else
-                   "run where the Hugging Face hub is reachable (once fills the cache; then HF_DATASETS_OFFLINE=1 "
-                   "works offline), or write a task YAML over local files into eval.lm_eval_include")
-            raise UserError(f"eval.lm_eval_tasks: the data of lm-eval task {name!r} cannot be read "
-                            f"({type(e).__name__}: {first[:200]}): {fix}") from None
+        out = _load_task(manager, name, include)
         for task in out["tasks"].values():
             kind = task.get_config("output_type")
             if kind not in SCORED_OUTPUTS:
                 raise UserError(f"eval.lm_eval_tasks: lm-eval task {task.task_name!r} is a {kind} task; gptcore "
                                 f"scores {', '.join(SCORED_OUTPUTS)} tasks only")
+            check_fewshot(task, num_fewshot)
+            sources[task.task_name] = _task_source(manager, task)
+            if sources[task.task_name]["task_from"] == INCLUDE and echo is not None:
+                echo(f"lm-eval task {task.task_name}: the YAML {sources[task.task_name]['yaml']} of "
+                     f"eval.lm_eval_include, not lm-eval's own (compare sets only lm-eval's own beside a published "
+                     f"figure)")
         loaded.append(out["groups"].get(name) or out["tasks"].get(name) or next(iter(out["tasks"].values())))
-    return Tasks(manager, loaded)
+    return Tasks(manager, loaded, sources, python)
+
+
+def _load_task(manager: Any, name: str, include: str | Path | None) -> dict:
+    """manager.load([name]), an unknown name or unreadable data as one line."""
+    if name not in manager.all_tasks:
+        where = f" or in {include}" if include is not None else " (eval.lm_eval_include adds a folder of yours)"
+        raise UserError(f"eval.lm_eval_tasks: no lm-eval task {name!r} among lm-eval's tasks{where}")
+    try:
+        return manager.load([name])
+    except OSError as e:  # datasets: ConnectionError (no hub, offline cache miss), FileNotFoundError (local files)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        fix = ("check the data files its task YAML names (dataset_kwargs: data_files)"
+               if isinstance(e, FileNotFoundError) and not isinstance(e, ConnectionError) else
+               "run where the Hugging Face hub is reachable (once fills the cache; then HF_DATASETS_OFFLINE=1 "
+               "works offline), or write a task YAML over local files into eval.lm_eval_include")
+        raise UserError(f"eval.lm_eval_tasks: the data of lm-eval task {name!r} cannot be read "
+                        f"({type(e).__name__}: {first[:200]}): {fix}") from None
 
 
 def run_tasks(lm: Any, tasks: Tasks, num_fewshot: int, limit: int | None,

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from gptcore.atomic import atomic_write, file_sha256
 from gptcore.data.tokenizers import Tokenizer
 from gptcore.errors import UserError
-from gptcore.eval.multichoice import Example
+from gptcore.eval.multichoice import Example, fit_example
 
 HELLASWAG_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 HELLASWAG_VAL_SIZE = 12_246_618
@@ -125,7 +125,7 @@ def parse_hellaswag_line(raw: bytes, where: str, default_ind: int) -> dict:
 
 
 def read_hellaswag(path: str | Path, limit: int | None = None) -> list[dict]:
-    """The raw items (ctx, endings, label, ind) of a HellaSwag jsonl file, checked field by field; a bad line
+    """The raw items (ctx, endings, label, ind, line) of a HellaSwag jsonl file, checked field by field; a bad line
     of any kind, or a file without a single example, raises an error naming the file (and the line)."""
     path = Path(path)
     if not path.is_file():
@@ -139,24 +139,43 @@ def read_hellaswag(path: str | Path, limit: int | None = None) -> list[dict]:
                 break
             if not raw.strip():
                 continue
-            items.append(parse_hellaswag_line(raw, f"{path}:{lineno}", len(items)))
+            items.append({**parse_hellaswag_line(raw, f"{path}:{lineno}", len(items)), "line": lineno})
     if not items and limit != 0:  # no accuracy is ever written from zero examples
         raise UserError(f"{path}: no HellaSwag examples in the file (it is empty or holds only blank lines); "
                         f"{_place_hint(path)}")
     return items
 
 
-def load_hellaswag(path: str | Path, tokenizer: Tokenizer, limit: int | None = None) -> list[Example]:
-    """HellaSwag items as token Examples: context = encode(ctx), ending i = encode(" " + endings[i])."""
+def load_hellaswag(path: str | Path, tokenizer: Tokenizer, limit: int | None = None,
+                   block_size: int | None = None) -> list[Example]:
+    """HellaSwag items as token Examples: context = encode(ctx), ending i = encode(" " + endings[i]).
+
+    With `block_size`, every example is checked now to fit the model (a context, endings that leave room for one
+    context token), so a bad row stops the run before any pass, named by its file and line."""
+    path = Path(path)
     items = read_hellaswag(path, limit)
     contexts = tokenizer.encode_batch([it["ctx"] for it in items])
     endings = tokenizer.encode_batch([" " + e for it in items for e in it["endings"]])
-    return [Example(context=contexts[n], endings=endings[4 * n:4 * n + 4], label=it["label"], index=it["ind"])
-            for n, it in enumerate(items)]
+    examples = [Example(context=contexts[n], endings=endings[4 * n:4 * n + 4], label=it["label"], index=it["ind"],
+                        where=f"{path}:{it['line']}") for n, it in enumerate(items)]
+    if block_size is not None:
+        for ex in examples:
+            fit_example(ex, block_size)
+    return examples
 
 
 def hellaswag_examples(tokenizer: Tokenizer, path: str | Path | None, limit: int | None, key: str,
-                       dest_dir: str | Path = "data/hellaswag", progress: bool = True) -> list[Example]:
+                       dest_dir: str | Path = "data/hellaswag", progress: bool = True,
+                       block_size: int | None = None) -> list[Example]:
     """The task's examples as training and evaluate score them: `path` (a local copy, set by the param `key`) or
-    the verified download in `dest_dir`, rendered with `tokenizer`, the first `limit` of them."""
-    return load_hellaswag(fetch_hellaswag(dest_dir, path=path, progress=progress, key=key), tokenizer, limit=limit)
+    the verified download in `dest_dir`, rendered with `tokenizer`, the first `limit` of them (checked against
+    `block_size` when given)."""
+    return load_hellaswag(fetch_hellaswag(dest_dir, path=path, progress=progress, key=key), tokenizer, limit=limit,
+                          block_size=block_size)
+
+
+def hellaswag_file(path: str | Path | None, dest_dir: str | Path = "data/hellaswag") -> dict[str, str]:
+    """What a HellaSwag figure was measured on: the file read (`path`, or the download in `dest_dir`, which
+    `fetch_hellaswag` verified to be the official one) and its sha256."""
+    file = Path(path) if path is not None else Path(dest_dir) / HELLASWAG_VAL_NAME
+    return {"file": str(file), "sha256": file_sha256(file)}

@@ -86,7 +86,7 @@ def training_evaluators(train: dict[str, Any], tok: Tokenizer, shard_dir: Path, 
     out: list[Evaluator] = [ValLoss(tokens, block_size, train["val_batch"], device, dtype, rank, world_size, is_main)]
     if train["hellaswag"]:
         examples = hellaswag_examples(tok, train["hellaswag_path"], train["hellaswag_examples"],
-                                      "train.hellaswag_path", progress=is_main)
+                                      "train.hellaswag_path", progress=is_main, block_size=block_size)
         out.append(ChoiceTask("hellaswag", examples, train["val_batch"], device, dtype, is_main))
     if train["samples"] > 0:
         out.append(TrainingSamples(tok, samples_dir, train["sample_prompt"], train["samples"], train["sample_tokens"],

@@ -44,6 +44,12 @@ class Example:
     endings: list[list[int]]
     label: int
     index: int = 0
+    where: str = ""  # file:line of the row it came from, for errors (empty: "example <index>")
+
+    @property
+    def name(self) -> str:
+        """How an error names this example: its file and line, else its index."""
+        return self.where or f"example {self.index}"
 
 
 @dataclass
@@ -68,16 +74,16 @@ class ChoiceResult:
 def fit_example(example: Example, block_size: int) -> tuple[list[int], list[list[int]]]:
     """The context (cut from the left) and endings such that every context+ending row fits block_size."""
     if not example.endings:
-        raise UserError(f"example {example.index}: no endings")
+        raise UserError(f"{example.name}: no endings")
     if not 0 <= example.label < len(example.endings):
-        raise UserError(f"example {example.index}: label {example.label} is not in 0..{len(example.endings) - 1}")
+        raise UserError(f"{example.name}: label {example.label} is not in 0..{len(example.endings) - 1}")
     if not example.context:
-        raise UserError(f"example {example.index}: empty context (the first ending token needs one to be predicted)")
+        raise UserError(f"{example.name}: empty context (the first ending token needs one to be predicted)")
     longest = max(len(e) for e in example.endings)
     if min(len(e) for e in example.endings) == 0:
-        raise UserError(f"example {example.index}: an ending has no tokens")
+        raise UserError(f"{example.name}: an ending has no tokens")
     if longest > block_size - 1:
-        raise UserError(f"example {example.index}: an ending of {longest} tokens does not fit block_size "
+        raise UserError(f"{example.name}: an ending of {longest} tokens does not fit block_size "
                          f"{block_size} with at least one context token")
     return example.context[-(block_size - longest):], example.endings
 

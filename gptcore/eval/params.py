@@ -5,6 +5,8 @@ from gptcore.params import REQUIRED, Param, Section
 from gptcore.precision import DTYPES
 
 TASKS = ("hellaswag", "cloze")
+# conf/lm_eval or a folder below it, written relative to the project, with no "." or ".." step out of it
+INCLUDE_PATTERN = r"conf/lm_eval(/(?!\.\.?(/|$))[^/]+)*/?"
 
 EVAL = Section("eval", {
     "model": Param(str, "checkpoint", "checkpoint (this run's model/) | gpt2 | path to a Hugging Face GPT-2 folder"),
@@ -30,7 +32,9 @@ EVAL = Section("eval", {
     "lm_eval_fewshot": Param(int, 0, "few-shot examples before each lm-eval question", min=0),
     "lm_eval_limit": Param(int, None, "score the first this many examples of each lm-eval task (null: all)", min=1,
                            also=(None,)),
-    "lm_eval_include": Param(str, None, "a folder of your own lm-eval task YAMLs (null: lm-eval's tasks only)",
-                             also=(None,)),
+    # under conf/lm_eval/, which dvc.yaml lists among evaluate's deps: a changed YAML or !function file reruns it
+    "lm_eval_include": Param(str, None, "a folder of your own lm-eval task YAMLs under conf/lm_eval/ (null: "
+                                        "lm-eval's tasks only)", also=(None,), pattern=INCLUDE_PATTERN,
+                             what="a folder under conf/lm_eval/ (DVC tracks that folder for evaluate)"),
 })
 

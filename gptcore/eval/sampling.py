@@ -28,7 +28,12 @@ def read_prompt(prompt: str) -> str:
         path = Path(prompt[5:])
         if not path.is_file():
             raise UserError(f"prompt file {path} not found (from --prompt {prompt!r})")
-        return path.read_text(encoding="utf-8")
+        data = path.read_bytes()
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:  # worded as fetch's reader words it (not imported: train would depend on fetch)
+            line = data.count(b"\n", 0, e.start) + 1
+            raise UserError(f"{path}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}, line {line})") from None
     return prompt
 
 

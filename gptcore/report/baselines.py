@@ -2,8 +2,10 @@
 
 An entry such as `gpt2_124m` holds a `description` and figures (`val_loss`, `hellaswag_acc_norm`, each with a
 `<figure>_source`); each figure's one name everywhere is `<entry>_<figure>`, e.g. `gpt2_124m_val_loss`.
-An entry may also hold published lm-evaluation-harness figures, `lm_eval: {<task>: {num_fewshot, samples, source,
-<metric>: value, ...}}`, named `<entry>_lm_eval_<task>_<metric>`, e.g. `gpt2_124m_lm_eval_hellaswag_acc_norm`.
+Each figure also states what it was measured on, `<figure>_measured_on` (the keys of MEASURED_ON), which compare
+matches against the run's metrics/measured_on.json.
+An entry may also hold published lm-evaluation-harness figures, `lm_eval: {<task>: {task_from, num_fewshot, samples,
+source, <metric>: value, ...}}`, named `<entry>_lm_eval_<task>_<metric>`, e.g. `gpt2_124m_lm_eval_hellaswag_acc_norm`.
 """
 from __future__ import annotations
 
@@ -17,8 +19,12 @@ from gptcore.errors import UserError
 
 FIGURES = ("val_loss", "hellaswag_acc_norm")
 REQUIRED = {"gpt2_124m": FIGURES}  # the entry every run is set beside
-# what a published lm-eval figure was measured on, besides its metrics (compare needs both to match the run's)
-LM_EVAL_FACTS = ("num_fewshot", "samples", "source")
+# what each figure was measured on: the val split (its data, tokenizer and size rule), the HellaSwag file
+MEASURED_ON = {"val_loss": ("tokenizer", "dataset", "config", "revision", "split_tokens", "val_sha256"),
+               "hellaswag_acc_norm": ("sha256", "examples")}
+# what a published lm-eval figure was measured on, besides its metrics (compare needs both to match the run's);
+# task_from: "lm-eval", the harness's own task of that name
+LM_EVAL_FACTS = ("task_from", "num_fewshot", "samples", "source")
 
 
 def read_baselines(path: str | Path) -> dict[str, dict[str, Any]]:
@@ -47,6 +53,10 @@ def check_baselines(data: dict[str, Any], where: str | Path = "baselines") -> No
             value = body.get(figure)
             if figure in body and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
                 raise UserError(f"{where}: {entry}.{figure} must be a number, got {value!r}")
+            measured = body.get(f"{figure}_measured_on")
+            if figure in body and not (isinstance(measured, dict) and set(MEASURED_ON[figure]) <= set(measured)):
+                raise UserError(f"{where}: {entry}.{figure}_measured_on must say what {figure} was measured on "
+                                f"({', '.join(MEASURED_ON[figure])})")
         _check_lm_eval(body.get("lm_eval"), f"{where}: {entry}.lm_eval")
 
 
@@ -68,6 +78,8 @@ def _check_lm_eval(tasks: Any, where: str) -> None:
                 raise UserError(f"{where}.{task}.{key} must be an integer >= 0 (what the figures were measured on)")
         if not isinstance(figures.get("source"), str) or not figures["source"].strip():
             raise UserError(f"{where}.{task}.source must say where the figures come from")
+        if figures.get("task_from") != "lm-eval":
+            raise UserError(f"{where}.{task}.task_from must be lm-eval (a published figure is of lm-eval's own task)")
         metrics = lm_eval_metrics(figures)
         if not metrics:
             raise UserError(f"{where}.{task} has no metric (e.g. acc_norm: 0.3114)")

@@ -1,55 +1,92 @@
 """Set a run's evaluation metrics beside published reference figures: baseline values and run - baseline deltas.
 
-A delta is written only when the run measured the same thing as the baseline: the same task on the same split
-(HellaSwag: the full 10,042-example val set) and the same data in the same units (val loss: FineWeb-Edu val in
-GPT-2 BPE tokens); for lm-eval figures, the same task, metric, few-shot count and full example set (lm-eval
-scores text, so any tokenizer compares). Otherwise `comparable` says why the delta is absent.
+A delta is written only when the run measured what the baseline measured, as evaluate's metrics/measured_on.json
+records it and conf/baselines.yaml's `<figure>_measured_on` states it: val loss on the same val split (GPT-2 BPE
+tokens of the same dataset and config, split by the same rule, e.g. FineWeb-Edu sample-10BT's first 100M tokens;
+or val shards whose sha256 the baseline lists), HellaSwag on the same file (its sha256) and the full example set;
+for lm-eval figures, lm-eval's own task (not an include folder's of the same name), the same metric, few-shot count
+and full example set (lm-eval scores text, so any tokenizer compares). Otherwise `comparable` says why not.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from gptcore.eval.hellaswag import HELLASWAG_VAL_EXAMPLES
 from gptcore.report.baselines import baseline_values, lm_eval_metrics, lm_eval_values
 
-FINEWEB_EDU = "HuggingFaceFW/fineweb-edu"
 # delta key -> (run figure, baseline entry in conf/baselines.yaml, that entry's figure)
 DELTAS = {
     "val_loss_vs_gpt2": ("val_loss", "gpt2_124m", "val_loss"),
     "hellaswag_acc_norm_vs_gpt2": ("hellaswag_acc_norm", "gpt2_124m", "hellaswag_acc_norm"),
     "hellaswag_acc_norm_vs_gpt3": ("hellaswag_acc_norm", "gpt3_124m", "hellaswag_acc_norm"),
 }
+NO_RECORD = "evaluate recorded nothing of what it measured on (no metrics/measured_on.json): rerun evaluate"
 
 
-def why_not_comparable(figure: str, run: dict[str, Any], data: dict[str, Any]) -> str | None:
-    """None when the run's `figure` was measured as the baselines' was; else the reason, in words."""
-    if data.get("tokenizer") != "gpt2":
-        return f"the run's tokenizer is {data.get('tokenizer')!r}, the baseline's GPT-2 BPE (other units)"
+def why_val_split_differs(split: dict[str, Any], base: dict[str, Any]) -> str | None:
+    """None when the run's val split (measured_on.json's `val_split`) is the baseline's; else the reason."""
+    listed = split.get("val_sha256") and set(split["val_sha256"]) <= set(base["val_sha256"])
+    if listed and split.get("val_tokens") == base["split_tokens"]:
+        return None  # the very tokens the baseline lists, wherever the files came from
+    if split.get("source") == "local":
+        return (f"the run's val split is from local files {split.get('dataset')!r}; a copy compares only when its val "
+                f"shards (sha256 {', '.join(split.get('val_sha256') or [])}) are listed in conf/baselines.yaml "
+                f"val_loss_measured_on.val_sha256")
+    got = (split.get("source"), split.get("dataset"), split.get("config"))
+    if got != ("hub", base["dataset"], base["config"]):
+        return (f"the run's val split is from {got[0]} {got[1]!r} config {got[2]!r}, the baseline's from the hub's "
+                f"{base['dataset']} config {base['config']!r}")
+    if base["revision"] is not None and split.get("revision") != base["revision"]:
+        return f"the run's data is revision {split.get('revision')}, the baseline's {base['revision']}"
+    if split.get("split_tokens") != base["split_tokens"] or split.get("val_tokens") != base["split_tokens"]:
+        return (f"the run's val split is its first {split.get('val_tokens')!r} tokens (tokenize.val_tokens: "
+                f"{split.get('split_tokens')!r}), the baseline's the first {base['split_tokens']:,}")
+    return None
+
+
+def why_not_comparable(figure: str, run: dict[str, Any], measured: dict[str, Any],
+                       base: dict[str, Any]) -> str | None:
+    """None when the run's `figure` was measured on what the baseline's was (`base`: its `_measured_on`), as the
+    run's `measured` (measured_on.json) says; else the reason, in words."""
+    if not measured:
+        return NO_RECORD
+    tokenizer = measured["val_split"].get("tokenizer")
+    if tokenizer != "gpt2":
+        return f"the run's tokenizer is {tokenizer!r}, the baseline's GPT-2 BPE (other units)"
     if figure == "val_loss":
         if run.get("eval", {}).get("val_loss") is None:
             return "the run has no val loss"
-        if data.get("dataset") != FINEWEB_EDU:
-            return f"the run's val split is from {data.get('dataset')!r}, the baseline's from {FINEWEB_EDU} val"
-        return None
+        return why_val_split_differs(measured["val_split"], base)
     if figure == "hellaswag_acc_norm":
         hs = run.get("hellaswag")
         if not hs or hs.get("acc_norm") is None:
             return "the run has no HellaSwag figure (eval.task is not hellaswag)"
-        if hs.get("count") != HELLASWAG_VAL_EXAMPLES:
+        sha = (measured.get("hellaswag") or {}).get("sha256")
+        if sha != base["sha256"]:
+            return (f"the run read HellaSwag from {(measured.get('hellaswag') or {}).get('file')} (sha256 {sha}), "
+                    f"the baseline the official file (sha256 {base['sha256']}; eval.hellaswag_path: null)")
+        if hs.get("count") != base["examples"]:
             return (f"the run scored {hs.get('count')} HellaSwag examples, the baseline the full "
-                    f"{HELLASWAG_VAL_EXAMPLES:,} (eval.max_examples: null)")
+                    f"{base['examples']:,} (eval.max_examples: null)")
         return None
     raise ValueError(f"no comparability rule for {figure!r}")
 
 
-def why_lm_eval_not_comparable(ours: dict[str, Any] | None, task: str, metric: str,
-                               published: dict[str, Any]) -> str | None:
-    """None when the run's lm-eval `task` scored `metric` as the published figure did: the same task name, the same
-    few-shot count and the task's full example set, of the size the baseline reports; else the reason."""
+def why_lm_eval_not_comparable(ours: dict[str, Any] | None, task: str, metric: str, published: dict[str, Any],
+                               source: dict[str, Any] | None) -> str | None:
+    """None when the run's lm-eval `task` scored `metric` as the published figure did: lm-eval's own task of that
+    name (`source`: measured_on.json's record of it), the same few-shot count and the task's full example set, of
+    the size the baseline reports; else the reason."""
     if not ours:
         return f"the run did not score lm-eval task {task} (eval.lm_eval_tasks)"
     if ours.get(metric) is None:
         return f"the run's lm-eval {task} has no {metric}"
+    if source is None:
+        return NO_RECORD
+    if not source:
+        return f"evaluate recorded no source for lm-eval task {task} (metrics/measured_on.json)"
+    if source.get("task_from") != published["task_from"]:
+        return (f"the run's {task} is from {source.get('task_from')} ({source.get('yaml')}), the baseline's is "
+                f"lm-eval's own {task}")
     if ours.get("num_fewshot") != published["num_fewshot"]:
         return (f"the run scored {task} {ours.get('num_fewshot')}-shot, the baseline {published['num_fewshot']}-shot "
                 f"(eval.lm_eval_fewshot)")
@@ -59,9 +96,10 @@ def why_lm_eval_not_comparable(ours: dict[str, Any] | None, task: str, metric: s
     return None
 
 
-def summarize(run: dict[str, Any], baselines: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
-    """The run beside the baselines. `run` is evaluate's eval.json ({"eval": {"val_loss"}, "hellaswag": {"acc_norm", "count"}, ...}); `data` says
-    what the run was evaluated on ({"tokenizer": name, "dataset": the fetched dataset's name}).
+def summarize(run: dict[str, Any], baselines: dict[str, Any], measured: dict[str, Any] | None) -> dict[str, Any]:
+    """The run beside the baselines. `run` is evaluate's eval.json ({"eval": {"val_loss"}, "hellaswag": {"acc_norm",
+    "count"}, ...}); `measured` its measured_on.json (gptcore.eval.measured), what the run was evaluated on ({}
+    or None when evaluate wrote none: no delta).
 
     Returns {"baseline": {"<entry>_<figure>": value}, "delta": {...}, "comparable": {...}}: each delta key names the baseline it subtracts
     (`_vs_gpt2`: OpenAI GPT-2 124M, `_vs_gpt3`: GPT-3 Small); `comparable[key]` names the baseline and says whether
@@ -76,7 +114,7 @@ def summarize(run: dict[str, Any], baselines: dict[str, Any], data: dict[str, An
     for key, (figure, name, base_figure) in DELTAS.items():
         if base_figure not in baselines.get(name, {}):
             continue
-        reason = why_not_comparable(figure, run, data)
+        reason = why_not_comparable(figure, run, measured or {}, baselines[name][f"{base_figure}_measured_on"])
         comparable[key] = {"baseline": name, "comparable": reason is None}
         if reason is None:
             delta[key] = ours[figure] - baselines[name][base_figure]
@@ -84,12 +122,14 @@ def summarize(run: dict[str, Any], baselines: dict[str, Any], data: dict[str, An
             comparable[key]["reason"] = reason
     baseline.update(lm_eval_values(baselines))
     scored = run.get("lm_eval") or {}
+    sources = ((measured or {}).get("lm_eval") or {}).get("tasks") or {}
     if scored:  # lm-eval deltas are explained only for runs that scored lm-eval tasks at all
         for name, body in baselines.items():
             for task, published in (body.get("lm_eval") or {}).items():
                 for metric, value in lm_eval_metrics(published).items():
                     key = f"lm_eval_{task}_{metric}_vs_{name.split('_')[0]}"
-                    reason = why_lm_eval_not_comparable(scored.get(task), task, metric, published)
+                    reason = why_lm_eval_not_comparable(scored.get(task), task, metric, published,
+                                                        sources.get(task, {}) if measured else None)
                     comparable[key] = {"baseline": name, "comparable": reason is None}
                     if reason is None:
                         delta[key] = scored[task][metric] - value

@@ -1,0 +1,46 @@
+"""What evaluate's figures were measured on: metrics/measured_on.json, beside metrics/eval.json.
+
+compare sets a figure beside a published one only when this record matches what conf/baselines.yaml says the
+published figure was measured on. It is an output, not a DVC metric: its counts and hashes are no columns of
+`dvc exp show`.
+
+  val_split  the shards' tokenizer; the fetched data (source, dataset, config, revision); `split_tokens`, the rule
+             that made the val split (tokenize.val_tokens: the first that many tokens); `val_tokens`, what the
+             split holds; `val_sha256`, its shards' hashes (the same tokens, whatever the files were fetched
+             from); `fingerprint`, the manifest's digest over the fetched files' hashes and the tokenize params;
+             `scored_tokens`, eval.val_tokens
+  hellaswag  the file read and its sha256 (eval.task: hellaswag)
+  lm_eval    per task: `task_from` (lm-eval's own YAML, or eval.lm_eval_include's), the YAML and its sha256, its
+             version and dataset; `python`: the include folder's Python files its YAMLs run
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gptcore.data.shards import read_manifest
+from gptcore.eval.harness import Tasks
+from gptcore.eval.hellaswag import hellaswag_file
+
+
+def val_split(shard_dir: str | Path, scored_tokens: int) -> dict[str, Any]:
+    """The identity of `shard_dir`'s val split, from its manifest (see the module docstring)."""
+    m = read_manifest(shard_dir)
+    source = m.get("source") or {}
+    val = [s for s in m["shards"] if s["split"] == "val"]
+    return {"tokenizer": (m.get("tokenizer") or {}).get("name"), "source": source.get("source"),
+            "dataset": source.get("name"), "config": source.get("config"), "revision": source.get("revision"),
+            "split_tokens": (m.get("params") or {}).get("val_tokens"), "val_tokens": sum(s["tokens"] for s in val),
+            "val_sha256": [s.get("sha256") for s in val], "fingerprint": m.get("fingerprint"),
+            "scored_tokens": scored_tokens}
+
+
+def measured_on(p: dict[str, Any], shard_dir: str | Path, lm_tasks: Tasks | None,
+                hellaswag_dir: str | Path = "data/hellaswag") -> dict[str, Any]:
+    """The record for an `eval:` section `p` (validated), made before any pass, once the data has been read."""
+    record: dict[str, Any] = {"val_split": val_split(shard_dir, p["val_tokens"])}
+    if p["task"] == "hellaswag":
+        record["hellaswag"] = hellaswag_file(p["hellaswag_path"], hellaswag_dir)
+    if lm_tasks is not None:
+        record["lm_eval"] = {"tasks": lm_tasks.sources, "python": [str(f) for f in lm_tasks.python]}
+    return record
