@@ -174,13 +174,17 @@ class WrapsAround:
 def test_token_id_beyond_dtype_is_an_error_and_finished_shards_stay(tmp_path):
     docs = ["abcdefghij"] * 200 + ["poison"] + ["abc"] * 10
     raw = make_raw(tmp_path, docs)
-    with pytest.raises(ValueError, match=r"token id 70000 in document 200 does not fit uint16"):
+    with pytest.raises(S.CannotFinish, match=r"token id 70000 in document 200 does not fit uint16"):
         E.write_shards(open_corpus(raw), tmp_path / "shards", WrapsAround(), shard_tokens=500, val_tokens=0,
                        workers=2, progress=False, task_bytes=100)
     m = S.read_manifest(tmp_path / "shards")
-    assert not m["complete"] and len(m["shards"]) == 4  # 200 docs x 11 tokens = 2200 tokens = 4 full shards
+    # 200 docs x 11 tokens = 2200 tokens = 4 full shards; those published before the failure stay (the last may
+    # still have been assembling: a failure publishes nothing more, so the manifest stays a prefix of the run)
+    n = len(m["shards"])
+    assert not m["complete"] and 1 <= n <= 4 and [s["name"] for s in m["shards"]] == [S.shard_name("train", i)
+                                                                                     for i in range(n)]
     assert S.verify(tmp_path / "shards") == [f"{tmp_path / 'shards' / 'manifest.json'}: the tokenize run has not "
-                                             f"finished (4 shards so far)"]
+                                             f"finished ({n} shards so far)"]
     assert not list((tmp_path / "shards").glob(".*tmp"))
 
 
@@ -237,19 +241,19 @@ def test_new_params_never_destroy_finished_shards_before_the_new_run_is_complete
     assert {p.name: p.read_bytes() for p in (tmp_path / "shards").iterdir()} == before
     assert S.read_manifest(tmp_path / "shards") == m1 and not (E.staged_dir(tmp_path / "shards")).exists()
     # a new run killed half way resumes beside it and replaces the old one only when complete
-    real_close, calls = S.ShardWriter._close, []
+    real_publish, calls = S.ShardWriter._publish, []
 
-    def close_then_die(self, nxt):
-        real_close(self, nxt)
+    def publish_then_die(self, *a):
+        real_publish(self, *a)
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(S.ShardWriter, "_close", close_then_die)
+    monkeypatch.setattr(S.ShardWriter, "_publish", publish_then_die)
     new = {**cfg, "shard_tokens": 15_000}
     with pytest.raises(KeyboardInterrupt):
         E.tokenize(raw, tmp_path / "shards", new, progress=False)
-    monkeypatch.setattr(S.ShardWriter, "_close", real_close)
+    monkeypatch.setattr(S.ShardWriter, "_publish", real_publish)
     assert {p.name: p.read_bytes() for p in (tmp_path / "shards").iterdir() if p.is_file()} == before
     assert len(S.read_manifest(E.staged_dir(tmp_path / "shards"))["shards"]) == 2
     m2 = E.tokenize(raw, tmp_path / "shards", new, progress=False)
@@ -262,19 +266,19 @@ def test_interrupted_run_resumes_byte_identical(tmp_path, corpus_docs, monkeypat
     raw = make_raw(tmp_path, corpus_docs)
     cfg = {"tokenizer": "char", "shard_tokens": 20_000, "val_tokens": 30_000, "workers": 2}
     E.tokenize(raw, tmp_path / "ref", cfg, progress=False)
-    real_close = S.ShardWriter._close
+    real_publish = S.ShardWriter._publish
     calls = []
 
-    def close_then_die(self, nxt):
-        real_close(self, nxt)
+    def publish_then_die(self, *a):
+        real_publish(self, *a)
         calls.append(1)
         if len(calls) == 3:
             raise KeyboardInterrupt  # as if the run were stopped right after its third shard
 
-    monkeypatch.setattr(S.ShardWriter, "_close", close_then_die)
+    monkeypatch.setattr(S.ShardWriter, "_publish", publish_then_die)
     with pytest.raises(KeyboardInterrupt):
         E.tokenize(raw, tmp_path / "shards", cfg, progress=False)
-    monkeypatch.setattr(S.ShardWriter, "_close", real_close)
+    monkeypatch.setattr(S.ShardWriter, "_publish", real_publish)
     done = {p.name: p.stat().st_ino for p in (tmp_path / "shards").glob("*.npy")}
     assert len(done) == 3 and not S.read_manifest(tmp_path / "shards")["complete"]
     E.tokenize(raw, tmp_path / "shards", {**cfg, "workers": 1}, progress=False)
