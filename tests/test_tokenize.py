@@ -236,7 +236,7 @@ def test_new_params_never_destroy_finished_shards_before_the_new_run_is_complete
     m1 = E.tokenize(raw, tmp_path / "shards", cfg, progress=False)
     before = {p.name: p.read_bytes() for p in (tmp_path / "shards").iterdir()}
     # val_tokens larger than the corpus is refused: the finished run is untouched
-    with pytest.raises(ValueError, match="fewer than tokenize.val_tokens=100,000,000"):
+    with pytest.raises(S.CannotFinish, match="fewer than tokenize.val_tokens=100,000,000"):
         E.tokenize(raw, tmp_path / "shards", {**cfg, "val_tokens": 100_000_000}, progress=False)
     assert {p.name: p.read_bytes() for p in (tmp_path / "shards").iterdir()} == before
     assert S.read_manifest(tmp_path / "shards") == m1 and not (E.staged_dir(tmp_path / "shards")).exists()
@@ -324,17 +324,17 @@ BASE = {"tokenizer": "gpt2", "val_tokens": 100}
 
 def test_bad_params_and_too_small_corpus(tmp_path, corpus_docs):
     raw = make_raw(tmp_path, corpus_docs[:20])
-    with pytest.raises(ValueError, match="tokenize.tokenizer=None: required"):
+    with pytest.raises(UserError, match="tokenize.tokenizer=None: required"):
         E.tokenize(raw, tmp_path / "s", {"val_tokens": 100}, progress=False)
-    with pytest.raises(ValueError, match="tokenize.shard_size=5: unknown param"):
+    with pytest.raises(UserError, match="tokenize.shard_size=5: unknown param"):
         E.tokenize(raw, tmp_path / "s", {**BASE, "shard_size": 5}, progress=False)
-    with pytest.raises(ValueError, match="tokenize.workers=-1"):
+    with pytest.raises(UserError, match="tokenize.workers=-1"):
         E.tokenize(raw, tmp_path / "s", {**BASE, "workers": -1}, progress=False)
-    with pytest.raises(ValueError, match="tokenize.shard_tokens='big'"):
+    with pytest.raises(UserError, match="tokenize.shard_tokens='big'"):
         E.tokenize(raw, tmp_path / "s", {**BASE, "shard_tokens": "big"}, progress=False)
     with pytest.raises(UserError, match="tokenize.tokenizer='nope.json'"):
         E.tokenize(raw, tmp_path / "s", {**BASE, "tokenizer": "nope.json"}, progress=False)
-    with pytest.raises(ValueError, match="fewer than tokenize.val_tokens=1,000,000"):
+    with pytest.raises(S.CannotFinish, match="fewer than tokenize.val_tokens=1,000,000"):
         E.tokenize(raw, tmp_path / "s", {**BASE, "val_tokens": 1_000_000, "workers": 1}, progress=False)
     assert not list((tmp_path / "s").glob("*.npy")) and not list((tmp_path / "s").glob(".*tmp"))
     with pytest.raises(UserError, match="run the fetch stage first"):
@@ -383,11 +383,11 @@ def test_val_tokens_beyond_the_corpus_is_refused_before_any_pass(tmp_path, corpu
 
     monkeypatch.setattr(E, "prepare_tokenizer", no_pass)
     for spec in ("gpt2", "char", "bpe"):
-        with pytest.raises(ValueError, match=f"at most {bound:,} tokens .*fewer than tokenize.val_tokens=10,000,000"):
+        with pytest.raises(S.CannotFinish, match=f"at most {bound:,} tokens .*fewer than tokenize.val_tokens=10,000,000"):
             E.tokenize(raw, tmp_path / "s", {"tokenizer": spec, "val_tokens": 10_000_000}, progress=False)
     assert not (tmp_path / "s").exists() or not list((tmp_path / "s").iterdir())
     # the bound is the whole corpus' bytes plus one end-of-text per document: exactly that many is still refused
-    with pytest.raises(ValueError, match="at most"):
+    with pytest.raises(S.CannotFinish, match="at most"):
         E.check_val_fits(corpus, {"tokenizer": "gpt2", "val_tokens": bound})
     E.check_val_fits(corpus, {"tokenizer": "gpt2", "val_tokens": bound - 1})
 
