@@ -196,10 +196,22 @@ def swap_dir(staged: str | Path, final: str | Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+@contextmanager
+def naming(path: str | Path) -> Iterator[None]:
+    """Give an OSError raised inside that names no file (a read or an fsync of an open file) the name `path`, so
+    that the line or traceback the stage prints says which file failed."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None:
+            e.filename = str(path)
+        raise
+
+
 def file_sha256(path: str | Path) -> str:
     """sha256 hex digest of a file, read in 4 MiB blocks (shards are 200 MB)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with naming(path), open(path, "rb") as f:
         while block := f.read(1 << 22):
             h.update(block)
     return h.hexdigest()

@@ -8,6 +8,7 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -304,6 +305,36 @@ def test_an_io_error_reading_a_finished_shard_touches_nothing(tmp_path, monkeypa
         n: v for n, v in before[where].items() if n != S.MANIFEST}  # every file kept, untouched
     listed = S.read_manifest(where)["shards"]
     assert listed[:5] == json.loads(before[where][S.MANIFEST][1])["shards"] and len(listed) == len(names)
+    assert_one_rerun_finishes(raw, tmp_path / "shards", want)
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace for a real I/O error")
+@pytest.mark.parametrize("target", ["manifest", "staged shard"])
+def test_a_real_eio_stops_the_stage_with_every_file_in_place(tmp_path, monkeypatch, ref, target):
+    """A real EIO (strace injects it into every read of one file) in the stage: the manifest of an unfinished run,
+    or a finished shard of a staged run when the final check rereads it (the old code called that shard damaged
+    and deleted the whole staged run)."""
+    raw, want, names = ref
+    if target == "staged shard":
+        E.tokenize(raw, tmp_path / "shards", {**CFG, "shard_tokens": 9000}, progress=False)
+    stopped_run(raw, tmp_path / "shards", monkeypatch)
+    where = E.staged_dir(tmp_path / "shards") if target == "staged shard" else tmp_path / "shards"
+    bad = where / (S.MANIFEST if target == "manifest" else names[1])
+    before = files(where)
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from gptcore.process import stage_lifetime; "
+            f"from gptcore.data.tokenize import tokenize\nwith stage_lifetime('tokenize'): "
+            f"tokenize({str(raw)!r}, {str(tmp_path / 'shards')!r}, {CFG!r}, progress=False)")
+    r = subprocess.run(["strace", "-f", "-o", "/dev/null", "-e", "inject=read:error=EIO", "-P", str(bad),
+                        sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    if "ptrace" in r.stderr and "Input/output error" not in r.stderr:
+        pytest.skip(f"strace cannot trace here: {r.stderr.strip()[:200]}")
+    # one line or a traceback (EIO is no mistake of the user's), naming the file either way
+    assert r.returncode == 1 and "Input/output error" in r.stderr and str(bad) in r.stderr, r.stderr[-2000:]
+    after = files(where)
+    assert {n: after.get(n) for n in before if n != S.MANIFEST} == {n: v for n, v in before.items()
+                                                                     if n != S.MANIFEST}
+    if target == "manifest":
+        assert after == before
     assert_one_rerun_finishes(raw, tmp_path / "shards", want)
 
 

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
-from gptcore.atomic import TMP_SUFFIX, file_sha256, json_sha256, publish, temp_beside, write_json
+from gptcore.atomic import TMP_SUFFIX, file_sha256, json_sha256, naming, publish, temp_beside, write_json
 from gptcore.errors import UserError
 
 MANIFEST = "manifest.json"
@@ -90,7 +90,8 @@ def read_manifest(shard_dir: str | Path, require: tuple[str, ...] = SHARD_KEYS) 
     if not path.is_file():
         raise ManifestMissing(f"{path}: no manifest; run the tokenize stage")
     try:
-        m = json.loads(path.read_text(encoding="utf-8"))
+        with naming(path):
+            m = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError: a truncated or foreign file
         raise CorruptManifest(f"{path}: not valid JSON ({e})") from None
     if not isinstance(m, dict):
@@ -162,14 +163,15 @@ def load_tokens(path: str | Path) -> np.ndarray:
     corrupt or not a token array, a UserError if it is missing (any other OSError is left as it is)."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with naming(path), open(path, "rb") as f:
             magic = f.read(6)
     except FileNotFoundError:
         raise UserError(f"{path}: cannot read shard (no such file); rerun the tokenize stage") from None
     if magic != b"\x93NUMPY":
         raise CorruptShard(f"{path}: not a .npy file (bad magic bytes {magic!r}); the shard is corrupt")
     try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        with naming(path):
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, EOFError) as e:  # a header numpy cannot parse, or fewer bytes than it promises
         raise CorruptShard(f"{path}: corrupt or truncated shard ({e})") from None
     if arr.ndim != 1 or arr.dtype.newbyteorder("<") not in (np.dtype("<u2"), np.dtype("<u4")):
