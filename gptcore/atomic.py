@@ -171,8 +171,8 @@ def staged_dir(final: str | Path) -> Path:
     staged = final.parent / f".{final.name}.next"
     if staged.is_symlink():
         raise LinkedFolder(f"{staged} is a symbolic link (to {os.readlink(staged)}) where {final}'s next version is "
-                           f"built (an older gptcore moved a link that stood at {final} there): remove it (rm {staged}: "
-                           f"what it points to stays) and rerun")
+                           f"built (an older gptcore moved a link that stood at {final} there): remove it "
+                           f"(rm {staged}: what it points to stays) and rerun")
     return staged
 
 

@@ -113,7 +113,7 @@ def _manifest_problem(m: dict) -> str | None:
     """What is wrong with the type of a manifest field that is present (None: nothing), so that a hand-edited or
     damaged manifest is refused naming the field rather than failing deep in the reader."""
     if "shards" in m and m.get("format") != FORMAT:  # a model folder's manifest has no shards and its own fields
-        return f"format {m.get('format')!r}: this gptcore reads shard format {FORMAT} (a newer or older gptcore wrote it)"
+        return f"format {m.get('format')!r}: this gptcore reads shard format {FORMAT} (another gptcore wrote it)"
     if "dtype" in m and m["dtype"] not in ("uint16", "uint32"):
         return f"dtype {m['dtype']!r}: must be uint16 or uint32"
     for key in ("vocab_size", "eot", "shard_tokens", "val_tokens"):
@@ -433,8 +433,8 @@ class ShardWriter:
         for i, s in enumerate(listed):
             split, index, cap = self._current()
             path = self.dir / s["name"]
-            if s["name"] != shard_name(split, index) or (s["tokens"] != cap and i < len(listed) - 1) \
-                    or not path.is_file():
+            short = s["tokens"] < cap and i < len(listed) - 1  # only the run's last shard may be short
+            if s["name"] != shard_name(split, index) or s["tokens"] > cap or short or not path.is_file():
                 break  # rewrite from this one on
             want = NPY_HEADER_BYTES + s["tokens"] * self.dtype.itemsize
             if path.stat().st_size != want:
@@ -566,12 +566,12 @@ class ShardWriter:
             raise RuntimeError(f"the stream ended at document {self._expect_doc} of {documents}")
         if self.pos < self.val_tokens:
             self.abort()
-            raise CannotFinish(f"the corpus has {self.pos:,} tokens, fewer than tokenize.val_tokens={self.val_tokens:,}; "
-                             f"lower val_tokens")
+            raise CannotFinish(f"the corpus has {self.pos:,} tokens, fewer than "
+                               f"tokenize.val_tokens={self.val_tokens:,}; lower val_tokens")
         if self.pos == self.val_tokens:
             self.abort()
-            raise CannotFinish(f"the corpus has {self.pos:,} tokens, all taken by tokenize.val_tokens={self.val_tokens:,}; "
-                             f"nothing is left for train: lower val_tokens")
+            raise CannotFinish(f"the corpus has {self.pos:,} tokens, all taken by "
+                               f"tokenize.val_tokens={self.val_tokens:,}; nothing is left for train: lower val_tokens")
         if self._open and self._in_shard:
             self._close((documents, 0))
         self._drain(wait=True)

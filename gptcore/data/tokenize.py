@@ -102,8 +102,8 @@ def encode_documents(tok: Tokenizer, docs: list[str] | list[bytes], dtype: np.dt
     if flat.size and (int(flat.max()) > limit or (flat.dtype.kind == "i" and int(flat.min()) < 0)):
         bad = int(np.argmax((flat > limit) | (flat < 0)))
         doc = first_doc + int(np.searchsorted(np.cumsum(lengths), bad, side="right"))
-        raise shards.CannotFinish(f"tokenizer {tok.name}: token id {int(flat[bad])} in document {doc} does not fit {dtype} "
-                         f"(vocab_size {tok.vocab_size}); the tokenizer's vocab_size is wrong")
+        raise shards.CannotFinish(f"tokenizer {tok.name}: token id {int(flat[bad])} in document {doc} does not fit "
+                                  f"{dtype} (vocab_size {tok.vocab_size}); the tokenizer's vocab_size is wrong")
     starts = np.zeros(len(docs), dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
     return flat.astype(dtype, copy=False), starts
@@ -273,8 +273,9 @@ def check_val_fits(corpus: Corpus, p: dict) -> None:
         bound += sum(len(d.encode("utf-8")) + 1 for d in docs)
         if bound > p["val_tokens"]:
             return
-    raise shards.CannotFinish(f"the corpus has at most {bound:,} tokens ({corpus.documents:,} documents: their UTF-8 bytes plus "
-                     f"one end-of-text each), fewer than tokenize.val_tokens={p['val_tokens']:,}; lower val_tokens")
+    raise shards.CannotFinish(f"the corpus has at most {bound:,} tokens ({corpus.documents:,} documents: their UTF-8 "
+                              f"bytes plus one end-of-text each), fewer than tokenize.val_tokens={p['val_tokens']:,}; "
+                              f"lower val_tokens")
 
 
 def tokenize(raw_dir: str | Path, shard_dir: str | Path, cfg: dict[str, Any], progress: bool = True) -> dict:
