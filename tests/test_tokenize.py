@@ -3,6 +3,7 @@ every tokenizer kind, uint32 for big vocabularies, resume after kill -9, params 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import random
 import signal
@@ -177,11 +178,13 @@ def test_token_id_beyond_dtype_is_an_error_and_finished_shards_stay(tmp_path):
     with pytest.raises(S.CannotFinish, match=r"token id 70000 in document 200 does not fit uint16"):
         E.write_shards(open_corpus(raw), tmp_path / "shards", WrapsAround(), shard_tokens=500, val_tokens=0,
                        workers=2, progress=False, task_bytes=100)
+    assert not multiprocessing.active_children()  # the workers were killed, not left to write pieces after clean-up
     m = S.read_manifest(tmp_path / "shards")
-    # 200 docs x 11 tokens = 2200 tokens = 4 full shards; those published before the failure stay (the last may
-    # still have been assembling: a failure publishes nothing more, so the manifest stays a prefix of the run)
+    # 200 docs x 11 tokens = 2200 tokens = 4 full shards; those published before the failure stay. A failure
+    # publishes nothing more, so the manifest stays a prefix of the run: a shard whose assembly was still queued
+    # behind the workers' tasks is redone by the rerun (on a loaded machine, all four)
     n = len(m["shards"])
-    assert not m["complete"] and 1 <= n <= 4 and [s["name"] for s in m["shards"]] == [S.shard_name("train", i)
+    assert not m["complete"] and 0 <= n <= 4 and [s["name"] for s in m["shards"]] == [S.shard_name("train", i)
                                                                                      for i in range(n)]
     assert S.verify(tmp_path / "shards") == [f"{tmp_path / 'shards' / 'manifest.json'}: the tokenize run has not "
                                              f"finished ({n} shards so far)"]
@@ -200,10 +203,11 @@ def test_a_killed_worker_is_an_error_not_a_hang(tmp_path):
     with pytest.raises(UserError, match=r"a tokenize worker process died.*after \d finished shards") as e:
         E.write_shards(open_corpus(raw), tmp_path / "shards", DiesOnPoison(), shard_tokens=500, val_tokens=0,
                        workers=2, progress=False, task_bytes=100)
-    # the shards closed before the death are kept (4 when every task before the poisoned one had reported back; the
-    # other worker's task in progress when the pool breaks is lost, so fewer on some runs), intact
+    # the shards published before the death are kept, intact, in sequence (up to 4; those whose assembly was queued
+    # behind the dying task go with the pool, and the rerun redoes them)
     m = S.read_manifest(tmp_path / "shards")
-    assert 1 <= len(m["shards"]) <= 4 and f"after {len(m['shards'])} finished shards" in str(e.value)
+    assert [s["name"] for s in m["shards"]] == [S.shard_name("train", i) for i in range(len(m["shards"]))]
+    assert len(m["shards"]) <= 4 and f"after {len(m['shards'])} finished shards" in str(e.value)
     assert S.check_files(tmp_path / "shards", m, full=True) == [] and not list((tmp_path / "shards").glob(".*tmp"))
 
 

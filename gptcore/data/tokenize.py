@@ -155,8 +155,8 @@ def _start_pool(workers: int, tok: Tokenizer, dtype: np.dtype) -> ProcessPoolExe
 def _stop_pool(pool: ProcessPoolExecutor) -> None:
     """Interrupted or failed: cancel what has not started and kill the workers at once (what they hold is a task in
     progress, worth nothing), waiting until they are gone so that none writes a piece after the clean-up."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # taken first: shutdown forgets them
     pool.shutdown(wait=False, cancel_futures=True)
-    procs = list((getattr(pool, "_processes", None) or {}).values())
     for proc in procs:
         if proc.is_alive():
             proc.kill()
