@@ -160,7 +160,7 @@ def refuse_link(final: str | Path, what: str, why: str = "the folder it points t
     if final.is_symlink():
         raise LinkedFolder(f"{final} is a symbolic link (to {os.readlink(final)}): {what} writes no folder through a "
                            f"link or over one ({why}); remove the link (rm {final}: what it points to stays) to "
-                           f"write a local {final.name}, or point it at a folder made with these params")
+                           f"write a local {final}, or point it at a folder made with these params")
 
 
 def staged_dir(final: str | Path) -> Path:
