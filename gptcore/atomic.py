@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-from gptcore.errors import disk_error
+from gptcore.errors import UserError, disk_error
 
 TMP_SUFFIX = ".tmp"  # every temp name is hidden (a leading dot) and ends so: a killed run's leftovers are recognisable
 
@@ -149,18 +149,40 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(a))
 
 
+class LinkedFolder(UserError):
+    """An output folder that is a symbolic link: writing through it would change what it points to (often shared
+    with other projects), and swapping a folder in would replace the link itself."""
+
+
+def refuse_link(final: str | Path, what: str, why: str = "the folder it points to may be shared") -> None:
+    """LinkedFolder naming `final` and what to do, if `final` is a symbolic link (a dangling one included)."""
+    final = Path(final)
+    if final.is_symlink():
+        raise LinkedFolder(f"{final} is a symbolic link (to {os.readlink(final)}): {what} writes no folder through a "
+                           f"link or over one ({why}); remove the link (rm {final}: what it points to stays) to "
+                           f"write a local {final}, or point it at a folder made with these params")
+
+
 def staged_dir(final: str | Path) -> Path:
     """Where a new version of the folder `final` is built while the old one stays: a hidden folder beside it (not in
-    it: the two are exchanged by swap_dir as one unit when the new one is complete)."""
+    it: the two are exchanged by swap_dir as one unit when the new one is complete). A symbolic link at that name is
+    refused (LinkedFolder): an older swap_dir left there the user's link that stood at `final`."""
     final = Path(final)
-    return final.parent / f".{final.name}.next"
+    staged = final.parent / f".{final.name}.next"
+    if staged.is_symlink():
+        raise LinkedFolder(f"{staged} is a symbolic link (to {os.readlink(staged)}) where {final}'s next version is "
+                           f"built (an older gptcore moved a link that stood at {final} there): remove it "
+                           f"(rm {staged}: what it points to stays) and rerun")
+    return staged
 
 
 def swap_dir(staged: str | Path, final: str | Path) -> None:
     """Put the complete folder `staged` at `final` as one unit, after fsyncing everything in it; the old `final`
     (if any) is deleted. On Linux the two folders are exchanged in one rename, so a reader or a kill sees the old
-    folder or the new one; elsewhere the old one is renamed aside first (a kill in between leaves no `final`)."""
+    folder or the new one; elsewhere the old one is renamed aside first (a kill in between leaves no `final`).
+    A `final` that is a symbolic link is refused (LinkedFolder), before anything moves."""
     staged, final = Path(staged), Path(final)
+    refuse_link(final, "gptcore")
     _sync_tree(staged)
     if final.exists() and _exchange(staged, final):
         old = staged  # the exchange put the old folder where the staged one was
@@ -174,10 +196,22 @@ def swap_dir(staged: str | Path, final: str | Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+@contextmanager
+def naming(path: str | Path) -> Iterator[None]:
+    """Give an OSError raised inside that names no file (a read or an fsync of an open file) the name `path`, so
+    that the line or traceback the stage prints says which file failed."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None:
+            e.filename = str(path)
+        raise
+
+
 def file_sha256(path: str | Path) -> str:
     """sha256 hex digest of a file, read in 4 MiB blocks (shards are 200 MB)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with naming(path), open(path, "rb") as f:
         while block := f.read(1 << 22):
             h.update(block)
     return h.hexdigest()

@@ -13,6 +13,7 @@ from test_tokenize import make_raw, synthetic_docs
 from gptcore.data import shards as S
 from gptcore.data import tokenize as E
 from gptcore.data.loader import TokenLoader
+from gptcore.errors import UserError
 from gptcore.eval.val_loss import first_tokens
 
 PARAMS = {"tokenizer": "gpt2", "shard_tokens": 3000, "val_tokens": 3000, "workers": 1}
@@ -36,10 +37,10 @@ def tokenized(tmp_path):
 def test_tokenize_rereads_finished_shards_and_refuses_flipped_bytes(tokenized):
     raw, shards = tokenized
     flip_one_token(shards / "train_000000.npy")
-    with pytest.raises(ValueError, match=r"train_000000\.npy: sha256 does not match the manifest.*not complete"):
+    with pytest.raises(UserError, match=r"train_000000\.npy: sha256 does not match the manifest.*not complete"):
         E.tokenize(raw, shards, PARAMS, progress=False)
     assert S.read_manifest(shards)["complete"] is False  # so train and evaluate refuse it too
-    with pytest.raises(ValueError, match="complete: false"):
+    with pytest.raises(UserError, match="complete: false"):
         S.open_split(shards, "train")
     # the advice works: delete the named shard, rerun, and the same bytes come back
     (shards / "train_000000.npy").unlink()
@@ -50,7 +51,7 @@ def test_tokenize_rereads_finished_shards_and_refuses_flipped_bytes(tokenized):
 def test_tokenize_refuses_to_report_complete_over_a_foreign_shard(tokenized):
     raw, shards = tokenized
     np.save(shards / "train_000077.npy", np.zeros(10, np.uint16))
-    with pytest.raises(ValueError, match=r"train_000077\.npy: shard file not listed in the manifest"):
+    with pytest.raises(UserError, match=r"train_000077\.npy: shard file not listed in the manifest"):
         E.tokenize(raw, shards, PARAMS, progress=False)
     assert S.read_manifest(shards)["complete"] is False
 
@@ -63,20 +64,20 @@ def test_open_split_refuses_each_damage_naming_the_file(tokenized):
     truncated = shards / "train_000001.npy"
     good = truncated.read_bytes()
     truncated.write_bytes(good[:-6])
-    with pytest.raises(ValueError, match=r"train_000001\.npy: .* bytes, the manifest's .* truncated"):
+    with pytest.raises(UserError, match=r"train_000001\.npy: .* bytes, the manifest's .* truncated"):
         S.open_split(shards, "val")  # the whole folder is checked, whichever split is asked for
     truncated.write_bytes(good)
 
     np.save(shards / "train_000099.npy", np.zeros(4000, np.uint16))
-    with pytest.raises(ValueError, match=r"train_000099\.npy: shard file not listed in the manifest"):
+    with pytest.raises(UserError, match=r"train_000099\.npy: shard file not listed in the manifest"):
         S.open_split(shards, "train")
     (shards / "train_000099.npy").unlink()
 
     (shards / "manifest.json").write_text(json.dumps(dict(manifest, complete=False)))
-    with pytest.raises(ValueError, match=r"manifest\.json: complete: false, the tokenize run has not finished"):
+    with pytest.raises(UserError, match=r"manifest\.json: complete: false, the tokenize run has not finished"):
         S.open_split(shards, "train")
     (shards / "manifest.json").write_text(json.dumps(dict(manifest, dtype="uint32")))
-    with pytest.raises(ValueError, match=r"val_000000\.npy: .* bytes, the manifest's .* uint32 tokens"):
+    with pytest.raises(UserError, match=r"val_000000\.npy: .* bytes, the manifest's .* uint32 tokens"):
         S.open_split(shards, "train")
     (shards / "manifest.json").write_text(json.dumps(manifest))
     assert len(S.open_split(shards, "train")) == len(manifest["shards"]) - 1
@@ -88,11 +89,11 @@ def test_an_id_outside_the_vocabulary_names_shard_and_offset(tmp_path):
     np.save(tmp_path / "train_000000.npy", tokens)
     path = tmp_path / "train_000000.npy"
     loader = TokenLoader([path], micro_batch=2, block_size=16, step_tokens=64, vocab_size=100)
-    with pytest.raises(ValueError, match=r"train_000000\.npy: token id 150 at token offset 1,234 is outside the "
+    with pytest.raises(UserError, match=r"train_000000\.npy: token id 150 at token offset 1,234 is outside the "
                                          r"vocabulary \(vocab_size 100\)"):
         for _ in range(40):
             loader.next_batch()
-    with pytest.raises(ValueError, match=r"train_000000\.npy: token id 150 at token offset 1,234"):
+    with pytest.raises(UserError, match=r"train_000000\.npy: token id 150 at token offset 1,234"):
         first_tokens([path], 1500, vocab_size=100)
     assert len(first_tokens([path], 1200, vocab_size=100)) == 1200
 

@@ -1,9 +1,11 @@
 """Shard files: .npy format, the writer's exact sizes and resume points, the reader's errors, list_shards, verify."""
 from __future__ import annotations
 
+import errno
 import io
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,16 +101,16 @@ def test_writer_keeps_a_finished_shard_the_manifest_missed(tmp_path):
     assert again["shards"] == m["shards"] and (tmp_path / "train_000001.npy").stat().st_ino == ino
     # ... but refuses to overwrite a finished shard with different content
     (tmp_path / "train_000001.npy").write_bytes(S.npy_header(np.dtype(np.uint16), 20) + bytes(40))
-    with pytest.raises(ValueError, match=r"train_000001\.npy: a finished shard with different content"):
+    with pytest.raises(UserError, match=r"train_000001\.npy: a finished shard with different content"):
         write(tmp_path, lengths, 20, 0, resume=partial)
     assert (tmp_path / "train_000001.npy").read_bytes()[128:] == bytes(40)
 
 
 def test_writer_errors_on_bad_sizes(tmp_path):
-    with pytest.raises(ValueError, match="fewer than tokenize.val_tokens=1,000"):
+    with pytest.raises(S.CannotFinish, match="fewer than tokenize.val_tokens=1,000"):
         write(tmp_path, [5, 5], 20, 1000)
     assert not list(tmp_path.glob("*.npy")) and not list(tmp_path.glob(".*tmp"))
-    with pytest.raises(ValueError, match="nothing is left for train"):
+    with pytest.raises(S.CannotFinish, match="nothing is left for train"):
         write(tmp_path, [4, 4], 20, 10)
     # sizes are the tokenize schema's to refuse (tests/test_params.py); the writer only asserts them
     with pytest.raises(AssertionError):
@@ -124,27 +126,27 @@ def test_load_tokens_reports_bad_files(tmp_path):
     assert isinstance(arr, np.memmap) and arr.dtype == np.uint16 and arr[-1] == 99
     trunc = tmp_path / "trunc.npy"
     trunc.write_bytes(good.read_bytes()[:-10])
-    with pytest.raises(ValueError, match=r"trunc\.npy: corrupt or truncated"):
+    with pytest.raises(S.CorruptShard, match=r"trunc\.npy: corrupt or truncated"):
         S.load_tokens(trunc)
     longer = tmp_path / "longer.npy"
     longer.write_bytes(good.read_bytes() + b"xx")
-    with pytest.raises(ValueError, match=r"longer\.npy: 330 bytes on disk, the header promises 328"):
+    with pytest.raises(S.CorruptShard, match=r"longer\.npy: 330 bytes on disk, the header promises 328"):
         S.load_tokens(longer)
     junk = tmp_path / "junk.npy"
     junk.write_bytes(b"hello world" * 20)
-    with pytest.raises(ValueError, match=r"junk\.npy: not a \.npy file"):
+    with pytest.raises(S.CorruptShard, match=r"junk\.npy: not a \.npy file"):
         S.load_tokens(junk)
     empty = tmp_path / "empty.npy"
     empty.write_bytes(b"")
-    with pytest.raises(ValueError, match=r"empty\.npy: not a \.npy file"):
+    with pytest.raises(S.CorruptShard, match=r"empty\.npy: not a \.npy file"):
         S.load_tokens(empty)
     np.save(tmp_path / "f.npy", np.zeros(4, np.float32))
-    with pytest.raises(ValueError, match=r"f\.npy: holds a 1-D float32 array"):
+    with pytest.raises(S.CorruptShard, match=r"f\.npy: holds a 1-D float32 array"):
         S.load_tokens(tmp_path / "f.npy")
     np.save(tmp_path / "m.npy", np.zeros((2, 2), np.uint16))
-    with pytest.raises(ValueError, match=r"m\.npy: holds a 2-D uint16 array"):
+    with pytest.raises(S.CorruptShard, match=r"m\.npy: holds a 2-D uint16 array"):
         S.load_tokens(tmp_path / "m.npy")
-    with pytest.raises(ValueError, match=r"missing\.npy: cannot read shard"):
+    with pytest.raises(UserError, match=r"missing\.npy: cannot read shard"):
         S.load_tokens(tmp_path / "missing.npy")
 
 
@@ -171,11 +173,72 @@ def test_read_manifest_errors(tmp_path):
     with pytest.raises(UserError, match="no manifest"):
         S.read_manifest(tmp_path)
     (tmp_path / "manifest.json").write_text("{oops", encoding="utf-8")
-    with pytest.raises(ValueError, match="not valid JSON"):
+    with pytest.raises(S.CorruptManifest, match="not valid JSON"):
         S.read_manifest(tmp_path)
     (tmp_path / "manifest.json").write_text(json.dumps({"tokenizer": {}}), encoding="utf-8")
-    with pytest.raises(ValueError, match="missing key 'vocab_size'"):
+    with pytest.raises(S.CorruptManifest, match="missing key 'vocab_size'"):
         S.read_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_bytes(b'{"tokenizer": "\xff\xfe"}')  # not UTF-8: a foreign file
+    with pytest.raises(S.CorruptManifest, match="not valid JSON"):
+        S.read_manifest(tmp_path)
+
+
+def test_a_manifest_of_another_format_is_refused_not_guessed_at(tmp_path):
+    m = write(tmp_path, [5, 12, 0, 7, 30], 20, 0)
+    for other in (2, None):
+        (tmp_path / "manifest.json").write_text(json.dumps({k: v for k, v in dict(m, format=other).items()
+                                                            if v is not None}), encoding="utf-8")
+        with pytest.raises(S.CorruptManifest, match=f"format {other!r}: this gptcore reads shard format 1"):
+            S.read_manifest(tmp_path)
+    # a model folder's manifest (a tokenizer, no shards) has no shard format to check
+    (tmp_path / "manifest.json").write_text(json.dumps({"tokenizer": {"name": "t"}, "format": 7}))
+    assert S.read_manifest(tmp_path, require=("tokenizer",))["format"] == 7
+
+
+def test_an_io_error_is_no_corruption(tmp_path, monkeypatch):
+    """EIO reading a shard or the manifest keeps its OSError: only what is recognised as damage is a CorruptShard
+    (which check_shard reports as a problem, and tokenize's check turns into "delete the damaged file")."""
+    m = write(tmp_path, [5, 12, 0, 7, 30], 20, 0)
+    real_open, real_read_text = open, Path.read_text
+
+    def eio_open(path, *a, **k):
+        if Path(path).name == "train_000001.npy":
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return real_open(path, *a, **k)
+
+    def eio_read_text(self, *a, **k):
+        if self.name == "manifest.json":
+            raise OSError(errno.EIO, "Input/output error", str(self))
+        return real_read_text(self, *a, **k)
+
+    monkeypatch.setattr(S, "open", eio_open, raising=False)
+    monkeypatch.setattr(Path, "read_text", eio_read_text)
+    for call in (lambda: S.load_tokens(tmp_path / "train_000001.npy"),
+                 lambda: S.check_shard(tmp_path, "uint16", 9, m["shards"][1]),
+                 lambda: S.read_manifest(tmp_path), lambda: S.verify(tmp_path)):
+        with pytest.raises(OSError) as e:
+            call()
+        assert e.value.errno == errno.EIO and not isinstance(e.value, UserError)
+
+
+def test_writer_resumes_a_manifest_with_a_gap_from_the_gap(tmp_path):
+    """An older gptcore's abort could list shards after one it never recorded: the writer keeps the listed prefix
+    in sequence, rewrites from the gap on, and keeps each later shard whose bytes are already there."""
+    lengths = [5, 12, 0, 7, 30, 3, 3, 3, 20, 1]
+    (tmp_path / "ref").mkdir()
+    ref = write(tmp_path / "ref", lengths, 20, 25)
+    part = tmp_path / "part"
+    part.mkdir()
+    for s in ref["shards"]:
+        (part / s["name"]).write_bytes((tmp_path / "ref" / s["name"]).read_bytes())
+    (part / "train_000000.npy").unlink()
+    gap = dict(ref, complete=False, shards=[s for s in ref["shards"] if s["name"] != "train_000000.npy"])
+    later = {n: (part / n).stat().st_ino for n in ("train_000001.npy", "train_000002.npy")}
+    again = write(part, lengths, 20, 25, resume=gap)
+    assert again["shards"] == ref["shards"] and {n: (part / n).stat().st_ino for n in later} == later
+    # a listed shard shorter than the layout's is out of sequence too, unless it is the last one
+    short = dict(ref, complete=False, shards=[dict(ref["shards"][0], tokens=19)] + ref["shards"][1:])
+    assert S.ShardWriter(part, ref, 20, 25, resume=short).resume_point == (0, 0)
 
 
 def test_verify_and_cli(tmp_path, capsys):

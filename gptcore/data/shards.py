@@ -24,7 +24,7 @@ from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
-from gptcore.atomic import TMP_SUFFIX, file_sha256, json_sha256, publish, temp_beside, write_json
+from gptcore.atomic import TMP_SUFFIX, file_sha256, json_sha256, naming, publish, temp_beside, write_json
 from gptcore.errors import UserError
 
 MANIFEST = "manifest.json"
@@ -32,6 +32,25 @@ FORMAT = 1
 SPLITS = ("val", "train")
 NPY_HEADER_BYTES = 128  # a 1-D .npy v1.0 header padded to 128 bytes, as np.save writes it
 _NAME = re.compile(r"^(val|train)_(\d{6})\.npy$")
+
+
+class ManifestMissing(UserError):
+    """The folder has no manifest.json: no tokenize run wrote it."""
+
+
+class CorruptManifest(UserError):
+    """manifest.json is there but is no manifest this gptcore reads: truncated or not JSON, not an object, a required
+    key missing or of the wrong type, or another format version. The only manifest tokenize may set aside."""
+
+
+class CorruptShard(UserError):
+    """A shard file that is no token array of the size it should be: truncated, padded, not .npy, or another dtype or
+    shape. Never raised for an I/O error while reading it (that keeps its OSError)."""
+
+
+class CannotFinish(UserError):
+    """These params cannot make a complete run of this corpus (val_tokens beyond its tokens, ids beyond the dtype):
+    rerunning them would fail again, so what they wrote is no work worth keeping."""
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
@@ -65,22 +84,24 @@ SHARD_KEYS = ("tokenizer", "vocab_size", "eot", "dtype", "shard_tokens", "shards
 
 def read_manifest(shard_dir: str | Path, require: tuple[str, ...] = SHARD_KEYS) -> dict:
     """shard_dir/manifest.json as a dict holding the `require`d keys (a model/ folder's manifest has only the
-    tokenizer); FileNotFoundError / ValueError naming the file otherwise. The one reader of manifest.json."""
+    tokenizer); ManifestMissing or CorruptManifest naming the file otherwise (an I/O error keeps its OSError).
+    The one reader of manifest.json."""
     path = Path(shard_dir) / MANIFEST
     if not path.is_file():
-        raise UserError(f"{path}: no manifest; run the tokenize stage")
+        raise ManifestMissing(f"{path}: no manifest; run the tokenize stage")
     try:
-        m = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise UserError(f"{path}: not valid JSON ({e})") from None
+        with naming(path):
+            m = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError: a truncated or foreign file
+        raise CorruptManifest(f"{path}: not valid JSON ({e})") from None
     if not isinstance(m, dict):
-        raise UserError(f"{path}: expected a JSON object")
+        raise CorruptManifest(f"{path}: expected a JSON object")
     for key in require:
         if key not in m:
-            raise UserError(f"{path}: missing key {key!r}")
+            raise CorruptManifest(f"{path}: missing key {key!r}")
     problem = _manifest_problem(m)
     if problem:
-        raise UserError(f"{path}: {problem}; rerun the tokenize stage (or restore the file)")
+        raise CorruptManifest(f"{path}: {problem}; rerun the tokenize stage (or restore the file)")
     return m
 
 
@@ -91,6 +112,8 @@ def _is_count(v: object) -> bool:
 def _manifest_problem(m: dict) -> str | None:
     """What is wrong with the type of a manifest field that is present (None: nothing), so that a hand-edited or
     damaged manifest is refused naming the field rather than failing deep in the reader."""
+    if "shards" in m and m.get("format") != FORMAT:  # a model folder's manifest has no shards and its own fields
+        return f"format {m.get('format')!r}: this gptcore reads shard format {FORMAT} (another gptcore wrote it)"
     if "dtype" in m and m["dtype"] not in ("uint16", "uint32"):
         return f"dtype {m['dtype']!r}: must be uint16 or uint32"
     for key in ("vocab_size", "eot", "shard_tokens", "val_tokens"):
@@ -136,26 +159,27 @@ def list_shards(shard_dir: str | Path, split: str) -> list[Path]:
 
 
 def load_tokens(path: str | Path) -> np.ndarray:
-    """A shard as a read-only memory map (1-D uint16/uint32); ValueError naming the file if it is
-    truncated, corrupt or not a token array."""
+    """A shard as a read-only memory map (1-D uint16/uint32); CorruptShard naming the file if it is truncated,
+    corrupt or not a token array, a UserError if it is missing (any other OSError is left as it is)."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with naming(path), open(path, "rb") as f:
             magic = f.read(6)
-    except OSError as e:
-        raise UserError(f"{path}: cannot read shard ({e.strerror})") from None
+    except FileNotFoundError:
+        raise UserError(f"{path}: cannot read shard (no such file); rerun the tokenize stage") from None
     if magic != b"\x93NUMPY":
-        raise UserError(f"{path}: not a .npy file (bad magic bytes {magic!r}); the shard is corrupt")
+        raise CorruptShard(f"{path}: not a .npy file (bad magic bytes {magic!r}); the shard is corrupt")
     try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
-        raise UserError(f"{path}: corrupt or truncated shard ({e})") from None
+        with naming(path):
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, EOFError) as e:  # a header numpy cannot parse, or fewer bytes than it promises
+        raise CorruptShard(f"{path}: corrupt or truncated shard ({e})") from None
     if arr.ndim != 1 or arr.dtype.newbyteorder("<") not in (np.dtype("<u2"), np.dtype("<u4")):
-        raise UserError(f"{path}: holds a {arr.ndim}-D {arr.dtype} array, expected 1-D uint16 or uint32 tokens")
+        raise CorruptShard(f"{path}: holds a {arr.ndim}-D {arr.dtype} array, expected 1-D uint16 or uint32 tokens")
     expected = arr.offset + arr.nbytes
     actual = path.stat().st_size
     if actual != expected:
-        raise UserError(f"{path}: {actual} bytes on disk, the header promises {expected}; the shard is corrupt")
+        raise CorruptShard(f"{path}: {actual} bytes on disk, the header promises {expected}; the shard is corrupt")
     return arr
 
 
@@ -171,7 +195,7 @@ def check_shard(shard_dir: str | Path, dtype: str, eot: int, s: dict, full: bool
                 f"make {want:,}; the shard is truncated or damaged")
     try:
         arr = load_tokens(path)
-    except ValueError as e:
+    except CorruptShard as e:
         return str(e)
     if arr.dtype != np.dtype(dtype):
         return f"{path}: dtype {arr.dtype}, manifest says {dtype}"
@@ -213,7 +237,7 @@ def verify(shard_dir: str | Path) -> list[str]:
     shard_dir = Path(shard_dir)
     try:
         m = read_manifest(shard_dir)
-    except (FileNotFoundError, ValueError) as e:
+    except (ManifestMissing, CorruptManifest) as e:
         return [str(e)]
     problems = []
     if not m.get("complete", False):
@@ -402,24 +426,28 @@ class ShardWriter:
 
     # -- resume -----------------------------------------------------------------------------
     def _adopt(self, old: dict) -> None:
-        """Keep the finished shards of `old` that are on disk at their recorded size."""
-        kept = []
-        for s in old.get("shards", []):
+        """Keep the finished shards of `old` that are on disk at their recorded size, up to the first one missing or
+        out of the layout's sequence: an interrupted older gptcore could list shards after a gap, and what follows
+        a gap is rewritten (each shard whose bytes are already there is kept untouched, see _publish)."""
+        kept, listed = [], old.get("shards", [])
+        for i, s in enumerate(listed):
+            split, index, cap = self._current()
             path = self.dir / s["name"]
-            want = NPY_HEADER_BYTES + s["tokens"] * self.dtype.itemsize
-            if not path.is_file():
+            short = s["tokens"] < cap and i < len(listed) - 1  # only the run's last shard may be short
+            if s["name"] != shard_name(split, index) or s["tokens"] > cap or short or not path.is_file():
                 break  # rewrite from this one on
+            want = NPY_HEADER_BYTES + s["tokens"] * self.dtype.itemsize
             if path.stat().st_size != want:
-                raise UserError(f"{path}: {path.stat().st_size} bytes, the manifest says {want}; the finished shard "
-                                 f"is damaged (delete it, then rerun tokenize to rewrite it)")
+                raise CorruptShard(f"{path}: {path.stat().st_size} bytes, the manifest says {want}; the finished "
+                                   f"shard is damaged (delete it, then rerun tokenize to rewrite it)")
             kept.append(s)
+            self.pos += s["tokens"]
         self.manifest["shards"] = kept
-        self.manifest["complete"] = bool(old.get("complete")) and len(kept) == len(old.get("shards", []))
+        self.manifest["complete"] = bool(old.get("complete")) and len(kept) == len(listed)
         for key in ("documents", "tokens"):
             if self.manifest["complete"] and key in old:
                 self.manifest[key] = old[key]
         if kept:
-            self.pos = sum(s["tokens"] for s in kept)
             self.resume_point = (kept[-1]["next"]["doc"], kept[-1]["next"]["offset"])
 
     @property
@@ -454,11 +482,10 @@ class ShardWriter:
         write_piece(path, tokens)
         self.add_piece(first_doc, len(tokens), starts, path)
 
-    def add_piece(self, first_doc: int, n_tokens: int, starts: np.ndarray, path: str | Path,
-                  publish: bool = True) -> None:
+    def add_piece(self, first_doc: int, n_tokens: int, starts: np.ndarray, path: str | Path) -> None:
         """Append documents first_doc, first_doc+1, ... whose n_tokens tokens (each document beginning with eot) are
         in the piece file `path`; `starts` is the offset of each document in it. The writer deletes the piece.
-        Then the shards assembled so far are published (not with `publish=False`: after a failure, abort does it)."""
+        Then the shards assembled so far are published, in order."""
         if self.complete:
             raise RuntimeError(f"{self.dir}: the shards are already complete")
         if first_doc != self._expect_doc:
@@ -483,8 +510,7 @@ class ShardWriter:
         # the last shard that reads this piece: the open one if it does, else the one just closed
         reader = self._closed if self._open and self._segments and self._segments[-1][0] == str(path) else self._closed - 1
         self._pieces.append((Path(path), reader))
-        if publish:
-            self._drain()
+        self._drain()
 
     def _close(self, nxt: tuple[int, int]) -> None:
         """Hand the full (or last) shard to the pool for assembly; the next one can start at once."""
@@ -504,7 +530,7 @@ class ShardWriter:
         """Publish the assembled shards in order, as far as they are done (all of them with `wait`)."""
         while self._closing and (wait or self._closing[0][0].done()):
             fut, record, _ = self._closing[0]
-            tmp, sha = fut.result()  # on an error the shard stays queued: abort assembles it here
+            tmp, sha = fut.result()
             self._closing.popleft()
             self._publish(Path(tmp), record, sha)
 
@@ -540,12 +566,12 @@ class ShardWriter:
             raise RuntimeError(f"the stream ended at document {self._expect_doc} of {documents}")
         if self.pos < self.val_tokens:
             self.abort()
-            raise UserError(f"the corpus has {self.pos:,} tokens, fewer than tokenize.val_tokens={self.val_tokens:,}; "
-                             f"lower val_tokens")
+            raise CannotFinish(f"the corpus has {self.pos:,} tokens, fewer than "
+                               f"tokenize.val_tokens={self.val_tokens:,}; lower val_tokens")
         if self.pos == self.val_tokens:
             self.abort()
-            raise UserError(f"the corpus has {self.pos:,} tokens, all taken by tokenize.val_tokens={self.val_tokens:,}; "
-                             f"nothing is left for train: lower val_tokens")
+            raise CannotFinish(f"the corpus has {self.pos:,} tokens, all taken by "
+                               f"tokenize.val_tokens={self.val_tokens:,}; nothing is left for train: lower val_tokens")
         if self._open and self._in_shard:
             self._close((documents, 0))
         self._drain(wait=True)
@@ -577,21 +603,13 @@ class ShardWriter:
                              f"file(s) and rerun tokenize (it rewrites from the first missing shard on)")
 
     def abort(self) -> None:
-        """Drop the shard being filled; the shards already closed are still assembled (in this process if the pool
-        cannot: cancelled, or a worker died) and recorded, so no finished work is lost; then remove every piece and
-        temp file (call it once the pool's workers are stopped)."""
+        """Drop the shard being filled and those closed but not yet published, and remove every piece and temp file
+        (call it once the pool's workers are stopped). Nothing is published here: shards are published strictly in
+        order (_drain), so whenever a run stops the manifest lists a prefix of the shards, and at most the next one
+        is on disk unlisted (renamed before the manifest was rewritten), which the rerun recognises by its bytes."""
         self._open, self._segments = False, []
-        try:
-            while self._closing:
-                fut, record, segments = self._closing.popleft()
-                try:
-                    tmp, sha = fut.result()
-                except Exception:  # noqa: BLE001  (cancelled or the pool broke: the pieces are still on disk)
-                    tmp, sha = assemble_shard(str(self.dir), record["name"], self.dtype.str, record["tokens"], segments)
-                self._publish(Path(tmp), record, sha)
-        finally:
-            self._closing.clear()
-            for p in self.dir.glob(f".*{TMP_SUFFIX}"):  # pieces, and shards a killed worker was writing
-                p.unlink(missing_ok=True)
-            self._pieces.clear()
-            self._spent = []
+        self._closing.clear()
+        self._pieces.clear()
+        self._spent = []
+        for p in self.dir.glob(f".*{TMP_SUFFIX}"):  # pieces, and shards assembled or being written
+            p.unlink(missing_ok=True)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from gptcore.atomic import json_sha256, staged_dir, swap_dir
+from gptcore.atomic import json_sha256, refuse_link, staged_dir, swap_dir
 from gptcore.data import shards
 from gptcore.errors import UserError
 from gptcore.process import FolderLock, die_with_parent
@@ -102,8 +102,8 @@ def encode_documents(tok: Tokenizer, docs: list[str] | list[bytes], dtype: np.dt
     if flat.size and (int(flat.max()) > limit or (flat.dtype.kind == "i" and int(flat.min()) < 0)):
         bad = int(np.argmax((flat > limit) | (flat < 0)))
         doc = first_doc + int(np.searchsorted(np.cumsum(lengths), bad, side="right"))
-        raise UserError(f"tokenizer {tok.name}: token id {int(flat[bad])} in document {doc} does not fit {dtype} "
-                         f"(vocab_size {tok.vocab_size}); the tokenizer's vocab_size is wrong")
+        raise shards.CannotFinish(f"tokenizer {tok.name}: token id {int(flat[bad])} in document {doc} does not fit "
+                                  f"{dtype} (vocab_size {tok.vocab_size}); the tokenizer's vocab_size is wrong")
     starts = np.zeros(len(docs), dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
     return flat.astype(dtype, copy=False), starts
@@ -155,8 +155,8 @@ def _start_pool(workers: int, tok: Tokenizer, dtype: np.dtype) -> ProcessPoolExe
 def _stop_pool(pool: ProcessPoolExecutor) -> None:
     """Interrupted or failed: cancel what has not started and kill the workers at once (what they hold is a task in
     progress, worth nothing), waiting until they are gone so that none writes a piece after the clean-up."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # taken first: shutdown forgets them
     pool.shutdown(wait=False, cancel_futures=True)
-    procs = list((getattr(pool, "_processes", None) or {}).values())
     for proc in procs:
         if proc.is_alive():
             proc.kill()
@@ -217,14 +217,7 @@ def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard
     except BaseException as e:
         if pool is not None:
             _stop_pool(pool)
-        try:  # the tasks that did finish before the failure, in order: their documents are finished work too
-            for fut in pending:
-                if not fut.done() or fut.cancelled() or fut.exception() is not None:
-                    break
-                writer.add_piece(*fut.result(), publish=False)
-        except Exception:  # noqa: BLE001, S110  (what failed first is what the user must see)
-            pass
-        writer.abort()
+        writer.abort()  # publishes nothing: the manifest stays a prefix of the run, which the rerun resumes
         if isinstance(e, BrokenProcessPool):
             raise UserError(f"a tokenize worker process died (killed by the OS, e.g. out of memory?) after "
                             f"{len(writer.manifest['shards'])} finished shards in {shard_dir}; rerun to resume "
@@ -260,9 +253,11 @@ def shards_fingerprint(p: dict, corpus: Corpus) -> str:
 
 
 def _manifest_or_none(shard_dir: Path) -> dict | None:
+    """The folder's manifest; None where there is none or it is corrupt (its run is then cleared and rewritten). An
+    I/O error propagates: the folder is left as it is for the rerun."""
     try:
         return shards.read_manifest(shard_dir)
-    except (FileNotFoundError, ValueError):
+    except (shards.ManifestMissing, shards.CorruptManifest):
         return None
 
 
@@ -278,8 +273,9 @@ def check_val_fits(corpus: Corpus, p: dict) -> None:
         bound += sum(len(d.encode("utf-8")) + 1 for d in docs)
         if bound > p["val_tokens"]:
             return
-    raise UserError(f"the corpus has at most {bound:,} tokens ({corpus.documents:,} documents: their UTF-8 bytes plus "
-                     f"one end-of-text each), fewer than tokenize.val_tokens={p['val_tokens']:,}; lower val_tokens")
+    raise shards.CannotFinish(f"the corpus has at most {bound:,} tokens ({corpus.documents:,} documents: their UTF-8 "
+                              f"bytes plus one end-of-text each), fewer than tokenize.val_tokens={p['val_tokens']:,}; "
+                              f"lower val_tokens")
 
 
 def tokenize(raw_dir: str | Path, shard_dir: str | Path, cfg: dict[str, Any], progress: bool = True) -> dict:
@@ -301,6 +297,9 @@ def tokenize(raw_dir: str | Path, shard_dir: str | Path, cfg: dict[str, Any], pr
 def _tokenize_locked(p: dict, corpus: Corpus, shard_dir: Path, progress: bool) -> dict:
     fp = shards_fingerprint(p, corpus)
     old, staged = _manifest_or_none(shard_dir), staged_dir(shard_dir)
+    done = old is not None and old.get("fingerprint") == fp and old.get("complete") and has_tokenizer_file(p, shard_dir)
+    if not done:  # this run writes shards: never through a link, nor over one
+        refuse_link(shard_dir, "tokenize", "the shards it points to may be shared")
     next_run = _manifest_or_none(staged)
     if (old is None or old.get("fingerprint") != fp) and (
             (old is not None and old.get("complete")) or (next_run is not None and next_run.get("fingerprint") == fp)):
@@ -308,7 +307,7 @@ def _tokenize_locked(p: dict, corpus: Corpus, shard_dir: Path, progress: bool) -
         with FolderLock(staged, "tokenize"):
             try:
                 manifest = _write_run(p, corpus, staged, fp, next_run, progress)
-            except ValueError:  # these params cannot finish (e.g. val_tokens > the corpus): keep no half run around
+            except shards.CannotFinish:  # e.g. val_tokens > the corpus: a rerun would fail again, keep no half run
                 shutil.rmtree(staged)
                 raise
             swap_dir(staged, shard_dir)
