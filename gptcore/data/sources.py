@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from gptcore.atomic import file_sha256, publish, swap_dir, temp_beside, write_json
+from gptcore.atomic import file_sha256, publish, refuse_link, swap_dir, temp_beside, write_json
 from gptcore.data.corpus import FETCH_RECORD, column_texts, lone_surrogate, open_parquet
 from gptcore.data.params import FETCH, PACKAGES
 from gptcore.errors import UserError, cause
@@ -468,6 +468,7 @@ def fetch(cfg: dict[str, Any], out_dir: str | Path, transport: HubTransport | No
     # rewrite this source's folder from scratch into a folder aside, then swap it in whole
     final = out_dir / label
     tmp_dir = out_dir / f".{label}.next"
+    refuse_link(final, "fetch")  # before fetch.json goes: swap_dir would refuse it only after
     shutil.rmtree(tmp_dir, ignore_errors=True)
     try:
         recs = write_documents(batches, tmp_dir, max_docs=max_docs, progress=progress)
