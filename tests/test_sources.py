@@ -74,6 +74,24 @@ def test_local_dir_glob_and_file(tmp_path):
     assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == ["fetch.json", "local"]
 
 
+def test_a_linked_source_folder_is_refused_before_anything_is_deleted(tmp_path):
+    """data/raw/local a symlink to a shared folder: fetch refuses with one line, the record and the link's target
+    untouched (the swap would have replaced the link after fetch.json was gone)."""
+    from gptcore.atomic import LinkedFolder
+
+    d, _ = make_local(tmp_path)
+    raw = tmp_path / "raw"
+    src.fetch({"source": "local", "path": str(d), "text_column": "body"}, raw)
+    shared = tmp_path / "shared"
+    (raw / "local").rename(shared)
+    (raw / "local").symlink_to(shared)
+    record = (raw / "fetch.json").read_bytes()
+    with pytest.raises(LinkedFolder, match="is a symbolic link"):
+        src.fetch({"source": "local", "path": str(d), "text_column": "body", "max_files": 1}, raw)
+    assert (raw / "fetch.json").read_bytes() == record and (raw / "local").is_symlink()
+    assert sorted(p.name for p in shared.iterdir()) == sorted(p.name for p in (raw / "local").iterdir())
+
+
 def batched(docs, size):
     """Lists of `size` documents (the last shorter), as fetch hands them to write_documents."""
     docs = list(docs)
