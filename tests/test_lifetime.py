@@ -110,10 +110,19 @@ def test_readers_share_a_folder_and_exclude_its_writer_each_refusal_naming_the_h
     with reading(tmp_path, "evaluate"):
         pass
     assert (tmp_path / ".lock").read_text() == ""  # the last reader out clears it
-    with FolderLock(tmp_path, "tokenize"), pytest.raises(
-            FolderBusyError, match=rf"^{tmp_path} is being written by another run \(pid {os.getpid()}, tokenize since "
-                                   r".*\); train cannot read it meanwhile"):
-        reading(tmp_path, "train").acquire()
+    writer = subprocess.Popen([sys.executable, "-c", code.replace("reading(sys.argv[1], 'train')",
+                                                               "FolderLock(sys.argv[1], 'tokenize')").replace(
+        "import reading", "import FolderLock"), str(tmp_path)], env=env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "locked"
+        with pytest.raises(FolderBusyError, match=rf"^{tmp_path} is being written by another run \(pid "
+                                                  rf"{writer.pid}, tokenize since .*\); train cannot read it meanwhile"):
+            reading(tmp_path, "train").acquire()
+    finally:
+        writer.kill()
+        writer.wait()
+    with FolderLock(tmp_path, "tokenize"), reading(tmp_path, "train"):  # a process may read what it writes
+        assert holder_pid(tmp_path) == os.getpid()
     with reading(tmp_path / "absent", "train"):  # nothing there to protect: no lock, no folder made
         assert not (tmp_path / "absent").exists()
 
@@ -330,8 +339,8 @@ def test_killing_torchrun_takes_its_workers_and_the_rerun_matches_an_uninterrupt
     same_run(solo, project)
 
 
-STAGE_BODY = ("import os, time; from gptcore.process import stage_lifetime\n"
-              "with stage_lifetime('x'):\n    print(os.getpid(), flush=True); time.sleep(60)")
+STAGE_BODY = ("import os, time; from stages.common import stage\n"
+              "with stage('x'):\n    print(os.getpid(), flush=True); time.sleep(60)")
 
 
 @pytest.mark.parametrize("shell", ["/bin/sh", "bash"])
