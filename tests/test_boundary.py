@@ -107,3 +107,28 @@ def test_the_launcher_holds_the_locks_and_builds_no_model(project, monkeypatch, 
     assert "--nproc_per_node=2" in argv and argv[-2:] == ["-m", "stages.train"]
     assert writer == reader == os.getpid()  # the ranks find the launcher's locks: theirs
     assert not (project / "model").exists() and not list((project / "checkpoints").glob("*.pt"))
+
+
+def test_the_atomic_writer_never_writes_through_a_symlink(tmp_path, monkeypatch):
+    """A link planted at the final name is replaced by the rename; one swapped in for the temp file (a folder others
+    can write) is refused: neither target changes."""
+    import gptcore.atomic as atomic
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("someone's file\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "eval.json").symlink_to(victim)
+    atomic.write_text(tmp_path / "out" / "eval.json", "ours\n")
+    assert (tmp_path / "out" / "eval.json").read_text() == "ours\n" and not (tmp_path / "out" / "eval.json").is_symlink()
+    made = atomic.temp_beside
+
+    def swapped_for_a_link(path):
+        tmp = made(path)
+        tmp.unlink()
+        tmp.symlink_to(victim)
+        return tmp
+
+    monkeypatch.setattr(atomic, "temp_beside", swapped_for_a_link)
+    with pytest.raises(OSError):
+        atomic.write_text(tmp_path / "out" / "summary.json", "ours\n")
+    assert victim.read_text() == "someone's file\n" and not (tmp_path / "out" / "summary.json").exists()
