@@ -112,7 +112,7 @@ def _fail(s: Stage, line: str, status: int) -> None:
     if not s.quiet:
         # on a line of its own where a progress bar may be half drawn on the current one (an interrupt: also a rank's)
         bar = status == 130 or "tqdm" in sys.modules and len(getattr(sys.modules["tqdm"].tqdm, "_instances", ())) > 0
-        print(f"{chr(10) if bar else ''}{line}", file=sys.stderr, flush=True)
+        print(("\n" if bar else "") + line, file=sys.stderr, flush=True)
     sys.stdout.flush()
     if status == 130:
         os._exit(130)  # no interpreter teardown: no traceback from threads, atexit or half-shut pools
