@@ -106,11 +106,11 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
     Raise inside the block to abandon the write (a failed checksum, say): `path` stays as it was. `needed`: as in
     atomic_path."""
     with atomic_path(path, needed) as tmp:
-        with open(tmp, mode, encoding=None if "b" in mode else encoding, opener=_no_follow) as f:
+        with open(tmp, mode, encoding=None if "b" in mode else encoding, opener=no_follow) as f:
             yield f
 
 
-def _no_follow(path: str, flags: int) -> int:
+def no_follow(path: str, flags: int) -> int:
     """open()'s opener for a temp file temp_beside made (O_EXCL: never through a symlink): reopened the same way, so
     a link put in its place meanwhile (a folder others can write) is refused, not written through."""
     return os.open(path, flags | os.O_NOFOLLOW, 0o666)
