@@ -5,8 +5,10 @@ that a later step trusts (checkpoints, metrics, predictions, downloads, exports,
 multi-file output (a fetched corpus, a shard folder of new params) is built in a folder aside and swapped in whole
 by `swap_dir`.
 
-Temp files are created with open(..., "x"), so the kernel gives them the permissions any new file gets under the
-process umask: nothing here reads or changes the umask (toggling it would race with other threads creating files).
+Temp files are created with open(..., "x") (O_EXCL: a symlink planted at the name is refused, never followed) and
+reopened with O_NOFOLLOW; a rename over a symlink replaces the link itself. The kernel gives them the permissions
+any new file gets under the process umask: nothing here reads or changes the umask (toggling it would race with other
+threads creating files).
 """
 from __future__ import annotations
 
@@ -104,8 +106,14 @@ def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-
     Raise inside the block to abandon the write (a failed checksum, say): `path` stays as it was. `needed`: as in
     atomic_path."""
     with atomic_path(path, needed) as tmp:
-        with open(tmp, mode, encoding=None if "b" in mode else encoding) as f:
+        with open(tmp, mode, encoding=None if "b" in mode else encoding, opener=no_follow) as f:
             yield f
+
+
+def no_follow(path: str, flags: int) -> int:
+    """open()'s opener for a temp file temp_beside made (O_EXCL: never through a symlink): reopened the same way, so
+    a link put in its place meanwhile (a folder others can write) is refused, not written through."""
+    return os.open(path, flags | os.O_NOFOLLOW, 0o666)
 
 
 def write_text(path: str | Path, text: str) -> None:

@@ -1,5 +1,6 @@
-"""Process lifetime: one writer per output folder (an OS lock naming its holder), children that die with their
-parent (Linux PR_SET_PDEATHSIG), and a stage interrupted by Ctrl-C or SIGTERM exiting with one line.
+"""Process lifetime, the mechanisms the stage boundary (stages/common.py) puts together: folder locks (one writer or
+any number of readers, an OS lock naming its holder, never opened through a symlink), children that die with their
+parent (Linux PR_SET_PDEATHSIG), SIGTERM as Ctrl-C, and the torchrun launch.
 
 flock locks belong to the open file and the kernel drops them when the holder exits, however it exits, so a lock
 left by a killed run never blocks the next one. The pid in the lock file is only there to name the holder.
@@ -7,19 +8,20 @@ left by a killed run never blocks the next one. The pid in the lock file is only
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 from filelock import lock_descriptor, unlock_descriptor
 
-from gptcore.errors import UserError, one_line, user_error
+from gptcore.errors import UserError
 
 LOCK_NAME = ".lock"
 _PR_SET_PDEATHSIG = 1
@@ -29,45 +31,85 @@ class FolderBusyError(UserError):
     """Another live process holds the folder's lock; the message names it."""
 
 
+class NotALockFile(UserError):
+    """Something other than a regular file sits at a lock's path (a symlink, a folder, a fifo): never opened through."""
+
+
+# O_NOFOLLOW: a symlink planted at the lock's path is refused, never followed to the file it names (the lock is
+# written to); O_NONBLOCK|O_NOCTTY: opening a fifo or a device there neither waits nor takes a terminal
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+
+
 class FolderLock:
     """A non-blocking lock on `folder` (the file folder/.lock) held until release() or process exit: exclusive for a
     writer, `shared` for a reader (any number of readers together, never with a writer).
 
     `what` says who holds it ("train", "tokenize"), for the message a refused run gets. A reader of a folder that does
-    not exist holds nothing (there is nothing a writer could swap under it)."""
+    not exist holds nothing (there is nothing a writer could swap under it). A lock this process already holds (the
+    stage boundary's, taken again by the library it calls) is held again for free."""
+
+    _held: dict[tuple[int, int], bool] = {}  # (device, inode) of each lock file this process holds -> shared
 
     def __init__(self, folder: str | Path, what: str, shared: bool = False) -> None:
         self.folder, self.what, self.shared = Path(folder), what, shared
         self.path = self.folder / LOCK_NAME
         self._fd: int | None = None
+        self._key: tuple[int, int] | None = None
 
     def acquire(self) -> "FolderLock":
-        """Take the lock now or raise FolderBusyError naming the holder's pid (never waits)."""
+        """Take the lock now or raise FolderBusyError naming the holder's pid (never waits); NotALockFile when the
+        lock's path is a symlink or anything but a regular file."""
         if self.shared and not self.folder.is_dir():
             return self
         self.folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: the holder's pid must survive
+        fd = self._open()
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        if key in self._held and (self.shared or not self._held[key]):
+            os.close(fd)  # held here already, at least as strongly
+            return self
         try:
             got = _lock_shared(fd) if self.shared else lock_descriptor(fd, blocking=False)
-        except OSError:
+            if got:
+                stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+                os.ftruncate(fd, 0)  # with several readers, the last one to start is named
+                os.pwrite(fd, f"pid {os.getpid()}, {self.what}{' reading' if self.shared else ''} since {stamp}\n"
+                          .encode(), 0)
+        except BaseException:
             os.close(fd)
             raise
         if not got:
             holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "a process that has not written its pid yet"
             os.close(fd)
-            if self.shared:
-                raise FolderBusyError(f"{self.folder} is being written by another run ({holder}); {self.what} cannot "
-                                      f"read it meanwhile: wait for it to finish or stop it")
-            if " reading " in holder:
-                raise FolderBusyError(f"{self.folder} is being read by another run ({holder}); {self.what} would "
-                                      f"change it under that run: wait for it to finish or stop it")
-            raise FolderBusyError(f"{self.folder} is in use by another run ({holder}); only one {self.what} may write "
-                                  f"there at a time: wait for it to finish or stop it")
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-        os.ftruncate(fd, 0)  # with several readers, the last one to start is named
-        os.pwrite(fd, f"pid {os.getpid()}, {self.what}{' reading' if self.shared else ''} since {stamp}\n".encode(), 0)
-        self._fd = fd
+            raise self._busy(holder)
+        self._fd, self._key = fd, key
+        self._held[key] = self.shared
         return self
+
+    def _open(self) -> int:
+        try:
+            fd = os.open(self.path, _LOCK_FLAGS, 0o644)  # no O_TRUNC: the holder's pid must survive
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise
+            fd = None
+        if fd is not None and stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+        if fd is not None:
+            os.close(fd)
+        kind = "a symbolic link" if self.path.is_symlink() else "a folder" if self.path.is_dir() else "not a file"
+        raise NotALockFile(f"{self.path} is {kind}, not a lock file: a run never opens its lock through it (it "
+                           f"could overwrite what it points at); move it away and run again")
+
+    def _busy(self, holder: str) -> FolderBusyError:
+        if self.shared:
+            return FolderBusyError(f"{self.folder} is being written by another run ({holder}); {self.what} cannot "
+                                   f"read it meanwhile: wait for it to finish or stop it")
+        if " reading " in holder:
+            return FolderBusyError(f"{self.folder} is being read by another run ({holder}); {self.what} would "
+                                   f"change it under that run: wait for it to finish or stop it")
+        return FolderBusyError(f"{self.folder} is in use by another run ({holder}); only one {self.what} may write "
+                               f"there at a time: wait for it to finish or stop it")
 
     def release(self) -> None:
         """Give the lock up (the kernel does it anyway when this process exits)."""
@@ -77,7 +119,8 @@ class FolderLock:
                 os.ftruncate(self._fd, 0)
             unlock_descriptor(self._fd)
             os.close(self._fd)
-            self._fd = None
+            self._held.pop(self._key, None)
+            self._fd = self._key = None
 
     def __enter__(self) -> "FolderLock":
         return self.acquire()
@@ -118,25 +161,15 @@ def ancestors(pid: int | None = None) -> list[int]:
         pid = ppid
 
 
-def lock_for_all_ranks(folder: str | Path, what: str, is_main: bool) -> FolderLock | None:
-    """The run's lock on `folder`, taken once per run: rank 0 takes it (unless the launcher that started torchrun,
-    one of its ancestors, already holds it) and every rank learns the outcome, so a busy folder stops all ranks
-    together before any of them writes. Returns the lock rank 0 took (keep it until the run ends), else None."""
-    from gptcore import distributed  # ground floor both; imported here so process.py stays free of torch at import
-
-    lock, refusal = None, None
-    if is_main:
-        try:
-            lock = FolderLock(folder, what).acquire()
-        except FolderBusyError as e:
-            if holder_pid(folder) not in ancestors():  # held by the launcher of this very run: ours already
-                refusal = str(e)
-    refusal = distributed.all_gather_objects(refusal)[0]  # rank 0's verdict, on every rank
-    if refusal:
-        if lock is not None:
-            lock.release()
-        raise FolderBusyError(refusal)
-    return lock
+def writer_lock(folder: str | Path, what: str) -> FolderLock | None:
+    """The writer's lock on `folder`, or None when one of this process's ancestors holds it: the stage that started
+    this torchrun, holding the lock for all its ranks."""
+    try:
+        return FolderLock(folder, what).acquire()
+    except FolderBusyError:
+        if holder_pid(folder) in ancestors():
+            return None
+        raise
 
 
 def holder_pid(folder: str | Path) -> int | None:
@@ -215,32 +248,14 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-@contextmanager
-def stage_lifetime(stage: str, quiet: bool = False) -> Iterator[None]:
-    """Run a stage's body so that it dies with its parent when that is dvc or torchrun, and SIGTERM or Ctrl-C end it
-    with one line ("[stage] interrupted ...") and exit status 130 instead of a traceback; a user's error met past the
-    stage's own checks (a full disk, a non-finite loss) is one line and exit status 1; `quiet` (ranks other than
-    0) prints nothing. A stage started by hand from a shell is left to the shell's job control (nohup keeps it)."""
+def mortal() -> None:
+    """Make this process die with its parent when that is dvc or torchrun (a stage started by hand from a shell is
+    left to the shell's job control: nohup keeps it), and turn SIGTERM into KeyboardInterrupt, so the stage boundary
+    ends it with the one line Ctrl-C gets."""
     if supervised():
         die_with_parent()
         die_with_the_shells_parent()
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        yield
-    except (UserError, OSError) as e:  # one the stage met after its checks (a full disk, a non-finite loss)
-        err = user_error(e)
-        if err is None:
-            raise
-        if not quiet:  # on a line of its own: a progress bar may be half drawn on the current one
-            print(f"\n{one_line(stage, err)}", file=sys.stderr, flush=True)
-        sys.exit(1)
-    except KeyboardInterrupt as e:
-        why = str(e) or "SIGINT"
-        if not quiet:
-            # on a line of its own: a progress bar may be half drawn on the current one
-            print(f"\n[{stage}] interrupted ({why}); finished work is kept, rerun to resume", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(130)  # no interpreter teardown: no traceback from threads, atexit or half-shut pools
 
 
 def under_torchrun() -> bool:
@@ -248,22 +263,36 @@ def under_torchrun() -> bool:
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def launch_torchrun(module: str, nproc: int, lock_folder: str | Path, what: str) -> int:
-    """Run `python -m module` under torchrun on `nproc` local processes (an argv list: no shell) and return its exit
-    status (128 + N when a signal N killed it, as a shell reports it).
+def run_torchrun(module: str, nproc: int) -> int:
+    """Run `python -m module` under torchrun on `nproc` local processes (an argv list: no shell) as a child that dies
+    with this process, and return its exit status (128 + N when a signal N killed it, as a shell reports it).
 
-    This process takes `lock_folder`'s lock first (a busy folder raises FolderBusyError before torchrun starts) and
-    holds it while torchrun runs as its child: rank 0 finds it held by its ancestor (`lock_for_all_ranks`); torchrun,
-    and through it every worker, dies with this process; Ctrl-C or SIGTERM stop them all (see `run_child`)."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={int(nproc)}",
-            "-m", module]
-    lock = FolderLock(lock_folder, what).acquire()
+    torchrun's own report of a failed rank (log lines, a traceback, a table) is left out: the rank has already said
+    its one line (or its traceback); a rank killed by a signal gets one line here."""
+    argv = [sys.executable, "-c", "import sys; from gptcore.process import _torchrun; _torchrun(sys.argv[1:])",
+            "--standalone", f"--nproc_per_node={int(nproc)}", "-m", module]
     sys.stdout.flush()
-    try:
-        status = run_child(argv)
-    finally:
-        lock.release()
+    status = run_child(argv)
     return status if status >= 0 else 128 - status
+
+
+def _torchrun(args: list[str]) -> None:
+    """torchrun's main without its failure report; exits with the first failed rank's status."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    try:
+        run(parse_args(args))
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        if failure.exitcode < 0:
+            name = signal.Signals(-failure.exitcode).name
+            stage = args[-1].rsplit(".", 1)[-1]  # the module: stages.<name>
+            print(f"[{stage}] rank {rank} (pid {failure.pid}) was killed by {name}; rerun to resume", file=sys.stderr)
+        sys.exit(failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode)
 
 
 def run_child(argv: Sequence[str], env: dict[str, str] | None = None) -> int:

