@@ -266,3 +266,44 @@ def test_a_start_from_a_file_the_run_would_move_aside_is_refused(tmp_path, monke
             checkpoint.check_init_from(spec, tmp_path / "checkpoints")
     for spec in ("scratch", "gpt2", "model", "init.pt", "checkpoints/previous/old/ckpt_0000030.pt"):
         checkpoint.check_init_from(spec, tmp_path / "checkpoints")
+
+
+def test_an_earlier_run_with_the_same_params_is_brought_back_not_retrained(tmp_path):
+    """`dvc exp apply` of an earlier experiment, then `dvc repro`: params A, then B (A moved aside), then A again.
+    The third run resumes A's checkpoints from checkpoints/previous/ and its step metrics; B's move aside."""
+    ckpts, live = tmp_path / "checkpoints", tmp_path / "metrics" / "train"
+    a = {"model": {"init_from": "scratch"}, "train": {"max_lr": 6e-4}}
+    b = {"model": {"init_from": "scratch"}, "train": {"max_lr": 1e-3}}
+
+    def run(params, tag):  # what a finished train leaves: its checkpoints and its step metrics
+        resume, notes = checkpoint.prepare_resume(ckpts, params, is_main=True, also=[live])
+        for step in (3, 6):
+            checkpoint.save_checkpoint(ckpts, step, {"step": step, "params": params, "tag": tag,
+                                                     "fingerprint": checkpoint.run_fingerprint(params)}, keep=2)
+        live.mkdir(parents=True, exist_ok=True)
+        (live / "train_loss.tsv").write_text(f"run {tag}\n")
+        return resume, notes
+
+    assert run(a, "A")[0] is None
+    assert run(b, "B")[0] is None
+    resume, notes = checkpoint.prepare_resume(ckpts, a, is_main=True, also=[live])
+    assert resume["tag"] == "A" and resume["step"] == 6
+    assert "holds a run with these params (step 6): bringing it back" in notes[0]
+    assert notes[-1] == f"resuming from {ckpts / 'ckpt_0000006.pt'} (step 6)"
+    assert [checkpoint.load_checkpoint(p)["tag"] for p in checkpoint.list_checkpoints(ckpts)] == ["A", "A"]
+    assert (live / "train_loss.tsv").read_text() == "run A\n"
+    kept = sorted((ckpts / checkpoint.PREVIOUS).iterdir())  # nothing lost: B waits there as A did
+    assert len(kept) == 1 and (kept[0] / "train" / "train_loss.tsv").read_text() == "run B\n"
+    assert [checkpoint.load_checkpoint(p)["tag"] for p in checkpoint.list_checkpoints(kept[0])] == ["B", "B"]
+    assert checkpoint.prepare_resume(ckpts, a, is_main=True, also=[live])[0]["tag"] == "A"  # and stays resumed
+
+
+def test_an_earlier_run_of_other_params_is_left_where_it_is(tmp_path):
+    a, b, c = ({"model": {"init_from": "scratch"}, "train": {"max_lr": lr}} for lr in (1e-4, 2e-4, 3e-4))
+    for params in (a, b):
+        checkpoint.prepare_resume(tmp_path, params, is_main=True)
+        checkpoint.save_checkpoint(tmp_path, 3, {"step": 3, "params": params,
+                                                 "fingerprint": checkpoint.run_fingerprint(params)}, keep=2)
+    resume, notes = checkpoint.prepare_resume(tmp_path, c, is_main=True)
+    assert resume is None and "starting fresh (train.max_lr: 0.0002 -> 0.0003)" in notes[0]
+    assert len(list((tmp_path / checkpoint.PREVIOUS).iterdir())) == 2

@@ -1,5 +1,6 @@
 """The one model loader: every spec (scratch, HF folder, model/ folder, our checkpoints, nanoGPT, build-nanogpt),
 the same rules for block size everywhere, and the tokenizer that goes with a model."""
+import errno
 import json
 import subprocess
 import sys
@@ -163,3 +164,24 @@ def test_model_vocab_pads_auto_to_a_multiple_of_64_and_keeps_an_explicit_size():
     for data in (50257, 4506, 151646, 64, 1):
         assert model_vocab("auto", data) == model_vocab(None, data) == -(-data // 64) * 64
     assert model_vocab(50400, 50257) == 50400
+
+
+def test_a_damaged_hf_folder_is_named_and_a_disk_error_is_not_called_damage(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    export_model(tmp_path, tiny(), None, {"step": 1})
+    weights = tmp_path / "hf" / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(UserError, match=r"hf: cannot read its safetensors weights \(SafetensorError: .*\); copy the "
+                                        r"folder again"):
+        load_model(tmp_path / "hf")
+    weights.write_bytes(whole)
+
+    def failing(path, device="cpu"):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(safetensors.torch, "load_file", failing)
+    with pytest.raises(UserError, match=r"hf: cannot read it \(EIO: Input/output error\); the file is kept") as e:
+        load_model(tmp_path / "hf")
+    assert "copy the folder" not in str(e.value)

@@ -83,7 +83,10 @@ def read_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: 
         with torch.serialization.safe_globals([(_PickledConfig, name) for name in _PICKLED_CONFIGS]):
             ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:
-        damage = _damage(path)
+        try:
+            damage = _damage(path)
+        except OSError as again:  # the disk still fails: nothing is known of the file
+            raise CheckpointRefused(read_failure(path, again)) from e
         if damage:
             raise CorruptCheckpoint(f"{path}: cannot read checkpoint: {damage}") from e
         refused = _refusal(path, e)
