@@ -298,12 +298,18 @@ def test_an_earlier_run_with_the_same_params_is_brought_back_not_retrained(tmp_p
     assert checkpoint.prepare_resume(ckpts, a, is_main=True, also=[live])[0]["tag"] == "A"  # and stays resumed
 
 
-def test_an_earlier_run_of_other_params_is_left_where_it_is(tmp_path):
+def test_earlier_runs_of_other_params_stay_where_they_are_and_an_unreadable_one_stops_nothing(tmp_path):
     a, b, c = ({"model": {"init_from": "scratch"}, "train": {"max_lr": lr}} for lr in (1e-4, 2e-4, 3e-4))
     for params in (a, b):
         checkpoint.prepare_resume(tmp_path, params, is_main=True)
         checkpoint.save_checkpoint(tmp_path, 3, {"step": 3, "params": params,
                                                  "fingerprint": checkpoint.run_fingerprint(params)}, keep=2)
+    kept = next((tmp_path / checkpoint.PREVIOUS).iterdir()) / "ckpt_0000003.pt"  # a's run
     resume, notes = checkpoint.prepare_resume(tmp_path, c, is_main=True)
-    assert resume is None and "starting fresh (train.max_lr: 0.0002 -> 0.0003)" in notes[0]
-    assert len(list((tmp_path / checkpoint.PREVIOUS).iterdir())) == 2
+    assert resume is None and notes[0].endswith("starting fresh (train.max_lr: 0.0002 -> 0.0003)")
+    assert len(list((tmp_path / checkpoint.PREVIOUS).iterdir())) == 2 and kept.is_file()
+    kept.write_bytes(torch_zip(tmp_path, {**checkpoint.load_checkpoint(kept), FORMAT_KEY: CHECKPOINT_FORMAT + 1}))
+    resume, notes = checkpoint.prepare_resume(tmp_path, a, is_main=True)  # an archive never stops a run
+    assert resume is None and f"checkpoint format {CHECKPOINT_FORMAT + 1}" in notes[0]
+    assert f"(so the run in {kept.parent} was not considered for resuming)" in notes[0]
+    assert kept.is_file() and notes[0].endswith("starting from step 0")

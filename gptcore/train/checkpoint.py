@@ -21,7 +21,7 @@ from gptcore import distributed
 from gptcore.atomic import TMP_SUFFIX, atomic_write, json_sha256
 from gptcore.errors import UserError
 from gptcore.model.gpt import GPT
-from gptcore.model.load import CHECKPOINT_FORMAT, FORMAT_KEY, CorruptCheckpoint
+from gptcore.model.load import CHECKPOINT_FORMAT, FORMAT_KEY, CheckpointRefused, CorruptCheckpoint
 from gptcore.model.load import read_checkpoint as load_checkpoint
 from gptcore.params import ParamError
 
@@ -127,8 +127,10 @@ def newest_readable(ckpt_dir: Path) -> tuple[Path | None, dict[str, Any] | None,
 def find_resume(ckpt_dir: Path, run_params: dict[str, Any]) -> tuple[Path | None, dict[str, Any] | None, str]:
     """(path, loaded checkpoint, what was decided): the newest readable checkpoint, if a run with these params wrote it.
 
-    Call on one process only (it renames unreadable checkpoints). A checkpoint of a run with other params is
-    never resumed: the caller starts fresh (see `move_aside`), and the sentence says which params differ."""
+    Call on one process only (it renames damaged checkpoints). A checkpoint of a run with other params is never
+    resumed: the path is then that of an earlier run of these params kept in ckpt_dir/previous/ (the caller brings
+    it back, see `bring_back`), or None (the caller starts fresh, see `move_aside`); the sentence says which
+    params differ."""
     path, ckpt, notes = newest_readable(ckpt_dir)
     if path is not None and _same_run(ckpt, run_params):
         return path, ckpt, "; ".join(notes + [f"resuming from {path} (step {ckpt['step']})"])
@@ -137,7 +139,8 @@ def find_resume(ckpt_dir: Path, run_params: dict[str, Any]) -> tuple[Path | None
     else:
         diff = param_diff(ckpt.get("params", {}), run_params) or ["(params not recorded)"]
         why = f"{path} was written by a run with other params, so it is not resumed"
-    earlier = _earlier_run(ckpt_dir, run_params)
+    earlier, skipped = _earlier_run(ckpt_dir, run_params)
+    notes += skipped
     if earlier is not None:
         return earlier[0], earlier[1], "; ".join(notes + [f"{why}; {earlier[0].parent} holds a run with these "
                                                           f"params (step {earlier[1]['step']}): bringing it back"])
@@ -150,21 +153,26 @@ def _same_run(ckpt: dict[str, Any], run_params: dict[str, Any]) -> bool:
     return ckpt.get("fingerprint") == run_fingerprint(run_params) or ckpt.get("params") == run_params
 
 
-def _earlier_run(ckpt_dir: Path, run_params: dict[str, Any]) -> tuple[Path, dict[str, Any]] | None:
+def _earlier_run(ckpt_dir: Path, run_params: dict[str, Any]) -> tuple[tuple[Path, dict[str, Any]] | None, list[str]]:
     """The newest undamaged checkpoint in ckpt_dir/previous/ of a run with these params (an experiment applied
-    again), newest folder first, and its entries (tensors memory-mapped: only the fingerprint is wanted); None if
-    no earlier run matches. Nothing in previous/ is renamed."""
-    folders = sorted((Path(ckpt_dir) / PREVIOUS).iterdir(), reverse=True) if (Path(ckpt_dir) / PREVIOUS).is_dir() else []
-    for folder in folders:
+    again), newest folder first, with its entries (tensors memory-mapped: only the fingerprint is wanted), or None;
+    and a note for each folder that could not be looked at. Nothing in previous/ is renamed, and a file there that
+    cannot be read now (CheckpointRefused) never stops a run: it only goes unconsidered, which the note says."""
+    previous = Path(ckpt_dir) / PREVIOUS
+    skipped = []
+    for folder in sorted(previous.iterdir(), reverse=True) if previous.is_dir() else []:
         for path in reversed(list_checkpoints(folder)):
             try:
                 ckpt = load_checkpoint(path, mmap=True)
             except CorruptCheckpoint:
                 continue
+            except CheckpointRefused as e:
+                skipped.append(f"{e} (so the run in {folder} was not considered for resuming)")
+                break
             if _same_run(ckpt, run_params):
-                return path, ckpt
+                return (path, ckpt), skipped
             break  # the folder's newest undamaged checkpoint says which run it holds
-    return None
+    return None, skipped
 
 
 def bring_back(folder: Path, ckpt_dir: Path, also: list[Path] = ()) -> None:
@@ -237,8 +245,9 @@ def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, al
                    ) -> tuple[dict[str, Any] | None, list[str]]:
     """Collective: the checkpoint every rank resumes from (None: a fresh start), and what rank 0 decided, as lines.
 
-    Rank 0 alone decides (`find_resume`) and, on a fresh start, moves the previous run's checkpoints and `also`
-    (its step metrics) aside; the other ranks then load what it left: the run to resume, if any."""
+    Rank 0 alone decides (`find_resume`) and, unless the run in ckpt_dir is resumed, moves it and `also` (its step
+    metrics) aside, then brings back an earlier run of these params from previous/ if there is one; the other ranks
+    then load what it left: the run to resume, if any."""
     check_init_from(run_params["model"].get("init_from"), ckpt_dir)  # every rank: all refuse together
     resume, notes = None, []
     if is_main:
