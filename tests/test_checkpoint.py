@@ -72,6 +72,14 @@ def test_damage_is_recognised_by_the_file_s_own_bytes(tmp_path, damage, named):
         checkpoint.load_checkpoint(path)
 
 
+def test_a_legacy_format_file_cut_short_is_named_and_a_whole_one_loads(tmp_path):
+    torch.save({"step": 3}, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
+    assert checkpoint.load_checkpoint(tmp_path / "old.pt")["step"] == 3
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "old.pt").read_bytes()[:40])
+    with pytest.raises(CorruptCheckpoint, match="cut.pt: cannot read checkpoint: torch's legacy format, cut short"):
+        checkpoint.load_checkpoint(tmp_path / "cut.pt")
+
+
 def test_a_zip_that_torch_did_not_write_is_foreign(tmp_path):
     import zipfile
 

@@ -84,7 +84,7 @@ def read_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: 
             ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:
         try:
-            damage = _damage(path)
+            damage = _damage(path, e)
         except OSError as again:  # the disk still fails: nothing is known of the file
             raise CheckpointRefused(read_failure(path, again)) from e
         if damage:
@@ -105,15 +105,15 @@ def read_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: 
     return ckpt
 
 
-def _damage(path: Path) -> str:
-    """What in the file's own bytes shows it damaged or foreign ('' if nothing does). An OSError reading it
-    propagates: an unreadable disk says nothing about the file."""
+def _damage(path: Path, e: Exception) -> str:
+    """What in the file's own bytes (and, for the legacy format, the unpickler's end of file `e`) shows it damaged
+    or foreign; '' if nothing does. An OSError reading it propagates: an unreadable disk says nothing of the file."""
     with open(path, "rb") as f:
         head = f.read(4)
     if not head:
         return "an empty file"
     if head == _LEGACY_MAGIC:
-        return ""
+        return "torch's legacy format, cut short" if isinstance(e, EOFError) else ""
     if head != _ZIP_MAGIC:
         return "not a torch.save file (neither a zip archive nor torch's legacy format)"
     try:
