@@ -185,3 +185,15 @@ def test_a_damaged_hf_folder_is_named_and_a_disk_error_is_not_called_damage(tmp_
     with pytest.raises(UserError, match=r"hf: cannot read it \(EIO: Input/output error\); the file is kept") as e:
         load_model(tmp_path / "hf")
     assert "copy the folder" not in str(e.value)
+
+
+def test_a_full_disk_while_fetching_gpt2_is_not_called_a_network_failure(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    def full(**kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "hub" / "model.safetensors"))
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", full)
+    with pytest.raises(UserError, match=r"model.safetensors: no space left on .*free some space") as e:
+        load_model("gpt2")
+    assert "cannot fetch" not in str(e.value)

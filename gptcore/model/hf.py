@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from gptcore.atomic import atomic_write, write_text
-from gptcore.errors import UserError, cause, read_failure
+from gptcore.errors import UserError, cause, read_failure, user_error
 from gptcore.model.gpt import GPT, GPTConfig, without_padding
 
 # The one list of OpenAI's GPT-2 checkpoints a model spec may name, and the Hub repositories that hold them.
@@ -276,6 +276,8 @@ def _download_gpt2(name: str) -> Path:
         # snapshot_download falls back to the local cache when the Hub cannot be reached
         return Path(snapshot_download(repo_id=repo, allow_patterns=["config.json", "model.safetensors"]))
     except Exception as e:
+        if user_error(e) is not None:  # a full or forbidden cache folder: not the network's fault
+            raise user_error(e) from e
         raise UserError(
             f"model {name!r}: cannot fetch {repo} from the Hugging Face hub or its cache ({cause(e)}); "
             f"on a machine with internet run `hf download {repo} config.json model.safetensors --local-dir <dir>`, "

@@ -119,8 +119,8 @@ def _damage(path: Path, e: Exception) -> str:
     try:
         with zipfile.ZipFile(path) as z:  # reads the central directory, which ends the file
             names = z.namelist()
-    except zipfile.BadZipFile as e:
-        return f"a zip archive cut short or damaged ({e})"
+    except zipfile.BadZipFile as bad:
+        return f"a zip archive cut short or damaged ({bad})"
     if not any(n.rsplit("/", 1)[-1] == "data.pkl" for n in names):
         return "a zip archive but not a torch.save file (no data.pkl)"
     return ""
