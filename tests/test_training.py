@@ -449,3 +449,21 @@ def test_an_io_error_reading_good_checkpoints_stops_in_one_line_and_the_rerun_re
     assert f"resuming from checkpoints/{newest}" in out.stdout
     wa, wb = final_weights(straight), final_weights(project)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_an_earlier_experiment_applied_again_is_brought_back_not_retrained(tmp_path, shards):
+    """`dvc exp apply` of an earlier experiment, then `dvc repro`: its finished run waits in checkpoints/previous/;
+    train brings it back with its step metrics (the other run moves aside) and only exports again."""
+    project = make_project(tmp_path / "p", shards, max_steps=6)
+    run_train(project)
+    first, losses = model_tree(project), tsv(project, "train_loss")
+    make_project(project, shards, max_steps=6, max_lr=2e-3)
+    run_train(project)
+    make_project(project, shards, max_steps=6)
+    out = run_train(project).stdout
+    assert "holds a run with these params (step 6): bringing it back" in out, out
+    assert "resuming from checkpoints/ckpt_0000006.pt (step 6)" in out
+    assert model_tree(project) == first and tsv(project, "train_loss") == losses
+    kept = list((project / "checkpoints" / checkpoint.PREVIOUS).iterdir())
+    assert len(kept) == 1 and (kept[0] / "metrics" / "train").is_dir()  # the max_lr=2e-3 run, whole
+    assert checkpoint.load_checkpoint(kept[0] / "ckpt_0000006.pt")["params"]["train"]["max_lr"] == 2e-3
