@@ -2,8 +2,8 @@
 hardware, a full disk, no network), as opposed to a bug.
 
 A stage prints a `UserError` as one line (its str(), which names the file, key or value and what to do) and exits 1;
-anything else is a bug and keeps its traceback. It is also a ValueError, so code that caught the ValueErrors
-the library raised for bad input before this class existed still catches them.
+anything else is a bug and keeps its traceback. It is not a ValueError: a handler for another library's ValueError
+never mistakes a user's error (or a bug's ValueError for a user's error), and code that means both says so.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 
-class UserError(ValueError):
+class UserError(Exception):
     """A mistake the user can fix; str() names the file, key or value and what to do.
 
     `file` is the file the message is about when str() does not name it (ParamError: params.yaml)."""
@@ -50,6 +50,14 @@ def cause(e: BaseException) -> str:
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()
     first = text.splitlines()[0].strip() if text else ""
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
+def read_failure(path: str | Path, e: OSError) -> str:
+    """The one line for an OSError reading `path` (EIO, EACCES, ...): it says nothing about the file's content, so
+    the file is left as it is and the same command is run again once the fault is fixed."""
+    code = errno.errorcode.get(e.errno or 0, type(e).__name__)
+    return (f"{path}: cannot read it ({code}: {e.strerror or e}); the file is kept as it is: check the disk and this "
+            f"user's access to it, then run again")
 
 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)

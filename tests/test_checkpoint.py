@@ -1,3 +1,5 @@
+import datetime
+import errno
 import os
 import signal
 import subprocess
@@ -7,8 +9,16 @@ import textwrap
 import pytest
 import torch
 
+from gptcore.errors import UserError
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.model.load import init_model, load_model
+from gptcore.model.load import (
+    CHECKPOINT_FORMAT,
+    FORMAT_KEY,
+    CheckpointRefused,
+    CorruptCheckpoint,
+    init_model,
+    load_model,
+)
 from gptcore.train import checkpoint
 from gptcore.train.export import export_model
 
@@ -43,12 +53,105 @@ def test_kill_during_save_leaves_previous_checkpoint_intact(tmp_path):
     assert torch.equal(checkpoint.load_checkpoint(checkpoint.latest_checkpoint(tmp_path))["w"], torch.ones(4))
 
 
-def test_truncated_checkpoint_is_named(tmp_path):
+def torch_zip(tmp_path, obj) -> bytes:
+    torch.save(obj, tmp_path / "whole.pt")
+    return (tmp_path / "whole.pt").read_bytes()
+
+
+@pytest.mark.parametrize("damage,named", [
+    (lambda b: b[:100], "a zip archive cut short"),
+    (lambda b: b[:len(b) // 2], "a zip archive cut short"),
+    (lambda b: b[:-30], "a zip archive cut short"),  # torch itself says OSError EINVAL here: not an I/O error
+    (lambda b: b"", "an empty file"),
+    (lambda b: b"step: 3\n" * 20, "not a torch.save file"),
+])
+def test_damage_is_recognised_by_the_file_s_own_bytes(tmp_path, damage, named):
     path = tmp_path / "ckpt_0000001.pt"
-    checkpoint.save_checkpoint(tmp_path, 1, {"w": torch.ones(1000)}, keep=1)
-    path.write_bytes(path.read_bytes()[:100])
-    with pytest.raises(ValueError, match="ckpt_0000001.pt: cannot read checkpoint"):
+    path.write_bytes(damage(torch_zip(tmp_path, {"w": torch.ones(1000)})))
+    with pytest.raises(CorruptCheckpoint, match=f"ckpt_0000001.pt: cannot read checkpoint: {named}"):
         checkpoint.load_checkpoint(path)
+
+
+def test_a_legacy_format_file_cut_short_is_named_and_a_whole_one_loads(tmp_path):
+    torch.save({"step": 3}, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
+    assert checkpoint.load_checkpoint(tmp_path / "old.pt")["step"] == 3
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "old.pt").read_bytes()[:40])
+    with pytest.raises(CorruptCheckpoint, match="cut.pt: cannot read checkpoint: torch's legacy format, cut short"):
+        checkpoint.load_checkpoint(tmp_path / "cut.pt")
+
+
+def test_a_zip_that_torch_did_not_write_is_foreign(tmp_path):
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "ckpt_0000001.pt", "w") as z:
+        z.writestr("notes.txt", "hello")
+    with pytest.raises(CorruptCheckpoint, match="a zip archive but not a torch.save file"):
+        checkpoint.load_checkpoint(tmp_path / "ckpt_0000001.pt")
+
+
+def three_checkpoints(ckpt_dir):
+    params = {"model": {"init_from": "scratch"}, "train": {"max_lr": 6e-4}}
+    state = {"params": params, "fingerprint": checkpoint.run_fingerprint(params), "w": torch.arange(8.0)}
+    for step in (3, 6, 9):
+        checkpoint.save_checkpoint(ckpt_dir, step, {**state, "step": step}, keep=3)
+    return params, tree(ckpt_dir)
+
+
+@pytest.mark.parametrize("fault,line", [
+    (lambda: OSError(errno.EIO, "Input/output error"), r"cannot read it \(EIO: Input/output error\); the file is kept"),
+    (lambda: OSError(errno.EACCES, "Permission denied"), r"cannot read it \(EACCES: Permission denied\)"),
+    (lambda: MemoryError(), r"out of memory while loading it \(MemoryError\); the file is kept"),
+    (lambda: RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you "
+                          "tried to allocate 1024 bytes."), "out of memory while loading it"),
+])
+def test_a_fault_while_reading_good_checkpoints_stops_with_every_file_in_place(tmp_path, monkeypatch, fault, line):
+    """The issue's reproduction: an I/O error reading three good checkpoints set all three aside and started from
+    step 0. Now the first one read stops the run in one line and nothing moves; without the fault it resumes."""
+    params, before = three_checkpoints(tmp_path)
+    real_load = torch.load
+
+    def failing_load(f, *args, **kwargs):
+        raise fault()
+
+    monkeypatch.setattr(torch, "load", failing_load)
+    with pytest.raises(CheckpointRefused, match="ckpt_0000009.pt: " + line):
+        checkpoint.prepare_resume(tmp_path, params, is_main=True)
+    assert tree(tmp_path) == before
+    monkeypatch.setattr(torch, "load", real_load)
+    resume, notes = checkpoint.prepare_resume(tmp_path, params, is_main=True)
+    assert resume["step"] == 9 and notes == [f"resuming from {tmp_path / 'ckpt_0000009.pt'} (step 9)"]
+
+
+def test_a_bug_while_loading_keeps_its_traceback_and_the_files(tmp_path, monkeypatch):
+    params, before = three_checkpoints(tmp_path)
+    monkeypatch.setattr(torch, "load", lambda *a, **k: {}["missing"])
+    with pytest.raises(KeyError):
+        checkpoint.prepare_resume(tmp_path, params, is_main=True)
+    assert tree(tmp_path) == before
+
+
+def test_a_global_the_weights_only_loader_refuses_stops_the_run_and_keeps_the_file(tmp_path):
+    """As after a torch upgrade whose loader no longer allows a global the file holds: readable, not damaged."""
+    params, _ = three_checkpoints(tmp_path)
+    newest = tmp_path / "ckpt_0000009.pt"
+    newest.write_bytes(torch_zip(tmp_path, {"step": 9, "params": params, "when": datetime.date(2026, 1, 1)}))
+    before = tree(tmp_path)
+    with pytest.raises(CheckpointRefused, match=r"ckpt_0000009.pt: not loadable as plain tensors by torch .* "
+                                                r"\(Unsupported global: GLOBAL datetime.date\); the file is kept"):
+        checkpoint.find_resume(tmp_path, params)
+    assert tree(tmp_path) == before
+
+
+def test_a_checkpoint_of_another_format_version_is_refused_not_guessed_at(tmp_path):
+    params, _ = three_checkpoints(tmp_path)
+    assert checkpoint.load_checkpoint(tmp_path / "ckpt_0000003.pt")[FORMAT_KEY] == CHECKPOINT_FORMAT
+    newest = tmp_path / "ckpt_0000009.pt"
+    newest.write_bytes(torch_zip(tmp_path, {**checkpoint.load_checkpoint(newest), FORMAT_KEY: CHECKPOINT_FORMAT + 1}))
+    before = tree(tmp_path)
+    with pytest.raises(CheckpointRefused, match=f"ckpt_0000009.pt: checkpoint format {CHECKPOINT_FORMAT + 1}, but "
+                                                f"this gptcore reads format {CHECKPOINT_FORMAT}; the file is kept"):
+        checkpoint.prepare_resume(tmp_path, params, is_main=True)
+    assert tree(tmp_path) == before
 
 
 def test_fingerprint_and_diff():
@@ -76,7 +179,7 @@ def test_unreadable_newest_checkpoint_is_set_aside_and_the_older_one_resumes(tmp
     newest.write_bytes(newest.read_bytes()[:100])  # truncated, as a full disk or a kill during a copy leaves it
     path, ckpt, why = checkpoint.find_resume(tmp_path, params)
     assert path == tmp_path / "ckpt_0000003.pt" and ckpt["step"] == 3
-    assert "ckpt_0000006.pt: cannot read checkpoint" in why and "resuming from" in why
+    assert "ckpt_0000006.pt: cannot read checkpoint: a zip archive cut short" in why and "resuming from" in why
     assert not newest.exists() and (tmp_path / "ckpt_0000006.pt.corrupt").stat().st_size == 100
 
 
@@ -98,10 +201,10 @@ def test_init_model_pads_vocab_and_checks_it():
     m = init_model({"init_from": "scratch", "n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16,
                                "vocab_size": "auto", "bias": True, "dropout": 0.0}, data_vocab_size=65)
     assert m.config.vocab_size == 128
-    with pytest.raises(ValueError, match="smaller than the data's tokenizer vocabulary"):
+    with pytest.raises(UserError, match="smaller than the data's tokenizer vocabulary"):
         init_model({"init_from": "scratch", "n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16,
                                "vocab_size": 64}, data_vocab_size=65)
-    with pytest.raises(ValueError, match="model.init_from='nope': model 'nope': no such file"):
+    with pytest.raises(UserError, match="model.init_from='nope': model 'nope': no such file"):
         init_model({"init_from": "nope", "n_layer": 1}, data_vocab_size=65)
 
 
@@ -171,3 +274,50 @@ def test_a_start_from_a_file_the_run_would_move_aside_is_refused(tmp_path, monke
             checkpoint.check_init_from(spec, tmp_path / "checkpoints")
     for spec in ("scratch", "gpt2", "model", "init.pt", "checkpoints/previous/old/ckpt_0000030.pt"):
         checkpoint.check_init_from(spec, tmp_path / "checkpoints")
+
+
+def test_an_earlier_run_with_the_same_params_is_brought_back_not_retrained(tmp_path):
+    """`dvc exp apply` of an earlier experiment, then `dvc repro`: params A, then B (A moved aside), then A again.
+    The third run resumes A's checkpoints from checkpoints/previous/ and its step metrics; B's move aside."""
+    ckpts, live = tmp_path / "checkpoints", tmp_path / "metrics" / "train"
+    a = {"model": {"init_from": "scratch"}, "train": {"max_lr": 6e-4}}
+    b = {"model": {"init_from": "scratch"}, "train": {"max_lr": 1e-3}}
+
+    def run(params, tag):  # what a finished train leaves: its checkpoints and its step metrics
+        resume, notes = checkpoint.prepare_resume(ckpts, params, is_main=True, also=[live])
+        for step in (3, 6):
+            checkpoint.save_checkpoint(ckpts, step, {"step": step, "params": params, "tag": tag,
+                                                     "fingerprint": checkpoint.run_fingerprint(params)}, keep=2)
+        live.mkdir(parents=True, exist_ok=True)
+        (live / "train_loss.tsv").write_text(f"run {tag}\n")
+        return resume, notes
+
+    assert run(a, "A")[0] is None
+    assert run(b, "B")[0] is None
+    resume, notes = checkpoint.prepare_resume(ckpts, a, is_main=True, also=[live])
+    assert resume["tag"] == "A" and resume["step"] == 6
+    assert "holds a run with these params (step 6): bringing it back" in notes[0]
+    assert notes[-1] == f"resuming from {ckpts / 'ckpt_0000006.pt'} (step 6)"
+    assert [checkpoint.load_checkpoint(p)["tag"] for p in checkpoint.list_checkpoints(ckpts)] == ["A", "A"]
+    assert (live / "train_loss.tsv").read_text() == "run A\n"
+    kept = sorted((ckpts / checkpoint.PREVIOUS).iterdir())  # nothing lost: B waits there as A did
+    assert len(kept) == 1 and (kept[0] / "train" / "train_loss.tsv").read_text() == "run B\n"
+    assert [checkpoint.load_checkpoint(p)["tag"] for p in checkpoint.list_checkpoints(kept[0])] == ["B", "B"]
+    assert checkpoint.prepare_resume(ckpts, a, is_main=True, also=[live])[0]["tag"] == "A"  # and stays resumed
+
+
+def test_earlier_runs_of_other_params_stay_where_they_are_and_an_unreadable_one_stops_nothing(tmp_path):
+    a, b, c = ({"model": {"init_from": "scratch"}, "train": {"max_lr": lr}} for lr in (1e-4, 2e-4, 3e-4))
+    for params in (a, b):
+        checkpoint.prepare_resume(tmp_path, params, is_main=True)
+        checkpoint.save_checkpoint(tmp_path, 3, {"step": 3, "params": params,
+                                                 "fingerprint": checkpoint.run_fingerprint(params)}, keep=2)
+    kept = next((tmp_path / checkpoint.PREVIOUS).iterdir()) / "ckpt_0000003.pt"  # a's run
+    resume, notes = checkpoint.prepare_resume(tmp_path, c, is_main=True)
+    assert resume is None and notes[0].endswith("starting fresh (train.max_lr: 0.0002 -> 0.0003)")
+    assert len(list((tmp_path / checkpoint.PREVIOUS).iterdir())) == 2 and kept.is_file()
+    kept.write_bytes(torch_zip(tmp_path, {**checkpoint.load_checkpoint(kept), FORMAT_KEY: CHECKPOINT_FORMAT + 1}))
+    resume, notes = checkpoint.prepare_resume(tmp_path, a, is_main=True)  # an archive never stops a run
+    assert resume is None and f"checkpoint format {CHECKPOINT_FORMAT + 1}" in notes[0]
+    assert f"(so the run in {kept.parent} was not considered for resuming)" in notes[0]
+    assert kept.is_file() and notes[0].endswith("starting from step 0")

@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gptcore.errors import UserError
 from gptcore.eval.cloze import build_cloze, clean_windows
 from gptcore.eval.multichoice import score_examples
 from gptcore.params import ParamError
@@ -69,11 +70,11 @@ def test_a_model_that_knows_the_stream_gets_every_example_right():
 
 def test_bad_input_is_a_clear_error():
     short_docs = stream(n_docs=50, doc_len=6)
-    with pytest.raises(ValueError, match="n_examples=5: must be <= the 0 windows of 12 tokens"):
+    with pytest.raises(UserError, match="n_examples=5: must be <= the 0 windows of 12 tokens"):
         build_cloze(short_docs, EOT, n_examples=5, context_len=8, ending_len=4, seed=0)
     with pytest.raises(ValueError, match="ending_len=0: must be >= 1"):
         build_cloze(stream(), EOT, n_examples=5, context_len=8, ending_len=0, seed=0)
-    with pytest.raises(ValueError, match="too few for windows of 14"):
+    with pytest.raises(UserError, match="too few for windows of 14"):
         build_cloze(stream(n_docs=1, doc_len=10), EOT, n_examples=1, context_len=10, ending_len=4, seed=0)
     with pytest.raises(ValueError, match="expected a 1-D array"):
         build_cloze(stream().reshape(-1, 11), EOT, n_examples=1, context_len=4, ending_len=2, seed=0)

@@ -18,6 +18,7 @@ from gptcore.train.checkpoint import atomic_torch_save
 
 def test_param_and_busy_folder_errors_are_user_errors_and_bugs_are_not():
     assert issubclass(ParamError, UserError) and issubclass(FolderBusyError, UserError)
+    assert not issubclass(UserError, ValueError)  # a handler of ValueError never takes a user's error for its own
     assert user_error(KeyError("x")) is None and user_error(ValueError("a bug")) is None
     assert user_error(OSError(errno.EIO, "I/O error")) is None  # not one the user can fix from here
 

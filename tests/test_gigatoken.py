@@ -14,6 +14,7 @@ from gptcore.data import tokenize as E
 from gptcore.data import tokenizers as T
 from gptcore.data.params import TOKENIZE
 from gptcore.data.sources import fetch
+from gptcore.errors import UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data" / "fineweb_edu_sample.jsonl"
 needs_gigatoken = pytest.mark.skipif(importlib.util.find_spec("gigatoken") is None,
@@ -91,9 +92,9 @@ def test_missing_gigatoken_is_one_line_with_the_install_command(monkeypatch):
 
 
 def test_encoder_param_is_checked():
-    with pytest.raises(ValueError, match="tokenize.encoder='fast'"):
+    with pytest.raises(UserError, match="tokenize.encoder='fast'"):
         TOKENIZE.validate({"tokenizer": "gpt2", "val_tokens": 0, "encoder": "fast"})
-    with pytest.raises(ValueError, match="applies to tokenizer gpt2 only"):
+    with pytest.raises(UserError, match="applies to tokenizer gpt2 only"):
         TOKENIZE.validate({"tokenizer": "char", "val_tokens": 0, "encoder": "gigatoken"})
 
 

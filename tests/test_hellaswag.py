@@ -64,13 +64,13 @@ def test_download_verifies_renames_and_caches(tmp_path, official):
 def test_checksum_mismatch_is_a_clear_error_and_leaves_no_file(tmp_path, official):
     corrupt = CONTENT.replace(b"roof", b"ROOF")
     assert len(corrupt) == len(CONTENT)
-    with pytest.raises(ValueError, match=f"sha256 .* does not match the expected {hs.HELLASWAG_VAL_SHA256}"):
+    with pytest.raises(UserError, match=f"sha256 .* does not match the expected {hs.HELLASWAG_VAL_SHA256}"):
         fetch_hellaswag(tmp_path / "hs", transport=chunks(corrupt), progress=False)
     assert list((tmp_path / "hs").iterdir()) == []
 
 
 def test_truncated_download_is_a_clear_error_and_leaves_no_file(tmp_path, official):
-    with pytest.raises(ValueError, match=f"download truncated, got 1,000 of {len(CONTENT):,} bytes"):
+    with pytest.raises(UserError, match=f"download truncated, got 1,000 of {len(CONTENT):,} bytes"):
         fetch_hellaswag(tmp_path / "hs", transport=chunks(CONTENT[:1000]), progress=False)
     assert list((tmp_path / "hs").iterdir()) == []
 
@@ -130,7 +130,7 @@ def test_bad_lines_name_the_file_and_line(tmp_path, line, problem):
     path = tmp_path / "val.jsonl"
     line = line if isinstance(line, bytes) else line.encode()
     path.write_bytes(json.dumps(ITEM).encode() + b"\n" + line + b"\n" + json.dumps(ITEM).encode() + b"\n")
-    with pytest.raises(ValueError, match=f"val.jsonl:2: {problem}"):
+    with pytest.raises(UserError, match=f"val.jsonl:2: {problem}"):
         read_hellaswag(path)
 
 
@@ -139,7 +139,7 @@ def test_a_bad_line_is_found_past_good_ones_and_a_string_label_is_accepted(tmp_p
     path = tmp_path / "val.jsonl"
     good = dict(ITEM, label="2", ind=7)
     path.write_text(json.dumps(good) + "\n\n" + json.dumps(ITEM) + "\n" + "{oops\n")
-    with pytest.raises(ValueError, match="val.jsonl:4: not valid JSON"):
+    with pytest.raises(UserError, match="val.jsonl:4: not valid JSON"):
         read_hellaswag(path)
     items = read_hellaswag(path, limit=2)
     assert [(it["ind"], it["label"]) for it in items] == [(7, 2), (ITEM["ind"], ITEM["label"])]

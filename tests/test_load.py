@@ -1,5 +1,6 @@
 """The one model loader: every spec (scratch, HF folder, model/ folder, our checkpoints, nanoGPT, build-nanogpt),
 the same rules for block size everywhere, and the tokenizer that goes with a model."""
+import errno
 import json
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from gptcore.data.tokenizers import CharTokenizer
+from gptcore.errors import UserError
 from gptcore.eval.sampling import main as sample_main
 from gptcore.eval.sampling import tokenizer_for
 from gptcore.model.gpt import GPT, GPTConfig
@@ -76,7 +78,7 @@ def test_pickled_code_never_runs(tmp_path):
             return (open, (str(marker), "w"))
 
     torch.save({"model": {}, "config": Evil()}, tmp_path / "evil.pt")
-    with pytest.raises(ValueError, match="evil.pt: cannot read checkpoint"):
+    with pytest.raises(UserError, match="evil.pt: not loadable as plain tensors .*GLOBAL io.open"):
         load_model(tmp_path / "evil.pt")
     assert not marker.exists()
 
@@ -107,25 +109,25 @@ def test_block_size_crops_when_smaller_and_refuses_when_larger(tmp_path):
         small = load_model(spec, block_size=8)
         assert small.config.block_size == 8 and small.transformer.wpe.weight.shape == (8, 16)
         assert torch.equal(small.transformer.wpe.weight, model.transformer.wpe.weight[:8])
-        with pytest.raises(ValueError, match="block_size=17 is larger than .* 16"):
+        with pytest.raises(UserError, match="block_size=17 is larger than .* 16"):
             load_model(spec, block_size=17)
-        with pytest.raises(ValueError, match="model.init_from=.*block_size=32 is larger"):
+        with pytest.raises(UserError, match="model.init_from=.*block_size=32 is larger"):
             init_model({"init_from": str(spec), "block_size": 32}, data_vocab_size=60)
     assert load_model(tmp_path, dropout=0.1).config.dropout == 0.1
 
 
 def test_bad_specs_say_what_is_accepted(tmp_path):
-    with pytest.raises(ValueError, match="only model.init_from starts a model from scratch"):
+    with pytest.raises(UserError, match="only model.init_from starts a model from scratch"):
         load_model("scratch")
-    with pytest.raises(ValueError, match="'nope': no such file or folder; expected 'scratch', one of gpt2"):
+    with pytest.raises(UserError, match="'nope': no such file or folder; expected 'scratch', one of gpt2"):
         load_model("nope")
-    with pytest.raises(ValueError, match="neither model.pt .* nor config.json"):
+    with pytest.raises(UserError, match="neither model.pt .* nor config.json"):
         load_model(tmp_path)
     (tmp_path / "x.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match="x.pt: cannot read checkpoint"):
+    with pytest.raises(UserError, match="x.pt: cannot read checkpoint"):
         load_model(tmp_path / "x.pt")
     torch.save({"step": 1}, tmp_path / "y.pt")
-    with pytest.raises(ValueError, match="y.pt: not a GPT checkpoint"):
+    with pytest.raises(UserError, match="y.pt: not a GPT checkpoint"):
         load_model(tmp_path / "y.pt")
 
 
@@ -139,7 +141,7 @@ def test_tokenizer_comes_from_beside_the_model(tmp_path):
         assert tokenizer_for(str(spec), model).name == "char"
     # nothing recorded beside a foreign checkpoint: GPT-2 BPE, as nanoGPT's sample.py assumes, if the model fits it
     torch.save({"model": model.state_dict(), "model_args": TINY}, tmp_path / "ckpt.pt")
-    with pytest.raises(ValueError, match="smaller than tokenizer gpt2's"):
+    with pytest.raises(UserError, match="smaller than tokenizer gpt2's"):
         tokenizer_for(str(tmp_path / "ckpt.pt"), model)
     assert tokenizer_for(str(tmp_path / "ckpt.pt"), model, tmp_path / "model").name == "char"
 
@@ -162,3 +164,36 @@ def test_model_vocab_pads_auto_to_a_multiple_of_64_and_keeps_an_explicit_size():
     for data in (50257, 4506, 151646, 64, 1):
         assert model_vocab("auto", data) == model_vocab(None, data) == -(-data // 64) * 64
     assert model_vocab(50400, 50257) == 50400
+
+
+def test_a_damaged_hf_folder_is_named_and_a_disk_error_is_not_called_damage(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    export_model(tmp_path, tiny(), None, {"step": 1})
+    weights = tmp_path / "hf" / "model.safetensors"
+    whole = weights.read_bytes()
+    weights.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(UserError, match=r"hf: cannot read its safetensors weights \(SafetensorError: .*\); copy the "
+                                        r"folder again"):
+        load_model(tmp_path / "hf")
+    weights.write_bytes(whole)
+
+    def failing(path, device="cpu"):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(safetensors.torch, "load_file", failing)
+    with pytest.raises(UserError, match=r"hf: cannot read it \(EIO: Input/output error\); the file is kept") as e:
+        load_model(tmp_path / "hf")
+    assert "copy the folder" not in str(e.value)
+
+
+def test_a_full_disk_while_fetching_gpt2_is_not_called_a_network_failure(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    def full(**kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "hub" / "model.safetensors"))
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", full)
+    with pytest.raises(UserError, match=r"model.safetensors: no space left on .*free some space") as e:
+        load_model("gpt2")
+    assert "cannot fetch" not in str(e.value)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from gptcore.data.loader import TokenLoader
+from gptcore.errors import UserError
 
 
 @pytest.fixture
@@ -99,7 +100,7 @@ def test_indivisible_batch_is_an_assertion(shard_dir):
 
 
 def test_shards_smaller_than_a_step_are_a_clear_error(shard_dir):
-    with pytest.raises(ValueError, match="no training shard holds one step"):
+    with pytest.raises(UserError, match="no training shard holds one step"):
         TokenLoader(paths(shard_dir), 2, 8, 2048)
 
 

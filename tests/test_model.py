@@ -142,7 +142,7 @@ def test_import_pytorch_bin_without_prefix_and_with_mask_buffers(hf_model, tmp_p
 
 
 def test_import_bad_inputs(hf_dir, tmp_path):
-    with pytest.raises(ValueError, match="neither a local"):
+    with pytest.raises(UserError, match="neither a local"):
         load_hf_gpt2(tmp_path / "nope")
     with pytest.raises(UserError, match="config.json"):
         load_hf_gpt2(tmp_path)
@@ -152,13 +152,13 @@ def test_import_bad_inputs(hf_dir, tmp_path):
     cfg = json.loads((hf_dir / "config.json").read_text())
     cfg["activation_function"] = "relu"
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match="activation_function"):
+    with pytest.raises(UserError, match="activation_function"):
         load_hf_gpt2(tmp_path)
     cfg["activation_function"] = "gelu_new"
     cfg["n_embd"] = 32  # weights no longer fit the config
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     (tmp_path / "model.safetensors").write_bytes((hf_dir / "model.safetensors").read_bytes())
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(UserError, match="shape"):
         load_hf_gpt2(tmp_path)
 
 

@@ -11,6 +11,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gptcore.errors import UserError
 from gptcore.eval.multichoice import (
     ChoiceResult,
     Example,
@@ -117,11 +118,11 @@ def test_truncation_cuts_context_from_the_left_and_keeps_endings_whole():
 
 
 def test_bad_examples_are_rejected_with_their_index():
-    with pytest.raises(ValueError, match="example 3: an ending of 8 tokens does not fit block_size 8"):
+    with pytest.raises(UserError, match="example 3: an ending of 8 tokens does not fit block_size 8"):
         fit_example(Example([1], [[0] * 8, [1]], label=0, index=3), block_size=8)
-    with pytest.raises(ValueError, match="example 4: label 5"):
+    with pytest.raises(UserError, match="example 4: label 5"):
         fit_example(Example([1], [[0], [1]], label=5, index=4), block_size=8)
-    with pytest.raises(ValueError, match="example 5: empty context"):
+    with pytest.raises(UserError, match="example 5: empty context"):
         fit_example(Example([], [[0], [1]], label=0, index=5), block_size=8)
     with pytest.raises(ValueError, match="world_size=2 but torch.distributed is not initialised"):
         score_examples(BigramLM(P, 8), [], device="cpu", rank=0, world_size=2)

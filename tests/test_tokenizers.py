@@ -110,17 +110,17 @@ def test_char_tokenizer_roundtrip_save_load_and_errors(tmp_path):
     assert tok.decode(ids) == "hello 红楼梦 😀"
     assert tok.decode([tok.eot]) == "<|endoftext|>"
     assert tok.encode_numpy("hello").tolist() == tok.encode("hello")
-    with pytest.raises(ValueError, match=r"'z' is not in the char vocabulary"):
+    with pytest.raises(UserError, match=r"'z' is not in the char vocabulary"):
         tok.encode("zebra")
-    with pytest.raises(ValueError, match="outside the char vocabulary"):
+    with pytest.raises(UserError, match="outside the char vocabulary"):
         tok.decode([tok.vocab_size])
     tok.save(tmp_path)
     again = T.CharTokenizer.read(tmp_path / "vocab.json")
     assert again.chars == tok.chars and again.encode("world") == tok.encode("world")
-    with pytest.raises(ValueError, match="empty corpus"):
+    with pytest.raises(UserError, match="empty corpus"):
         T.CharTokenizer.build([])
     (tmp_path / "bad.json").write_text("{}", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"bad\.json: not a char vocabulary"):
+    with pytest.raises(UserError, match=r"bad\.json: not a char vocabulary"):
         T.CharTokenizer.read(tmp_path / "bad.json")
 
 
@@ -144,13 +144,13 @@ def test_hf_eot_falls_back_to_a_param_or_the_first_special_token(tmp_path):
     assert tok.decode([tok.eot]) == "</s>"
     pad = T.HFTokenizer(path, eot_token="<pad>")
     assert pad.eot != tok.eot and pad.decode([pad.eot]) == "<pad>"
-    with pytest.raises(ValueError, match="eot token '<nope>' is not in the vocabulary"):
+    with pytest.raises(UserError, match="eot token '<nope>' is not in the vocabulary"):
         T.HFTokenizer(path, eot_token="<nope>")
     none = big_wordlevel(tmp_path / "none.json", n_words=10, specials=())
-    with pytest.raises(ValueError, match=r"none\.json: no <\|endoftext\|> and no special token"):
+    with pytest.raises(UserError, match=r"none\.json: no <\|endoftext\|> and no special token"):
         T.HFTokenizer(none)
     (tmp_path / "broken.json").write_text("{not json", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"broken\.json: cannot load"):
+    with pytest.raises(UserError, match=r"broken\.json: cannot load"):
         T.HFTokenizer(tmp_path / "broken.json")
 
 
@@ -163,9 +163,9 @@ def test_train_byte_level_bpe(tmp_path):
     for t in ["To be, or not to be", "红楼梦 ünïcode never seen: 𝔘𝔫𝔦", ""]:
         assert tok.decode(tok.encode(t)) == t  # byte-level: every string round-trips
     assert len(tok.encode("ACT I. SCENE II.")) < len("ACT I. SCENE II.")  # merges were learned
-    with pytest.raises(ValueError, match="bpe_vocab_size=100"):  # the schema refuses it, before any training
+    with pytest.raises(UserError, match="bpe_vocab_size=100"):  # the schema refuses it, before any training
         TOKENIZE.validate({"tokenizer": "bpe", "val_tokens": 0, "bpe_vocab_size": 100})
-    with pytest.raises(ValueError, match="empty corpus"):
+    with pytest.raises(UserError, match="empty corpus"):
         T.train_bpe([], 400, tmp_path / "y.json")
 
 

@@ -395,3 +395,75 @@ def test_a_resume_with_another_micro_batch_matches_to_about_1e6(tmp_path, shards
     worst = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
     print(f"micro_batch 4 -> 2 at step 6 of 12: largest weight difference {worst:.2e}")
     assert 0 < worst < 1e-5
+
+
+def model_tree(project: Path) -> dict[str, bytes]:
+    folder = project / "model"
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_model_folder_is_byte_identical_across_runs_and_a_finished_rerun(tmp_path, shards):
+    """What DVC hashes as model/ holds no timings: two runs of the same params give the same bytes (evaluate is not
+    rerun), and a rerun of the finished train keeps model.pt's whole final record."""
+    a = make_project(tmp_path / "a", shards, max_steps=6)
+    b = make_project(tmp_path / "b", shards, max_steps=6)
+    run_train(a)
+    run_train(b)
+    first = model_tree(a)
+    assert first == model_tree(b)
+    final = checkpoint.load_checkpoint(a / "model" / "model.pt")["final"]
+    assert {"train_loss", "val_loss", "lr", "grad_norm", "tokens_seen"} <= set(final)
+    assert not {"tokens_per_sec", "step_ms", "mfu"} & set(final)
+    assert "resuming from checkpoints/ckpt_0000006.pt (step 6)" in run_train(a).stdout
+    assert model_tree(a) == first
+
+
+def strace_works() -> bool:
+    strace = shutil.which("strace")
+    return strace is not None and subprocess.run([strace, "-o", "/dev/null", "true"], capture_output=True,
+                                                 timeout=60).returncode == 0
+
+
+@pytest.mark.skipif(not strace_works(), reason="needs a working strace (ptrace) for fault injection")
+def test_an_io_error_reading_good_checkpoints_stops_in_one_line_and_the_rerun_resumes(tmp_path, shards):
+    """The issue's reproduction, with a real EIO (strace fault injection into every read of each checkpoint): the
+    run stops in one line naming the newest, every checkpoint stays in place, and without the fault it resumes."""
+    straight = make_project(tmp_path / "straight", shards, max_steps=12)
+    run_train(straight)
+    project = make_project(tmp_path / "p", shards, max_steps=12, keep_checkpoints=3)
+    kill_after_checkpoint(project, 1, ckpt_step=6)
+    ckpts = project / "checkpoints"
+    before = {p.name: p.read_bytes() for p in ckpts.glob("ckpt_*")}
+    newest = sorted(before)[-1]
+    faults = [a for p in checkpoint.list_checkpoints(ckpts) for a in ("-P", str(p))]
+    cmd = ["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=read", "-e", "inject=read:error=EIO", *faults,
+           *train_cmd(1)]
+    proc = subprocess.run(cmd, cwd=project, env=env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"[train] checkpoints/{newest}: cannot read it (EIO: Input/output error); the file is kept as it is: check "
+        f"the disk and this user's access to it, then run again"]
+    assert {p.name: p.read_bytes() for p in ckpts.glob("ckpt_*")} == before and len(before) >= 2
+    assert not (ckpts / checkpoint.PREVIOUS).exists()
+    out = run_train(project)
+    assert f"resuming from checkpoints/{newest}" in out.stdout
+    wa, wb = final_weights(straight), final_weights(project)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_an_earlier_experiment_applied_again_is_brought_back_not_retrained(tmp_path, shards):
+    """`dvc exp apply` of an earlier experiment, then `dvc repro`: its finished run waits in checkpoints/previous/;
+    train brings it back with its step metrics (the other run moves aside) and only exports again."""
+    project = make_project(tmp_path / "p", shards, max_steps=6)
+    run_train(project)
+    first, losses = model_tree(project), tsv(project, "train_loss")
+    make_project(project, shards, max_steps=6, max_lr=2e-3)
+    run_train(project)
+    make_project(project, shards, max_steps=6)
+    out = run_train(project).stdout
+    assert "holds a run with these params (step 6): bringing it back" in out, out
+    assert "resuming from checkpoints/ckpt_0000006.pt (step 6)" in out
+    assert model_tree(project) == first and tsv(project, "train_loss") == losses
+    kept = list((project / "checkpoints" / checkpoint.PREVIOUS).iterdir())
+    assert len(kept) == 1 and (kept[0] / "metrics" / "train").is_dir()  # the max_lr=2e-3 run, whole
+    assert checkpoint.load_checkpoint(kept[0] / "ckpt_0000006.pt")["params"]["train"]["max_lr"] == 2e-3

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gptcore.errors import UserError
 from gptcore.eval.val_loss import val_loss, val_stream
 from gptcore.model.gpt import GPT, GPTConfig
 
@@ -60,5 +61,5 @@ def test_val_stream_reads_one_token_past_val_tokens(tmp_path):
     assert val_stream(tmp_path, 3).tolist() == [1, 2, 3, 4]
     # a val split of exactly val_tokens: the last target is the next token of the corpus, train's first
     assert val_stream(tmp_path, 4).tolist() == [1, 2, 3, 4, 5]
-    with pytest.raises(ValueError, match="the val split has 4 tokens, fewer than val_tokens=5"):
+    with pytest.raises(UserError, match="the val split has 4 tokens, fewer than val_tokens=5"):
         val_stream(tmp_path, 5)

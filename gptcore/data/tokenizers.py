@@ -576,7 +576,7 @@ class CharTokenizer(Tokenizer):
         try:
             meta = json.loads(path.read_text(encoding="utf-8"))
             tok = cls(meta["chars"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, UserError) as e:
             raise UserError(f"{path}: not a char vocabulary ({e})") from None
         if meta.get("eot", tok.eot) != tok.eot:
             raise UserError(f"{path}: eot {meta['eot']} does not match {len(tok.chars)} chars")
@@ -815,7 +815,7 @@ def load_tokenizer(folder: str | Path) -> Tokenizer:
         raise UserError(f"{mpath}: the 'tokenizer' entry has no name: {rec!r}")
     try:
         tok = kind_for(rec["name"]).load(folder, rec)
-    except ValueError as e:
+    except (ValueError, UserError) as e:
         raise UserError(f"{mpath}: {e}") from None
     for key in ("vocab_size", "eot"):
         if key in rec and rec[key] != getattr(tok, key):

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from gptcore.atomic import atomic_write, write_text
-from gptcore.errors import NotRepresentable, UserError, cause
+from gptcore.errors import NotRepresentable, UserError, cause, read_failure, user_error
 from gptcore.model.gpt import GPT, GPTConfig, without_padding
 
 # The one list of OpenAI's GPT-2 checkpoints a model spec may name, and the Hub repositories that hold them.
@@ -272,6 +272,8 @@ def _download_gpt2(name: str) -> Path:
         # snapshot_download falls back to the local cache when the Hub cannot be reached
         return Path(snapshot_download(repo_id=repo, allow_patterns=["config.json", "model.safetensors"]))
     except Exception as e:
+        if user_error(e) is not None:  # a full or forbidden cache folder: not the network's fault
+            raise user_error(e) from e
         raise UserError(
             f"model {name!r}: cannot fetch {repo} from the Hugging Face hub or its cache ({cause(e)}); "
             f"on a machine with internet run `hf download {repo} config.json model.safetensors --local-dir <dir>`, "
@@ -286,6 +288,8 @@ def _config_from_hf(model_dir: Path) -> GPTConfig:
         hf = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: not valid JSON ({e})") from e
+    except OSError as e:  # the disk's fault, not the folder's
+        raise UserError(read_failure(path, e)) from e
     if hf.get("model_type", "gpt2") != "gpt2":
         raise UserError(f"{path}: model_type is {hf['model_type']!r}, expected 'gpt2'")
     # refuse variants whose maths differ from the model above instead of silently loading them wrong
@@ -317,6 +321,7 @@ def _config_from_hf(model_dir: Path) -> GPTConfig:
 
 def _read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a Hugging Face checkpoint directory, read directly (no transformers)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     single = model_dir / "model.safetensors"
@@ -331,16 +336,17 @@ def _read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
             for shard in shards:
                 state.update(load_file(str(model_dir / shard), device="cpu"))
             return state
-    except Exception as e:  # a damaged file: safetensors, json and the OS each raise their own kind
+    except FileNotFoundError as e:  # a shard the index lists is not there
+        raise UserError(f"{model_dir}: a weights file is missing ({cause(e)}); copy the folder again") from e
+    except OSError as e:  # the disk's fault, not the folder's
+        raise UserError(read_failure(e.filename or model_dir, e)) from e
+    except (SafetensorError, ValueError, KeyError, TypeError, AttributeError) as e:  # a damaged header or index
         raise UserError(f"{model_dir}: cannot read its safetensors weights ({cause(e)}); copy the "
                         f"folder again") from e
     if bin_file.is_file():
-        try:
-            return torch.load(bin_file, map_location="cpu", weights_only=True)
-        except Exception as e:  # weights_only refuses pickled objects other than tensors (code could run)
-            raise UserError(f"{bin_file}: not loadable as plain tensors ({cause(e)}); on a machine "
-                            f"you trust, save the model as model.safetensors (transformers: "
-                            f"save_pretrained(<dir>, safe_serialization=True)) and give that folder") from e
+        from gptcore.model.load import read_checkpoint  # load.py imports this module
+
+        return read_checkpoint(bin_file)
     raise UserError(
         f"{model_dir}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin found"
     )

@@ -12,12 +12,15 @@ Block size: a smaller one crops the position table, a larger one is an error.
 """
 from __future__ import annotations
 
+import pickle
+import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from gptcore.errors import UserError
+from gptcore.errors import UserError, cause, read_failure
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.model.hf import HF_GPT2_NAMES, load_hf_gpt2
 
@@ -54,20 +57,94 @@ class _PickledConfig:
         self.fields = dict(state)
 
 
-def read_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """A torch.save file as plain containers and tensors (weights_only: no pickled code runs); names the file on failure.
+class CorruptCheckpoint(UserError):
+    """A file recognised as damaged by its own bytes: empty, a zip archive cut short (a full disk, a kill during a
+    copy), or not a torch.save file at all. Only this may be set aside; the file's data is not trusted."""
 
-    A pickled `GPTConfig` (build-nanogpt) comes back as the plain dict of its fields."""
+
+class CheckpointRefused(UserError):
+    """A checkpoint that could not be read now, or is not read on purpose, though nothing says it is damaged: an I/O
+    or memory error, torch's weights_only loader refusing it, another format version. Leave the file as it is."""
+
+
+CHECKPOINT_FORMAT = 1  # the layout of what this project saves; files from before the key existed are layout 1
+FORMAT_KEY = "format"
+_ZIP_MAGIC, _LEGACY_MAGIC = b"PK\x03\x04", b"\x80\x02\x8a\x0a"  # torch.save's zip; its pre-1.6 pickle format
+
+
+def read_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """A torch.save file as plain containers and tensors (weights_only: no pickled code runs); `mmap` maps the
+    tensors instead of reading them (for a look at the other entries).
+
+    A pickled `GPTConfig` (build-nanogpt) comes back as the plain dict of its fields. A failure is CorruptCheckpoint
+    only when the file's bytes show the damage (`_damage`), CheckpointRefused for an I/O or memory error, a
+    weights_only refusal or another format version; anything else keeps its traceback."""
     try:
         with torch.serialization.safe_globals([(_PickledConfig, name) for name in _PICKLED_CONFIGS]):
-            ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # a truncated or foreign file: say which
-        raise UserError(f"{path}: cannot read checkpoint ({type(e).__name__}: {e})") from e
+            ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except Exception as e:
+        try:
+            damage = _damage(path, e)
+        except OSError as again:  # the disk still fails: nothing is known of the file
+            raise CheckpointRefused(read_failure(path, again)) from e
+        if damage:
+            raise CorruptCheckpoint(f"{path}: cannot read checkpoint: {damage}") from e
+        refused = _refusal(path, e)
+        if refused is None:
+            raise
+        raise refused from e
     if not isinstance(ckpt, dict):
-        raise UserError(f"{path}: not a checkpoint (a {type(ckpt).__name__}, expected a dict)")
+        raise CorruptCheckpoint(f"{path}: not a checkpoint (a {type(ckpt).__name__}, expected a dict)")
+    version = ckpt.get(FORMAT_KEY, CHECKPOINT_FORMAT)
+    if version != CHECKPOINT_FORMAT:
+        raise CheckpointRefused(f"{path}: checkpoint format {version!r}, but this gptcore reads format "
+                                f"{CHECKPOINT_FORMAT}; the file is kept: use the gptcore that wrote it, or move the "
+                                f"file away to go on without it")
     if isinstance(ckpt.get("config"), _PickledConfig):
         ckpt["config"] = ckpt["config"].fields
     return ckpt
+
+
+def _damage(path: Path, e: Exception) -> str:
+    """What in the file's own bytes (and, for the legacy format, the unpickler's end of file `e`) shows it damaged
+    or foreign; '' if nothing does. An OSError reading it propagates: an unreadable disk says nothing of the file."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head:
+        return "an empty file"
+    if head == _LEGACY_MAGIC:
+        return "torch's legacy format, cut short" if isinstance(e, EOFError) else ""
+    if head != _ZIP_MAGIC:
+        return "not a torch.save file (neither a zip archive nor torch's legacy format)"
+    try:
+        with zipfile.ZipFile(path) as z:  # reads the central directory, which ends the file
+            names = z.namelist()
+    except zipfile.BadZipFile as bad:
+        return f"a zip archive cut short or damaged ({bad})"
+    if not any(n.rsplit("/", 1)[-1] == "data.pkl" for n in names):
+        return "a zip archive but not a torch.save file (no data.pkl)"
+    return ""
+
+
+def _refusal(path: Path, e: Exception) -> CheckpointRefused | None:
+    """The one line for a readable-looking file that did not load for a reason other than damage; None: a bug."""
+    kept = "the file is kept as it is"
+    if isinstance(e, OSError):
+        return CheckpointRefused(read_failure(path, e))
+    if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e)):
+        return CheckpointRefused(f"{path}: out of memory while loading it ({cause(e)}); {kept}: free memory (or "
+                                 f"use a machine with more) and run again")
+    if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e):
+        return CheckpointRefused(f"{path}: not loadable as plain tensors by torch {torch.__version__}'s "
+                                 f"weights_only loader ({_refused_global(e)}); {kept}: use the torch version that "
+                                 f"wrote it, or on a machine you trust save its tensors again")
+    return None
+
+
+def _refused_global(e: Exception) -> str:
+    """The weights_only loader's own reason without its advice: the global it refused, where it names one."""
+    found = re.search(r"Unsupported global: GLOBAL \S+", str(e))
+    return found.group(0) if found else cause(e)
 
 
 def _from_checkpoint(path: Path) -> GPT:

@@ -2,7 +2,8 @@
 
 A checkpoint is one `torch.save` file `ckpt_{step:07d}.pt` holding everything needed to continue bit-exactly:
 model weights (never with torch.compile's `_orig_mod.` or DDP's `module.` prefixes), optimizer, GradScaler, the
-loader state, every rank's RNG state, the step, and the run's params with their fingerprint.
+loader state, every rank's RNG state, the step, the run's params with their fingerprint, and the format version
+(gptcore.model.load.CHECKPOINT_FORMAT; a file of another version is refused, not guessed at).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from gptcore import distributed
 from gptcore.atomic import TMP_SUFFIX, atomic_write, json_sha256
 from gptcore.errors import UserError
 from gptcore.model.gpt import GPT
+from gptcore.model.load import CHECKPOINT_FORMAT, FORMAT_KEY, CheckpointRefused, CorruptCheckpoint
 from gptcore.model.load import read_checkpoint as load_checkpoint
 from gptcore.params import ParamError
 
@@ -47,7 +49,10 @@ def param_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> li
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    """torch.save through a temp file and a rename: a kill mid-save leaves the old file intact."""
+    """torch.save through a temp file and a rename: a kill mid-save leaves the old file intact. A dict gets the
+    format version, so every checkpoint and model.pt says which layout it holds."""
+    if isinstance(obj, dict):
+        obj = {FORMAT_KEY: CHECKPOINT_FORMAT, **obj}
     with atomic_write(path, "wb", needed=_tensor_bytes(obj)) as f:
         torch.save(obj, f)
 
@@ -102,15 +107,17 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def newest_readable(ckpt_dir: Path) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
-    """The newest checkpoint that loads, and a note for each newer one that does not.
+    """The newest checkpoint that loads, and a note for each newer one that is damaged.
 
-    An unreadable checkpoint (truncated, foreign) is set aside as `<name>.corrupt`, never deleted, so an older
-    good one (train.keep_checkpoints) is used and later runs are not blocked by it."""
+    A damaged checkpoint (CorruptCheckpoint: empty, cut short, foreign) is set aside as `<name>.corrupt`, never
+    deleted, so an older good one (train.keep_checkpoints) is used and later runs are not blocked by it. Any other
+    failure (CheckpointRefused: an I/O or memory error, another format version; or a bug) propagates with every file
+    left in place, so the rerun after the fault resumes from the newest."""
     notes = []
     for path in reversed(list_checkpoints(ckpt_dir)):
         try:
             return path, load_checkpoint(path), notes
-        except ValueError as e:
+        except CorruptCheckpoint as e:
             aside = path.with_name(path.name + ".corrupt")
             os.replace(path, aside)
             notes.append(f"{e}; set aside as {aside}")
@@ -120,18 +127,68 @@ def newest_readable(ckpt_dir: Path) -> tuple[Path | None, dict[str, Any] | None,
 def find_resume(ckpt_dir: Path, run_params: dict[str, Any]) -> tuple[Path | None, dict[str, Any] | None, str]:
     """(path, loaded checkpoint, what was decided): the newest readable checkpoint, if a run with these params wrote it.
 
-    Call on one process only (it renames unreadable checkpoints). A checkpoint of a run with other params is
-    never resumed: the caller starts fresh (see `move_aside`), and the sentence says which params differ."""
+    Call on one process only (it renames damaged checkpoints). A checkpoint of a run with other params is never
+    resumed: the path is then that of an earlier run of these params kept in ckpt_dir/previous/ (the caller brings
+    it back, see `bring_back`), or None (the caller starts fresh, see `move_aside`); the sentence says which
+    params differ."""
     path, ckpt, notes = newest_readable(ckpt_dir)
-    if path is None:
-        why = f"no readable checkpoint in {ckpt_dir}: starting from step 0"
-    # equal params also resume a checkpoint whose fingerprint was written in an older (16-hex) form
-    elif ckpt.get("fingerprint") == run_fingerprint(run_params) or ckpt.get("params") == run_params:
+    if path is not None and _same_run(ckpt, run_params):
         return path, ckpt, "; ".join(notes + [f"resuming from {path} (step {ckpt['step']})"])
+    if path is None:
+        why = f"no readable checkpoint in {ckpt_dir}"
     else:
         diff = param_diff(ckpt.get("params", {}), run_params) or ["(params not recorded)"]
-        why = f"{path} was written by a run with other params, so it is not resumed; starting fresh ({'; '.join(diff)})"
-    return None, None, "; ".join(notes + [why])
+        why = f"{path} was written by a run with other params, so it is not resumed"
+    earlier, skipped = _earlier_run(ckpt_dir, run_params)
+    notes += skipped
+    if earlier is not None:
+        return earlier[0], earlier[1], "; ".join(notes + [f"{why}; {earlier[0].parent} holds a run with these "
+                                                          f"params (step {earlier[1]['step']}): bringing it back"])
+    fresh = ": starting from step 0" if path is None else f"; starting fresh ({'; '.join(diff)})"
+    return None, None, "; ".join(notes + [why + fresh])
+
+
+def _same_run(ckpt: dict[str, Any], run_params: dict[str, Any]) -> bool:
+    # equal params also resume a checkpoint whose fingerprint was written in an older (16-hex) form
+    return ckpt.get("fingerprint") == run_fingerprint(run_params) or ckpt.get("params") == run_params
+
+
+def _earlier_run(ckpt_dir: Path, run_params: dict[str, Any]) -> tuple[tuple[Path, dict[str, Any]] | None, list[str]]:
+    """The newest undamaged checkpoint in ckpt_dir/previous/ of a run with these params (an experiment applied
+    again), newest folder first, with its entries (tensors memory-mapped: only the fingerprint is wanted), or None;
+    and a note for each folder that could not be looked at. Nothing in previous/ is renamed, and a file there that
+    cannot be read now (CheckpointRefused) never stops a run: it only goes unconsidered, which the note says."""
+    previous = Path(ckpt_dir) / PREVIOUS
+    skipped = []
+    for folder in sorted(previous.iterdir(), reverse=True) if previous.is_dir() else []:
+        for path in reversed(list_checkpoints(folder)):
+            try:
+                ckpt = load_checkpoint(path, mmap=True)
+            except CorruptCheckpoint:
+                continue
+            except CheckpointRefused as e:
+                skipped.append(f"{e} (so the run in {folder} was not considered for resuming)")
+                break
+            if _same_run(ckpt, run_params):
+                return (path, ckpt), skipped
+            break  # the folder's newest undamaged checkpoint says which run it holds
+    return None, skipped
+
+
+def bring_back(folder: Path, ckpt_dir: Path, also: list[Path] = ()) -> None:
+    """Move an earlier run's checkpoints, best weights and `also` (as move_aside kept them) from
+    ckpt_dir/previous/<time>/ back into place; call after move_aside, so nothing they replace is lost."""
+    for p in sorted(Path(folder).iterdir()):
+        if CKPT_RE.match(p.name.removesuffix(".corrupt")) or BEST_RE.match(p.name):
+            os.replace(p, Path(ckpt_dir) / p.name)
+    for p in map(Path, also):
+        kept = Path(folder) / (p.name if p.is_absolute() else p)
+        if kept.exists():
+            shutil.rmtree(p, ignore_errors=True)  # move_aside took whatever files it held: empty folders at most
+            p.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(kept), str(p))
+    if not any(f.is_file() for f in Path(folder).rglob("*")):
+        shutil.rmtree(folder)
 
 
 def move_aside(ckpt_dir: Path, also: list[Path] = ()) -> Path | None:
@@ -188,19 +245,25 @@ def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, al
                    ) -> tuple[dict[str, Any] | None, list[str]]:
     """Collective: the checkpoint every rank resumes from (None: a fresh start), and what rank 0 decided, as lines.
 
-    Rank 0 alone decides (`find_resume`) and, on a fresh start, moves the previous run's checkpoints and `also`
-    (its step metrics) aside; the other ranks then load what it left: the run to resume, if any."""
+    Rank 0 alone decides (`find_resume`) and, unless the run in ckpt_dir is resumed, moves it and `also` (its step
+    metrics) aside, then brings back an earlier run of these params from previous/ if there is one; the other ranks
+    then load what it left: the run to resume, if any."""
     check_init_from(run_params["model"].get("init_from"), ckpt_dir)  # every rank: all refuse together
     resume, notes = None, []
     if is_main:
         notes += remove_temp_files(ckpt_dir)
-        _, resume, why = find_resume(ckpt_dir, run_params)
+        path, resume, why = find_resume(ckpt_dir, run_params)
         notes.append(why)
-        if resume is None:
+        earlier = path is not None and path.parent != Path(ckpt_dir)
+        if resume is None or earlier:
             moved = move_aside(ckpt_dir, also=also)
             if moved is not None:
                 others = "".join(f" and {p}/" for p in also)
                 notes.append(f"the previous run's checkpoints{others} are kept in {moved}")
+        if earlier:
+            bring_back(path.parent, ckpt_dir, also)
+            resume = load_checkpoint(Path(ckpt_dir) / path.name)
+            notes.append(f"resuming from {Path(ckpt_dir) / path.name} (step {resume['step']})")
     distributed.barrier()
     if not is_main:
         last = latest_checkpoint(ckpt_dir)

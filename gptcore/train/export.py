@@ -1,12 +1,16 @@
 """The `model/` folder a run exports, and the one function that writes it.
 
 model/
-  model.pt        config + weights + `record` (step, export kind, tokenizer record, final metrics): gptcore.model.load
+  model.pt        config + weights + `record` (step, export kind, tokenizer record, final metrics but timings):
+                  gptcore.model.load
   manifest.json   the tokenizer record (gptcore.data.tokenizers.load_tokenizer reads it), step, export, hardware
   <vocab file>    what load_tokenizer needs beside the manifest (char vocabulary, tokenizer.json, ranks)
   hf/             a Hugging Face export (GPT-2, Llama or Qwen3) that stands alone: the run's end-of-text as bos/eos
                   and the tokenizer's HF files (Tokenizer.save_hf); or hf/NOT_EXPORTED.txt saying in one line why
                   no architecture represents the model
+
+Nothing in it varies between two runs of the same params and data (the timings stay in metrics/train), so DVC
+hashes the same model/ and does not rerun evaluate.
 """
 from __future__ import annotations
 

@@ -28,6 +28,8 @@ from gptcore.report.steplog import StepLogger
 from gptcore.train import checkpoint
 from gptcore.train.optim import LRSchedule, build_optimizers, set_lr
 
+TIMINGS = ("tokens_per_sec", "step_ms", "mfu")  # vary between two runs of the same params: metrics/train only
+
 
 class NonFiniteLoss(UserError):
     """The training loss became NaN or infinite; the run stops without saving."""
@@ -108,6 +110,7 @@ class Trainer:
         self.step = 0
         # export=best: the lowest val loss seen at the eval cadence and its step (weights in checkpoints/best_*.pt)
         self.best_val_loss, self.best_step = math.inf, None
+        self.final: dict[str, float] = {}  # the last value of each metric, carried by checkpoints (see fit)
         self._first_bad = torch.full((), -1, dtype=torch.long, device=self.device)  # see train_step
         if resume_from is not None:
             self._restore(resume_from)
@@ -130,6 +133,7 @@ class Trainer:
             self.scaler.load_state_dict(ckpt["scaler"])
         self.loader.load_state_dict(ckpt["loader"])
         self.step = int(ckpt["step"])
+        self.final = dict(ckpt.get("final") or {})
         best = ckpt.get("best") or {}
         if best.get("step") is not None:
             self.best_val_loss, self.best_step = float(best["val_loss"]), int(best["step"])
@@ -155,6 +159,7 @@ class Trainer:
             "params": self.run_params,
             "fingerprint": self.fingerprint,
             "best": {"val_loss": self.best_val_loss, "step": self.best_step},
+            "final": dict(self.final),
         }
         path = checkpoint.save_checkpoint(self.ckpt_dir, self.step, state, self.cfg.keep_checkpoints)
         # best weights of steps before this checkpoint that it does not point at can go (newer ones never exist here)
@@ -252,14 +257,15 @@ class Trainer:
             torch.cuda.synchronize()
 
     def fit(self) -> dict[str, float]:
-        """Train from the current step to max_steps, evaluating, logging and checkpointing; the last metrics.
+        """Train from the current step to max_steps, evaluating, logging and checkpointing; the last value of each
+        metric but TIMINGS: the same for two runs of the same params, and for a rerun of a finished one (checkpoints
+        carry the values).
 
         The host waits for the device only at the logging cadence (train.log_every) and around evals and saves:
         the logged loss and gradient norm are those of the logged step, tokens_per_sec and step_ms the mean over the
         steps since the last log (with log_every 1, each step's own)."""
-        cfg, env = self.cfg, self.env
+        cfg, env, final = self.cfg, self.env, self.final
         step_tokens = cfg.total_batch_tokens
-        final: dict[str, float] = {}
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", disable=not env.is_main,
                    dynamic_ncols=True)
         started, elapsed, steps = None, 0.0, 0  # the timer: wall time of the steps since the last log
@@ -309,4 +315,4 @@ class Trainer:
         final.update(metrics)
         if self.step > 0:  # max_steps 0 (evaluate a starting point) leaves nothing worth resuming
             self.save()
-        return final
+        return {k: v for k, v in final.items() if k not in TIMINGS}
