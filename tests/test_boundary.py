@@ -15,7 +15,7 @@ from gptcore.process import FolderLock, NotALockFile, holder_pid
 # every lock a stage takes, as the stage declares it (readers of a folder that does not exist take nothing)
 LOCKS = [("fetch", "data/raw"), ("tokenize", "data/raw"), ("tokenize", "data/shards"), ("train", "data/shards"),
          ("train", "checkpoints"), ("evaluate", "data/shards"), ("evaluate", "checkpoints"), ("evaluate", "metrics"),
-         ("compare", "data/shards"), ("compare", "checkpoints"), ("compare", "metrics")]
+         ("compare", "checkpoints"), ("compare", "metrics")]
 
 
 @pytest.fixture

@@ -12,8 +12,12 @@ from gptcore.report.baselines import baseline_values, read_baselines
 from stages.compare import LIVE_DIR, PLOT_DATA
 
 ROOT = Path(__file__).resolve().parents[1]
-BASELINES = {"gpt2_124m": {"val_loss": 3.2924, "hellaswag_acc_norm": 0.2955},
-             "gpt3_124m": {"hellaswag_acc_norm": 0.337}}
+_ON = yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text(encoding="utf-8"))["gpt2_124m"]
+BASELINES = {"gpt2_124m": {"val_loss": 3.2924, "val_loss_measured_on": _ON["val_loss_measured_on"],
+                           "hellaswag_acc_norm": 0.2955,
+                           "hellaswag_acc_norm_measured_on": _ON["hellaswag_acc_norm_measured_on"]},
+             "gpt3_124m": {"hellaswag_acc_norm": 0.337,
+                           "hellaswag_acc_norm_measured_on": _ON["hellaswag_acc_norm_measured_on"]}}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

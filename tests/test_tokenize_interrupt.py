@@ -189,13 +189,13 @@ import sys, time
 sys.path.insert(0, {root!r})
 from gptcore.data import shards
 from gptcore.data.tokenize import tokenize
-from gptcore.process import stage_lifetime
+from stages.common import stage
 real = shards.publish
 def slow(tmp, path, synced=False):  # a slow file system: the signal mostly comes while a shard is being renamed
     real(tmp, path, synced)
     time.sleep(0.03)
 shards.publish = slow
-with stage_lifetime("tokenize"):
+with stage("tokenize"):
     tokenize({raw!r}, {out!r}, {cfg!r}, progress=False)
 """
 
@@ -321,8 +321,8 @@ def test_a_real_eio_stops_the_stage_with_every_file_in_place(tmp_path, monkeypat
     where = E.staged_dir(tmp_path / "shards") if target == "staged shard" else tmp_path / "shards"
     bad = where / (S.MANIFEST if target == "manifest" else names[1])
     before = files(where)
-    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from gptcore.process import stage_lifetime; "
-            f"from gptcore.data.tokenize import tokenize\nwith stage_lifetime('tokenize'): "
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from stages.common import stage; "
+            f"from gptcore.data.tokenize import tokenize\nwith stage('tokenize'): "
             f"tokenize({str(raw)!r}, {str(tmp_path / 'shards')!r}, {CFG!r}, progress=False)")
     r = subprocess.run(["strace", "-f", "-o", "/dev/null", "-e", "inject=read:error=EIO", "-P", str(bad),
                         sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
