@@ -255,7 +255,10 @@ def mortal() -> None:
     if supervised():
         die_with_parent()
         die_with_the_shells_parent()
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    # a rank other than 0 says nothing and may sit in a C call (waiting for rank 0 at rendezvous) where a Python
+    # handler never runs: when torchrun stops it (rank 0 refused, say), it dies at once instead of after 30 s
+    quiet_rank = under_torchrun() and os.environ.get("RANK", "0") != "0"
+    signal.signal(signal.SIGTERM, signal.SIG_DFL if quiet_rank else _raise_interrupt)
 
 
 def under_torchrun() -> bool:
