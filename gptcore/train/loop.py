@@ -25,7 +25,7 @@ from gptcore.model.gpt import GPT
 from gptcore.model.load import strip_prefixes
 from gptcore.precision import autocast_context, resolve_dtype
 from gptcore.report.steplog import StepLogger
-from gptcore.train import checkpoint
+from gptcore.train import checkpoint, memory
 from gptcore.train.optim import LRSchedule, build_optimizers, set_lr
 
 
@@ -37,6 +37,7 @@ class NonFiniteLoss(UserError):
 class TrainConfig:
     """What the loop itself reads of params.yaml's `train:` section (schema and defaults: gptcore/train/params.py)."""
 
+    micro_batch: int
     total_batch_tokens: int
     max_steps: int
     warmup_steps: int
@@ -105,7 +106,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         self.schedule = LRSchedule(cfg.max_lr, cfg.max_lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.max_steps,
                                    cfg.schedule, cfg.decay_frac)
-        self.step = 0
+        self.step, self.memory_checked = 0, False
         # export=best: the lowest val loss seen at the eval cadence and its step (weights in checkpoints/best_*.pt)
         self.best_val_loss, self.best_step = math.inf, None
         self._first_bad = torch.full((), -1, dtype=torch.long, device=self.device)  # see train_step
@@ -237,6 +238,19 @@ class Trainer:
         self.scaler.update()
         return {"train_loss": loss_sum, "lr": lr, "grad_norm": grad_norm}
 
+    def measured_step(self) -> dict[str, Any]:
+        """`train_step`, with an out-of-memory error as one line naming train.micro_batch; the first step of this
+        process is measured and stops the run with one line when it (nearly) does not fit (gptcore.train.memory)."""
+        cfg = self.cfg
+        sequences = cfg.total_batch_tokens // (self.raw_model.config.block_size * self.env.world_size)
+        probe = None if self.memory_checked else memory.FirstStep(self.device, self.raw_model, self.optimizer)
+        self.memory_checked = True
+        with memory.out_of_memory_named(cfg.micro_batch, sequences, self.device):
+            out = self.train_step()
+        if probe is not None:
+            probe.check(cfg.micro_batch, sequences, cfg.total_batch_tokens)
+        return out
+
     def check_finite(self) -> None:
         """Raise NonFiniteLoss if a step since the start had a non-finite loss (a host sync: called at the logging
         cadence and before anything is evaluated or saved, so no weights of a diverged run are ever written)."""
@@ -280,7 +294,7 @@ class Trainer:
             if started is None:
                 self._sync()
                 started = time.perf_counter()
-            out = self.train_step()
+            out = self.measured_step()
             steps += 1
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps - 1:
                 dt, started, elapsed = pause() / steps, None, 0.0
