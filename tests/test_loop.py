@@ -126,17 +126,17 @@ def test_out_of_memory_at_micro_batch_1_says_make_the_model_smaller(tmp_path, mo
         t.fit()
 
 
-def test_a_first_step_with_no_micro_batch_that_fits_stops_before_any_save(tmp_path, monkeypatch):
+def test_no_micro_batch_that_fits_stops_after_the_second_step_before_its_save(tmp_path, monkeypatch):
     monkeypatch.setattr(memory, "budget_bytes", lambda device: 1)  # one byte: not even micro_batch=1
     t, log = trainer(tmp_path, ckpt_every=1)
-    with pytest.raises(StepMemory, match=r"^train.micro_batch=4: the first training step peaked at [\d.]+ GiB of "
+    with pytest.raises(StepMemory, match=r"^train.micro_batch=4: the first training steps peaked at [\d.]+ GiB of "
                                          r"the 0.00 GiB this process may use on cpu .* even train.micro_batch=1 "
                                          r"would need about [\d.]+ GiB: make the model smaller; stopped without"):
         t.fit()
-    assert t.step == 0 and not list(tmp_path.glob("ckpt_*"))
+    assert t.step == 1 and [p.name for p in tmp_path.glob("ckpt_*.pt")] == ["ckpt_0000001.pt"]
 
 
-def test_the_first_step_check_runs_once_and_not_where_the_budget_is_unknown(tmp_path, monkeypatch):
+def test_the_memory_check_runs_once_and_not_where_the_budget_is_unknown(tmp_path, monkeypatch):
     budgets: list[torch.device] = []
     monkeypatch.setattr(memory, "budget_bytes", lambda device: budgets.append(device))  # None: cannot be told
     t, _ = trainer(tmp_path)

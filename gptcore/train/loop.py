@@ -106,7 +106,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         self.schedule = LRSchedule(cfg.max_lr, cfg.max_lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.max_steps,
                                    cfg.schedule, cfg.decay_frac)
-        self.step, self.memory_checked = 0, False
+        self.step, self.memory_probe, self.memory_steps = 0, None, 0
         # export=best: the lowest val loss seen at the eval cadence and its step (weights in checkpoints/best_*.pt)
         self.best_val_loss, self.best_step = math.inf, None
         self._first_bad = torch.full((), -1, dtype=torch.long, device=self.device)  # see train_step
@@ -239,15 +239,18 @@ class Trainer:
         return {"train_loss": loss_sum, "lr": lr, "grad_norm": grad_norm}
 
     def measured_step(self) -> dict[str, Any]:
-        """`train_step`, with an out-of-memory error as one line naming train.micro_batch; the first step of this
-        process is measured and stops the run with one line when it (nearly) does not fit (gptcore.train.memory)."""
+        """`train_step`, with an out-of-memory error as one line naming train.micro_batch; the peak of the first two
+        steps of this process (the second is the first to hold the optimizer state through its forward and backward
+        passes) stops the run with one line when it (nearly) does not fit (gptcore.train.memory)."""
         cfg = self.cfg
         sequences = cfg.total_batch_tokens // (self.raw_model.config.block_size * self.env.world_size)
-        probe = None if self.memory_checked else memory.FirstStep(self.device, self.raw_model, self.optimizer)
-        self.memory_checked = True
+        if self.memory_probe is None and self.memory_steps == 0:
+            self.memory_probe = memory.FirstSteps(self.device, self.raw_model, self.optimizer)
         with memory.out_of_memory_named(cfg.micro_batch, sequences, self.device):
             out = self.train_step()
-        if probe is not None:
+        self.memory_steps += 1
+        if self.memory_probe is not None and (self.memory_steps == 2 or self.step == cfg.max_steps - 1):
+            self.memory_probe, probe = None, self.memory_probe
             probe.check(cfg.micro_batch, sequences, cfg.total_batch_tokens)
         return out
 

@@ -7,7 +7,7 @@ its gradient and optimizer state (AdamW: 16 bytes a weight; Muon's momentum: 12)
 layers keep for the backward pass (about 7 n_embd values per token per block in the autocast precision). Real use
 is higher (0.3-0.8 of it is counted), so a run this refuses cannot work; one it lets through may still not.
 
-Then the first optimizer step of each process is measured (`FirstStep`: CUDA's allocator peak, or the host's peak
+Then the first two optimizer steps of each process are measured (`FirstSteps`: CUDA's allocator peak, or the host's peak
 resident memory) against what the process may use; a peak over FILL of it stops the run with one line naming the
 largest train.micro_batch that fits, and an out-of-memory error in a step is one line naming a smaller one.
 """
@@ -164,8 +164,8 @@ def micro_batches(sequences_per_step: int) -> list[int]:
     return [b for b in range(1, sequences_per_step + 1) if sequences_per_step % b == 0]
 
 
-class FirstStep:
-    """The peak of one optimizer step against the memory the process may use: create it just before the step,
+class FirstSteps:
+    """The peak of the first optimizer steps against the memory the process may use: create it just before them,
     `check` just after (every rank together: the worst rank's figures decide)."""
 
     def __init__(self, device: torch.device, model: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer]):
@@ -176,10 +176,11 @@ class FirstStep:
         self.budget = budget_bytes(device)
 
     def check(self, micro_batch: int, sequences_per_step: int, total_batch_tokens: int) -> None:
-        """A StepMemory naming the largest train.micro_batch that fits when the step peaked over FILL of the budget.
+        """A StepMemory naming the largest train.micro_batch that fits when the steps peaked over FILL of the budget.
 
-        A step's memory is what the process held before it, the gradients and optimizer state the step added
-        (counted exactly), and activations, taken as proportional to micro_batch."""
+        A step's memory is what the process held before the first, the gradients and optimizer state the steps
+        added (counted exactly), and the rest, taken as proportional to micro_batch (activations; what is in fact
+        fixed, such as library code first paged in, makes the micro_batch named smaller than it could be)."""
         peak = peak_bytes(self.device)
         fixed = self.base + state_bytes(self.model.parameters(), self.optimizers) - self.state0
         mine = (peak, fixed, self.budget if self.budget is not None else -1)
@@ -189,7 +190,7 @@ class FirstStep:
         per_sequence = max(peak - fixed, 1) / micro_batch
         fits = [b for b in micro_batches(sequences_per_step)
                 if b < micro_batch and fixed + b * per_sequence <= FILL * budget]
-        said = (f"train.micro_batch={micro_batch}: the first training step peaked at {peak / GIB:,.2f} GiB of the "
+        said = (f"train.micro_batch={micro_batch}: the first training steps peaked at {peak / GIB:,.2f} GiB of the "
                 f"{budget / GIB:,.2f} GiB this process may use on {self.device} (at most {FILL:.0%} is kept for a "
                 f"step)")
         if not fits:
