@@ -116,6 +116,21 @@ def test_a_cuda_out_of_memory_in_a_step_is_one_line_naming_a_smaller_micro_batch
     assert [p.name for p in tmp_path.glob("ckpt_*.pt")] == ["ckpt_0000002.pt"]
 
 
+def test_the_cpu_allocators_refusal_is_named_too_and_other_errors_keep_their_traceback(tmp_path, monkeypatch):
+    t, _ = trainer(tmp_path)
+    refusal = RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 10000000000000 bytes. Error code 12 (Cannot allocate memory)")
+    monkeypatch.setattr(t, "train_step", lambda: (_ for _ in ()).throw(refusal))
+    with pytest.raises(StepMemory, match=r"^train.micro_batch=4: a training step ran out of cpu memory; try "
+                                         r"train.micro_batch=2"):
+        t.fit()
+    bug = RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x16 and 32x16)")
+    monkeypatch.setattr(t, "train_step", lambda: (_ for _ in ()).throw(bug))
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as e:
+        t.fit()
+    assert not isinstance(e.value, StepMemory)
+
+
 def test_out_of_memory_at_micro_batch_1_says_make_the_model_smaller(tmp_path, monkeypatch):
     t, _ = trainer(tmp_path, micro_batch=1, total_batch_tokens=16, loader=Batches())
 

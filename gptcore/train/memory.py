@@ -30,6 +30,7 @@ GIB = 1 << 30
 # a first step may peak at most this share of the memory the process may use: later steps, evals and the allocator's
 # fragmentation need some room, and a step that only just fitted once can be killed the next time
 FILL = 0.9
+CPU_OUT_OF_MEMORY = "DefaultCPUAllocator: can't allocate memory"  # a RuntimeError, not torch's OutOfMemoryError
 
 
 class StepMemory(UserError):
@@ -204,10 +205,13 @@ class FirstSteps:
 
 @contextmanager
 def out_of_memory_named(micro_batch: int, sequences_per_step: int, device: torch.device) -> Iterator[None]:
-    """An out-of-memory error in a training step as one line naming train.micro_batch and a value to try."""
+    """An out-of-memory error in a training step (CUDA's, or the CPU allocator's refusal) as one line naming
+    train.micro_batch and a value to try; any other error keeps its traceback."""
     try:
         yield
-    except torch.OutOfMemoryError as e:
+    except (torch.OutOfMemoryError, RuntimeError) as e:
+        if not isinstance(e, torch.OutOfMemoryError) and CPU_OUT_OF_MEMORY not in str(e):
+            raise
         smaller = [b for b in micro_batches(sequences_per_step) if b <= micro_batch // 2]
         todo = (f"try train.micro_batch={smaller[-1]} (gradient accumulation keeps train.total_batch_tokens)"
                 if smaller else "make the model smaller")
