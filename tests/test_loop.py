@@ -4,7 +4,9 @@ import torch
 
 from gptcore.distributed import DistEnv
 from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.train import memory
 from gptcore.train.loop import NonFiniteLoss, TrainConfig, Trainer
+from gptcore.train.memory import StepMemory
 from gptcore.train.params import TRAIN
 
 CFG = dict(micro_batch=4, total_batch_tokens=64, max_steps=10, warmup_steps=2, max_lr=1e-2, dtype="float32", seed=1,
@@ -94,3 +96,64 @@ def test_a_non_finite_loss_stops_before_the_next_save_and_names_its_step(tmp_pat
     with pytest.raises(NonFiniteLoss, match="non-finite training loss at step 3; last good checkpoint: .*ckpt_0000002"):
         t.fit()
     assert [p.name for p in tmp_path.glob("ckpt_*.pt")] == ["ckpt_0000002.pt"]  # nothing after the bad step
+
+
+def test_a_cuda_out_of_memory_in_a_step_is_one_line_naming_a_smaller_micro_batch(tmp_path, monkeypatch):
+    t, _ = trainer(tmp_path, ckpt_every=2, max_steps=4)  # 4 sequences a step: micro_batch 4 -> try 2
+    real = t.train_step
+
+    def out_of_memory():
+        if t.step == 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real()
+    monkeypatch.setattr(t, "train_step", out_of_memory)
+    with pytest.raises(StepMemory) as e:
+        t.fit()
+    assert str(e.value) == ("train.micro_batch=4: a training step ran out of cpu memory; try train.micro_batch=2 "
+                            "(gradient accumulation keeps train.total_batch_tokens); stopped without saving "
+                            "(checkpoints already written are kept)")
+    assert isinstance(e.value.__cause__, torch.cuda.OutOfMemoryError)
+    assert [p.name for p in tmp_path.glob("ckpt_*.pt")] == ["ckpt_0000002.pt"]
+
+
+def test_the_cpu_allocators_refusal_is_named_too_and_other_errors_keep_their_traceback(tmp_path, monkeypatch):
+    t, _ = trainer(tmp_path)
+    refusal = RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 10000000000000 bytes. Error code 12 (Cannot allocate memory)")
+    monkeypatch.setattr(t, "train_step", lambda: (_ for _ in ()).throw(refusal))
+    with pytest.raises(StepMemory, match=r"^train.micro_batch=4: a training step ran out of cpu memory; try "
+                                         r"train.micro_batch=2"):
+        t.fit()
+    bug = RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x16 and 32x16)")
+    monkeypatch.setattr(t, "train_step", lambda: (_ for _ in ()).throw(bug))
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as e:
+        t.fit()
+    assert not isinstance(e.value, StepMemory)
+
+
+def test_out_of_memory_at_micro_batch_1_says_make_the_model_smaller(tmp_path, monkeypatch):
+    t, _ = trainer(tmp_path, micro_batch=1, total_batch_tokens=16, loader=Batches())
+
+    def out_of_memory():
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
+    monkeypatch.setattr(t, "train_step", out_of_memory)
+    with pytest.raises(StepMemory, match=r"^train.micro_batch=1: .* make the model smaller; stopped without saving"):
+        t.fit()
+
+
+def test_no_micro_batch_that_fits_stops_after_the_second_step_before_its_save(tmp_path, monkeypatch):
+    monkeypatch.setattr(memory, "budget_bytes", lambda device: 1)  # one byte: not even micro_batch=1
+    t, log = trainer(tmp_path, ckpt_every=1)
+    with pytest.raises(StepMemory, match=r"^train.micro_batch=4: the first training steps peaked at [\d.]+ GiB of "
+                                         r"the 0.00 GiB this process may use on cpu .* even train.micro_batch=1 "
+                                         r"would need about [\d.]+ GiB: make the model smaller; stopped without"):
+        t.fit()
+    assert t.step == 1 and [p.name for p in tmp_path.glob("ckpt_*.pt")] == ["ckpt_0000001.pt"]
+
+
+def test_the_memory_check_runs_once_and_not_where_the_budget_is_unknown(tmp_path, monkeypatch):
+    budgets: list[torch.device] = []
+    monkeypatch.setattr(memory, "budget_bytes", lambda device: budgets.append(device))  # None: cannot be told
+    t, _ = trainer(tmp_path)
+    t.fit()
+    assert budgets == [torch.device("cpu")] and t.step == 10

@@ -467,3 +467,24 @@ def test_an_earlier_experiment_applied_again_is_brought_back_not_retrained(tmp_p
     kept = list((project / "checkpoints" / checkpoint.PREVIOUS).iterdir())
     assert len(kept) == 1 and (kept[0] / "metrics" / "train").is_dir()  # the max_lr=2e-3 run, whole
     assert checkpoint.load_checkpoint(kept[0] / "ckpt_0000006.pt")["params"]["train"]["max_lr"] == 2e-3
+
+
+@pytest.mark.parametrize("before,after", [(2, 1), (1, 2)])
+def test_a_resume_with_another_nproc_is_bit_identical(tmp_path, shards, before, after):
+    """train.nproc may change on resume: 2 ranks of micro_batch B average the gradients that 1 rank accumulates in
+    2 micro steps of B, each halved (exact in binary floating point), so the weights equal bit for bit those of
+    the uninterrupted run, cut after step 6's checkpoint and resumed on the other number of processes."""
+    opts = dict(max_steps=12, keep_checkpoints=10)
+    straight = make_project(tmp_path / "straight", shards, nproc=before, **opts)
+    run_train(straight, before)
+    resumed = make_project(tmp_path / "resumed", shards, nproc=before, **opts)
+    shutil.copytree(straight / "checkpoints", resumed / "checkpoints")
+    for p in (resumed / "checkpoints").glob("ckpt_*.pt"):
+        if p.name > "ckpt_0000006.pt":  # what a kill after step 6's checkpoint leaves
+            p.unlink()
+    make_project(resumed, shards, nproc=after, **opts)
+    out = run_train(resumed, after)
+    assert "resuming from checkpoints/ckpt_0000006.pt (step 6)" in out.stdout, out.stdout
+    assert f"{after} x cpu" in out.stdout
+    wa, wb = final_weights(straight), final_weights(resumed)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)

@@ -25,7 +25,7 @@ from gptcore.model.gpt import GPT
 from gptcore.model.load import strip_prefixes
 from gptcore.precision import autocast_context, resolve_dtype
 from gptcore.report.steplog import StepLogger
-from gptcore.train import checkpoint
+from gptcore.train import checkpoint, memory
 from gptcore.train.optim import LRSchedule, build_optimizers, set_lr
 
 TIMINGS = ("tokens_per_sec", "step_ms", "mfu")  # vary between two runs of the same params: metrics/train only
@@ -39,6 +39,7 @@ class NonFiniteLoss(UserError):
 class TrainConfig:
     """What the loop itself reads of params.yaml's `train:` section (schema and defaults: gptcore/train/params.py)."""
 
+    micro_batch: int
     total_batch_tokens: int
     max_steps: int
     warmup_steps: int
@@ -107,7 +108,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         self.schedule = LRSchedule(cfg.max_lr, cfg.max_lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.max_steps,
                                    cfg.schedule, cfg.decay_frac)
-        self.step = 0
+        self.step, self.memory_probe, self.memory_steps = 0, None, 0
         # export=best: the lowest val loss seen at the eval cadence and its step (weights in checkpoints/best_*.pt)
         self.best_val_loss, self.best_step = math.inf, None
         self.final: dict[str, float] = {}  # the last value of each metric, carried by checkpoints (see fit)
@@ -242,6 +243,22 @@ class Trainer:
         self.scaler.update()
         return {"train_loss": loss_sum, "lr": lr, "grad_norm": grad_norm}
 
+    def measured_step(self) -> dict[str, Any]:
+        """`train_step`, with an out-of-memory error as one line naming train.micro_batch; the peak of the first two
+        steps of this process (the second is the first to hold the optimizer state through its forward and backward
+        passes) stops the run with one line when it (nearly) does not fit (gptcore.train.memory)."""
+        cfg = self.cfg
+        sequences = cfg.total_batch_tokens // (self.raw_model.config.block_size * self.env.world_size)
+        if self.memory_probe is None and self.memory_steps == 0:
+            self.memory_probe = memory.FirstSteps(self.device, self.raw_model, self.optimizer)
+        with memory.out_of_memory_named(cfg.micro_batch, sequences, self.device):
+            out = self.train_step()
+        self.memory_steps += 1
+        if self.memory_probe is not None and (self.memory_steps == 2 or self.step == cfg.max_steps - 1):
+            self.memory_probe, probe = None, self.memory_probe
+            probe.check(cfg.micro_batch, sequences, cfg.total_batch_tokens)
+        return out
+
     def check_finite(self) -> None:
         """Raise NonFiniteLoss if a step since the start had a non-finite loss (a host sync: called at the logging
         cadence and before anything is evaluated or saved, so no weights of a diverged run are ever written)."""
@@ -286,7 +303,7 @@ class Trainer:
             if started is None:
                 self._sync()
                 started = time.perf_counter()
-            out = self.train_step()
+            out = self.measured_step()
             steps += 1
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps - 1:
                 dt, started, elapsed = pause() / steps, None, 0.0

@@ -1,21 +1,40 @@
-"""Will a training run fit in the device's memory? A lower bound of what training needs, checked before anything
-is allocated, so that `model.n_layer: 1000000` is refused in a second instead of being OOM-killed minutes later.
+"""Will a training run fit in the device's memory? Two checks.
 
-The bound counts only what training certainly holds: every weight matrix (12 n_embd^2 per block, the embedding and
-an untied head; biases, norms and the position table left out) in fp32 with its gradient and optimizer state
-(AdamW: 16 bytes a weight; Muon's momentum: 12), and the inputs each block's linear layers keep for the backward
-pass (about 7 n_embd values per token per block in the autocast precision). The logits are left out (the head may
-be computed in chunks). Real use is higher, so a run this refuses cannot work; one it lets through may still not.
+Before anything is allocated, a lower bound (`check_fits`), so that `model.n_layer: 1000000` is refused in a second
+instead of being OOM-killed minutes later. It counts only what training certainly holds: every weight matrix (12
+n_embd^2 per block, the embedding and an untied head; biases, norms and the position table left out) in fp32 with
+its gradient and optimizer state (AdamW: 16 bytes a weight; Muon's momentum: 12), and the activations each block
+keeps for the backward pass, 10 n_embd values a token in the autocast precision (q, k and v; the attention output;
+both norms' outputs; the MLP's 4 n_embd hidden pre-activation, which even a compiled step keeps). The logits are left
+out (the head is computed in chunks). Measured on CPU, it counts 0.26-0.34 of a quick-start step's peak (the runtime's
+own few hundred MB dominate there) and 0.6-0.8 of the 124M shape's, so a run it refuses cannot work.
+
+Then the first two optimizer steps of each process are measured (`FirstSteps`: CUDA's allocator peak, or the host's
+peak resident memory) against what the process may use; a peak over FILL of it stops the run with one line naming
+the largest train.micro_batch that fits, and an out-of-memory error in a step is one line naming a smaller one.
 """
 from __future__ import annotations
 
-from typing import Any
+import os
+import re
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, Iterator
 
 import torch
 
+from gptcore import distributed
 from gptcore.errors import UserError
 
 GIB = 1 << 30
+# a first step may peak at most this share of the memory the process may use: later steps, evals and the allocator's
+# fragmentation need some room, and a step that only just fitted once can be killed the next time
+FILL = 0.9
+CPU_OUT_OF_MEMORY = "DefaultCPUAllocator: can't allocate memory"  # a RuntimeError, not torch's OutOfMemoryError
+
+
+class StepMemory(UserError):
+    """A training step does not fit (or ran out of) the device's memory at this train.micro_batch."""
 
 
 def matrix_params(model: dict[str, Any], vocab_size: int) -> int:
@@ -31,19 +50,31 @@ def train_bytes(model: dict[str, Any], train: dict[str, Any], vocab_size: int) -
     n = matrix_params(model, vocab_size)
     state = 16 if train.get("optimizer", "adamw") == "adamw" else 12
     act_bytes = 4 if train.get("dtype") == "float32" else 2
-    activations = train["micro_batch"] * model["block_size"] * model["n_layer"] * 7 * model["n_embd"] * act_bytes
+    activations = train["micro_batch"] * model["block_size"] * model["n_layer"] * 10 * model["n_embd"] * act_bytes
     return n * state + activations
 
 
+def _cgroup_room() -> int | None:
+    """What the process's cgroup (v2) still allows, where it sets a limit: a container's limit is not in
+    psutil's figure."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" else int(limit) - used
+
+
 def available_bytes(device: torch.device) -> int | None:
-    """Memory free for this process on `device` (CUDA: the GPU's free memory; CPU: the system's available RAM);
-    None where it cannot be told (MPS)."""
+    """Memory free for this process on `device` (CUDA: the GPU's free memory; CPU: the system's available RAM, or
+    less where a cgroup limit says so); None where it cannot be told (MPS)."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     if device.type == "cpu":
         import psutil
 
-        return psutil.virtual_memory().available
+        room, cgroup = psutil.virtual_memory().available, _cgroup_room()
+        return room if cgroup is None else min(room, cgroup)
     return None
 
 
@@ -68,3 +99,121 @@ def check_fits(model: dict[str, Any], train: dict[str, Any], vocab_size: int, de
         f"{need / GIB:,.1f} GiB ({n / 1e6:,.0f}M weights with their gradients and optimizer state, and the "
         f"activations of one micro-batch) and {on} has {free / GIB:,.1f} GiB free: make the model smaller or "
         f"lower train.micro_batch")
+
+
+def _proc_status_kib(field: str) -> int | None:
+    try:
+        m = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+    except OSError:
+        return None
+    return int(m.group(1)) * 1024 if m else None
+
+
+def held_bytes(device: torch.device) -> int:
+    """What this process holds now: CUDA, the caching allocator's reserved memory; CPU, the resident set."""
+    if device.type == "cuda":
+        return torch.cuda.memory_reserved(device)
+    rss = _proc_status_kib("VmRSS")
+    if rss is None:
+        import psutil
+
+        rss = psutil.Process().memory_info().rss
+    return rss
+
+
+def reset_peak(device: torch.device) -> None:
+    """Start a new peak at what is held now (Linux: /proc/self/clear_refs resets the resident high-water mark)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:  # not Linux, or an old kernel: the peak since the start of the process (an upper bound)
+        pass
+
+
+def peak_bytes(device: torch.device) -> int:
+    """The most this process held since `reset_peak` (or since it started, where that cannot be reset)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_reserved(device)
+    hwm = _proc_status_kib("VmHWM")
+    if hwm is None:
+        import resource
+
+        hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    return hwm
+
+
+def budget_bytes(device: torch.device) -> int | None:
+    """What this process may hold at most: what it holds and its share of what is free (the CPU processes of this
+    machine share its RAM); None where it cannot be told."""
+    free = available_bytes(device)
+    if free is None:
+        return None
+    sharing = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if device.type == "cpu" else 1
+    return held_bytes(device) + free // sharing
+
+
+def state_bytes(params: Iterable[torch.Tensor], optimizers: Iterable[torch.optim.Optimizer]) -> int:
+    """Bytes of the gradients of `params` and of the optimizers' state tensors."""
+    grads = sum(p.grad.nbytes for p in params if p.grad is not None)
+    return grads + sum(v.nbytes for opt in optimizers for st in opt.state.values() for v in st.values()
+                       if isinstance(v, torch.Tensor))
+
+
+def micro_batches(sequences_per_step: int) -> list[int]:
+    """The train.micro_batch values that keep a step's sequences per process (total_batch_tokens / (block_size *
+    processes)) by gradient accumulation: its divisors."""
+    return [b for b in range(1, sequences_per_step + 1) if sequences_per_step % b == 0]
+
+
+class FirstSteps:
+    """The peak of the first optimizer steps against the memory the process may use: create it just before them,
+    `check` just after (every rank together: the worst rank's figures decide)."""
+
+    def __init__(self, device: torch.device, model: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer]):
+        self.device, self.model, self.optimizers = device, model, list(optimizers)
+        reset_peak(device)
+        self.base = held_bytes(device)
+        self.state0 = state_bytes(model.parameters(), self.optimizers)  # a resumed run's optimizer state
+        self.budget = budget_bytes(device)
+
+    def check(self, micro_batch: int, sequences_per_step: int, total_batch_tokens: int) -> None:
+        """A StepMemory naming the largest train.micro_batch that fits when the steps peaked over FILL of the budget.
+
+        A step's memory is what the process held before the first, the gradients and optimizer state the steps
+        added (counted exactly), and the rest, taken as proportional to micro_batch (activations; what is in fact
+        fixed, such as library code first paged in, makes the micro_batch named smaller than it could be)."""
+        peak = peak_bytes(self.device)
+        fixed = self.base + state_bytes(self.model.parameters(), self.optimizers) - self.state0
+        mine = (peak, fixed, self.budget if self.budget is not None else -1)
+        peak, fixed, budget = max(distributed.all_gather_objects(mine), key=lambda r: r[0] / r[2] if r[2] > 0 else 0)
+        if budget < 0 or peak <= FILL * budget:
+            return
+        per_sequence = max(peak - fixed, 1) / micro_batch
+        fits = [b for b in micro_batches(sequences_per_step)
+                if b < micro_batch and fixed + b * per_sequence <= FILL * budget]
+        said = (f"train.micro_batch={micro_batch}: the first training steps peaked at {peak / GIB:,.2f} GiB of the "
+                f"{budget / GIB:,.2f} GiB this process may use on {self.device} (at most {FILL:.0%} is kept for a "
+                f"step)")
+        if not fits:
+            raise StepMemory(f"{said}, and even train.micro_batch=1 would need about "
+                             f"{(fixed + per_sequence) / GIB:,.2f} GiB: make the model smaller; stopped without saving")
+        raise StepMemory(f"{said}: set train.micro_batch={fits[-1]} (gradient accumulation keeps "
+                         f"train.total_batch_tokens={total_batch_tokens:,}); stopped without saving")
+
+
+@contextmanager
+def out_of_memory_named(micro_batch: int, sequences_per_step: int, device: torch.device) -> Iterator[None]:
+    """An out-of-memory error in a training step (CUDA's, or the CPU allocator's refusal) as one line naming
+    train.micro_batch and a value to try; any other error keeps its traceback."""
+    try:
+        yield
+    except (torch.OutOfMemoryError, RuntimeError) as e:
+        if not isinstance(e, torch.OutOfMemoryError) and CPU_OUT_OF_MEMORY not in str(e):
+            raise
+        smaller = [b for b in micro_batches(sequences_per_step) if b <= micro_batch // 2]
+        todo = (f"try train.micro_batch={smaller[-1]} (gradient accumulation keeps train.total_batch_tokens)"
+                if smaller else "make the model smaller")
+        raise StepMemory(f"train.micro_batch={micro_batch}: a training step ran out of {device} memory; {todo}; "
+                         f"stopped without saving (checkpoints already written are kept)") from e
