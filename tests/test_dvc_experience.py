@@ -415,6 +415,7 @@ def test_a_refused_param_through_dvc_keeps_every_output(clone, key, value, stage
     params = clone / "params.yaml"
     # the micro preset as composed (an earlier test's refused `dvc exp run` may have left its own values)
     compose_and_dump(params, str(clone / "conf"), None, "config", "", ["preset=micro"])
+    run(clone, "dvc", "repro")  # the workspace's outputs made with exactly these params
     committed = params.read_text(encoding="utf-8")
     before = _tree_digest(clone, KEPT)
     assert "model/model.pt" in before and "metrics/eval.json" in before
@@ -425,6 +426,7 @@ def test_a_refused_param_through_dvc_keeps_every_output(clone, key, value, stage
         params.write_text(yaml.safe_dump(edited, sort_keys=False), encoding="utf-8")
         by_repro = subprocess.run(["dvc", "repro"], cwd=clone, env=env(clone), capture_output=True, text=True,
                                   timeout=600)
+        after_repro = _tree_digest(clone, KEPT)
         params.write_text(committed, encoding="utf-8")
         by_exp = subprocess.run(["dvc", "exp", "run", "-S", "preset=micro", "-S", f"{key}={value}"], cwd=clone,
                                 env=env(clone), capture_output=True, text=True, timeout=600)
@@ -433,4 +435,5 @@ def test_a_refused_param_through_dvc_keeps_every_output(clone, key, value, stage
     for proc in (by_repro, by_exp):
         assert proc.returncode != 0
         assert f"[{stage}] params.yaml {key}={value}: must be" in proc.stdout + proc.stderr
-        assert _tree_digest(clone, KEPT) == before
+    assert after_repro == before
+    assert _tree_digest(clone, KEPT) == before
