@@ -1,7 +1,5 @@
-"""The one atomic writer (temp file beside the target, fsync, rename, fsync the folder), the folder swap, checksums.
-
-A reader, or a rerun after kill -9, sees the old file or the new one, never half of one (docs/architecture.md).
-"""
+"""The one atomic writer (temp file beside the target, fsync, rename, fsync the folder), the folder swap, checksums:
+a reader, or a rerun after kill -9, sees the old file or the new one, never half of one (docs/architecture.md)."""
 from __future__ import annotations
 
 import ctypes

@@ -1,6 +1,5 @@
 """UserError: a mistake the user can cause or meet (a param, an input file, a busy folder, missing hardware, a full
-disk, no network), printed by a stage as one line; anything else is a bug and keeps its traceback.
-"""
+disk, no network), printed by a stage as one line; anything else is a bug and keeps its traceback."""
 from __future__ import annotations
 
 import errno

@@ -1,6 +1,5 @@
 """Process lifetime, the parts the stage boundary (stages/common.py) puts together: folder locks, children that die
-with their parent, SIGTERM as Ctrl-C, and the torchrun launch (docs/resume-and-failures.md says what each promises).
-"""
+with their parent, SIGTERM as Ctrl-C, and the torchrun launch (docs/resume-and-failures.md says what each promises)."""
 from __future__ import annotations
 
 import ctypes

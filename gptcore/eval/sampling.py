@@ -1,8 +1,7 @@
 """Text samples from a trained checkpoint or OpenAI's weights, decoded with the run's own tokenizer.
 
-CLI (nanoGPT's sample.py, as a console script):
+CLI (nanoGPT's sample.py as a console script; docs/export-and-sampling.md):
     gptcore-sample --model model --prompt "ROMEO:" --num-samples 3 --max-new-tokens 200
-    gptcore-sample --model gpt2 --prompt FILE:prompt.txt --temperature 0.8 --top-k 200 --seed 1
 """
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ from typing import NoReturn
 import torch
 
 from gptcore.data.shards import MANIFEST
+from gptcore.data.sources import _read_utf8
 from gptcore.data.tokenizers import GPT2Tokenizer, Tokenizer, load_tokenizer
 from gptcore.errors import UserError, one_line, user_error
 from gptcore.model.gpt import GPT
@@ -24,23 +24,17 @@ from gptcore.precision import DTYPES, autocast_context, resolve_dtype
 
 def read_prompt(prompt: str) -> str:
     """`FILE:path` reads the prompt from a file (as nanoGPT's sample.py); anything else is the prompt itself."""
-    if prompt.startswith("FILE:"):
-        path = Path(prompt[5:])
-        if not path.is_file():
-            raise UserError(f"prompt file {path} not found (from --prompt {prompt!r})")
-        data = path.read_bytes()
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as e:  # worded as fetch's reader words it (not imported: train would depend on fetch)
-            line = data.count(b"\n", 0, e.start) + 1
-            raise UserError(f"{path}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}, line {line})") from None
-    return prompt
+    if not prompt.startswith("FILE:"):
+        return prompt
+    path = Path(prompt[5:])
+    if not path.is_file():
+        raise UserError(f"prompt file {path} not found (from --prompt {prompt!r})")
+    return _read_utf8(path)
 
 
 def tokenizer_for(spec: str, model: GPT, tokenizer_dir: str | Path | None = None) -> Tokenizer:
-    """The tokenizer that goes with the model `spec` names: `tokenizer_dir`'s, else the one recorded beside the
-    model (this project's model/ folder, or the folder above its hf/ export), else GPT-2 BPE as nanoGPT's
-    sample.py assumes (OpenAI's weights, foreign checkpoints)."""
+    """The tokenizer that goes with the model `spec` names: `tokenizer_dir`'s, else the one recorded beside the model
+    (model/, or the folder above its hf/), else GPT-2 BPE as nanoGPT's sample.py assumes (OpenAI's weights)."""
     path = Path(spec)
     beside = [path, path.parent] if path.is_dir() else [path.parent] if path.is_file() else []
     found = [d for d in beside if (d / MANIFEST).is_file()]
@@ -53,8 +47,7 @@ def tokenizer_for(spec: str, model: GPT, tokenizer_dir: str | Path | None = None
 
 def check_same_tokenizer(model_tok: Tokenizer, data_tok: Tokenizer, model_spec: str, shard_dir: Path) -> None:
     """A model can only be scored on shards made by its own tokenizer (e.g. OpenAI's gpt2 on GPT-2 BPE shards)."""
-    a = (getattr(model_tok, "name", None), getattr(model_tok, "vocab_size", None), getattr(model_tok, "eot", None))
-    b = (getattr(data_tok, "name", None), getattr(data_tok, "vocab_size", None), getattr(data_tok, "eot", None))
+    a, b = ([getattr(t, key, None) for key in ("name", "vocab_size", "eot")] for t in (model_tok, data_tok))
     if a != b:
         raise UserError(f"eval.model={model_spec} uses tokenizer {a[0]} (vocab {a[1]}, eot {a[2]}) but {shard_dir} was "
                         f"tokenized with {b[0]} (vocab {b[1]}, eot {b[2]}); evaluate on matching shards")
@@ -68,25 +61,13 @@ def model_for_shards(spec: str, data_tok: Tokenizer, shard_dir: Path) -> GPT:
 
 
 @torch.no_grad()
-def sample(
-    model: GPT,
-    tokenizer: Tokenizer,
-    prompt: str = "",
-    num_samples: int = 1,
-    max_new_tokens: int = 100,
-    temperature: float = 0.8,
-    top_k: int | None = 200,
-    seed: int = 1337,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype | None = None,
-) -> list[str]:
-    """`num_samples` continuations of `prompt` (the end-of-text token when empty), decoded, prompt excluded.
-
-    `dtype` is the autocast precision (already resolved by precision.resolve_dtype); None runs in fp32."""
+def sample(model: GPT, tokenizer: Tokenizer, prompt: str = "", num_samples: int = 1, max_new_tokens: int = 100,
+           temperature: float = 0.8, top_k: int | None = 200, seed: int = 1337, device: torch.device | str = "cpu",
+           dtype: torch.dtype | None = None) -> list[str]:
+    """`num_samples` continuations of `prompt` (the end-of-text token when empty), decoded, prompt excluded; `dtype`:
+    the autocast precision (None: fp32)."""
     device = torch.device(device)
-    ids = tokenizer.encode(read_prompt(prompt)) if prompt else [tokenizer.eot]
-    if not ids:
-        ids = [tokenizer.eot]
+    ids = (tokenizer.encode(read_prompt(prompt)) if prompt else []) or [tokenizer.eot]
     ids = ids[-model.config.block_size :]
     x = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)
     gen = torch.Generator(device=device).manual_seed(seed)

@@ -52,11 +52,11 @@ def repair_summary(live_dir: str | Path) -> None:
 
 
 class StepLogger:
-    """dvclive on rank 0, nothing elsewhere. `resume_step` keeps the curves written before that step."""
+    """dvclive on rank 0, nothing elsewhere. `resume_step` keeps the curves written before that step; `also`: further
+    sinks with log(step, metrics), log_constants(metrics) and close() (gptcore.report.wandb_log)."""
 
     def __init__(self, live_dir: str | Path, enabled: bool = True, resume_step: int | None = None,
                  also: Sequence[Any] = ()) -> None:
-        # `also`: further sinks with log(step, metrics), log_constants(metrics), close() (gptcore.report.wandb_log)
         self.live, self.also = None, list(also) if enabled else []
         if not enabled:
             return

@@ -1,10 +1,5 @@
-"""Weights & Biases as an opt-in second home for the train step metrics (nanoGPT's `wandb_log`), beside dvclive.
-
-dvclive stays the source of metrics/train/ and `dvc exp show`; with `train.wandb_log: true`, rank 0 also sends
-every step's metrics to a W&B run under the same names, on the same `step` axis (W&B's own step counter is not
-used, so a resumed run continues its curves at the step dvclive does). The run is named after the DVC experiment
-(`DVC_EXP_NAME`, set by `dvc exp run`); `WANDB_MODE=offline` works without an account (`wandb sync` uploads later).
-"""
+"""Weights & Biases as an opt-in second home for the train step metrics (nanoGPT's `wandb_log`), beside dvclive, which
+stays the source of metrics/train/ (docs/reproducing-gpt2.md)."""
 from __future__ import annotations
 
 import os
@@ -25,7 +20,7 @@ class WandbLog:
         except wandb.Error as e:  # no account or no network in online mode
             raise UserError(f"train.wandb_log: W&B could not start a run ({str(e).strip().splitlines()[0]}): run "
                             f"`wandb login`, or set WANDB_MODE=offline (then `wandb sync` uploads it later)") from None
-        self.run.define_metric("step")
+        self.run.define_metric("step")  # dvclive's step, not W&B's counter: a resumed run continues its curves
         self.run.define_metric("*", step_metric="step")
 
     def log(self, step: int, metrics: Mapping[str, float | int]) -> None:

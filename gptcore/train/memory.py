@@ -1,6 +1,5 @@
 """Will a training run fit in the device's memory? A lower bound checked before anything is allocated (`check_fits`),
-then the first two steps' measured peak (`FirstSteps`); docs/resume-and-failures.md says what each counts.
-"""
+then the first two steps' measured peak (`FirstSteps`); docs/resume-and-failures.md says what each counts."""
 from __future__ import annotations
 
 import os
