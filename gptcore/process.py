@@ -2,6 +2,7 @@
 with their parent, SIGTERM as Ctrl-C, and the torchrun launch (docs/resume-and-failures.md says what each promises)."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -36,10 +37,8 @@ _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBL
 
 
 class FolderLock:
-    """A non-blocking flock on folder/.lock until release() or exit: exclusive for a writer, `shared` for readers.
-
-    `what` ("train") names the holder in a refused run's message. A reader of a missing folder holds nothing; a lock
-    this process already holds (the stage boundary's, taken again by the library) is held again for free."""
+    """A non-blocking flock on folder/.lock until release() or exit, exclusive or `shared` (readers); `what` ("train")
+    names the holder. A lock this process holds already (the stage boundary's) is held again for free."""
 
     _held: dict[tuple[int, int], bool] = {}  # (device, inode) of each lock file this process holds -> shared
 
@@ -50,10 +49,9 @@ class FolderLock:
         self._key: tuple[int, int] | None = None
 
     def acquire(self) -> "FolderLock":
-        """Take the lock now or raise FolderBusyError naming the holder's pid (never waits); NotALockFile when the
-        lock's path is a symlink or anything but a regular file."""
+        """Take the lock now (never waits) or raise FolderBusyError naming the holder, NotALockFile for a symlink."""
         if self.shared and not self.folder.is_dir():
-            return self
+            return self  # a missing folder: nothing a writer could swap under this reader
         self.folder.mkdir(parents=True, exist_ok=True)
         fd = self._open()
         st = os.fstat(fd)
@@ -122,8 +120,7 @@ class FolderLock:
 
 
 def reading(folder: str | Path, what: str) -> FolderLock:
-    """The reader's side of `folder`'s lock (`with reading("data/shards", "train"): ...`): no writer starts there
-    while it is held, and it is refused while a writer holds the folder."""
+    """The reader's side of `folder`'s lock (`with reading("data/shards", "train")`): no writer starts meanwhile."""
     return FolderLock(folder, what, shared=True)
 
 
@@ -137,24 +134,8 @@ def _lock_shared(fd: int) -> bool:
     return True
 
 
-def ancestors(pid: int | None = None) -> list[int]:
-    """This process's parent, grandparent, ... up to init (from /proc; on other systems the parent alone)."""
-    out, pid = [], os.getpid() if pid is None else pid
-    while True:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            return out or [os.getppid()]
-        ppid = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:")), 0)
-        if ppid <= 1:
-            return out
-        out.append(ppid)
-        pid = ppid
-
-
 def writer_lock(folder: str | Path, what: str) -> FolderLock | None:
-    """The writer's lock on `folder`, or None when one of this process's ancestors holds it: the stage that started
-    this torchrun, holding the lock for all its ranks."""
+    """The writer's lock on `folder`, or None when an ancestor (the stage that started this torchrun) holds it."""
     try:
         return FolderLock(folder, what).acquire()
     except FolderBusyError:
@@ -200,11 +181,20 @@ def _name_and_parent(pid: int) -> tuple[str, int] | None:
     return text[text.index("(") + 1:close], int(text[close + 2:].split()[1])
 
 
-def die_with_the_shells_parent(sig: int = signal.SIGKILL, every: float = 0.2) -> None:
-    """Send `sig` to this process once the program above the shells between us dies (Linux; else a no-op).
+def ancestors(pid: int | None = None) -> list[int]:
+    """This process's parent, grandparent, ... up to init (from /proc; on other systems the parent alone)."""
+    out, pid = [], os.getpid() if pid is None else pid
+    while (name_parent := _name_and_parent(pid)) is not None:
+        if name_parent[1] <= 1:
+            return out
+        pid = name_parent[1]
+        out.append(pid)
+    return out or [os.getppid()]
 
-    dvc runs `$SHELL -c cmd` and dash stays as our parent, outliving a killed dvc, so PR_SET_PDEATHSIG would watch the
-    wrong process: a daemon thread notices instead that a shell in the chain was given another parent."""
+
+def die_with_the_shells_parent(sig: int = signal.SIGKILL, every: float = 0.2) -> None:
+    """Send `sig` to this process once the program above the shells between us dies (Linux): dash (`$SHELL -c` of
+    dvc) outlives a killed dvc, so a daemon thread watches for a shell in the chain given another parent."""
     if not sys.platform.startswith("linux"):
         return
     links, pid = [], os.getppid()
@@ -287,9 +277,7 @@ def run_child(argv: Sequence[str], env: dict[str, str] | None = None) -> int:
     try:
         return proc.wait()
     except BaseException:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()
         raise
