@@ -13,12 +13,7 @@ from gptcore.errors import NotRepresentable, UserError, cause, read_failure, use
 from gptcore.model.gpt import GPT, NORM_EPS, GPTConfig, without_padding
 
 # The one list of OpenAI's GPT-2 checkpoints a model spec may name, and the Hub repositories that hold them.
-HF_GPT2_NAMES = {
-    "gpt2": "openai-community/gpt2",
-    "gpt2-medium": "openai-community/gpt2-medium",
-    "gpt2-large": "openai-community/gpt2-large",
-    "gpt2-xl": "openai-community/gpt2-xl",
-}
+HF_GPT2_NAMES = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}
 # Hugging Face keeps these as Conv1D ([in, out]), i.e. transposed relative to nn.Linear: transposed in and out.
 _CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 GENERATION_CONFIG = "generation_config.json"
@@ -73,11 +68,9 @@ def hf_architecture(cfg: GPTConfig) -> tuple[str | None, str]:
 
 
 def export_hf(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None = None, eot: int | None = None) -> str:
-    """Write `model` (fp32 safetensors and config.json) as the transformers architecture that computes the same logits,
-    and return its model_type; NotRepresentable, with the reason, when none does.
-
-    `vocab_size` keeps the first rows of the vocabulary (50257 of a 50304-padded model); `eot`, the run's end-of-text
-    id, becomes bos and eos in config.json and generation_config.json, so that generate stops there."""
+    """Write `model` (fp32) as the transformers architecture with the same logits and return its model_type, or raise
+    NotRepresentable saying why none; `vocab_size` keeps the first rows (50257 of 50304), `eot` (the run's
+    end-of-text) becomes bos and eos, so that generate stops there."""
     cfg = model.config
     arch, why = hf_architecture(cfg)
     if arch is None:
@@ -230,13 +223,8 @@ def _config_from_hf(model_dir: Path) -> GPTConfig:
     if hf.get("model_type", "gpt2") != "gpt2":
         raise UserError(f"{path}: model_type is {hf['model_type']!r}, expected 'gpt2'")
     # refuse variants whose maths differ from the model above instead of silently loading them wrong
-    expect = {
-        "activation_function": ("gelu_new", "gelu_pytorch_tanh"),
-        "layer_norm_epsilon": (1e-5,),
-        "scale_attn_weights": (True,),
-        "scale_attn_by_inverse_layer_idx": (False,),
-        "tie_word_embeddings": (True,),
-    }
+    expect = {"activation_function": ("gelu_new", "gelu_pytorch_tanh"), "layer_norm_epsilon": (1e-5,),
+              "scale_attn_weights": (True,), "scale_attn_by_inverse_layer_idx": (False,), "tie_word_embeddings": (True,)}
     for key, allowed in expect.items():
         if key in hf and hf[key] not in allowed:
             raise UserError(f"{path}: {key}={hf[key]!r} is not supported (expected one of {allowed})")
