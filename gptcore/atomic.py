@@ -46,8 +46,7 @@ def fsync_dir(path: str | Path) -> None:
 
 
 def publish(tmp: str | Path, path: str | Path, synced: bool = False) -> None:
-    """fsync the finished `tmp`, rename it over `path`, fsync the folder; `synced`: the writer does both fsyncs itself
-    (the shard writer, before and after its manifest)."""
+    """fsync `tmp`, rename it over `path`, fsync the folder; `synced`: the writer does both fsyncs itself (shards)."""
     if not synced:
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
@@ -58,9 +57,8 @@ def publish(tmp: str | Path, path: str | Path, synced: bool = False) -> None:
 
 @contextmanager
 def atomic_path(path: str | Path, needed: int | None = None) -> Iterator[Path]:
-    """Yield a temp path beside `path` (for a parquet writer, say), published over `path` on a clean exit and removed
-    on an error. A full disk (torch.save's own report of one included) or an unwritable folder is a UserError naming
-    `path` and `needed`, the bytes the write puts down."""
+    """Yield a temp path beside `path`, published over it on a clean exit and removed on an error; a full disk (torch's
+    report of one included) or an unwritable folder is a UserError naming `path` and the bytes `needed`."""
     try:
         tmp = temp_beside(path)
     except OSError as e:
@@ -89,16 +87,14 @@ def atomic_path(path: str | Path, needed: int | None = None) -> Iterator[Path]:
 @contextmanager
 def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-8",
                  needed: int | None = None) -> Iterator[IO]:
-    """Yield a file open on a temp name next to `path`; on a clean exit it replaces `path`, on an error (raise one to
-    abandon the write) it is removed and `path` stays as it was. `needed`: as in atomic_path."""
+    """atomic_path with the temp file open: raise inside the block to abandon the write (`path` stays as it was)."""
     with atomic_path(path, needed) as tmp:
         with open(tmp, mode, encoding=None if "b" in mode else encoding, opener=no_follow) as f:
             yield f
 
 
 def no_follow(path: str, flags: int) -> int:
-    """open()'s opener for a temp file temp_beside made: O_NOFOLLOW, so a link put in its place meanwhile (a folder
-    others can write) is refused, not written through."""
+    """open()'s opener for temp_beside's file: a link put in its place meanwhile is refused, not written through."""
     return os.open(path, flags | os.O_NOFOLLOW, 0o666)
 
 

@@ -25,13 +25,11 @@ def one_line(stage: str, e: UserError) -> str:
 
 
 class NotRepresentable(ValueError):
-    """No Hugging Face form gives what this tokenizer encodes or this model computes; the message says why. Not a user
-    error by itself: the caller decides (an export skips that part and says so)."""
+    """No Hugging Face form gives what this tokenizer encodes or this model computes (not a user error by itself)."""
 
 
 def user_error(e: BaseException) -> UserError | None:
-    """`e` as the user's error: itself if a UserError, a UserError naming the file for an OSError of a full disk or an
-    unwritable folder, None for anything else (a bug: let it keep its traceback)."""
+    """`e` as the user's error (itself, or a UserError for an OSError of a full or unwritable disk), or None: a bug."""
     if isinstance(e, UserError):
         return e
     if isinstance(e, OSError) and e.errno in FULL_ERRNOS + DENIED_ERRNOS:
@@ -40,8 +38,7 @@ def user_error(e: BaseException) -> UserError | None:
 
 
 def cause(e: BaseException) -> str:
-    """`Type: first line` of another library's exception, for the middle of a one-line message (colour codes and
-    later lines, advice for their own API or a traceback, dropped)."""
+    """`Type: first line` of another library's exception, for a one-line message (advice and colour codes dropped)."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()
     first = text.splitlines()[0].strip() if text else ""
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
@@ -57,10 +54,8 @@ def read_failure(path: str | Path, e: OSError) -> str:
 def disk_error(e: BaseException, path: str | Path, needed: int | None = None, written: int | None = None,
                free: int | None = None) -> BaseException:
     """A failed write to `path` the user can fix (a full disk, a read-only or forbidden folder) as a UserError naming
-    the file, its file system and what to do; any other error as it is. `needed`/`written`: bytes, for the message.
-
-    torch.save hides ENOSPC in its own error (`inline_container.cc unexpected pos`): an error without an errno counts
-    as a full disk when `free`, the bytes left when it failed, is under one MiB."""
+    it, its file system and what to do, else `e`. torch.save hides ENOSPC in its own error: one without an errno
+    counts as a full disk when `free`, the bytes left when it failed, is under one MiB."""
     path = Path(path)
     code = e.errno if isinstance(e, OSError) else None
     if code in FULL_ERRNOS or (code is None and free is not None and free < 1 << 20):

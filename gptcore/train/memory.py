@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+import psutil
 import torch
 
 from gptcore import distributed
@@ -57,8 +58,6 @@ def available_bytes(device: torch.device) -> int | None:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     if device.type == "cpu":
-        import psutil
-
         room, cgroup = psutil.virtual_memory().available, _cgroup_room()
         return room if cgroup is None else min(room, cgroup)
     return None
@@ -101,8 +100,6 @@ def held_bytes(device: torch.device) -> int:
         return torch.cuda.memory_reserved(device)
     rss = _proc_status_kib("VmRSS")
     if rss is None:
-        import psutil
-
         rss = psutil.Process().memory_info().rss
     return rss
 
