@@ -25,8 +25,7 @@ _PICKLED_CONFIGS = ("__main__.GPTConfig", "model.GPTConfig", "train_gpt2.GPTConf
 
 
 def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """The same state dict with torch.compile's `_orig_mod.` and DDP's `module.` key prefixes removed
-    (in any nesting), so checkpoints from wrapped models load into a bare GPT."""
+    """The state dict without torch.compile's `_orig_mod.` and DDP's `module.` key prefixes, to load into a bare GPT."""
     out: dict[str, Any] = {}
     for key, value in state_dict.items():
         new = key
@@ -50,13 +49,12 @@ class _PickledConfig:
 
 
 class CorruptCheckpoint(UserError):
-    """A file recognised as damaged by its own bytes: empty, a zip archive cut short (a full disk, a kill during a
-    copy), or not a torch.save file at all. Only this may be set aside; the file's data is not trusted."""
+    """A file its own bytes show damaged (empty, a zip cut short, not a torch.save file): the only kind set aside."""
 
 
 class CheckpointRefused(UserError):
-    """A checkpoint that could not be read now, or is not read on purpose, though nothing says it is damaged: an I/O
-    or memory error, torch's weights_only loader refusing it, another format version. Leave the file as it is."""
+    """A checkpoint not read now though nothing says it is damaged (I/O or memory error, weights_only refusal, another
+    format version): the file is left as it is."""
 
 
 CHECKPOINT_FORMAT = 1  # the layout of what this project saves; files from before the key existed are layout 1
@@ -65,9 +63,8 @@ _ZIP_MAGIC, _LEGACY_MAGIC = b"PK\x03\x04", b"\x80\x02\x8a\x0a"  # torch.save's z
 
 
 def read_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
-    """A torch.save file as plain containers and tensors (weights_only; `mmap` maps the tensors), a pickled GPTConfig
-    as the dict of its fields. CorruptCheckpoint only when the file's bytes show damage; CheckpointRefused for an I/O
-    or memory error, a weights_only refusal or another format version; anything else keeps its traceback."""
+    """A torch.save file as plain containers and tensors (weights_only; `mmap` maps them): CorruptCheckpoint only when
+    its bytes show damage, CheckpointRefused for a fault or refusal that says nothing of them, else a traceback."""
     try:
         with torch.serialization.safe_globals([(_PickledConfig, name) for name in _PICKLED_CONFIGS]):
             ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
@@ -195,8 +192,7 @@ def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
 
 
 def model_vocab(vocab_param: int | str | None, data_vocab_size: int) -> int:
-    """The model's vocabulary for `model.vocab_size` (`auto`/None: the data's, padded): the one place the padding rule
-    is applied. Sampling, scoring and the HF export never go past the tokenizer's own ids."""
+    """The model's vocabulary for `model.vocab_size` (`auto`/None: the data's, padded): the one place padding is done."""
     return padded_vocab(data_vocab_size) if vocab_param in (None, "auto") else int(vocab_param)
 
 
@@ -205,8 +201,7 @@ def init_model(model_params: dict[str, Any], data_vocab_size: int, seed: int = 1
     any spec of `load_model`); the vocabulary must hold every token id of the data."""
     params = dict(model_params)
     init_from = str(params.pop("init_from", "scratch"))
-    vocab = params.get("vocab_size", "auto")
-    params["vocab_size"] = model_vocab(vocab, data_vocab_size)
+    params["vocab_size"] = model_vocab(params.get("vocab_size", "auto"), data_vocab_size)
     if init_from == "scratch":
         torch.manual_seed(seed)
         model = GPT(GPTConfig(**params))
@@ -216,7 +211,6 @@ def init_model(model_params: dict[str, Any], data_vocab_size: int, seed: int = 1
         except UserError as e:  # the loader's own one-line reasons; anything else is a bug
             raise UserError(f"model.init_from={init_from!r}: {e}") from e
     if model.config.vocab_size < data_vocab_size:
-        raise UserError(
-            f"model vocab_size={model.config.vocab_size} is smaller than the data's tokenizer vocabulary "
-            f"({data_vocab_size}); set model.vocab_size: auto or at least {data_vocab_size}")
+        raise UserError(f"model vocab_size={model.config.vocab_size} is smaller than the data's tokenizer vocabulary "
+                        f"({data_vocab_size}); set model.vocab_size: auto or at least {data_vocab_size}")
     return model
