@@ -71,8 +71,7 @@ class TrainingSamples:
 def training_evaluators(train: dict[str, Any], tok: Tokenizer, shard_dir: Path, samples_dir: Path, block_size: int,
                         device: torch.device, dtype: torch.dtype | None, rank: int, world_size: int,
                         echo: Callable[[str], None] | None = None) -> list[Evaluator]:
-    """The evaluators a `train:` section asks for (val loss, HellaSwag, samples), their data read (or downloaded) now,
-    so that a bad file is refused before training starts."""
+    """The evaluators a `train:` section asks for (val loss, HellaSwag, samples), their data read before training."""
     is_main = rank == 0
     tokens = val_stream(shard_dir, train["val_tokens"], tok.vocab_size)
     out: list[Evaluator] = [ValLoss(tokens, block_size, train["val_batch"], device, dtype, rank, world_size, is_main)]

@@ -64,8 +64,7 @@ def model_for_shards(spec: str, data_tok: Tokenizer, shard_dir: Path) -> GPT:
 def sample(model: GPT, tokenizer: Tokenizer, prompt: str = "", num_samples: int = 1, max_new_tokens: int = 100,
            temperature: float = 0.8, top_k: int | None = 200, seed: int = 1337, device: torch.device | str = "cpu",
            dtype: torch.dtype | None = None) -> list[str]:
-    """`num_samples` continuations of `prompt` (the end-of-text token when empty), decoded, prompt excluded; `dtype`:
-    the autocast precision (None: fp32)."""
+    """`num_samples` continuations of `prompt` (or of end-of-text), decoded; `dtype`: autocast's (None: fp32)."""
     device = torch.device(device)
     ids = (tokenizer.encode(read_prompt(prompt)) if prompt else []) or [tokenizer.eot]
     ids = ids[-model.config.block_size :]

@@ -18,8 +18,7 @@ from gptcore.precision import autocast_context
 
 
 def first_tokens(paths: Sequence[Path], n: int, vocab_size: int | None = None) -> np.ndarray:
-    """The first n tokens across the given shards (in order), as a read-only view when they fit in one shard.
-    With `vocab_size`, an id outside the vocabulary is a ValueError naming the shard and offset."""
+    """The first n tokens across these shards (a view when one holds them), ids checked against `vocab_size`."""
     parts, need = [], n
     for p in paths:
         toks = shards.load_tokens(p)
@@ -50,8 +49,7 @@ def val_stream(shard_dir: Path, val_tokens: int, vocab_size: int | None = None) 
 @torch.no_grad()
 def val_loss(model: torch.nn.Module, tokens: np.ndarray, block_size: int, batch_size: int, device: torch.device,
              dtype: torch.dtype | None = None, rank: int = 0, world_size: int = 1, progress: bool = False) -> float:
-    """Mean next-token cross-entropy over the len(tokens) - 1 targets of `tokens`; `model(x, y, reduction="sum")`
-    returns (anything, the summed loss), as GPT does."""
+    """Mean next-token cross-entropy over the len(tokens) - 1 targets of `tokens` (`model(x, y, reduction="sum")`)."""
     n = len(tokens) - 1
     if n < 1:
         raise ValueError(f"{len(tokens)} val tokens hold no target")
@@ -90,8 +88,7 @@ def scored_chars(tokens: np.ndarray, tokenizer: object) -> int:
 
 
 def bits_per_char(loss: float, tokens: np.ndarray, tokenizer: object) -> float:
-    """`val_loss` over `tokens` (nats per target token) as bits per character of the same text: loss x targets /
-    characters / ln 2."""
+    """`val_loss` over `tokens` (nats per target token) as bits per character: loss x targets / characters / ln 2."""
     chars = scored_chars(tokens, tokenizer)
     if chars == 0:
         raise UserError(f"the {len(tokens) - 1:,} scored val tokens decode to no characters (only end-of-text "

@@ -54,8 +54,7 @@ _PEAK_FLOPS: tuple[tuple[str, float], ...] = (  # one GPU family a line
 
 
 def peak_flops_for_name(device_name: str) -> float | None:
-    """Peak dense bf16 FLOP/s for a CUDA device name as torch reports it; None if not in the table or a
-    MIG slice (which gets only part of the chip)."""
+    """Peak dense bf16 FLOP/s for a CUDA device name as torch reports it; None if unknown or a MIG slice (a part)."""
     if "MIG" in device_name:
         return None
     for key, flops in _PEAK_FLOPS:
@@ -65,8 +64,7 @@ def peak_flops_for_name(device_name: str) -> float | None:
 
 
 def device_peak_flops(device: torch.device | str | None = None) -> float | None:
-    """Peak dense bf16 FLOP/s of `device` (default: the current CUDA device); None on CPU/MPS, without
-    CUDA, or for a GPU not in the table, so that callers never report a made-up MFU."""
+    """Peak dense bf16 FLOP/s of `device` (default: the current CUDA device); None off CUDA or if unknown."""
     if device is None:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device)

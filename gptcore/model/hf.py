@@ -20,8 +20,7 @@ GENERATION_CONFIG = "generation_config.json"
 
 
 def load_hf_gpt2(name_or_dir: str | os.PathLike) -> GPT:
-    """OpenAI's GPT-2 by name (from the Hub or its cache) or a local HF GPT-2 folder (model.safetensors, a sharded
-    index or pytorch_model.bin), without dropout."""
+    """OpenAI's GPT-2 by name (from the Hub or its cache) or a local Hugging Face GPT-2 folder, without dropout."""
     path = Path(name_or_dir)
     if path.is_dir():
         model_dir = path
@@ -93,8 +92,7 @@ def export_hf(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None = 
 
 def save_hf_gpt2(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None = None,
                  eot: int | None = None) -> None:
-    """Write `model` as a Hugging Face GPT-2 checkpoint that `GPT2LMHeadModel.from_pretrained` loads with the same
-    logits (see export_hf); a ValueError for a model GPT-2 does not represent."""
+    """`export_hf` for a GPT-2 model (`GPT2LMHeadModel` loads it with the same logits), a ValueError for another."""
     if not model.config.bias:
         raise ValueError("a bias=False model cannot be exported as Hugging Face GPT-2, whose Linear and LayerNorm "
                          "layers always have biases")
@@ -175,8 +173,7 @@ def _llama_config(cfg: GPTConfig, arch: str, vocab_size: int) -> dict:
 
 
 def _write_config(out: Path, hf_config: dict, eot: int | None) -> None:
-    """config.json (last: a folder with one is complete) and generation_config.json, with `eot` as bos and eos (null,
-    and no generation_config.json, for a model whose tokenizer is unknown)."""
+    """config.json (last: a folder with one is complete) and generation_config.json, `eot` as bos and eos (or null)."""
     hf_config = {**hf_config, "bos_token_id": eot, "eos_token_id": eot}
     if eot is None:
         (out / GENERATION_CONFIG).unlink(missing_ok=True)
@@ -224,7 +221,8 @@ def _config_from_hf(model_dir: Path) -> GPTConfig:
         raise UserError(f"{path}: model_type is {hf['model_type']!r}, expected 'gpt2'")
     # refuse variants whose maths differ from the model above instead of silently loading them wrong
     expect = {"activation_function": ("gelu_new", "gelu_pytorch_tanh"), "layer_norm_epsilon": (1e-5,),
-              "scale_attn_weights": (True,), "scale_attn_by_inverse_layer_idx": (False,), "tie_word_embeddings": (True,)}
+              "scale_attn_weights": (True,), "scale_attn_by_inverse_layer_idx": (False,),
+              "tie_word_embeddings": (True,)}
     for key, allowed in expect.items():
         if key in hf and hf[key] not in allowed:
             raise UserError(f"{path}: {key}={hf[key]!r} is not supported (expected one of {allowed})")

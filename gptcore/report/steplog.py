@@ -31,8 +31,7 @@ def truncate_step_metrics(live_dir: str | Path, from_step: int) -> None:
 
 
 def repair_summary(live_dir: str | Path) -> None:
-    """dvclive rewrites metrics.json in place, so a kill mid-write can leave it truncated, and dvclive cannot resume
-    from that: rebuild it from the step TSVs (each metric's last value, the last step), as dvclive would have."""
+    """Rebuild a metrics.json a kill cut short (dvclive rewrites it in place, then cannot resume) from the step TSVs."""
     path = Path(live_dir) / "metrics.json"
     try:
         json.loads(path.read_text(encoding="utf-8"))

@@ -65,8 +65,7 @@ def available_bytes(device: torch.device) -> int | None:
 
 def check_fits(model: dict[str, Any], train: dict[str, Any], vocab_size: int, device: torch.device,
                processes: int = 1) -> None:
-    """A UserError naming the params when training a scratch `model` cannot fit in `device`'s free memory (CPU
-    processes share the machine's RAM); a loaded model's weights are known to fit."""
+    """A UserError naming the params when training a scratch `model` cannot fit in `device`'s free memory."""
     if model.get("init_from", "scratch") != "scratch":
         return
     free = available_bytes(device)
@@ -149,8 +148,8 @@ def micro_batches(sequences_per_step: int) -> list[int]:
 
 
 class FirstSteps:
-    """The first optimizer steps' peak against what the process may use: create it just before them, `check` just
-    after (on every rank: the worst rank decides)."""
+    """The first optimizer steps' peak against what the process may use: create it before them, `check` after (every
+    rank: the worst one decides)."""
 
     def __init__(self, device: torch.device, model: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer]):
         self.device, self.model, self.optimizers = device, model, list(optimizers)
@@ -183,8 +182,7 @@ class FirstSteps:
 
 @contextmanager
 def out_of_memory_named(micro_batch: int, sequences_per_step: int, device: torch.device) -> Iterator[None]:
-    """An out-of-memory error in a training step (CUDA's, or the CPU allocator's refusal) as one line naming
-    train.micro_batch and a value to try; any other error keeps its traceback."""
+    """An out-of-memory error in a training step as one line naming train.micro_batch and a value to try."""
     try:
         yield
     except (torch.OutOfMemoryError, RuntimeError) as e:

@@ -44,8 +44,7 @@ def wsd_decay_steps(max_steps: int, decay_frac: float) -> int:
 
 @dataclass(frozen=True)
 class LRSchedule:
-    """The learning rate at each step (`lr_at`): a pure function of the step, so a resumed run gets exactly the rates
-    of an uninterrupted one."""
+    """The learning rate at each step (`lr_at`), a pure function of the step: a resumed run gets the same rates."""
 
     max_lr: float
     min_lr: float
@@ -129,8 +128,7 @@ class Muon(torch.optim.Muon):
 
 
 def muon_groups(model: GPT) -> list[dict[str, Any]]:
-    """Muon's non-empty groups over the hidden matrices: "muon" (whole), "muon_qkv" (c_attn's q, k and v) and
-    "muon_gate_up" (SwiGLU's c_fc)."""
+    """Muon's non-empty groups: "muon" (whole matrices), "muon_qkv" (c_attn) and "muon_gate_up" (SwiGLU's c_fc)."""
     stacked = {}  # id(weight) -> the matrices it stores by rows
     for block in model.transformer.h:
         stacked[id(block.attn.c_attn.weight)] = 3
@@ -187,9 +185,8 @@ def build_optimizers(model: GPT, optimizer: str, max_lr: float, weight_decay: fl
                      eps: float, device_type: str, muon_lr: float = 0.02, muon_momentum: float = 0.95,
                      embed_lr: float | None = None, head_lr: float | None = None, scalar_lr: float | None = None,
                      muon_clip: bool = True) -> Optimizers:
-    """AdamW everywhere (`optimizer` adamw), or Muon (Nesterov, per matrix) at muon_lr for the hidden matrices and
-    AdamW for the rest; embed_lr / head_lr / scalar_lr are AdamW's peaks (None: max_lr); muon_clip False leaves
-    Muon's matrices out of the gradient-norm clip."""
+    """AdamW everywhere, or Muon (Nesterov, per matrix) at muon_lr for the hidden matrices and AdamW for the rest;
+    embed_lr / head_lr / scalar_lr: AdamW's peaks (None: max_lr); muon_clip False: the clip leaves Muon's out."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"train.optimizer={optimizer!r}: expected one of {', '.join(OPTIMIZERS)}")
     if weight_decay < 0 or max_lr <= 0:
@@ -212,8 +209,7 @@ def build_optimizers(model: GPT, optimizer: str, max_lr: float, weight_decay: fl
 
 
 def set_lr(optimizer: Optimizers | torch.optim.Optimizer, lr: float, max_lr: float) -> None:
-    """Set each group's rate to lr scaled by its own peak: peak_lr * lr / max_lr (groups peaking at max_lr get lr
-    itself, bit for bit)."""
+    """Set each group's rate to lr scaled by its own peak, peak_lr * lr / max_lr (at max_lr: lr itself, bit for bit)."""
     for group in optimizer.param_groups:
         peak = group.get("peak_lr", max_lr)
         group["lr"] = lr if peak == max_lr else peak * (lr / max_lr)
