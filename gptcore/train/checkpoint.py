@@ -116,10 +116,8 @@ def newest_readable(ckpt_dir: Path) -> tuple[Path | None, dict[str, Any] | None,
 
 def find_resume(ckpt_dir: Path, run_params: dict[str, Any]) -> tuple[Path | None, dict[str, Any] | None, str]:
     """(path, loaded checkpoint, what was decided): the newest readable checkpoint, if a run with these params wrote it.
-
-    Call on one process only (it renames damaged checkpoints). A checkpoint of a run with other params is never
-    resumed: the path is then that of an earlier run of these params kept in ckpt_dir/previous/ (the caller brings
-    it back, see `bring_back`), or None (the caller starts fresh, see `move_aside`); the sentence says which
+    Call on one process only (it renames damaged ones); another run's is never resumed: the path is then an earlier
+    run of these params in ckpt_dir/previous/ (see `bring_back`), or None (see `move_aside`); the sentence says which
     params differ."""
     path, ckpt, notes = newest_readable(ckpt_dir)
     if path is not None and _same_run(ckpt, run_params):
@@ -164,8 +162,7 @@ def _earlier_run(ckpt_dir: Path, run_params: dict[str, Any]) -> tuple[tuple[Path
 
 
 def bring_back(folder: Path, ckpt_dir: Path, also: list[Path] = ()) -> None:
-    """Move an earlier run's checkpoints, best weights and `also` (as move_aside kept them) from
-    ckpt_dir/previous/<time>/ back into place; call after move_aside, so nothing they replace is lost."""
+    """Move an earlier run's files back from `folder` in previous/, after move_aside (so nothing replaced is lost)."""
     for p in sorted(Path(folder).iterdir()):
         if CKPT_RE.match(p.name.removesuffix(".corrupt")) or BEST_RE.match(p.name):
             os.replace(p, Path(ckpt_dir) / p.name)
@@ -230,9 +227,7 @@ def check_init_from(init_from: str | None, ckpt_dir: Path) -> None:
 def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, also: list[Path] = ()
                    ) -> tuple[dict[str, Any] | None, list[str]]:
     """Collective: the checkpoint every rank resumes from (None: a fresh start), and what rank 0 decided, as lines.
-
-    Rank 0 alone decides (`find_resume`) and, unless the run in ckpt_dir is resumed, moves it and `also` (its step
-    metrics) aside, then brings back an earlier run of these params from previous/ if there is one; the other ranks
+    Rank 0 decides (`find_resume`), moving the run in ckpt_dir and `also` aside and an earlier one back; the others
     then load what it left: the run to resume, if any."""
     check_init_from(run_params["model"].get("init_from"), ckpt_dir)  # every rank: all refuse together
     resume, notes = None, []
