@@ -19,8 +19,6 @@ OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd")
 
 
-# ---------------------------------------------------------------------------------------------------- schedules
-
 def lr_at(step: int, max_lr: float, min_lr: float, warmup_steps: int, max_steps: int, kind: str = "cosine",
           decay_frac: float = 0.2) -> float:
     """The rate at 0-based `step`: (step+1)/warmup of max_lr while warming up, then cosine to min_lr at max_steps
@@ -62,8 +60,6 @@ class LRSchedule:
         return lr_at(step, self.max_lr, self.min_lr, self.warmup_steps, self.max_steps, self.kind, self.decay_frac)
 
 
-# ------------------------------------------------------------------------------------------ parameter groups
-
 def hidden_matrices(model: GPT) -> list[nn.Parameter]:
     """The 2-D weights inside the blocks (attention and MLP projections): what Muon updates."""
     return [p for p in model.transformer.h.parameters() if p.dim() == 2 and p.requires_grad]
@@ -98,8 +94,6 @@ def adamw(groups: list[dict[str, Any]], max_lr: float, betas: tuple[float, float
     extra = {"fused": True} if use_fused else {}
     return torch.optim.AdamW(groups, lr=max_lr, betas=tuple(betas), eps=eps, **extra)
 
-
-# ------------------------------------------------------------------------------------------------------ Muon
 
 class Muon(torch.optim.Muon):
     """torch.optim.Muon whose groups may carry "row_blocks" k: each parameter stores k matrices stacked by rows (the
@@ -140,8 +134,6 @@ def muon_groups(model: GPT) -> list[dict[str, Any]]:
         groups[stacked.get(id(p), 1)]["params"].append(p)
     return [g for g in groups.values() if g["params"]]
 
-
-# ---------------------------------------------------------------------------------------------- Optimizers
 
 class Optimizers:
     """{name: torch optimizer} over disjoint parameters, stepped and saved as one (the state_dict keyed by name);
