@@ -84,15 +84,16 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (gptcore-sample --help lists the options)")
 
 
-# what each option accepts, checked as params are (one line naming the option, the value and what is allowed)
+# the options after --prompt, each checked as params are (one line naming the option, the value and what is allowed)
 OPTIONS = {
     "num_samples": Param(int, 3, min=1),
     "max_new_tokens": Param(int, 200, min=1),
     "temperature": Param(float, 0.8, min=0.0, what="a number >= 0 (0: always the most likely token)"),
-    "top_k": Param(int, 200, min=0, what="an integer >= 0 (0: all tokens)"),
+    "top_k": Param(int, 200, "0: sample from all tokens", min=0, what="an integer >= 0 (0: all tokens)"),
     "seed": Param(int, 1337, min=0),
     "device": Param(str, "auto", pattern=r"auto|cpu|mps|cuda(:\d+)?", what="auto, cpu, cuda, cuda:N or mps"),
-    "dtype": Param(str, "bfloat16", choices=tuple(sorted(DTYPES))),
+    "dtype": Param(str, "bfloat16", "float32 | bfloat16 | float16 (bf16 falls back where slow)",
+                   choices=tuple(sorted(DTYPES))),
 }
 
 
@@ -115,14 +116,8 @@ def _main(argv: list[str] | None) -> None:
                                                      "gpt2[-medium|-large|-xl]")
     ap.add_argument("--tokenizer-dir", default=None, help="folder with manifest.json (default: beside the model)")
     ap.add_argument("--prompt", default="", help="prompt text, or FILE:path")
-    ap.add_argument("--num-samples", type=int, default=OPTIONS["num_samples"].default)
-    ap.add_argument("--max-new-tokens", type=int, default=OPTIONS["max_new_tokens"].default)
-    ap.add_argument("--temperature", type=float, default=OPTIONS["temperature"].default)
-    ap.add_argument("--top-k", type=int, default=OPTIONS["top_k"].default, help="0: sample from all tokens")
-    ap.add_argument("--seed", type=int, default=OPTIONS["seed"].default)
-    ap.add_argument("--device", default=OPTIONS["device"].default)
-    ap.add_argument("--dtype", default=OPTIONS["dtype"].default,
-                    help="float32 | bfloat16 | float16 (bf16 falls back where slow)")
+    for name, param in OPTIONS.items():
+        ap.add_argument("--" + name.replace("_", "-"), type=param.kind, default=param.default, help=param.doc or None)
     args = ap.parse_args(argv)
     for name, param in OPTIONS.items():
         setattr(args, name, param.check("--" + name.replace("_", "-"), getattr(args, name)))
