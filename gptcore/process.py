@@ -215,11 +215,6 @@ def die_with_the_shells_parent(sig: int = signal.SIGKILL, every: float = 0.2) ->
     threading.Thread(target=watch, name="die-with-the-shells-parent", daemon=True).start()
 
 
-def supervised() -> bool:
-    """True under dvc (DVC_STAGE) or torchrun (LOCAL_RANK): a parent whose death means the run was abandoned."""
-    return "DVC_STAGE" in os.environ or "LOCAL_RANK" in os.environ
-
-
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -227,7 +222,7 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 def mortal() -> None:
     """Die with the parent when that is dvc or torchrun (a stage started by hand is left to the shell: nohup keeps
     it), and turn SIGTERM into KeyboardInterrupt, so the stage boundary ends it with Ctrl-C's one line."""
-    if supervised():
+    if "DVC_STAGE" in os.environ or "LOCAL_RANK" in os.environ:  # under dvc or torchrun: its death abandons the run
         die_with_parent()
         die_with_the_shells_parent()
     # a rank other than 0 says nothing and may sit in a C call (waiting for rank 0 at rendezvous) where a Python

@@ -45,18 +45,14 @@ def tokenizer_for(spec: str, model: GPT, tokenizer_dir: str | Path | None = None
     return tok
 
 
-def check_same_tokenizer(model_tok: Tokenizer, data_tok: Tokenizer, model_spec: str, shard_dir: Path) -> None:
-    """A model can only be scored on shards made by its own tokenizer (e.g. OpenAI's gpt2 on GPT-2 BPE shards)."""
+def model_for_shards(spec: str, data_tok: Tokenizer, shard_dir: Path) -> GPT:
+    """The model `spec` names, refused unless its own tokenizer made the shards in `shard_dir` (gpt2: GPT-2 BPE)."""
+    model = load_model(spec)
+    model_tok = tokenizer_for(spec, model)
     a, b = ([getattr(t, key, None) for key in ("name", "vocab_size", "eot")] for t in (model_tok, data_tok))
     if a != b:
-        raise UserError(f"eval.model={model_spec} uses tokenizer {a[0]} (vocab {a[1]}, eot {a[2]}) but {shard_dir} was "
+        raise UserError(f"eval.model={spec} uses tokenizer {a[0]} (vocab {a[1]}, eot {a[2]}) but {shard_dir} was "
                         f"tokenized with {b[0]} (vocab {b[1]}, eot {b[2]}); evaluate on matching shards")
-
-
-def model_for_shards(spec: str, data_tok: Tokenizer, shard_dir: Path) -> GPT:
-    """The model `spec` names (gptcore.model.load), refused unless its tokenizer made the shards in `shard_dir`."""
-    model = load_model(spec)
-    check_same_tokenizer(tokenizer_for(spec, model), data_tok, spec, shard_dir)
     return model
 
 

@@ -30,9 +30,7 @@ def estimate_mfu(model: GPT, tokens_per_sec: float, device: torch.device | str |
     """Model FLOPs utilisation of ONE device's `tokens_per_sec`, a fraction of `peak_flops` or of the table's figure
     for `device` (default: the model's); None when that is unknown, e.g. on CPU."""
     if peak_flops is None:
-        if device is None:
-            device = next(model.parameters()).device
-        peak_flops = device_peak_flops(device)
+        peak_flops = device_peak_flops(next(model.parameters()).device if device is None else device)
         if peak_flops is None:
             return None
     if peak_flops <= 0:
@@ -65,9 +63,7 @@ def peak_flops_for_name(device_name: str) -> float | None:
 
 def device_peak_flops(device: torch.device | str | None = None) -> float | None:
     """Peak dense bf16 FLOP/s of `device` (default: the current CUDA device); None off CUDA or if unknown."""
-    if device is None:
-        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    device = torch.device(device)
+    device = torch.device("cuda" if device is None else device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
     return peak_flops_for_name(torch.cuda.get_device_name(device))

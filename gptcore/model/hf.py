@@ -74,7 +74,10 @@ def export_hf(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None = 
     arch, why = hf_architecture(cfg)
     if arch is None:
         raise NotRepresentable(f"no transformers architecture represents this model: {why}")
-    vocab_size = _check_vocab(cfg, vocab_size, eot)
+    vocab_size = cfg.vocab_size if vocab_size is None else vocab_size
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 0 < vocab_size <= cfg.vocab_size:
+        raise ValueError(f"vocab_size must be an int in [1, {cfg.vocab_size}], got {vocab_size!r}")
+    assert eot is None or 0 <= eot < vocab_size, (eot, vocab_size)  # the tokenizer's own id, inside its vocabulary
     sd = {k: v.detach().to(device="cpu", dtype=torch.float32) for k, v in model.state_dict().items()}
     if arch == "gpt2":
         tensors, hf_config = _gpt2_tensors(sd, vocab_size), _gpt2_config(cfg, vocab_size)
@@ -180,14 +183,6 @@ def _write_config(out: Path, hf_config: dict, eot: int | None) -> None:
     else:
         write_text(out / GENERATION_CONFIG, json.dumps({"bos_token_id": eot, "eos_token_id": eot}, indent=2) + "\n")
     write_text(out / "config.json", json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-
-
-def _check_vocab(cfg: GPTConfig, vocab_size: int | None, eot: int | None = None) -> int:
-    vocab_size = cfg.vocab_size if vocab_size is None else vocab_size
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not 0 < vocab_size <= cfg.vocab_size:
-        raise ValueError(f"vocab_size must be an int in [1, {cfg.vocab_size}], got {vocab_size!r}")
-    assert eot is None or 0 <= eot < vocab_size, (eot, vocab_size)  # the tokenizer's own id, inside its vocabulary
-    return vocab_size
 
 
 def _download_gpt2(name: str) -> Path:
