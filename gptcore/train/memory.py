@@ -66,10 +66,8 @@ def available_bytes(device: torch.device) -> int | None:
 def check_fits(model: dict[str, Any], train: dict[str, Any], vocab_size: int, device: torch.device,
                processes: int = 1) -> None:
     """A UserError naming the params when training a scratch `model` cannot fit in `device`'s free memory."""
-    if model.get("init_from", "scratch") != "scratch":
-        return
-    free = available_bytes(device)
-    if free is None:
+    free = available_bytes(device) if model.get("init_from", "scratch") == "scratch" else None
+    if free is None:  # a loaded model's weights are known to fit; MPS cannot tell
         return
     sharing = processes if device.type == "cpu" else 1
     need = train_bytes(model, train, vocab_size) * sharing
@@ -97,10 +95,7 @@ def held_bytes(device: torch.device) -> int:
     """What this process holds now: CUDA, the caching allocator's reserved memory; CPU, the resident set."""
     if device.type == "cuda":
         return torch.cuda.memory_reserved(device)
-    rss = _proc_status_kib("VmRSS")
-    if rss is None:
-        rss = psutil.Process().memory_info().rss
-    return rss
+    return _proc_status_kib("VmRSS") or psutil.Process().memory_info().rss
 
 
 def reset_peak(device: torch.device) -> None:
