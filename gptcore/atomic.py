@@ -153,8 +153,7 @@ def refuse_link(final: str | Path, what: str, why: str = "the folder it points t
 
 
 def staged_dir(final: str | Path) -> Path:
-    """The hidden folder beside `final` where its next version is built, for swap_dir; a symbolic link there (an
-    older swap_dir moved the user's link at `final` there) is refused (LinkedFolder)."""
+    """The hidden folder beside `final` where swap_dir's next version is built (a symbolic link there is refused)."""
     final = Path(final)
     staged = final.parent / f".{final.name}.next"
     if staged.is_symlink():

@@ -67,9 +67,8 @@ def hf_architecture(cfg: GPTConfig) -> tuple[str | None, str]:
 
 
 def export_hf(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None = None, eot: int | None = None) -> str:
-    """Write `model` (fp32) as the transformers architecture with the same logits and return its model_type, or raise
-    NotRepresentable saying why none; `vocab_size` keeps the first rows (50257 of 50304), `eot` (the run's
-    end-of-text) becomes bos and eos, so that generate stops there."""
+    """Write `model` (fp32) as the transformers architecture with the same logits, and return its model_type (else
+    NotRepresentable); `vocab_size` keeps the first rows (50257 of 50304), `eot` becomes bos and eos (generate ends)."""
     cfg = model.config
     arch, why = hf_architecture(cfg)
     if arch is None:

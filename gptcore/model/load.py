@@ -53,8 +53,7 @@ class CorruptCheckpoint(UserError):
 
 
 class CheckpointRefused(UserError):
-    """A checkpoint not read now though nothing says it is damaged (I/O or memory error, weights_only refusal, another
-    format version): the file is left as it is."""
+    """A checkpoint not read now though nothing says it is damaged (a fault, a refusal, another format): kept as is."""
 
 
 CHECKPOINT_FORMAT = 1  # the layout of what this project saves; files from before the key existed are layout 1
@@ -192,7 +191,7 @@ def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
 
 
 def model_vocab(vocab_param: int | str | None, data_vocab_size: int) -> int:
-    """The model's vocabulary for `model.vocab_size` (`auto`/None: the data's, padded): the one place padding is done."""
+    """The model's vocabulary for `model.vocab_size` (`auto`/None: the data's, padded): the one place it is padded."""
     return padded_vocab(data_vocab_size) if vocab_param in (None, "auto") else int(vocab_param)
 
 

@@ -136,8 +136,7 @@ def muon_groups(model: GPT) -> list[dict[str, Any]]:
 
 
 class Optimizers:
-    """{name: torch optimizer} over disjoint parameters, stepped and saved as one (the state_dict keyed by name);
-    `clip_params`: what the gradient-norm clip covers when not the whole model (None)."""
+    """{name: torch optimizer} on disjoint parameters, stepped and saved as one; `clip_params`: what the clip covers."""
 
     def __init__(self, optimizers: dict[str, torch.optim.Optimizer], clip_params: list[nn.Parameter] | None = None):
         self.optimizers = dict(optimizers)
