@@ -13,7 +13,6 @@ from typing import NoReturn
 import torch
 
 from gptcore.data.shards import MANIFEST
-from gptcore.data.sources import _read_utf8
 from gptcore.data.tokenizers import GPT2Tokenizer, Tokenizer, load_tokenizer
 from gptcore.errors import UserError, one_line, user_error
 from gptcore.model.gpt import GPT
@@ -29,6 +28,8 @@ def read_prompt(prompt: str) -> str:
     path = Path(prompt[5:])
     if not path.is_file():
         raise UserError(f"prompt file {path} not found (from --prompt {prompt!r})")
+    from gptcore.data.sources import _read_utf8  # here: a run without a prompt file imports no fetch code (pyarrow)
+
     return _read_utf8(path)
 
 
