@@ -536,7 +536,7 @@ def test_params_rewritten_during_dvc_repro_fail_the_stage_and_dvc_records_nothin
     (clone / "params.yaml").write_text(yaml.safe_dump(params))
     out, err = dvc.communicate(timeout=600)
     assert dvc.returncode != 0
-    assert "[train] params.yaml changed while train ran (train.max_lr: 0.003 -> 0.5): its outputs, kept, were" in err
+    assert "[train] params.yaml changed while train ran (train.max_lr: 0.001 -> 0.5): its outputs, kept, were" in err
     assert (clone / "model" / "model.pt").is_file()  # the run's work is kept
     recorded = yaml.safe_load((clone / "dvc.lock").read_text())["stages"]
     assert recorded["train"]["params"]["params.yaml"]["train"]["max_lr"] != 0.5
