@@ -291,6 +291,11 @@ def test_read_comparable_names_the_baselines_columns(tmp_path):
     plots.write_plot_data(tmp_path / "train", BASELINES, tmp_path / "plots", comparable=judged)
     assert read_tsv(tmp_path / "plots" / "baselines.tsv")[1][2:] == ["3.2924", "true", "0.2955", "false",
                                                                      "0.337", "false"]
+    # once compare keeps `comparable` out of the metrics (metrics/comparison.json), that file is the one read
+    (tmp_path / "summary.json").write_text('{"delta": {}}', encoding="utf-8")
+    (tmp_path / "comparison.json").write_text(json.dumps(summary_with(False, True)), encoding="utf-8")
+    assert plots.read_comparable([tmp_path / p.name for p in plots.COMPARABLE_FROM]) == {
+        "gpt2_124m_val_loss": False, "gpt2_124m_hellaswag_acc_norm": True, "gpt3_124m_hellaswag_acc_norm": True}
     (tmp_path / "metrics.json").write_text('{"delta": {}}', encoding="utf-8")
     with pytest.raises(UserError, match=r"metrics\.json: no `comparable` section .*run the compare stage first"):
         plots.read_comparable([tmp_path / "metrics.json"])

@@ -179,8 +179,10 @@ def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir:
 
 
 # Where compare records which reference figures a run is comparable with (its `comparable` section, one entry per
-# delta key of gptcore.report.compare.DELTAS): the first of these files that holds one.
-COMPARABLE_FROM = (Path("metrics/summary.json"),)
+# delta key of gptcore.report.compare.DELTAS): the first of these files that holds one. metrics/comparison.json
+# once the baselines and reasons leave the metrics (they made `dvc exp show` rows hundreds of characters wide),
+# metrics/summary.json before
+COMPARABLE_FROM = (Path("metrics/comparison.json"), Path("metrics/summary.json"))
 
 
 def read_comparable(paths: Iterable[str | Path] = COMPARABLE_FROM) -> dict[str, bool]:
