@@ -112,8 +112,8 @@ def run(name: str, args: argparse.Namespace, shard: Path) -> dict:
         val_tps = args.val_tokens / (time.perf_counter() - t0)
         examples = synthetic_examples(args.examples)
         t0 = time.perf_counter()
-        score_examples(trainer.raw_model, examples, device=dev, dtype=trainer.dtype, batch_size=args.micro_batch,
-                       progress=False)
+        score_examples(trainer.raw_model, examples, 50257, device=dev, dtype=trainer.dtype,  # GPT-2 BPE ids
+                       batch_size=args.micro_batch, progress=False)
         ex_s = len(examples) / (time.perf_counter() - t0)
     peak = device_peak_flops(dev)
     fpt = flops_per_token(trainer.raw_model)

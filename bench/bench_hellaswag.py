@@ -3,9 +3,9 @@ forward per example, and gptcore's lm-eval adapter against lm-eval's own `hf` mo
 
 Same model, same examples; the variants take turns round by round (bench/rounds.py: one untimed warm-up round,
 then --rounds timed ones, each variant scoring every example once a round, its model and requests built before):
-- the per-example reference and the fast path of gptcore.eval.multichoice, in each of --dtypes: examples/s, the
-  speed-up (the median of per-round ratios, with their range), the predictions that agree and the largest loss
-  difference, what the full 10,042 examples would take;
+- the per-example reference (tests/reference_scorer.py, the tests' oracle) and gptcore.eval.multichoice's packed
+  scorer, in each of --dtypes: examples/s, the speed-up (the median of per-round ratios, with their range), the
+  predictions that agree and the largest loss difference, what the full 10,042 examples would take;
 - lm-eval 0.4's `hf` model (lm_eval.models.huggingface.HFLM, float32) on the Hugging Face export of the same
   weights (written as the train stage writes model/hf: gptcore.model.hf.export_hf and the tokenizer's save_hf)
   beside gptcore's adapter (gptcore.eval.harness.make_lm, float32), both answering the very same lm-eval requests
@@ -36,14 +36,16 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # gptcore, bench, and the tests' oracle (reference_scorer)
 
 import random  # noqa: E402
+
+from reference_scorer import score_examples_reference  # noqa: E402
 
 from bench.rounds import DEFAULT_ROUNDS, Timed, fmt, ratios, time_rounds  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
 from gptcore.eval.hellaswag import HELLASWAG_VAL_EXAMPLES, load_hellaswag  # noqa: E402
-from gptcore.eval.multichoice import ChoiceResult, Example, fit_example, score_examples, score_examples_reference  # noqa: E402
+from gptcore.eval.multichoice import ChoiceResult, Example, fit_example, score_examples  # noqa: E402
 from gptcore.model.gpt import GPT, GPTConfig  # noqa: E402
 from gptcore.model.load import load_model  # noqa: E402
 from gptcore.precision import DTYPES  # noqa: E402
@@ -180,10 +182,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     path = Path(args.path) if args.path else (OFFICIAL if OFFICIAL.is_file() else REF)
+    vocab = get_tokenizer("gpt2").vocab_size  # the examples' ids: log-probabilities are over these, not the padding
     if path.is_file():
         examples = load_hellaswag(path, get_tokenizer("gpt2"), limit=args.examples)
     elif args.tiny:
-        examples, path = synthetic_examples(args.examples, 50257, args.seed), Path("synthetic")
+        examples, path = synthetic_examples(args.examples, vocab, args.seed), Path("synthetic")
     else:
         sys.exit(f"{path}: no HellaSwag file; pass --path or run the evaluate stage's download first")
     torch.manual_seed(args.seed)
@@ -202,9 +205,9 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.dtypes:
         dtype = DTYPES[name]  # as asked, no fallback: the point is to time this precision
         variants[f"reference {name}"] = lambda dtype=dtype: score_examples_reference(
-            model, examples, device=args.device, dtype=dtype, progress=False)
+            model, examples, vocab, device=args.device, dtype=dtype)
         variants[f"fast {name}"] = lambda dtype=dtype: score_examples(
-            model, examples, device=args.device, dtype=dtype, batch_size=args.batch_size, progress=False)
+            model, examples, vocab, device=args.device, dtype=dtype, batch_size=args.batch_size, progress=False)
     with tempfile.TemporaryDirectory() as tmp:
         requests = []
         if args.no_lm_eval or not args.ref.is_file():

@@ -3,6 +3,7 @@ key's default and description.
 
     python -m gptcore.config            # rewrite conf/config.yaml from the schemas
     python -m gptcore.config --check    # exit 1 if conf/config.yaml is not what the schemas give
+    python -m gptcore.config --presets  # list conf/preset/: each preset with its one-line description
 
 Unlike the ground floor (gptcore/params.py holds the mechanics), this module imports the schema of each folder.
 """
@@ -24,6 +25,7 @@ from gptcore.train.params import TRAIN
 
 SECTIONS: tuple[Section, ...] = (FETCH, TOKENIZE, MODEL, TRAIN, EVAL, COMPARE)
 CONFIG = Path(__file__).resolve().parents[1] / "conf" / "config.yaml"
+PRESETS = CONFIG.parent / "preset"
 
 HEADER = """\
 # Hydra entry point for DVC experiments (`dvc config hydra.enabled True`): `dvc exp run` composes params.yaml
@@ -62,12 +64,54 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _first_sentence(text: str) -> str:
+    """Up to the first full stop outside brackets that a space or the end follows (`1.26` or `(x.py)` ends none)."""
+    depth = 0
+    for i, c in enumerate(text):
+        depth += (c in "([") - (c in ")]")
+        if c == "." and depth <= 0 and (i + 1 == len(text) or text[i + 1].isspace()):
+            return text[: i + 1]
+    return text
+
+
+def preset_descriptions(folder: Path = PRESETS) -> dict[str, str]:
+    """Each preset of conf/preset/ (its file name) with a one-line description: the first sentence of the comment
+    that opens the file, after Hydra's `# @package` line ('' if the file opens with none)."""
+    out = {}
+    for path in sorted(Path(folder).glob("*.yaml")):
+        words = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.startswith("#"):
+                break
+            if not line.lstrip("# ").startswith("@package"):
+                words.append(line.lstrip("#").strip())
+        out[path.stem] = _first_sentence(" ".join(w for w in words if w))
+    return out
+
+
+def list_presets(folder: Path = PRESETS) -> list[str]:
+    """The lines `--presets` prints: each preset, the default marked, with its description; then how to pick one."""
+    default = next((d["preset"] for d in yaml.safe_load(CONFIG.read_text(encoding="utf-8"))["defaults"]
+                    if isinstance(d, dict) and "preset" in d), None)
+    found = preset_descriptions(folder)
+    names = {name: name + (" (default)" if name == default else "") for name in found}
+    width = max(map(len, names.values()), default=0)
+    lines = [f"{names[name]:<{width}}  {about or '(no description: open the file with a comment saying what it is)'}"
+             for name, about in found.items()]
+    return lines + ["run one: dvc exp run -S preset=<name>"]
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Write conf/config.yaml from the schemas, or with --check say whether it is up to date."""
+    """Write conf/config.yaml from the schemas, or with --check say whether it is up to date; --presets lists the
+    presets."""
     ap = argparse.ArgumentParser(prog="python -m gptcore.config", description=main.__doc__)
     ap.add_argument("--check", action="store_true", help="exit 1 if the file differs from what the schemas give")
+    ap.add_argument("--presets", action="store_true", help="list the presets of conf/preset/ with their descriptions")
     ap.add_argument("--path", type=Path, default=CONFIG)
     args = ap.parse_args(argv)
+    if args.presets:
+        print("\n".join(list_presets()))
+        return
     text = render()
     if args.check:
         if args.path.read_text(encoding="utf-8") != text:

@@ -8,7 +8,7 @@ from gptcore.atomic import write_json
 from gptcore.report.baselines import read_baselines
 from gptcore.report.compare import describe, summarize
 from gptcore.report.params import COMPARE
-from gptcore.report.plots import write_plot_data
+from gptcore.report.plots import read_comparable, write_offline_page, write_plot_data
 from gptcore.report.speedrun import describe_speedrun, speedrun_summary
 from stages.common import stage
 
@@ -38,7 +38,8 @@ def main() -> None:
         # the evaluate stage's final multiple-choice score, for the acc_norm plot (cloze runs have no curve)
         final = {task: run[task]["acc_norm"] for task in ("hellaswag", "cloze")
                  if isinstance(run.get(task), dict) and run[task].get("acc_norm") is not None}
-        write_plot_data(LIVE_DIR, baselines, PLOT_DATA, final)
+        write_plot_data(LIVE_DIR, baselines, PLOT_DATA, final, read_comparable())  # references: where comparable
+        write_offline_page()  # plots/offline.html: .dvc/config has `dvc plots show` fill it, drawn offline
         s.say(*describe(summary, baselines), f"speedrun: {describe_speedrun(summary['speedrun'])}")
 
 

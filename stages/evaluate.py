@@ -45,7 +45,7 @@ def main() -> None:
         loss = val_loss.val_loss(model, tokens, model.config.block_size, p["batch_size"], env.device, dtype, env.rank,
                                  env.world_size, progress=env.is_main)
         bpc = val_loss.bits_per_char(loss, tokens, tok)  # comparable across tokenizers, unlike val_loss
-        result = multichoice.score_examples(model, examples, progress=env.is_main, **run)
+        result = multichoice.score_examples(model, examples, tok.vocab_size, progress=env.is_main, **run)
         if env.is_main:
             texts = sampling.sample(model, tok, p["sample_prompt"], p["samples"], p["sample_tokens"], p["temperature"],
                                     p["top_k"], p["seed"], env.device, dtype) if p["samples"] else []

@@ -64,7 +64,7 @@ def test_examples_are_deterministic_and_well_formed():
 
 def test_a_model_that_knows_the_stream_gets_every_example_right():
     examples = build_cloze(stream(), EOT, n_examples=60, context_len=8, ending_len=5, seed=0)
-    result = score_examples(CountingLM(), examples, device="cpu", progress=False)
+    result = score_examples(CountingLM(), examples, EOT + 1, device="cpu", progress=False)
     assert (result.count, result.acc, result.acc_norm) == (60, 1.0, 1.0)
 
 

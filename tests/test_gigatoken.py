@@ -9,11 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_tokenize import fetch, tokenize
 
-from gptcore.data import tokenize as E
 from gptcore.data import tokenizers as T
 from gptcore.data.params import TOKENIZE
-from gptcore.data.sources import fetch
 from gptcore.errors import UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data" / "fineweb_edu_sample.jsonl"
@@ -74,8 +73,8 @@ def test_shards_byte_identical_with_either_encoder(tmp_path):
     out = {}
     for encoder in ("tiktoken", "gigatoken"):
         d = tmp_path / encoder
-        m = E.tokenize(tmp_path / "raw", d, {"tokenizer": "gpt2", "encoder": encoder, "shard_tokens": 50_000,
-                                             "val_tokens": 20_000, "workers": 2}, progress=False)
+        m = tokenize(tmp_path / "raw", d, {"tokenizer": "gpt2", "encoder": encoder, "shard_tokens": 50_000,
+                                           "val_tokens": 20_000, "workers": 2}, progress=False)
         assert m["encoder"] == encoder and {s["encoder"] for s in m["shards"]} == {encoder}
         out[encoder] = (m, {p.name: p.read_bytes() for p in sorted(d.glob("*.npy"))})
     (mt, bt), (mg, bg) = out["tiktoken"], out["gigatoken"]

@@ -4,6 +4,7 @@
 - lm-eval through gptcore's LM against lm-eval's own `hf` model on the Hugging Face export of the same weights:
   the same answers on a synthetic multiple-choice task and on ../shared/ref-data's HellaSwag copy, the same
   loglikelihoods (acc, perplexity) and rolling loglikelihoods (word perplexity);
+- `eval.task: hellaswag` and an lm-eval task over the same file and prompt: the same log-likelihoods (one scorer);
 - a task whose data cannot be read fails with one line naming it, before any model exists.
 """
 from __future__ import annotations
@@ -29,10 +30,10 @@ BLOCK = 64
 WORDS = ["the", "cat", "dog", "sat", "ran", "on", "a", "mat", "hill", "fast", "slow", "red", "blue", "green", "house", "tree", "river", "and", "then", "it", "was", "very", "old", "new", "big", "small", "man", "woman", "child", "saw", "found", "took", "gave"]
 
 
-def tiny_model(seed: int = 0) -> GPT:
+def tiny_model(seed: int = 0, block_size: int = BLOCK) -> GPT:
     """A random GPT-2-shaped model whose logits are far from uniform (so choices rarely tie)."""
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(block_size=BLOCK, vocab_size=50304, n_layer=2, n_head=2, n_embd=32))
+    model = GPT(GPTConfig(block_size=block_size, vocab_size=50304, n_layer=2, n_head=2, n_embd=32))
     with torch.no_grad():
         model.transformer.wte.weight.mul_(25.0)
     return model.eval()
@@ -198,6 +199,35 @@ def test_cross_check_hellaswag_copy_against_hf(tmp_path):
     ours, theirs = evaluate_both(tmp_path, ["hellaswag_copy"])
     n, same, ties = agreement(ours["samples"]["hellaswag_copy"], theirs["samples"]["hellaswag_copy"])
     assert n == 40 and same == n - ties and ties <= 2
+
+
+@pytest.mark.slow  # one lm-eval run (about 10 s)
+def test_eval_task_hellaswag_and_an_lm_eval_task_over_the_same_file_score_alike(tmp_path):
+    """One scorer: `eval.task: hellaswag` (gptcore.eval.hellaswag) and lm-eval over the same rows and prompt (the
+    context, then " " + ending) give each ending the same log-likelihood and each example the same pick."""
+    if not REF.is_file():
+        pytest.skip(f"reference data absent: {REF} (a clone without ../shared/ref-data)")
+    from lm_eval import simple_evaluate
+
+    from gptcore.eval import hellaswag, multichoice
+
+    rows = [json.loads(line) for line, _ in zip(REF.open(encoding="utf-8"), range(40))]
+    write_task(tmp_path, "hs_same", rows, "output_type: multiple_choice\ndoc_to_text: '{{ctx}}'\n"
+               "doc_to_choice: '{{endings}}'\ndoc_to_target: '{{label}}'\nmetric_list:\n  - metric: acc\n")
+    model, tok = tiny_model(block_size=256), GPT2Tokenizer()  # a block that cuts no row: both score whole rows
+    examples = hellaswag.hellaswag_examples(tok, tmp_path / "hs_same.jsonl", None, "eval.hellaswag_path",
+                                            progress=False, block_size=256)
+    ours = multichoice.score_examples(model, examples, tok.vocab_size, device="cpu", batch_size=8, progress=False)
+    lm = harness.make_lm(model, tok, device=torch.device("cpu"), batch_size=8, progress=False)
+    tasks = harness.load_tasks(["hs_same"], include=tmp_path)
+    out = simple_evaluate(model=lm, tasks=tasks.items, task_manager=tasks.manager, num_fewshot=0, log_samples=True,
+                          bootstrap_iters=0)
+    theirs = picks(out["samples"]["hs_same"])
+    assert sorted(theirs) == list(range(40)) and ours.count == 40
+    for doc, p in enumerate(ours.predictions):
+        assert [-s for s in p["sum_losses"]] == pytest.approx(theirs[doc], abs=1e-5), doc
+        assert p["pred"] == max(range(4), key=theirs[doc].__getitem__), doc
+    assert ours.acc == pytest.approx(out["results"]["hs_same"]["acc,none"])
 
 
 # -----------------------------------------------------------------------------

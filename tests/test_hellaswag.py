@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from reference_scorer import score_examples_reference
 
 import gptcore.eval.hellaswag as hs
 from gptcore.errors import UserError
 from gptcore.eval.hellaswag import fetch_hellaswag, load_hellaswag, read_hellaswag
-from gptcore.eval.multichoice import score_examples, score_examples_reference
+from gptcore.eval.multichoice import score_examples
 from gptcore.model.gpt import GPT, GPTConfig
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"
@@ -161,9 +162,8 @@ def test_a_file_without_examples_is_refused_naming_it(tmp_path, content):
 
 def test_no_accuracy_of_zero_examples():
     model = GPT(GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=8, vocab_size=16))
-    for score in (score_examples, score_examples_reference):
-        with pytest.raises(ValueError, match="over zero examples is undefined"):
-            score(model, [], device="cpu", progress=False)
+    with pytest.raises(ValueError, match="over zero examples is undefined"):
+        score_examples(model, [], 16, device="cpu", progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -195,8 +195,8 @@ def test_reference_file_scores_on_a_small_random_gpt(ref_examples):
     model = GPT(GPTConfig(block_size=96, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)).eval()
     subset = sorted(ref_examples, key=lambda e: -len(e.context))[:8] + ref_examples[:16]
     assert max(len(e.context) + max(map(len, e.endings)) for e in subset) > 96
-    ref = score_examples_reference(model, subset, device="cpu")
-    fast = score_examples(model, subset, device="cpu", batch_size=8, progress=False)
+    ref = score_examples_reference(model, subset, 50257)
+    fast = score_examples(model, subset, 50257, device="cpu", batch_size=8, progress=False)
     assert ref.count == 24
     assert (fast.count, fast.correct, fast.correct_norm) == (ref.count, ref.correct, ref.correct_norm)
     for p, q in zip(ref.predictions, fast.predictions):

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from test_tokenize import make_raw, shard_bytes, synthetic_docs
+from test_tokenize import make_raw, shard_bytes, synthetic_docs, tokenize
 
 from gptcore.data import shards as S
 from gptcore.data import tokenize as E
@@ -139,7 +139,7 @@ def test_tokenize_refuses_while_a_train_reads_the_shards_and_changes_nothing(tmp
     (project / "data" / "raw").symlink_to(raw)
     shards = project / "data" / "shards"
     cfg = {"tokenizer": "gpt2", "shard_tokens": 20_000, "val_tokens": 8_000, "workers": 1}
-    E.tokenize(raw, shards, cfg, progress=False)
+    tokenize(raw, shards, cfg, progress=False)
     make_project(project, shards, **LONG)
     params = yaml.safe_load((project / "params.yaml").read_text())
     (project / "params.yaml").write_text(yaml.safe_dump({**params, "tokenize": {**cfg, "shard_tokens": 30_000}}))
@@ -171,7 +171,7 @@ def raw(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def reference(raw, tmp_path_factory) -> dict[str, bytes]:
     out = tmp_path_factory.mktemp("ref") / "shards"
-    E.tokenize(raw, out, TOKENIZE, progress=False)
+    tokenize(raw, out, TOKENIZE, progress=False)
     return shard_bytes(out)
 
 
@@ -536,7 +536,7 @@ def test_params_rewritten_during_dvc_repro_fail_the_stage_and_dvc_records_nothin
     (clone / "params.yaml").write_text(yaml.safe_dump(params))
     out, err = dvc.communicate(timeout=600)
     assert dvc.returncode != 0
-    assert "[train] params.yaml changed while train ran (train.max_lr: 0.003 -> 0.5): its outputs, kept, were" in err
+    assert "[train] params.yaml changed while train ran (train.max_lr: 0.001 -> 0.5): its outputs, kept, were" in err
     assert (clone / "model" / "model.pt").is_file()  # the run's work is kept
     recorded = yaml.safe_load((clone / "dvc.lock").read_text())["stages"]
     assert recorded["train"]["params"]["params.yaml"]["train"]["max_lr"] != 0.5

@@ -11,9 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from stagekit import ROOT
+from test_tokenize import fetch, tokenize
 
-from gptcore.data.sources import fetch
-from gptcore.data.tokenize import tokenize
 from gptcore.eval.measured import measured_on, val_split
 from gptcore.eval.params import EVAL
 from gptcore.report.compare import summarize

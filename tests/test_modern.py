@@ -275,16 +275,17 @@ def test_export_refuses_what_no_architecture_represents(tmp_path, switches, reas
 def test_multiple_choice_fast_path_scores_a_modern_model_as_one_forward_per_example():
     """HellaSwag and cloze pack several examples per row with explicit position ids: rotary, QK-norm and the
     soft-cap must give the same losses as scoring each example alone."""
+    from reference_scorer import score_examples_reference
     from test_multichoice import assert_same, random_examples
 
-    from gptcore.eval.multichoice import score_examples, score_examples_reference
+    from gptcore.eval.multichoice import score_examples
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=64, vocab_size=128, n_layer=2, n_head=2, n_embd=32,
                           **{**MODERN, "zero_init_proj": False, "logit_softcap": 3.0})).eval()
     examples = random_examples(40)
-    ref = score_examples_reference(model, examples, device="cpu")
-    fast = score_examples(model, examples, device="cpu", batch_size=8, progress=False)
+    ref = score_examples_reference(model, examples, 128)
+    fast = score_examples(model, examples, 128, device="cpu", batch_size=8, progress=False)
     assert_same(ref, fast)
 
 

@@ -1,4 +1,5 @@
-"""The multiple-choice row picker: hand-computed losses, truncation, fast path == reference, DDP counts."""
+"""The one scorer: hand-computed losses, truncation, packed == one forward per example (tests/reference_scorer.py),
+normalisation over the tokenizer's vocabulary (as the Hugging Face export under transformers), DDP counts."""
 import json
 import math
 import random
@@ -10,17 +11,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+from reference_scorer import render_rows, score_examples_reference
 
 from gptcore.errors import UserError
-from gptcore.eval.multichoice import (
-    ChoiceResult,
-    Example,
-    fit_example,
-    render_rows,
-    score_examples,
-    score_examples_reference,
-    write_predictions,
-)
+from gptcore.eval.multichoice import ChoiceResult, Example, fit_example, score_examples, write_predictions
 from gptcore.model.gpt import GPT, GPTConfig
 
 # Next-token distributions of a bigram "model": P[a][b] = p(next = b | current = a).
@@ -61,9 +55,9 @@ def nll(prev: int, tokens: list[int]) -> list[float]:
     return out
 
 
-def tiny_gpt(seed: int = 0, block_size: int = 64) -> GPT:
+def tiny_gpt(seed: int = 0, block_size: int = 64, vocab: int = 128) -> GPT:
     torch.manual_seed(seed)
-    return GPT(GPTConfig(block_size=block_size, vocab_size=128, n_layer=2, n_head=2, n_embd=32)).eval()
+    return GPT(GPTConfig(block_size=block_size, vocab_size=vocab, n_layer=2, n_head=2, n_embd=32)).eval()
 
 
 def random_examples(n: int, seed: int = 0, vocab: int = 128, max_context: int = 80) -> list[Example]:
@@ -91,8 +85,8 @@ def test_row_picker_matches_hand_computed_losses():
     assert sums[0] == pytest.approx(-math.log(0.4))
     assert means[1] == pytest.approx(-(math.log(0.4) + 2 * math.log(0.8)) / 3)
     model = BigramLM(P, block_size=16)
-    for result in (score_examples_reference(model, [ex], device="cpu"),
-                   score_examples(model, [ex], device="cpu", progress=False)):
+    for result in (score_examples_reference(model, [ex], 4),
+                   score_examples(model, [ex], 4, device="cpu", progress=False)):
         (pred,) = result.predictions
         assert pred["sum_losses"] == pytest.approx(sums, rel=1e-6)
         assert pred["mean_losses"] == pytest.approx(means, rel=1e-6)
@@ -112,8 +106,8 @@ def test_truncation_cuts_context_from_the_left_and_keeps_endings_whole():
     # the model sees only the kept context: every ending is scored after token 2
     model = BigramLM(P, block_size=5)
     want = [sum(nll(2, e)) for e in ex.endings]
-    for result in (score_examples_reference(model, [ex], device="cpu"),
-                   score_examples(model, [ex], device="cpu", progress=False)):
+    for result in (score_examples_reference(model, [ex], 4),
+                   score_examples(model, [ex], 4, device="cpu", progress=False)):
         assert result.predictions[0]["sum_losses"] == pytest.approx(want, rel=1e-6)
 
 
@@ -125,20 +119,20 @@ def test_bad_examples_are_rejected_with_their_index():
     with pytest.raises(UserError, match="example 5: empty context"):
         fit_example(Example([], [[0], [1]], label=0, index=5), block_size=8)
     with pytest.raises(ValueError, match="world_size=2 but torch.distributed is not initialised"):
-        score_examples(BigramLM(P, 8), [], device="cpu", rank=0, world_size=2)
+        score_examples(BigramLM(P, 8), [], 4, device="cpu", rank=0, world_size=2)
 
 
 @pytest.fixture(scope="module")
 def reference_200():
     examples = random_examples(200)  # contexts up to 80 tokens: many are cut to the 64-token block
-    return examples, score_examples_reference(tiny_gpt(), examples, device="cpu")
+    return examples, score_examples_reference(tiny_gpt(), examples, 128)
 
 
 @pytest.mark.filterwarnings("error")
 def test_fast_path_equals_one_forward_per_example_fp32(reference_200):
     examples, ref = reference_200
     model = tiny_gpt().train()  # as inside a training loop: scoring runs in eval mode and restores the mode
-    fast = score_examples(model, examples, device="cpu", batch_size=16, progress=False)
+    fast = score_examples(model, examples, 128, device="cpu", batch_size=16, progress=False)
     assert model.training
     assert_same(ref, fast)
     assert ref.count == 200 and fast.examples_per_sec > 0
@@ -147,8 +141,8 @@ def test_fast_path_equals_one_forward_per_example_fp32(reference_200):
 def test_bfloat16_autocast_stays_close_to_fp32():
     model = tiny_gpt()
     examples = random_examples(30, seed=1)
-    fp32 = score_examples(model, examples, device="cpu", progress=False)
-    bf16 = score_examples(model, examples, device="cpu", dtype=torch.bfloat16, progress=False)
+    fp32 = score_examples(model, examples, 128, device="cpu", progress=False)
+    bf16 = score_examples(model, examples, 128, device="cpu", dtype=torch.bfloat16, progress=False)
     for p, q in zip(fp32.predictions, bf16.predictions):
         assert q["mean_losses"] == pytest.approx(p["mean_losses"], rel=2e-2)
 
@@ -156,7 +150,8 @@ def test_bfloat16_autocast_stays_close_to_fp32():
 def _ddp_worker(rank: int, world_size: int, init_file: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
-        result = score_examples(tiny_gpt(), random_examples(41, seed=2), device="cpu", batch_size=8, progress=False)
+        result = score_examples(tiny_gpt(), random_examples(41, seed=2), 128, device="cpu", batch_size=8,
+                                progress=False)
         if rank == 0:
             with open(out, "w") as f:
                 json.dump({"counts": [result.count, result.correct, result.correct_norm],
@@ -167,7 +162,7 @@ def _ddp_worker(rank: int, world_size: int, init_file: str, out: str) -> None:
 
 @pytest.mark.slow
 def test_two_gloo_ranks_give_the_same_counts_and_predictions_as_one(tmp_path):
-    single = score_examples(tiny_gpt(), random_examples(41, seed=2), device="cpu", batch_size=8, progress=False)
+    single = score_examples(tiny_gpt(), random_examples(41, seed=2), 128, device="cpu", batch_size=8, progress=False)
     out = tmp_path / "rank0.json"
     mp.spawn(_ddp_worker, args=(2, str(tmp_path / "store"), str(out)), nprocs=2, join=True)
     got = json.loads(out.read_text())
@@ -180,7 +175,7 @@ def test_two_gloo_ranks_give_the_same_counts_and_predictions_as_one(tmp_path):
 
 def test_write_predictions_is_jsonl_and_atomic(tmp_path):
     ex = Example(context=[1, 0], endings=[[3], [3, 3, 3], [2, 0], [1]], label=1, index=7)
-    result = score_examples(BigramLM(P, 16), [ex, Example([2], [[0], [1]], label=0, index=8)],
+    result = score_examples(BigramLM(P, 16), [ex, Example([2], [[0], [1]], label=0, index=8)], 4,
                             device="cpu", progress=False)
     path = write_predictions(tmp_path / "metrics" / "hellaswag_predictions.jsonl", result)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
@@ -188,3 +183,39 @@ def test_write_predictions_is_jsonl_and_atomic(tmp_path):
     assert set(rows[0]) == {"index", "label", "pred", "pred_norm", "sum_losses", "mean_losses"}
     assert sorted(p.name for p in path.parent.iterdir()) == ["hellaswag_predictions.jsonl"]  # no temp left
     assert (result.count, result.acc, result.acc_norm) == (2, 0.5, 1.0)
+
+
+def test_scores_are_normalised_over_the_tokenizers_vocabulary_not_the_padded_head():
+    model = tiny_gpt(vocab=192)  # a head 64 ids wider than the tokenizer's 128
+    with torch.no_grad():
+        model.lm_head.weight[128:] *= 100  # padding ids the model finds likely: they must take no probability
+    examples = random_examples(20, seed=3)
+    ours = score_examples(model, examples, 128, device="cpu", batch_size=8, progress=False)
+    assert_same(score_examples_reference(model, examples, 128), ours)
+    padded = score_examples_reference(model, examples, 192)
+    assert all(q > p + 1.0 for a, b in zip(ours.predictions, padded.predictions)
+               for p, q in zip(a["sum_losses"], b["sum_losses"]))
+    with pytest.raises(ValueError, match="vocab_size=193: must be in 1..192"):
+        score_examples(model, examples, 193, device="cpu", progress=False)
+
+
+def test_log_likelihoods_equal_the_hugging_face_exports_under_transformers(tmp_path):
+    """The export keeps the tokenizer's 50,257 rows of a 50,304-wide head: gptcore scores as transformers does on it."""
+    transformers = pytest.importorskip("transformers")
+    from gptcore.model.hf import save_hf_gpt2
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=64, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)).eval()
+    save_hf_gpt2(model, tmp_path, vocab_size=50257)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    assert hf.config.vocab_size == 50257
+    examples = random_examples(12, seed=4, vocab=50257)
+    got = [loss for p in score_examples(model, examples, 50257, device="cpu", batch_size=4, progress=False).predictions
+           for loss in p["sum_losses"]]
+    pairs = [(context, ending) for context, endings in (fit_example(ex, 64) for ex in examples) for ending in endings]
+    T = max(len(c) + len(e) - 1 for c, e in pairs)  # right padding: causal attention keeps it out of the scores
+    with torch.no_grad():
+        logits = hf(torch.tensor([c + e[:-1] + [0] * (T - len(c) - len(e) + 1) for c, e in pairs])).logits.double()
+    want = [-logits[i, len(c) - 1:len(c) + len(e) - 1].log_softmax(-1).gather(1, torch.tensor(e)[:, None]).sum().item()
+            for i, (c, e) in enumerate(pairs)]
+    assert got == pytest.approx(want, abs=1e-4)

@@ -1,7 +1,13 @@
 """gptcore.report.plots and baselines: the plot data the compare stage writes, dvc.yaml's plot definitions, offline rendering."""
 import io
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import Iterable
 
 import pytest
 import yaml
@@ -49,21 +55,22 @@ def test_plot_data_tokens_and_baseline_span(tmp_path):
     assert train[0] == ["step", "tokens_seen", "train_loss", "train_loss_smooth"]
     # a training step s has consumed s + 1 batches ...
     assert [(int(s), int(t)) for s, t, _, _ in train[1:]] == [(s, (s + 1) * 256) for s in range(10)]
-    # the raw loss is kept; the smoothed one starts at the first value and lags behind a falling curve
+    # the raw loss is kept; its centred moving average leaves a straight stretch where it is (no lag)
     assert [float(r[2]) for r in train[1:]] == [10.0 - s * 0.5 for s in range(10)]
-    smooth = [float(r[3]) for r in train[1:]]
-    assert smooth[0] == pytest.approx(10.0) and all(m > float(r[2]) for m, r in zip(smooth[1:], train[2:]))
+    assert [float(r[3]) for r in train[1:]] == pytest.approx([10.0 - s * 0.5 for s in range(10)])
     # ... an evaluation at step s runs before that step's update
     val = read_tsv(out / "val_loss.tsv")
     assert [(int(s), int(t)) for s, t, _ in val[1:]] == [(0, 0), (5, 1280), (10, 2560)]
     assert float(val[-1][2]) == pytest.approx(6.0)
 
     base = read_tsv(out / "baselines.tsv")
-    assert base[0] == ["step", "tokens_seen", "gpt2_124m_val_loss", "gpt2_124m_hellaswag_acc_norm",
-                       "gpt3_124m_hellaswag_acc_norm"]
+    assert base[0] == ["step", "tokens_seen", "gpt2_124m_val_loss", "gpt2_124m_val_loss_comparable",
+                       "gpt2_124m_hellaswag_acc_norm", "gpt2_124m_hellaswag_acc_norm_comparable",
+                       "gpt3_124m_hellaswag_acc_norm", "gpt3_124m_hellaswag_acc_norm_comparable"]
     # two rows spanning the run: a horizontal line from the first to the last logged step and token count
     assert [(int(r[0]), int(r[1])) for r in base[1:]] == [(0, 0), (10, 2560)]
-    assert [float(x) for x in base[1][2:]] == [3.2924, 0.2955, 0.337]
+    # no comparability given: no reference is marked comparable, so the plots draw none
+    assert base[1][2:] == ["3.2924", "false", "0.2955", "false", "0.337", "false"]
     assert base[1][2:] == base[2][2:]
 
 
@@ -104,7 +111,7 @@ def test_plot_data_reads_the_repository_baselines(tmp_path):
     figures = yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text(encoding="utf-8"))
     row = read_tsv(tmp_path / "plots" / "baselines.tsv")[1]
     assert float(row[2]) == figures["gpt2_124m"]["val_loss"]
-    assert float(row[4]) == figures["gpt3_124m"]["hellaswag_acc_norm"]
+    assert float(row[6]) == figures["gpt3_124m"]["hellaswag_acc_norm"]
 
 
 def test_plot_data_bad_input(tmp_path):
@@ -127,7 +134,8 @@ def test_dvc_yaml_plots_read_what_is_written():
     dvc_yaml = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))
     defs = {k: v for d in dvc_yaml["plots"] for k, v in d.items()}
     assert {"loss", "loss_vs_tokens", "val_loss_vs_tokens_log", "acc_norm"} <= set(defs)
-    ours = {"baselines.tsv": {"step", "tokens_seen", *baseline_values(BASELINES)}}
+    ours = {"baselines.tsv": {"step", "tokens_seen", *baseline_values(BASELINES),
+                              *(f"{name}_comparable" for name in baseline_values(BASELINES))}}
     ours.update({f"{c}.tsv": {"step", "tokens_seen", c} for c in plots.CURVES})
     ours["train_loss.tsv"].add("train_loss_smooth")
     ours["acc_norm.tsv"] = {"step", "tokens_seen", "task", "acc_norm"}
@@ -229,10 +237,297 @@ def test_baselines_file_is_checked_and_named(tmp_path):
         read_baselines(tmp_path / "b.yaml")
 
 
-def test_smooth_is_a_debiased_moving_average():
-    assert plots.smooth([4.0, 4.0, 4.0]) == pytest.approx([4.0, 4.0, 4.0])  # no pull towards zero at the start
-    m = plots.smooth([1.0, 3.0], beta=0.5)
-    assert m == pytest.approx([1.0, (0.25 * 1 + 0.5 * 3) / 0.75])
+QUICKSTART_LIVE = ROOT / "metrics" / "train"  # the committed quick-start run's dvclive curves (200 steps)
+
+
+def test_smooth_is_a_centred_moving_average():
+    assert plots.smooth([4.0] * 5) == pytest.approx([4.0] * 5)
+    # the window shrinks symmetrically at either end: the first and last points are the data's own
+    assert plots.smooth([1.0, 2.0, 6.0, 4.0, 5.0], half=1) == pytest.approx([1.0, 3.0, 4.0, 5.0, 5.0])
+    # a straight stretch stays where it is: no lag behind a falling loss, as a trailing average has
+    line = [10.0 - 0.1 * s for s in range(50)]
+    assert plots.smooth(line) == pytest.approx(line)
+    # and it smooths: alternating noise of +-0.3 around a constant is averaged away inside the curve
+    noisy = [5.0 + (0.3 if s % 2 else -0.3) for s in range(60)]
+    assert all(abs(m - 5.0) < 0.05 for m in plots.smooth(noisy)[3:-3])
+    assert plots.smooth_half_width(200) == 3 and plots.smooth_half_width(19_000) == 95
+    assert plots.smooth([]) == []
+
+
+def test_smoothed_train_loss_follows_the_quick_start_curve(tmp_path):
+    """The committed quick start falls from 10.8 to 6.7 in 20 steps; the smoothed curve of the plots followed 1.6 nats
+    above it there (a trailing average's lag: step 20 raw 6.70, smoothed 8.28, above the raw loss of the 3 steps
+    before). Centred, each smoothed point lies among the raw losses of the steps around it."""
+    plots.write_plot_data(QUICKSTART_LIVE, BASELINES, tmp_path)
+    rows = read_tsv(tmp_path / "train_loss.tsv")[1:]
+    raw, smoothed = [float(r[2]) for r in rows], [float(r[3]) for r in rows]
+    assert len(raw) == 200 and smoothed[0] == pytest.approx(raw[0])
+    for i, m in enumerate(smoothed):
+        near = raw[max(0, i - 3): i + 4]
+        assert min(near) - 1e-6 <= m <= max(near) + 1e-6, (i, m, near)
+    assert abs(smoothed[20] - raw[20]) < 0.3, (raw[20], smoothed[20])
+
+
+def summary_with(val_loss: bool, hellaswag: bool) -> dict:
+    """metrics/summary.json's `comparable` section as compare writes it (reasons where not comparable)."""
+    def entry(name: str, ok: bool) -> dict:
+        return {"baseline": name, "comparable": ok, **({} if ok else {"reason": "the run's val split differs"})}
+    return {"baseline": {}, "delta": {}, "comparable": {
+        "val_loss_vs_gpt2": entry("gpt2_124m", val_loss),
+        "hellaswag_acc_norm_vs_gpt2": entry("gpt2_124m", hellaswag),
+        "hellaswag_acc_norm_vs_gpt3": entry("gpt3_124m", hellaswag),
+        "lm_eval_hellaswag_acc_norm_vs_gpt2": entry("gpt2_124m", True)}}
+
+
+def test_read_comparable_names_the_baselines_columns(tmp_path):
+    # the committed quick start (Shakespeare, cloze): compare calls nothing comparable
+    assert plots.read_comparable([ROOT / "metrics" / "summary.json"]) == {
+        "gpt2_124m_val_loss": False, "gpt2_124m_hellaswag_acc_norm": False, "gpt3_124m_hellaswag_acc_norm": False}
+    (tmp_path / "summary.json").write_text(json.dumps(summary_with(True, False)), encoding="utf-8")
+    judged = plots.read_comparable([tmp_path / "missing.json", tmp_path / "summary.json"])
+    assert judged == {"gpt2_124m_val_loss": True, "gpt2_124m_hellaswag_acc_norm": False,
+                      "gpt3_124m_hellaswag_acc_norm": False}
+    fake_run(tmp_path / "train")
+    plots.write_plot_data(tmp_path / "train", BASELINES, tmp_path / "plots", comparable=judged)
+    assert read_tsv(tmp_path / "plots" / "baselines.tsv")[1][2:] == ["3.2924", "true", "0.2955", "false",
+                                                                     "0.337", "false"]
+    # once compare keeps `comparable` out of the metrics (metrics/comparison.json), that file is the one read
+    (tmp_path / "summary.json").write_text('{"delta": {}}', encoding="utf-8")
+    (tmp_path / "comparison.json").write_text(json.dumps(summary_with(False, True)), encoding="utf-8")
+    assert plots.read_comparable([tmp_path / p.name for p in plots.COMPARABLE_FROM]) == {
+        "gpt2_124m_val_loss": False, "gpt2_124m_hellaswag_acc_norm": True, "gpt3_124m_hellaswag_acc_norm": True}
+    (tmp_path / "metrics.json").write_text('{"delta": {}}', encoding="utf-8")
+    with pytest.raises(UserError, match=r"metrics\.json: no `comparable` section .*run the compare stage first"):
+        plots.read_comparable([tmp_path / "metrics.json"])
+
+
+# ---------------------------------------------------------------------------------------------
+# dvc.yaml's plots as DVC fills their templates and Vega draws them
+
+GREY = "#555555"  # the templates' reference lines
+
+
+def dvc(repo: Path, *args: str) -> str:
+    """A dvc command in `repo` (the venv's dvc, this checkout's code); its stdout, or a failure showing both streams."""
+    proc = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=repo, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 0, f"dvc {' '.join(args)} (exit {proc.returncode})\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def shifted_live(src: Path, dst: Path, shift: float) -> Path:
+    """A copy of dvclive's curves in `src` with both losses moved by `shift` nats (another run of the same length)."""
+    for name in ("tokens_seen", "train_loss", "val_loss"):
+        rows = plots.read_step_tsv(src / "plots" / "metrics" / f"{name}.tsv")
+        write_live(dst, name, rows if name == "tokens_seen" else [(s, v + shift) for s, v in rows])
+    return dst
+
+
+@pytest.fixture(scope="module")
+def two_run_repo(tmp_path_factory) -> Path:
+    """A git repository with this checkout's plot definitions (dvc.yaml's plots, .dvc/plots/, .dvc/config) and the
+    compare stage's plot data of two runs, committed and tagged: `base`, the committed quick start, comparable with
+    no baseline (as compare says of it); `lower`, the same 0.3 nats lower and comparable with GPT-2 124M's val loss."""
+    tmp = tmp_path_factory.mktemp("plots")
+    repo = tmp / "repo"
+    (repo / ".dvc").mkdir(parents=True)
+    shutil.copy(ROOT / ".dvc" / "config", repo / ".dvc" / "config")
+    shutil.copytree(ROOT / ".dvc" / "plots", repo / ".dvc" / "plots")
+    definitions = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["plots"]
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"plots": definitions}, sort_keys=False), encoding="utf-8")
+    (repo / ".gitignore").write_text((ROOT / ".gitignore").read_text(encoding="utf-8"), encoding="utf-8")
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                       capture_output=True, timeout=60)
+
+    git("init", "-q")
+    baselines = read_baselines(ROOT / "conf" / "baselines.yaml")
+    for tag, shift, comparable, cloze in (("base", 0.0, False, 0.288), ("lower", -0.3, True, 0.301)):
+        live = shifted_live(QUICKSTART_LIVE, tmp / tag, shift)
+        judged = {"gpt2_124m_val_loss": comparable, "gpt2_124m_hellaswag_acc_norm": False,
+                  "gpt3_124m_hellaswag_acc_norm": False}
+        plots.write_plot_data(live, baselines, repo / "metrics" / "plots", {"cloze": cloze}, judged)
+        git("add", "-A")
+        git("commit", "-qm", tag)
+        git("tag", tag)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def two_runs_specs(two_run_repo) -> dict[str, dict]:
+    """{plot id: the Vega-Lite spec DVC filled} of `dvc plots diff base lower --json`."""
+    diff = json.loads(dvc(two_run_repo, "plots", "diff", "base", "lower", "--json"))
+    assert not diff.get("errors"), diff["errors"]
+    return {name: renderers[0]["content"] for name, renderers in diff["data"].items()}
+
+
+def drawn(spec: dict) -> list[dict]:
+    """What Vega draws for `spec` (vl-convert's scenegraph): one entry per mark, {"type", "role", "items"}, each item
+    with its x, y (x2, y2 for rules) in the plot's pixels, stroke, strokeDash, opacity, strokeWidth, text, ..."""
+    import vl_convert as vlc
+
+    out: list[dict] = []
+
+    def walk(mark: dict, dx: float, dy: float) -> None:
+        items = []
+        for item in mark.get("items", []):
+            at = {k: v + (dx if k in ("x", "x2") else dy) for k, v in item.items() if k in ("x", "x2", "y", "y2")}
+            items.append({**item, **at})
+            if mark.get("marktype") == "group":
+                for sub in item.get("items", []):
+                    walk(sub, dx + item.get("x", 0), dy + item.get("y", 0))
+        out.append({"type": mark.get("marktype"), "role": mark.get("role"), "items": items})
+
+    walk(vlc.vegalite_to_scenegraph(spec)["scenegraph"], 0.0, 0.0)
+    return out
+
+
+def curves(marks: list[dict]) -> list[dict]:
+    """The line marks of the runs' curves (not the grey references), each {"stroke", "dash", "opacity", "width",
+    "xs"}: one per line drawn."""
+    lines = [m for m in marks if m["type"] == "line" and m["role"] == "mark" and m["items"]]
+    return [{"stroke": m["items"][0].get("stroke"), "dash": tuple(m["items"][0].get("strokeDash") or ()),
+             "opacity": m["items"][0].get("opacity", 1), "width": m["items"][0].get("strokeWidth"),
+             "xs": [i["x"] for i in m["items"]]}
+            for m in lines if m["items"][0].get("stroke") != GREY]
+
+
+def references(marks: list[dict]) -> tuple[list[dict], list[str]]:
+    """The grey reference lines drawn (their items) and every text drawn that names a reference."""
+    grey = [i for m in marks if m["role"] == "mark" for i in m["items"] if i.get("stroke") == GREY]
+    texts = [i["text"] for m in marks if m["type"] == "text" and m["role"] == "mark" for i in m["items"]
+             if "GPT" in str(i.get("text"))]
+    return grey, texts
+
+
+def test_one_hue_per_run_series_by_dash_and_opacity(two_runs_specs):
+    """Two runs of three series each: two colours, not six; within a run the three lines differ by dash/opacity."""
+    lines = curves(drawn(two_runs_specs["loss"]))
+    assert len(lines) == 6
+    by_run: dict[str, set] = {}
+    for line in lines:
+        by_run.setdefault(line["stroke"], set()).add((line["dash"], line["opacity"], line["width"]))
+    assert len(by_run) == 2, f"one colour per run expected, got {sorted(by_run)}"
+    assert all(len(styles) == 3 for styles in by_run.values()), by_run
+    # the same series looks the same in both runs: only the colour tells the runs apart
+    assert len({frozenset(styles) for styles in by_run.values()}) == 1
+    assert len({line["stroke"] for line in curves(drawn(two_runs_specs["val_loss_vs_tokens_log"]))}) == 2
+
+
+def test_reference_lines_only_where_compare_calls_the_run_comparable(two_runs_specs):
+    # neither run scored HellaSwag: no HellaSwag reference is drawn, so the y axis fits the cloze scores
+    grey, texts = references(drawn(two_runs_specs["acc_norm"]))
+    assert grey == [] and texts == []
+    # `lower` is comparable with GPT-2 124M's val loss, `base` is not: one line across the whole plot, labelled
+    spec = two_runs_specs["loss"]
+    grey, texts = references(drawn(spec))
+    assert texts == ["OpenAI GPT-2 124M val loss 3.2924"]
+    assert len(grey) == 1 and abs(grey[0]["x2"] - grey[0]["x"]) >= spec["width"] - 1, grey
+
+
+def test_log_x_axis_fitted_to_the_data_with_the_reference_line_drawn(two_runs_specs):
+    spec = two_runs_specs["val_loss_vs_tokens_log"]
+    marks = drawn(spec)
+    xs = [x for line in curves(marks) for x in line["xs"]]
+    # the first evaluation after step 0 at the axis' left end, the last at its right end (not a decade short)
+    assert max(xs) - min(xs) >= 0.98 * spec["width"], (min(xs), max(xs))
+    grey, texts = references(marks)
+    assert texts == ["OpenAI GPT-2 124M val loss 3.2924"]
+    assert len(grey) == 1 and abs(grey[0]["x2"] - grey[0]["x"]) >= spec["width"] - 1, grey
+
+
+# ---------------------------------------------------------------------------------------------
+# `dvc plots show` offline: the page .dvc/config names
+
+SCRIPT_SRC = re.compile(r"""<script[^>]*\ssrc\s*=\s*["']?\s*(https?:)?//""", re.IGNORECASE)
+
+
+def check_offline_page(html: str, plot_ids: Iterable[str]) -> None:
+    """DVC's page for these plots, with Vega inlined: the bundle is there and no script is fetched over the network."""
+    import vl_convert as vlc
+
+    assert html.lstrip().startswith("<!DOCTYPE html>") and "gptcore offline page" in html[:1000]
+    assert not SCRIPT_SRC.search(html), SCRIPT_SRC.search(html).group(0)
+    assert "cdn.jsdelivr.net" not in html
+    assert len(html) > 500_000 and vlc.get_vega_version() in html  # the inlined bundle
+    for plot_id in plot_ids:  # DVC's plot divs, each drawn by vegaEmbed
+        assert f"vegaEmbed('#{plot_id}', spec)" in html, plot_id
+
+
+def test_offline_page_is_written_once(tmp_path):
+    page = plots.write_offline_page(tmp_path / "plots" / "offline.html")
+    html = page.read_text(encoding="utf-8")
+    check_offline_page(html, [])
+    assert "{plot_divs}" in html and "{refresh_tag}" in html and "{scripts}" not in html  # DVC's placeholders
+    before = page.stat().st_mtime_ns
+    assert plots.write_offline_page(page) == page and page.stat().st_mtime_ns == before  # up to date: kept
+    page.write_text(html.replace("gptcore offline page", "an older page"), encoding="utf-8")
+    plots.write_offline_page(page)
+    assert page.read_text(encoding="utf-8") == html  # another marker (an older vl-convert or page): rewritten
+
+
+def test_dvc_config_points_dvc_plots_at_the_offline_page():
+    from configobj import ConfigObj
+
+    template = ConfigObj(str(ROOT / ".dvc" / "config"))["plots"]["html_template"]
+    assert (ROOT / ".dvc" / template).resolve() == (ROOT / plots.OFFLINE_PAGE).resolve()
+    assert f"/{plots.OFFLINE_PAGE.as_posix()}" in (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
+
+
+@pytest.fixture(scope="module")
+def diff_page(two_run_repo) -> Path:
+    """`gptcore-render-plots --page` run in a subfolder writes the repository's page; plain `dvc plots diff` fills it."""
+    proc = subprocess.run([sys.executable, "-m", "gptcore.report.plots", "--page"], cwd=two_run_repo / "metrics",
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 0 and Path(proc.stdout.strip()) == two_run_repo / plots.OFFLINE_PAGE, proc
+    dvc(two_run_repo, "plots", "diff", "base", "lower")
+    return two_run_repo / "dvc_plots" / "index.html"
+
+
+def test_dvc_plots_diff_page_holds_vega_and_fetches_nothing(diff_page):
+    check_offline_page(diff_page.read_text(encoding="utf-8"), ["loss", "loss_vs_tokens", "val_loss_vs_tokens_log",
+                                                              "acc_norm"])
+
+
+def test_dvc_plots_diff_page_draws_in_a_headless_browser(diff_page):
+    browser_draws(diff_page, ["loss", "loss_vs_tokens", "val_loss_vs_tokens_log", "acc_norm"])
+
+
+def browser_draws(page: Path, plot_ids: Iterable[str]) -> None:
+    """Open the page in headless Chromium with the network cut off: every plot's div holds Vega's drawing (SVG marks
+    or a canvas), not only DVC's script."""
+    browser = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+    if browser is None:
+        pytest.skip("no headless Chromium here: the page was checked for its inlined bundle only")
+    proc = subprocess.run([browser, "--headless", "--disable-gpu", "--no-sandbox", "--host-resolver-rules=MAP * ~NOTFOUND",
+                           "--virtual-time-budget=20000", "--dump-dom", page.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    divs = {m.group(1): m.end() for m in re.finditer(r'<div id="([^"]+)" class="vega-embed', proc.stdout)}
+    ends = sorted(divs.values()) + [len(proc.stdout)]
+    for plot_id in plot_ids:
+        assert plot_id in divs, f"{plot_id}: vegaEmbed drew nothing there\n{proc.stderr[-2000:]}"
+        body = proc.stdout[divs[plot_id]: ends[ends.index(divs[plot_id]) + 1]]
+        assert "role-mark" in body or "<canvas" in body, f"{plot_id}: no marks drawn"
+
+
+@pytest.mark.slow
+def test_fresh_clone_dvc_repro_then_plots_show_draws_offline(micro_repro):
+    """The shared clone (conftest): after `dvc repro` the compare stage has written the page; plain `dvc plots show`
+    fills it, and the baselines the micro run (Shakespeare) is not comparable with are flagged not to be drawn."""
+    from conftest import run_in
+
+    clone = micro_repro.path
+    assert (clone / plots.OFFLINE_PAGE).is_file(), "the compare stage wrote no plots/offline.html"
+    run_in(clone, "dvc", "plots", "show")
+    page = clone / "dvc_plots" / "index.html"
+    check_offline_page(page.read_text(encoding="utf-8"), ["loss", "loss_vs_tokens", "val_loss_vs_tokens_log", "acc_norm"])
+    flags = dict(zip(*read_tsv(clone / "metrics" / "plots" / "baselines.tsv")[:2]))
+    assert flags["gpt2_124m_val_loss_comparable"] == "false"
+    assert flags["gpt3_124m_hellaswag_acc_norm_comparable"] == "false"
+    assert "plots/offline.html" not in run_in(clone, "git", "status", "--porcelain")
+
 
 
 # ---------------------------------------------------------------------------------------------

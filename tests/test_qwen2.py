@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from gptcore.data import shards as S
-from gptcore.data import tokenize as E
 from gptcore.data import tokenizers as T
 from gptcore.data.params import TIKTOKEN_PATTERNS, TOKENIZE
 from gptcore.errors import UserError
@@ -148,10 +147,11 @@ def test_any_tiktoken_ranks_file_with_a_named_pattern(tmp_path):
     again = T.load_tokenizer(shard_dir)
     assert (again.name, again.vocab_size, again.eot) == (tok.name, 50257, 50256)
     assert again.encode("Hello world") == [15496, 995]
-    with pytest.raises(UserError, match="tiktoken_pattern"):
-        T.get_tokenizer(str(shard_dir / T.TIKTOKEN_FILE))
-    with pytest.raises(UserError, match="tiktoken_pattern='nope'"):
-        T.get_tokenizer(str(shard_dir / T.TIKTOKEN_FILE), tiktoken_pattern="nope")
+    # the schema names the patterns to a user, before any tokenizer is built
+    with pytest.raises(UserError, match="tokenize.tiktoken_pattern=None: tokenizer .* is a tiktoken ranks file"):
+        TOKENIZE.validate({"tokenizer": str(shard_dir / T.TIKTOKEN_FILE), "val_tokens": 0})
+    with pytest.raises(UserError, match="tokenize.tiktoken_pattern='nope': must be one of qwen2, gpt2, cl100k"):
+        TOKENIZE.validate({"tokenizer": str(shard_dir / T.TIKTOKEN_FILE), "val_tokens": 0, "tiktoken_pattern": "nope"})
     bad = tmp_path / "bad.tiktoken"
     bad.write_text("not base64!! x\n")
     with pytest.raises(UserError, match="bad.tiktoken:1"):
@@ -159,14 +159,14 @@ def test_any_tiktoken_ranks_file_with_a_named_pattern(tmp_path):
 
 
 def test_tokenize_stage_with_qwen2_writes_uint32_shards_and_reloads(tmp_path, qwen2, reference):
-    from gptcore.data.sources import fetch
+    from test_tokenize import fetch, tokenize
 
     docs = [TEXTS[k] for k in sorted(TEXTS)] * 3
     src = tmp_path / "docs.jsonl"
     src.write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
     fetch({"source": "local", "path": str(src)}, tmp_path / "raw")
-    m = E.tokenize(tmp_path / "raw", tmp_path / "shards", {"tokenizer": "qwen2", "val_tokens": 100, "workers": 2},
-                   progress=False)
+    m = tokenize(tmp_path / "raw", tmp_path / "shards", {"tokenizer": "qwen2", "val_tokens": 100, "workers": 2},
+                 progress=False)
     assert m["dtype"] == "uint32" and m["tokenizer"]["name"] == "qwen2" and m["encoder"] == "tiktoken"
     got = np.concatenate([S.load_tokens(tmp_path / "shards" / s["name"]) for s in m["shards"]]).tolist()
     want = []

@@ -8,10 +8,9 @@ import subprocess
 import numpy as np
 import pytest
 from stagekit import env, make_project, stage_cmd, write_gpt2_shards
-from test_tokenize import make_raw, synthetic_docs
+from test_tokenize import make_raw, synthetic_docs, tokenize
 
 from gptcore.data import shards as S
-from gptcore.data import tokenize as E
 from gptcore.data.loader import TokenLoader
 from gptcore.errors import UserError
 from gptcore.eval.val_loss import first_tokens
@@ -29,7 +28,7 @@ def flip_one_token(path, index=-1):
 @pytest.fixture
 def tokenized(tmp_path):
     raw = make_raw(tmp_path, synthetic_docs(300, seed=3))
-    m = E.tokenize(raw, tmp_path / "shards", PARAMS, progress=False)
+    m = tokenize(raw, tmp_path / "shards", PARAMS, progress=False)
     assert m["complete"] and len(m["shards"]) >= 3
     return raw, tmp_path / "shards"
 
@@ -38,13 +37,13 @@ def test_tokenize_rereads_finished_shards_and_refuses_flipped_bytes(tokenized):
     raw, shards = tokenized
     flip_one_token(shards / "train_000000.npy")
     with pytest.raises(UserError, match=r"train_000000\.npy: sha256 does not match the manifest.*not complete"):
-        E.tokenize(raw, shards, PARAMS, progress=False)
+        tokenize(raw, shards, PARAMS, progress=False)
     assert S.read_manifest(shards)["complete"] is False  # so train and evaluate refuse it too
     with pytest.raises(UserError, match="complete: false"):
         S.open_split(shards, "train")
     # the advice works: delete the named shard, rerun, and the same bytes come back
     (shards / "train_000000.npy").unlink()
-    m = E.tokenize(raw, shards, PARAMS, progress=False)
+    m = tokenize(raw, shards, PARAMS, progress=False)
     assert m["complete"] and S.verify(shards) == []
 
 
@@ -52,7 +51,7 @@ def test_tokenize_refuses_to_report_complete_over_a_foreign_shard(tokenized):
     raw, shards = tokenized
     np.save(shards / "train_000077.npy", np.zeros(10, np.uint16))
     with pytest.raises(UserError, match=r"train_000077\.npy: shard file not listed in the manifest"):
-        E.tokenize(raw, shards, PARAMS, progress=False)
+        tokenize(raw, shards, PARAMS, progress=False)
     assert S.read_manifest(shards)["complete"] is False
 
 

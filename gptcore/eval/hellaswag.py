@@ -1,9 +1,7 @@
 """HellaSwag validation data: download (size + sha256 checked, cached), parse, render to token examples.
 
-The official file is rowanz/hellaswag's data/hellaswag_val.jsonl (10,042 examples). Its byte size and
-sha256 are the ones Hugging Face `datasets` recorded for that URL (datasets/hellaswag/dataset_infos.json,
-"download_checksums"). Rendering follows build-nanogpt: the context tokens, then each ending encoded as
-" " + ending; scoring is gptcore.multichoice's job.
+The official file is rowanz/hellaswag's data/hellaswag_val.jsonl; its size and sha256 are those Hugging Face
+`datasets` recorded (hellaswag/dataset_infos.json). Rendering as build-nanogpt: context, each ending as " " + ending.
 """
 from __future__ import annotations
 
@@ -27,8 +25,7 @@ HELLASWAG_VAL_SHA256 = "0aa3b88843990f3f10a97b9575c94d7b71fb2205240ba04ae4884d9e
 HELLASWAG_VAL_EXAMPLES = 10_042
 HELLASWAG_VAL_NAME = "hellaswag_val.jsonl"
 
-# A transport opens a URL and yields its bytes in chunks (tests pass a fake one; the default uses urllib).
-Transport = Callable[[str], Iterable[bytes]]
+Transport = Callable[[str], Iterable[bytes]]  # a URL's bytes in chunks (tests pass a fake one)
 
 
 def urllib_transport(url: str, timeout: float = 60.0, chunk: int = 1 << 16) -> Iterable[bytes]:
@@ -50,11 +47,8 @@ def _place_hint(dest: Path, key: str = "eval.hellaswag_path") -> str:
 def fetch_hellaswag(dest_dir: str | Path = "data/hellaswag", path: str | Path | None = None,
                     transport: Transport | None = None, url: str = HELLASWAG_VAL_URL,
                     progress: bool = True, key: str = "eval.hellaswag_path") -> Path:
-    """Path to HellaSwag val: `path` if given (a local copy, used as is), else the verified cached copy in
-    dest_dir, downloading it first when absent or damaged. The download goes to a temp name and is renamed
-    into place only once its size and sha256 match, so no half-written file is ever left behind. `key` names the
-    param that sets `path` (`train.hellaswag_path` or `eval.hellaswag_path`) in the UserError a missing file or a
-    failed download gets."""
+    """HellaSwag val: `path` as is (a local copy, set by the param `key`), else the verified copy in dest_dir,
+    downloaded first when absent or damaged; a download is renamed into place only once its size and sha256 match."""
     if path is not None:
         path = Path(path)
         if not path.is_file():
@@ -63,7 +57,6 @@ def fetch_hellaswag(dest_dir: str | Path = "data/hellaswag", path: str | Path | 
     dest = Path(dest_dir) / HELLASWAG_VAL_NAME
     if _is_official(dest):
         return dest
-    # Checks raise inside atomic_write, so a truncated or corrupt download never reaches `dest`.
     h, size = hashlib.sha256(), 0
     with atomic_write(dest, "wb") as f, tqdm(total=HELLASWAG_VAL_SIZE, unit="B", unit_scale=True,
                                              desc=HELLASWAG_VAL_NAME, disable=not progress) as bar:
@@ -97,7 +90,7 @@ def _int_field(item: dict, key: str, where: str) -> int:
 
 
 def parse_hellaswag_line(raw: bytes, where: str, default_ind: int) -> dict:
-    """One jsonl line -> {ind, ctx, endings, label}; ValueError starting with `where` (file:line) otherwise."""
+    """One jsonl line -> {ind, ctx, endings, label}; a UserError starting with `where` (file:line) otherwise."""
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -125,8 +118,8 @@ def parse_hellaswag_line(raw: bytes, where: str, default_ind: int) -> dict:
 
 
 def read_hellaswag(path: str | Path, limit: int | None = None) -> list[dict]:
-    """The raw items (ctx, endings, label, ind, line) of a HellaSwag jsonl file, checked field by field; a bad line
-    of any kind, or a file without a single example, raises an error naming the file (and the line)."""
+    """The items (ctx, endings, label, ind, line) of a HellaSwag jsonl file, checked field by field: a bad line or a
+    file without examples is a UserError naming the file (and line)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: HellaSwag file not found; {_place_hint(path)}")
@@ -148,10 +141,8 @@ def read_hellaswag(path: str | Path, limit: int | None = None) -> list[dict]:
 
 def load_hellaswag(path: str | Path, tokenizer: Tokenizer, limit: int | None = None,
                    block_size: int | None = None) -> list[Example]:
-    """HellaSwag items as token Examples: context = encode(ctx), ending i = encode(" " + endings[i]).
-
-    With `block_size`, every example is checked now to fit the model (a context, endings that leave room for one
-    context token), so a bad row stops the run before any pass, named by its file and line."""
+    """HellaSwag items as token Examples: context encode(ctx), ending i encode(" " + endings[i]); with `block_size`,
+    each is checked to fit the model now, so a bad row stops the run before any pass."""
     path = Path(path)
     items = read_hellaswag(path, limit)
     contexts = tokenizer.encode_batch([it["ctx"] for it in items])
@@ -167,15 +158,13 @@ def load_hellaswag(path: str | Path, tokenizer: Tokenizer, limit: int | None = N
 def hellaswag_examples(tokenizer: Tokenizer, path: str | Path | None, limit: int | None, key: str,
                        dest_dir: str | Path = "data/hellaswag", progress: bool = True,
                        block_size: int | None = None) -> list[Example]:
-    """The task's examples as training and evaluate score them: `path` (a local copy, set by the param `key`) or
-    the verified download in `dest_dir`, rendered with `tokenizer`, the first `limit` of them (checked against
-    `block_size` when given)."""
+    """The first `limit` examples of `path` or the verified download in `dest_dir` (`fetch_hellaswag`), rendered
+    with `tokenizer` and checked against `block_size` (`load_hellaswag`), as training and evaluate score them."""
     return load_hellaswag(fetch_hellaswag(dest_dir, path=path, progress=progress, key=key), tokenizer, limit=limit,
                           block_size=block_size)
 
 
 def hellaswag_file(path: str | Path | None, dest_dir: str | Path = "data/hellaswag") -> dict[str, str]:
-    """What a HellaSwag figure was measured on: the file read (`path`, or the download in `dest_dir`, which
-    `fetch_hellaswag` verified to be the official one) and its sha256."""
+    """What a HellaSwag figure was measured on: the file read (`path`, else the verified download) and its sha256."""
     file = Path(path) if path is not None else Path(dest_dir) / HELLASWAG_VAL_NAME
     return {"file": str(file), "sha256": file_sha256(file)}

@@ -36,13 +36,13 @@ class ValLoss:
 class ChoiceTask:
     """A multiple-choice task (HellaSwag): `<name>_acc_norm` and `<name>_acc`."""
 
-    def __init__(self, name: str, examples: list[Example], batch_size: int, device: torch.device,
+    def __init__(self, name: str, examples: list[Example], vocab_size: int, batch_size: int, device: torch.device,
                  dtype: torch.dtype | None, progress: bool = False) -> None:
-        self.name, self.examples = name, examples
+        self.name, self.examples, self.vocab_size = name, examples, vocab_size
         self.kwargs = dict(device=device, batch_size=batch_size, dtype=dtype, progress=progress)
 
     def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]:
-        r = score_examples(model, self.examples, **self.kwargs)
+        r = score_examples(model, self.examples, self.vocab_size, **self.kwargs)
         return {f"{self.name}_acc_norm": r.acc_norm, f"{self.name}_acc": r.acc}
 
 
@@ -78,7 +78,7 @@ def training_evaluators(train: dict[str, Any], tok: Tokenizer, shard_dir: Path, 
     if train["hellaswag"]:
         examples = hellaswag_examples(tok, train["hellaswag_path"], train["hellaswag_examples"],
                                       "train.hellaswag_path", progress=is_main, block_size=block_size)
-        out.append(ChoiceTask("hellaswag", examples, train["val_batch"], device, dtype, is_main))
+        out.append(ChoiceTask("hellaswag", examples, tok.vocab_size, train["val_batch"], device, dtype, is_main))
     if train["samples"] > 0:
         out.append(TrainingSamples(tok, samples_dir, train["sample_prompt"], train["samples"], train["sample_tokens"],
                                    train["seed"], device, is_main, dtype, echo))

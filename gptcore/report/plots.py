@@ -1,21 +1,25 @@
-"""Plot data beside the training curves, and offline rendering of DVC's plot specs to image files.
+"""Plot data beside the training curves, the offline page of `dvc plots show`, and rendering DVC's plots to files.
 
-Two jobs:
-  write_plot_data  the compare stage's share: reference lines (conf/baselines.yaml's figures) as step rows
-                   spanning the run, and the loss curves with a tokens_seen column, so dvc.yaml's plots can draw
-                   them against step or against tokens seen.
-  render_plots     the JSON of `dvc plots show --json` (or `dvc plots diff REV... --json`) -> one file per plot,
-                   drawn with vl-convert (Vega-Lite compiled and rendered locally). `dvc plots show` writes an
-                   HTML page that loads Vega from a CDN and stays blank offline; this needs no network.
+Three jobs:
+  write_plot_data     the compare stage's share: reference lines (conf/baselines.yaml's figures, each flagged with
+                      whether compare called the run comparable with it: the plots draw only those) and the loss
+                      curves with a tokens_seen column and the train loss's centred moving average, so dvc.yaml's
+                      plots can draw them against step or against tokens seen.
+  write_offline_page  plots/offline.html, the HTML template .dvc/config gives `dvc plots show/diff`: Vega, Vega-Lite
+                      and vega-embed inlined from vl-convert, so DVC's page draws offline (its own loads a CDN).
+  render_plots        the JSON of `dvc plots show --json` (or `dvc plots diff REV... --json`) -> one file per plot,
+                      drawn with vl-convert (Vega-Lite compiled and rendered locally), no browser needed.
 
 The library never runs DVC: you run it and pipe its JSON in (console script gptcore-render-plots):
     dvc plots show --json | gptcore-render-plots                       # the workspace's plots -> plots_png/*.png
     dvc plots diff exp-a1b2c exp-d3e4f --json | gptcore-render-plots  # two experiments, curves overlaid
+    gptcore-render-plots --page                                        # plots/offline.html, where compare has not run
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import io
 import json
 import re
@@ -26,6 +30,7 @@ from typing import Any, Iterable, Mapping
 from gptcore.atomic import atomic_write
 from gptcore.errors import UserError
 from gptcore.report.baselines import baseline_values
+from gptcore.report.compare import DELTAS
 
 PNG_DIR = Path("plots_png")
 
@@ -78,26 +83,42 @@ def tokens_per_step(live_dir: str | Path) -> float:
     return tokens / (step + 1)
 
 
-SMOOTHING = 0.9  # weight of the past in the train loss's moving average: about the last 10 steps
+def smooth_half_width(n: int) -> int:
+    """Points on each side of the train loss's moving average for a curve of n points: 0.5% of the run, at least 3
+    (a 7-point window on the 200-step quick start, 191 points on a 19,000-step run: 1% of the plot's width). Wider
+    windows smooth more but cut the corner where the loss stops falling fast."""
+    return max(3, n // 200)
 
 
-def smooth(values: list[float], beta: float = SMOOTHING) -> list[float]:
-    """Exponential moving average with the start-up bias removed (as TensorBoard's smoothing and Adam's moments):
-    m_t = beta m_{t-1} + (1 - beta) x_t, reported as m_t / (1 - beta^t), so early points are not pulled to 0."""
-    out, m = [], 0.0
-    for t, x in enumerate(values, 1):
-        m = beta * m + (1 - beta) * x
-        out.append(m / (1 - beta ** t))
+def smooth(values: list[float], half: int | None = None) -> list[float]:
+    """Centred moving average: point i is the mean of the points i - h .. i + h, with h = `half` (default
+    smooth_half_width) shrunk near either end so the window stays symmetric. So the curve starts and ends at the data
+    (point 0 is the first value itself) and a straight stretch is left where it is; a trailing average, debiased or
+    not, lags a falling loss and starts above it."""
+    n = len(values)
+    h = smooth_half_width(n) if half is None else half
+    if h < 0:
+        raise ValueError(f"half={h}: must be >= 0")
+    prefix = [0.0]
+    for x in values:
+        prefix.append(prefix[-1] + x)
+    out = []
+    for i in range(n):
+        k = min(h, i, n - 1 - i)
+        out.append((prefix[i + k + 1] - prefix[i - k]) / (2 * k + 1))
     return out
 
 
 def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir: str | Path,
-                    final_acc_norm: Mapping[str, float] | None = None) -> list[Path]:
+                    final_acc_norm: Mapping[str, float] | None = None,
+                    comparable: Mapping[str, bool] | None = None) -> list[Path]:
     """Write the files dvc.yaml's top-level plots read besides dvclive's (live_dir: dvclive's folder; baselines:
     as report.baselines.read_baselines returns them); returns their paths.
 
-    out_dir/baselines.tsv   step, tokens_seen and one column per reference figure, two rows: the run's first
-                            and last logged step, so each reference is a horizontal line across the run
+    out_dir/baselines.tsv   step, tokens_seen, one column per reference figure and beside each `<figure>_comparable`
+                            (true or false: `comparable`, as read_comparable returns it, names the figures compare
+                            called comparable with this run; the plots draw only those); two rows: the run's first
+                            and last logged step
     out_dir/<curve>.tsv     step, tokens_seen, <curve> for train_loss, val_loss and hellaswag_acc_norm (those
                             the run logged); an evaluation at step s has seen s steps of tokens, a training step s
                             has seen s + 1. train_loss.tsv also has train_loss_smooth (see `smooth`), the raw
@@ -144,7 +165,10 @@ def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir:
     else:
         acc.unlink(missing_ok=True)
     dst = out_dir / "baselines.tsv"
-    _write_tsv(dst, ["step", "tokens_seen", *refs], ([s, t, *refs.values()] for s, t in span))
+    judged = comparable or {}  # a figure compare did not call comparable is not drawn
+    header = ["step", "tokens_seen", *(c for name in refs for c in (name, f"{name}_comparable"))]
+    row = [c for name, value in refs.items() for c in (value, "true" if judged.get(name) else "false")]
+    _write_tsv(dst, header, ([s, t, *row] for s, t in span))
     written.append(dst)
     # a curve this run did not log (say, HellaSwag on the quick-start) must not linger from an earlier run
     for name in CURVES:
@@ -152,6 +176,26 @@ def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir:
         if stale not in written:
             stale.unlink(missing_ok=True)
     return written
+
+
+# Where compare records which reference figures a run is comparable with (its `comparable` section, one entry per
+# delta key of gptcore.report.compare.DELTAS): the first of these files that holds one. metrics/comparison.json
+# once the baselines and reasons leave the metrics (they made `dvc exp show` rows hundreds of characters wide),
+# metrics/summary.json before
+COMPARABLE_FROM = (Path("metrics/comparison.json"), Path("metrics/summary.json"))
+
+
+def read_comparable(paths: Iterable[str | Path] = COMPARABLE_FROM) -> dict[str, bool]:
+    """{reference figure (a baselines.tsv column, e.g. gpt2_124m_val_loss): whether compare called the run comparable
+    with it}, from the `comparable` section of the first of `paths` that holds one (compare writes it just before)."""
+    paths = [Path(p) for p in paths]
+    for path in paths:
+        section = json.loads(path.read_text(encoding="utf-8")).get("comparable") if path.is_file() else None
+        if isinstance(section, dict):
+            return {f"{name}_{figure}": section[key].get("comparable") is True
+                    for key, (_, name, figure) in DELTAS.items() if isinstance(section.get(key), dict)}
+    raise UserError(f"{' or '.join(map(str, paths))}: no `comparable` section (compare's record of which baselines "
+                    "the run matches); run the compare stage first")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,6 +258,89 @@ def render_plots(plots: Mapping[str, Any], out_dir: str | Path = PNG_DIR, fmt: s
     return written
 
 
+# ---------------------------------------------------------------------------------------------
+# the offline page of `dvc plots show`
+
+# .dvc/config's plots.html_template names this file (relative to .dvc/): DVC fills it with the plots instead of its
+# own page, whose <script> tags fetch Vega from a CDN
+OFFLINE_PAGE = Path("plots/offline.html")
+# what DVC replaces in the page: its plots (required), a refresh tag and its CDN <script> tags, the last left out here
+_DVC_PLACEHOLDERS = ("{plot_divs}", "{refresh_tag}", "{scripts}")
+# Each of DVC's plot divs calls vegaEmbed as the page is parsed; the bundle runs after them (a module: deferred, and
+# its top-level names cannot clash with the divs' `var spec`), so the calls wait in a queue, which it then draws.
+_QUEUE = ("window.vegaEmbed = (el, spec, opt) => "
+          "(window.gptcoreQueued = window.gptcoreQueued || []).push([el, spec, opt]);")
+_SNIPPET = """\
+window.vega = vega;
+window.vegaLite = vegaLite;
+const queued = window.gptcoreQueued || [];
+window.vegaEmbed = vegaEmbed;
+for (const [el, spec, opt] of queued) vegaEmbed(el, spec, opt);
+"""
+_PAGE = """\
+<!DOCTYPE html>
+<html>
+<head>
+<meta charset="utf-8">
+<!-- @MARKER@ -->
+{refresh_tag}
+<title>DVC plots</title>
+<script>@QUEUE@</script>
+<style>body { font-family: sans-serif; margin: 16px; } body > div { margin-bottom: 24px; }</style>
+</head>
+<body>
+{plot_divs}
+<script type="module">
+@BUNDLE@
+</script>
+</body>
+</html>
+"""
+
+
+def _page_marker() -> str:
+    """The page's first comment: what wrote it, from which vl-convert; a page with another marker is rewritten."""
+    from importlib.metadata import version
+
+    digest = hashlib.sha256((_PAGE + _QUEUE + _SNIPPET).encode("utf-8")).hexdigest()[:12]
+    return (f"gptcore offline page for dvc plots show/diff: Vega, Vega-Lite and vega-embed inlined from "
+            f"vl-convert-python {version('vl-convert-python')}; page {digest}; written by the compare stage and "
+            f"gptcore-render-plots --page")
+
+
+def offline_page() -> str:
+    """DVC's HTML template with Vega, Vega-Lite and vega-embed inlined (vl-convert's bundle): no network needed."""
+    import vl_convert as vlc
+
+    bundle = vlc.javascript_bundle(_SNIPPET)
+    for placeholder in _DVC_PLACEHOLDERS:  # DVC would fill it inside the JavaScript
+        if placeholder in bundle:
+            raise RuntimeError(f"vl-convert's bundle holds {placeholder}, which DVC replaces in the page")
+    bundle = re.sub(r"</(script)", r"<\\/\1", bundle, flags=re.IGNORECASE)  # inline: only this ends the element
+    page = _PAGE.replace("@MARKER@", _page_marker()).replace("@QUEUE@", _QUEUE)
+    return page.replace("@BUNDLE@", bundle)
+
+
+def _dvc_root(start: Path) -> Path:
+    """The DVC repository holding `start`: the first folder from it upwards with a .dvc/ folder."""
+    for folder in (start, *start.parents):
+        if (folder / ".dvc").is_dir():
+            return folder
+    raise UserError(f"{start}: not in a DVC repository (no .dvc/ folder here or above); run it in the gptcore checkout")
+
+
+def write_offline_page(path: str | Path = OFFLINE_PAGE) -> Path:
+    """Write the page `dvc plots show` fills (see offline_page) unless `path` holds this very page already."""
+    path = Path(path)
+    if path.is_file():
+        with open(path, encoding="utf-8", errors="replace") as f:
+            if _page_marker() in f.read(1000):
+                return path
+    with atomic_write(path) as f:
+        f.write(offline_page())
+    return path
+
+
 def read_plots_json(source: str) -> dict[str, Any]:
     """`dvc plots show/diff --json` output from a file, or from stdin when `source` is "-"."""
     if source == "-":
@@ -245,8 +372,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=str(PNG_DIR), help=f"output folder (default: {PNG_DIR})")
     ap.add_argument("--format", choices=FORMATS, default="png")
     ap.add_argument("--scale", type=float, default=2.0, help="PNG pixels per Vega-Lite pixel (default: 2)")
+    ap.add_argument("--page", action="store_true",
+                    help=f"write {OFFLINE_PAGE} instead (the page .dvc/config makes `dvc plots show` fill: Vega "
+                         "inlined, drawn offline; the compare stage writes it too) and print its path")
     args = ap.parse_args(argv)
     try:
+        if args.page:
+            print(write_offline_page(_dvc_root(Path.cwd()) / OFFLINE_PAGE))
+            return
         plots = read_plots_json(args.json)
         files = render_plots(plots, args.out, args.format, args.scale, log=lambda m: print(m, file=sys.stderr))
     except UserError as e:  # a bug keeps its traceback

@@ -132,8 +132,19 @@ def find_resume(ckpt_dir: Path, run_params: dict[str, Any]) -> tuple[Path | None
     if earlier is not None:
         return earlier[0], earlier[1], "; ".join(notes + [f"{why}; {earlier[0].parent} holds a run with these "
                                                           f"params (step {earlier[1]['step']}): bringing it back"])
-    fresh = ": starting from step 0" if path is None else f"; starting fresh ({'; '.join(diff)})"
+    fresh = ": starting from step 0" if path is None else f"; {retrain_note(ckpt, diff)}"
     return None, None, "; ".join(notes + [why + fresh])
+
+
+def retrain_note(ckpt: dict[str, Any], diff: list[str]) -> str:
+    """Why a checkpoint of other params is not resumed, its keys old -> new (`param_diff`); when that run had
+    finished, also the likely cause: `dvc exp run` composes params.yaml from conf/ again, dropping an earlier -S."""
+    note = f"starting fresh ({'; '.join(diff)})"
+    max_steps = (ckpt.get("params") or {}).get("train", {}).get("max_steps")
+    if isinstance(max_steps, int) and max_steps > 0 and ckpt.get("step", -1) >= max_steps:
+        note += (f": the run it replaces had finished (step {ckpt['step']} of {max_steps}); `dvc exp run` composes "
+                 f"params.yaml from conf/ afresh, so an earlier experiment's -S values hold only where repeated")
+    return note
 
 
 def _same_run(ckpt: dict[str, Any], run_params: dict[str, Any]) -> bool:
