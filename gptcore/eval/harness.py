@@ -34,9 +34,9 @@ from tqdm import tqdm
 
 from gptcore.atomic import file_sha256
 from gptcore.data.tokenizers import Tokenizer
+from gptcore.distributed import autocast_context
 from gptcore.errors import UserError
 from gptcore.model.gpt import without_padding
-from gptcore.precision import autocast_context
 
 # positions sent through GPT.logits at once: bounds the [positions, vocab] float32 logits in memory
 HEAD_CHUNK = 1024

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from gptcore.atomic import atomic_write
+from gptcore.distributed import autocast_context
 from gptcore.errors import UserError
-from gptcore.precision import autocast_context
 
 # positions scored through GPT.logits (lm_head, soft-cap) at once: bounds the [positions, vocab] float32 logits in memory
 HEAD_CHUNK = 1024
