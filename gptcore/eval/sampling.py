@@ -15,11 +15,11 @@ import torch
 
 from gptcore.data.shards import MANIFEST
 from gptcore.data.tokenizers import GPT2Tokenizer, Tokenizer, load_tokenizer
+from gptcore.distributed import DEVICES, DTYPES, autocast_context, resolve_dtype
 from gptcore.errors import UserError, one_line, user_error
 from gptcore.model.gpt import GPT
 from gptcore.model.load import load_model
 from gptcore.params import Param, ParamError
-from gptcore.precision import DTYPES, autocast_context, resolve_dtype
 
 
 def read_prompt(prompt: str) -> str:
@@ -111,7 +111,7 @@ OPTIONS = {
     "temperature": Param(float, 0.8, min=0.0, what="a number >= 0 (0: always the most likely token)"),
     "top_k": Param(int, 200, min=0, what="an integer >= 0 (0: all tokens)"),
     "seed": Param(int, 1337, min=0),
-    "device": Param(str, "auto", pattern=r"auto|cpu|mps|cuda(:\d+)?", what="auto, cpu, cuda, cuda:N or mps"),
+    "device": Param(str, "auto", pattern=DEVICES, what="auto, cpu, cuda, cuda:N or mps"),
     "dtype": Param(str, "bfloat16", choices=tuple(sorted(DTYPES))),
 }
 
