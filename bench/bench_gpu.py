@@ -31,8 +31,11 @@ from gptcore.data.loader import TokenLoader  # noqa: E402
 from gptcore.eval.multichoice import Example, score_examples  # noqa: E402
 from gptcore.eval.val_loss import val_loss  # noqa: E402
 from gptcore.model.flops import device_peak_flops, flops_per_token  # noqa: E402
-from gptcore.model.gpt import GPT, GPTConfig  # noqa: E402
-from gptcore.model.params import MODEL  # noqa: E402
+from gptcore.model.gpt import (  # noqa: E402
+    GPT,
+    MODEL,  # noqa: E402
+    GPTConfig,
+)
 from gptcore.report.steplog import StepLogger  # noqa: E402
 from gptcore.train.loop import TrainConfig, Trainer  # noqa: E402
 from gptcore.train.params import TRAIN  # noqa: E402
@@ -72,7 +75,7 @@ def build(name: str, args: argparse.Namespace) -> tuple[GPT, TrainConfig]:
                    eval_every=0, ckpt_every=args.steps, val_tokens=T + 1, val_batch=args.micro_batch)
     if args.no_compile:
         train_p["compile"] = False
-    cfg = TrainConfig.from_params(TRAIN.validate({k: v for k, v in train_p.items() if k in TRAIN.defaults()}))
+    cfg = TrainConfig(**TRAIN.validate({k: v for k, v in train_p.items() if k in TRAIN.defaults()}))
     return model, cfg
 
 

@@ -44,11 +44,11 @@ from reference_scorer import score_examples_reference  # noqa: E402
 
 from bench.rounds import DEFAULT_ROUNDS, Timed, fmt, ratios, time_rounds  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
+from gptcore.distributed import DTYPES  # noqa: E402
 from gptcore.eval.hellaswag import HELLASWAG_VAL_EXAMPLES, load_hellaswag  # noqa: E402
 from gptcore.eval.multichoice import ChoiceResult, Example, fit_example, score_examples  # noqa: E402
 from gptcore.model.gpt import GPT, GPTConfig  # noqa: E402
 from gptcore.model.load import load_model  # noqa: E402
-from gptcore.precision import DTYPES  # noqa: E402
 
 REF = ROOT / ".." / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"
 OFFICIAL = ROOT / "data" / "hellaswag" / "hellaswag_val.jsonl"

@@ -49,9 +49,9 @@ from gptcore import distributed  # noqa: E402
 from gptcore.data.loader import TokenLoader  # noqa: E402
 from gptcore.data.sources import package_documents  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
+from gptcore.distributed import resolve_dtype  # noqa: E402
 from gptcore.model.flops import flops_per_token  # noqa: E402
 from gptcore.model.gpt import GPT, LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_ENV, GPTConfig, lm_loss, loss_chunk_rows  # noqa: E402
-from gptcore.precision import resolve_dtype  # noqa: E402
 from gptcore.report.steplog import StepLogger  # noqa: E402
 from gptcore.train.loop import TrainConfig, Trainer  # noqa: E402
 from gptcore.train.params import TRAIN  # noqa: E402
@@ -179,7 +179,7 @@ def build_variants(args: argparse.Namespace, base: GPT, shard: Path, ckpt: Path,
     steps = args.steps_per_round
     lr = 6e-4
     # the schema's defaults for everything the command line does not set
-    default = TrainConfig.from_params(TRAIN.validate({
+    default = TrainConfig(**TRAIN.validate({
         "device": args.device, "micro_batch": args.micro_batch, "total_batch_tokens": step_tokens,
         "max_steps": 1 << 20, "warmup_steps": 0, "max_lr": lr, "min_lr_ratio": 1.0, "eval_every": 0,
         "val_tokens": args.block_size + 1, "ckpt_every": 1 << 20}))

@@ -1,8 +1,11 @@
-"""Distributed set-up: one process, or one per device under torchrun (NCCL on CUDA, gloo on CPU)."""
+"""Where a run computes: one process, or one per device under torchrun (NCCL on CUDA, gloo on CPU); its device and
+the precision it actually runs in (the one place `dtype: bfloat16` becomes a torch dtype)."""
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import ContextManager
 
 import torch
 import torch.distributed as dist
@@ -30,6 +33,9 @@ class DistEnv:
         return self.world_size > 1
 
 
+DEVICES = r"auto|cpu|mps|cuda(:\d+)?"  # the device params pick_device takes (a Param pattern)
+
+
 def _mps_available() -> bool:
     return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
 
@@ -51,6 +57,30 @@ def pick_device(device: str = "auto", local_rank: int = 0, key: str = "device") 
     if device == "mps" and not _mps_available():
         raise ParamError(key, device, "Apple's MPS is not available here: set auto or cpu")
     return torch.device(device)
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The precision actually used: bf16 falls back to fp32 on CPUs without native bf16 (it would only be slower)
+    and to fp16 on GPUs without bf16."""
+    dtype = DTYPES[name]
+    if dtype == torch.bfloat16 and device.type == "cpu":
+        fast = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)() or getattr(
+            torch.cpu, "_is_amx_tile_supported", lambda: False)()
+        if not fast:
+            return torch.float32
+    if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return dtype
+
+
+def autocast_context(device: torch.device, dtype: torch.dtype | None) -> ContextManager:
+    """Mixed precision for a forward pass in `dtype` (nothing for fp32); losses stay float32."""
+    if dtype is None or dtype == torch.float32:
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def setup(device: str = "auto", key: str = "device") -> DistEnv:

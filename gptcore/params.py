@@ -1,15 +1,14 @@
 """The schema mechanics of params.yaml: one `Section` per top-level section, one `Param` per key.
 
-Each section's schema lives beside the library code that reads it (gptcore/data/params.py for fetch and
-tokenize, gptcore/model/params.py, gptcore/train/params.py, gptcore/eval/params.py); conf/config.yaml shows
-the same keys, in the same order, with the same defaults (tests/test_params.py checks that). A bad value is
-a `ParamError` whose message is one line naming `section.key`, the value and what is allowed.
+Each section's schema lives beside the code that reads it and is the one statement of its keys: conf/config.yaml
+is written from it, and the typed configs the library takes (GPTConfig, TrainConfig) are made from it (`config`).
+A bad value is a `ParamError`: one line naming `section.key`, the value and what is allowed.
 """
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -148,6 +147,26 @@ class Section:
         if self.relations is not None:
             self.relations(out)
         return out
+
+    def config(self, omit: tuple[str, ...] = (), defaults: dict[str, Any] | None = None,
+               frozen: bool = False) -> Callable[[type], type]:
+        """A class decorator making the typed config of this section: a keyword-only dataclass with one field per key
+        (less `omit`), typed by its Param (None where null is allowed), defaulting to the schema's default or to
+        `defaults`' (a REQUIRED key has none). It checks nothing: `validate` did, once."""
+        def make(cls: type) -> type:
+            own = cls.__dict__.get("__annotations__", {})
+            annotations: dict[str, Any] = {}
+            for key, param in self.params.items():
+                if key in omit:
+                    continue
+                annotations[key] = param.kind | None if None in param.also else param.kind
+                default = (defaults or {}).get(key, param.default)
+                if default is not REQUIRED:
+                    setattr(cls, key, field(default_factory=lambda d=default: list(d)) if isinstance(default, list)
+                            else default)
+            cls.__annotations__ = {**annotations, **own}
+            return dataclass(frozen=frozen, kw_only=True)(cls)
+        return make
 
 
 def check_val_tokens(key: str, val_tokens: int, block_size: int, val_split_tokens: int | None = None) -> None:

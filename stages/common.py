@@ -1,13 +1,8 @@
-"""The one stage boundary every recipe enters: `with stage("train", reads=[...], writes=[...]) as s:`.
-
-It owns what a stage is, apart from its recipe: dying with dvc or torchrun, the folder locks the stage declares (the
-way dvc.yaml declares deps and outs: readers share, one writer; held from before the first read until the stage
-ends), the params sections it reads (which must still be what params.yaml says when it ends, or DVC would record
-params the outputs were not made with), the torchrun launch, and the one-line error contract: a user's error is
-`[stage] ...` on one line and exit status 1, Ctrl-C or SIGTERM one line and 130, anything else a traceback.
-Under torchrun, ranks other than 0 say nothing and take no writer lock (rank 0, or the stage that launched them,
-holds it for all).
-"""
+"""The one stage boundary every recipe enters: `with stage("train", reads=[...], writes=[...]) as s:`. It owns dying
+with dvc or torchrun, the folder locks (readers share, one writer; held until the stage ends), the params sections
+read (still params.yaml's at the end, or DVC would record params the outputs were not made with), the torchrun launch
+and the one-line error contract: a user's error is one line and exit 1, Ctrl-C or SIGTERM one line and 130, anything
+else a traceback. Under torchrun only rank 0 speaks and takes the writer locks (or the stage that launched it)."""
 from __future__ import annotations
 
 import os

@@ -1,18 +1,14 @@
-"""Stage `evaluate`: val loss + a multiple-choice task (HellaSwag or cloze) + samples -> metrics/. `eval.model` is
-`checkpoint` (this run's model/) or any model spec (gptcore.model.load): the OpenAI baseline is measured by this code."""
+"""Stage `evaluate`: eval.model (model/ or any spec: OpenAI's baseline too) -> val loss, HellaSwag or cloze, samples."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from gptcore import distributed
 from gptcore.atomic import write_json
-from gptcore.data import shards
-from gptcore.data.tokenizers import load_tokenizer
-from gptcore.eval import cloze, harness, hellaswag, multichoice, sampling, val_loss
-from gptcore.eval.measured import measured_on
+from gptcore.data import shards, tokenizers
+from gptcore.eval import cloze, harness, hellaswag, measured, multichoice, sampling, val_loss
 from gptcore.eval.params import EVAL
 from gptcore.params import check_val_tokens
-from gptcore.precision import resolve_dtype
 from stages.common import stage
 
 # model/ is train's output, under train's lock on checkpoints/; metrics/'s lock covers evaluate's and compare's files
@@ -22,27 +18,26 @@ SHARDS, MODEL, TRAINED, OUT = Path("data/shards"), Path("model"), Path("checkpoi
 def main() -> None:
     """Score eval.model on the val shards and the task; rank 0 writes metrics/eval.json, predictions, samples."""
     with stage("evaluate", reads=[SHARDS, TRAINED], writes=[OUT]) as s:
-        # every check on the user's input (params, data, model, task file) before the val-loss pass
+        # every check of the user's input before any pass; lm-eval's data first, so unreachable data loads no model
         p = s.params(EVAL)
         env = distributed.setup(p["device"], key="eval.device")
-        tok = load_tokenizer(SHARDS)
-        # lm-eval task data first: data that cannot be reached stops the stage before any model is loaded
+        tok = tokenizers.load_tokenizer(SHARDS)
         lm_tasks = harness.load_tasks(p["lm_eval_tasks"], p["lm_eval_include"], p["lm_eval_fewshot"],
-                                      echo=(lambda line: print(f"[evaluate] {line}", flush=True)) if env.is_main
-                                      else None) if p["lm_eval_tasks"] else None
+                                      echo=s.say) if p["lm_eval_tasks"] else None
         spec = str(MODEL) if p["model"] == "checkpoint" else p["model"]
         model = sampling.model_for_shards(spec, tok, SHARDS)
-        check_val_tokens("eval.val_tokens", p["val_tokens"], model.config.block_size, shards.split_tokens(SHARDS, "val"))
+        block = model.config.block_size
+        check_val_tokens("eval.val_tokens", p["val_tokens"], block, shards.split_tokens(SHARDS, "val"))
         tokens = val_loss.val_stream(SHARDS, p["val_tokens"], tok.vocab_size)
-        examples = hellaswag.hellaswag_examples(tok, p["hellaswag_path"], p["max_examples"], "eval.hellaswag_path",
-                                                progress=env.is_main, block_size=model.config.block_size) if p["task"] == "hellaswag" else \
-            cloze.build_cloze(tokens[:p["val_tokens"]], tok.eot, p["cloze_examples"], p["cloze_context"],
-                              p["cloze_ending"], p["seed"], key="eval.cloze_examples")
-        record = measured_on(p, SHARDS, lm_tasks)  # what the figures are measured on, read before any pass
+        examples = (hellaswag.hellaswag_examples(tok, p["hellaswag_path"], p["max_examples"], "eval.hellaswag_path",
+                                                 progress=env.is_main, block_size=block) if p["task"] == "hellaswag"
+                    else cloze.build_cloze(tokens[:p["val_tokens"]], tok.eot, p["cloze_examples"], p["cloze_context"],
+                                           p["cloze_ending"], p["seed"], key="eval.cloze_examples"))
+        record = measured.measured_on(p, SHARDS, lm_tasks)  # what the figures are measured on, read before any pass
         model.to(env.device).eval()
-        dtype = resolve_dtype(p["dtype"], env.device)
+        dtype = distributed.resolve_dtype(p["dtype"], env.device)
         run = dict(device=env.device, dtype=dtype, batch_size=p["batch_size"])
-        loss = val_loss.val_loss(model, tokens, model.config.block_size, p["batch_size"], env.device, dtype, env.rank,
+        loss = val_loss.val_loss(model, tokens, block, p["batch_size"], env.device, dtype, env.rank,
                                  env.world_size, progress=env.is_main)
         bpc = val_loss.bits_per_char(loss, tokens, tok)  # comparable across tokenizers, unlike val_loss
         result = multichoice.score_examples(model, examples, tok.vocab_size, progress=env.is_main, **run)

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from gptcore.distributed import autocast_context
 from gptcore.eval.multichoice import ChoiceResult, Example, fit_example
-from gptcore.precision import autocast_context
 
 
 def render_rows(example: Example, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -82,26 +82,32 @@ def test_params_changed_while_a_stage_ran_fail_it_naming_the_keys_and_keep_its_o
         "rerun the stage. One run per project at a time: queue experiments (dvc exp run --queue) or use a second clone"]
 
 
-def test_the_launcher_holds_the_locks_and_builds_no_model(project, monkeypatch, capsys):
-    """train.nproc 2: this process checks params and data, then starts torchrun holding checkpoints/'s lock; only the
-    ranks build the model (for init_from: gpt2 that is a download of OpenAI's weights)."""
+@pytest.mark.parametrize("init_from", ["scratch", "gpt2"])
+def test_the_launcher_holds_the_locks_and_builds_no_model(project, monkeypatch, init_from):
+    """train.nproc 2: this process checks params and data, then starts torchrun holding checkpoints/'s lock; it builds
+    no model and reads no weights (for init_from: gpt2 that would be a download of OpenAI's): only the ranks do."""
     import stagekit
+    import torch
 
+    import gptcore.model.load
     import gptcore.process
     import stages.train
+    from gptcore.model.gpt import GPT
 
-    stagekit.make_project(project, stagekit.write_gpt2_shards(project.parent / "shards"), nproc=2)
+    stagekit.make_project(project, stagekit.write_gpt2_shards(project.parent / "shards"), {"init_from": init_from},
+                          nproc=2)
     started = []
 
     def fake_torchrun(argv, env=None):
         started.append((argv, holder_pid("checkpoints"), holder_pid("data/shards")))
         return 0
 
-    def no_model(*args, **kwargs):
-        raise AssertionError("the launcher built a model")
+    def rank_work(*args, **kwargs):
+        raise AssertionError("the launcher did a rank's work")
 
     monkeypatch.setattr(gptcore.process, "run_child", fake_torchrun)
-    monkeypatch.setattr(stages.train, "init_model", no_model)
+    for owner, name in ((GPT, "__init__"), (torch, "load"), (gptcore.model.load, "load_hf_gpt2")):
+        monkeypatch.setattr(owner, name, rank_work)
     stages.train.main()
     [(argv, writer, reader)] = started
     assert "--nproc_per_node=2" in argv and argv[-2:] == ["-m", "stages.train"]

@@ -96,7 +96,7 @@ def train(model: GPT, shard_dir: Path, cfg: TrainConfig, steps: int, between=Non
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_compiled_training_equals_eager_without_recompiling(recipe, shard_dir):
     switches, train_over = RECIPES[recipe]
-    cfg = TrainConfig.from_params(TRAIN.validate({
+    cfg = TrainConfig(**TRAIN.validate({
         "device": "cpu", "micro_batch": 4, "total_batch_tokens": 256, "max_steps": 4, "warmup_steps": 1,
         "max_lr": 1e-3, "eval_every": 0, "val_tokens": 33, "ckpt_every": 100, "dtype": "float32", **train_over}))
     val_tokens = shard_io.load_tokens(shard_io.open_split(shard_dir, "val")[0])[: 32 * 3 + 10 + 1]  # a short last window

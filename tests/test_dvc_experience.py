@@ -22,8 +22,7 @@ from dvc.utils.hydra import compose_and_dump
 
 from gptcore.data.params import FETCH, TOKENIZE
 from gptcore.eval.params import EVAL
-from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.model.params import MODEL
+from gptcore.model.gpt import GPT, MODEL, GPTConfig
 from gptcore.params import check_val_tokens
 from gptcore.report.params import COMPARE
 from gptcore.train.params import TRAIN, check_run

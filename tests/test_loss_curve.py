@@ -71,7 +71,7 @@ def train_losses(work: Path) -> list[float]:
         loader = TokenLoader(shards.open_split(shard_dir, "train"), MICRO, model.config.block_size, TOKENS,
                              shuffle=train["shuffle"], seed=train["seed"], vocab_size=vocab)
         log = Losses()
-        Trainer(model, loader, TrainConfig.from_params(train), DistEnv(0, 0, 1, torch.device("cpu")),
+        Trainer(model, loader, TrainConfig(**train), DistEnv(0, 0, 1, torch.device("cpu")),
                 work / "checkpoints", log, {}).fit()
     finally:
         torch.set_num_threads(threads)

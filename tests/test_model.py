@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -9,9 +10,9 @@ import torch
 from gptcore.errors import UserError
 from gptcore.model.flops import device_peak_flops as peak_flops
 from gptcore.model.flops import flops_per_token, peak_flops_for_name
-from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.model.gpt import GPT, MODEL, BadModelConfig, GPTConfig, file_config
 from gptcore.model.hf import load_hf_gpt2, save_hf_gpt2
-from gptcore.model.load import strip_prefixes
+from gptcore.model.load import load_model, strip_prefixes
 from gptcore.train.optim import build_optimizers
 
 TINY = dict(block_size=64, vocab_size=100, n_layer=2, n_head=2, n_embd=64)
@@ -266,13 +267,22 @@ def test_crop_block_size():
         model.crop_block_size(32)
 
 
-def test_config_validation():
-    with pytest.raises(ValueError, match="n_embd"):
-        GPTConfig(n_embd=100, n_head=3)
-    with pytest.raises(ValueError, match="dropout"):
-        GPTConfig(dropout=1.5)
-    with pytest.raises(ValueError, match="vocab_size"):
-        GPTConfig(vocab_size=0)
+def test_a_config_read_from_a_file_is_checked_by_the_model_schema(tmp_path):
+    """GPTConfig checks nothing (MODEL validated params.yaml); the loader checks a file's config by the same schema and
+    refuses it with one BadModelConfig naming the field."""
+    assert set(GPTConfig.__dataclass_fields__) == set(MODEL.params) - {"init_from"}
+    assert GPTConfig() == GPTConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304)
+    for bad, says in ((dict(n_embd=100, n_head=3), "model.n_embd=100: must be divisible by model.n_head=3"),
+                      (dict(dropout=1.5), "model.dropout=1.5: must be a number >= 0 and < 1"),
+                      (dict(vocab_size=0), "model.vocab_size=0: must be an integer >= 1 or auto"),
+                      (dict(vocab_size="auto"), "gives vocab_size 'auto', not a number")):
+        with pytest.raises(BadModelConfig, match=re.escape(says)):
+            file_config({**TINY, **bad}, "ckpt.pt")
+    assert file_config({**TINY, "flash": True}, "ckpt.pt") == GPTConfig(**TINY)  # nanoGPT's extra keys are dropped
+    torch.save({"model": {}, "model_config": {**TINY, "n_head": 3}}, tmp_path / "ckpt.pt")
+    with pytest.raises(BadModelConfig, match=re.escape(f"{tmp_path / 'ckpt.pt'}: its model config makes no GPT: "
+                                                       f"model.n_embd=64: must be divisible by model.n_head=3")):
+        load_model(tmp_path / "ckpt.pt")
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from gptcore.model.flops import flops_per_token
-from gptcore.model.gpt import GPT, GPTConfig, Rotary, apply_rotary
+from gptcore.model.gpt import GPT, MODEL, GPTConfig, Rotary, apply_rotary
+from gptcore.params import ParamError
 from gptcore.train.optim import Optimizers, build_optimizers, set_lr
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64)
@@ -172,11 +173,11 @@ def test_logit_softcap_bounds_logits_everywhere():
     assert out.shape == (2, 7)
 
 
-def test_config_rejects_unknown_switch_values():
+def test_the_schema_rejects_unknown_switch_values():
     for bad in (dict(pos_encoding="alibi"), dict(norm="batchnorm"), dict(mlp="geglu"), dict(logit_softcap=0),
                 dict(qk_norm="yes"), dict(rope_base=1), dict(pos_encoding="rotary", n_head=4, n_embd=20)):
-        with pytest.raises(ValueError, match="GPTConfig|rotary"):
-            GPTConfig(**{**TINY, **bad})
+        with pytest.raises(ParamError, match=r"^model\."):
+            MODEL.validate({**TINY, **bad})
 
 
 def test_muon_gets_the_blocks_matrices_and_adamw_the_rest():

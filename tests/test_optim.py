@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from gptcore.distributed import DistEnv
-from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.model.gpt import GPT, MODEL, GPTConfig
+from gptcore.params import ParamError
 from gptcore.report.steplog import StepLogger
 from gptcore.train.loop import TrainConfig, Trainer
 from gptcore.train.optim import LRSchedule, Muon, adamw_groups, build_optimizers, lr_at
@@ -98,8 +99,8 @@ def test_zero_init_head_starts_the_untied_head_at_zero():
     assert not model.lm_head.weight.any() and model.transformer.wte.weight.std() > 0.01
     logits, _ = model(torch.randint(0, 64, (1, 8)))
     assert not logits.any()  # every first prediction is uniform
-    with pytest.raises(ValueError, match="zero_init_head"):
-        GPTConfig(**TINY, zero_init_head=True)  # tied: it would zero the token table
+    with pytest.raises(ParamError, match="zero_init_head"):
+        MODEL.validate({**TINY, "zero_init_head": True})  # tied: it would zero the token table
 
 
 # --------------------------------------------------------------------------- Muon per matrix, against a reference
@@ -177,7 +178,7 @@ def train_config(**overrides) -> TrainConfig:
     params = TRAIN.validate({"micro_batch": 2, "total_batch_tokens": 32, "max_steps": 10, "warmup_steps": 4,
                              "max_lr": 1e-2, "eval_every": 0, "val_tokens": 16, "ckpt_every": 100,
                              "dtype": "float32", **overrides})
-    return TrainConfig.from_params(params)
+    return TrainConfig(**params)
 
 
 @pytest.mark.parametrize("switches,rates", [({}, {}), (MODERN, dict(embed_lr=5e-2, head_lr=2e-3, scalar_lr=3e-2))],

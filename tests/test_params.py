@@ -9,7 +9,7 @@ import yaml
 from gptcore import config
 from gptcore.data.params import FETCH, TOKENIZE
 from gptcore.eval.params import EVAL
-from gptcore.model.params import MODEL
+from gptcore.model.gpt import MODEL
 from gptcore.params import REQUIRED, ParamError, check_val_tokens
 from gptcore.report.params import COMPARE
 from gptcore.train.params import RESUME_OK, TRAIN, check_run, fingerprint_params
@@ -124,3 +124,31 @@ def test_tokenize_schema_names_the_pre_tokenizations_the_tokenizers_have():
     from gptcore.data import params, tokenizers
 
     assert set(params.TIKTOKEN_PATTERNS) == set(tokenizers.TIKTOKEN_PATTERNS)
+
+
+def test_the_typed_configs_restate_no_key():
+    """TrainConfig and GPTConfig are made from TRAIN and MODEL: the same keys, in order, with the schema's defaults
+    (GPTConfig's shape GPT-2 124M's), and a REQUIRED key has none."""
+    from dataclasses import FrozenInstanceError, asdict, fields
+
+    from gptcore.model.gpt import GPT2_SHAPE, GPTConfig
+    from gptcore.params import Param, Section
+    from gptcore.train.loop import TrainConfig
+
+    train = TRAIN.validate(_train())
+    assert [f.name for f in fields(TrainConfig)] == list(TRAIN.params) and asdict(TrainConfig(**train)) == train
+    with pytest.raises(TypeError, match="max_lr"):
+        TrainConfig(**{k: v for k, v in train.items() if k != "max_lr"})
+    with pytest.raises(FrozenInstanceError):
+        TrainConfig(**train).max_lr = 1.0
+    assert [f.name for f in fields(GPTConfig)] == [k for k in MODEL.params if k != "init_from"]
+    assert asdict(GPTConfig()) == {k: v for k, v in MODEL.validate(GPT2_SHAPE).items() if k != "init_from"}
+    toy = Section("toy", {"names": Param(list, []), "cap": Param(float, None, also=(None,))})
+
+    @toy.config()
+    class Toy:
+        """A config with a list default."""
+
+    a, b = Toy(), Toy()
+    a.names.append("x")
+    assert b.names == [] and b.cap is None and fields(Toy)[1].type == float | None

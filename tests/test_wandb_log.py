@@ -1,4 +1,4 @@
-"""wandb as an opt-in logger beside dvclive (gptcore/report/wandb_log.py), tested offline: the W&B run's own file
+"""wandb as an opt-in logger beside dvclive (gptcore/report/steplog.py), tested offline: the W&B run's own file
 (run-<id>.wandb, read back here with a reader of its record format written in this test) holds the same metric
 names at the same steps as dvclive's TSVs, the run is named after the DVC experiment, and only rank 0 logs."""
 from __future__ import annotations
@@ -13,8 +13,7 @@ import sys
 
 import pytest
 
-from gptcore.report.steplog import StepLogger
-from gptcore.report.wandb_log import wandb_sinks
+from gptcore.report.steplog import StepLogger, wandb_sinks
 
 BLOCK = 32768  # the record log's block size (LevelDB's log format, which W&B's datastore uses)
 
@@ -119,7 +118,7 @@ def test_only_rank_0_and_only_when_asked(offline):
 def test_online_without_an_account_is_one_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(HOME=str(tmp_path), WANDB_MODE="online", WANDB_DIR=str(tmp_path), WANDB_SILENT="true")
-    code = "from gptcore.report.wandb_log import WandbLog\nWandbLog('gptcore', {})"
+    code = "from gptcore.report.steplog import WandbLog\nWandbLog('gptcore', {})"
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                           stdin=subprocess.DEVNULL, check=False)
     assert proc.returncode != 0

@@ -1,8 +1,8 @@
 """The schema of params.yaml's `eval:` section."""
 from __future__ import annotations
 
+from gptcore.distributed import DEVICES, DTYPES
 from gptcore.params import REQUIRED, Param, Section
-from gptcore.precision import DTYPES
 
 TASKS = ("hellaswag", "cloze")
 # conf/lm_eval or a folder below it, written relative to the project, with no "." or ".." step out of it
@@ -14,7 +14,7 @@ EVAL = Section("eval", {
     "hellaswag_path": Param(str, None, "a local HellaSwag val jsonl (null: download it)", also=(None,)),
     "max_examples": Param(int, None, "score the first this many HellaSwag examples (null: all)", min=1, also=(None,)),
     "device": Param(str, "auto", "auto (cuda, else mps, else cpu) | cpu | cuda | cuda:N | mps",
-                    pattern=r"auto|cpu|mps|cuda(:\d+)?", what="auto, cpu, cuda, cuda:N or mps"),
+                    pattern=DEVICES, what="auto, cpu, cuda, cuda:N or mps"),
     "dtype": Param(str, "bfloat16", "autocast precision (float32 turns it off)", choices=tuple(sorted(DTYPES))),
     "batch_size": Param(int, 32, "sequences per forward pass", min=1),
     "val_tokens": Param(int, REQUIRED, "val loss over the first val_tokens tokens of the val split", min=1),

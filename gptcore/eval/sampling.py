@@ -14,11 +14,11 @@ import torch
 
 from gptcore.data.shards import MANIFEST
 from gptcore.data.tokenizers import GPT2Tokenizer, Tokenizer, load_tokenizer
+from gptcore.distributed import DEVICES, DTYPES, autocast_context, pick_device, resolve_dtype
 from gptcore.errors import UserError, one_line, user_error
 from gptcore.model.gpt import GPT
 from gptcore.model.load import load_model
 from gptcore.params import Param, ParamError
-from gptcore.precision import DTYPES, autocast_context, resolve_dtype
 
 
 def read_prompt(prompt: str) -> str:
@@ -88,7 +88,7 @@ OPTIONS = {
     "temperature": Param(float, 0.8, min=0.0, what="a number >= 0 (0: always the most likely token)"),
     "top_k": Param(int, 200, "0: sample from all tokens", min=0, what="an integer >= 0 (0: all tokens)"),
     "seed": Param(int, 1337, min=0),
-    "device": Param(str, "auto", pattern=r"auto|cpu|mps|cuda(:\d+)?", what="auto, cpu, cuda, cuda:N or mps"),
+    "device": Param(str, "auto", pattern=DEVICES, what="auto, cpu, cuda, cuda:N or mps"),
     "dtype": Param(str, "bfloat16", "float32 | bfloat16 | float16 (bf16 falls back where slow)",
                    choices=tuple(sorted(DTYPES))),
 }
@@ -118,8 +118,6 @@ def _main(argv: list[str] | None) -> None:
     args = ap.parse_args(argv)
     for name, param in OPTIONS.items():
         setattr(args, name, param.check("--" + name.replace("_", "-"), getattr(args, name)))
-    from gptcore.distributed import pick_device
-
     prompt = read_prompt(args.prompt)  # a missing prompt file is refused before the model loads
     device = pick_device(args.device, key="--device")
     if args.tokenizer_dir is not None and not Path(args.tokenizer_dir).is_dir():

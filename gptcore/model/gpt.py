@@ -1,22 +1,15 @@
-"""GPT-2, exactly: the same modules, parameter names and numerics as Hugging Face's GPT2LMHeadModel, plus the
-modern recipe's switches (rotary positions, RMSNorm, QK-norm, ReLU^2 or SwiGLU, untied head, zero-initialised
-output projections, logit soft-cap). Every switch is off by default, and off it changes nothing: the same
-state_dict keys and the same numbers as GPT-2.
+"""GPT-2, exactly: Hugging Face GPT2LMHeadModel's modules, parameter names and numerics, plus the modern recipe's
+switches (rotary positions, RMSNorm, QK-norm, ReLU^2 or SwiGLU, untied head, zero-init projections, logit soft-cap),
+each off by default and, off, changing nothing.
 
-Reads top to bottom, as nanoGPT's model.py: config -> norms and rotary -> attention -> MLP -> block -> GPT
-(forward, sizes, sampling). Loading and saving weights live beside it (hf.py, load.py), FLOP
-accounting in flops.py, optimizer groups in train/optim.py: this file does no I/O.
-
-The design follows Andrej Karpathy's nanoGPT (model.py) and build-nanogpt (train_gpt2.py), MIT licensed: GPTConfig,
-the fused q/k/v projection and its split, the scaled residual init and weight tying (NOTICE).
+Reads top to bottom, as nanoGPT's model.py: config -> norms and rotary -> attention -> MLP -> block -> GPT; no I/O
+(loading and saving: hf.py, load.py). After Andrej Karpathy's nanoGPT and build-nanogpt, MIT licensed (NOTICE).
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,79 +17,82 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from gptcore.errors import UserError
-
-
-def relation_problem(c: dict[str, Any], prefix: str) -> tuple[str, str] | None:
-    """The first rule between shape fields that `c` breaks, as (field, what it must be), else None. The one
-    statement of these rules: the model schema names the param (prefix `model.`), GPTConfig the field of a config
-    read from a file (prefix `GPTConfig.`)."""
-    if c["zero_init_head"] and c["tie_embeddings"]:
-        return "zero_init_head", (f"needs {prefix}tie_embeddings: false (a tied head is the token table, which must "
-                                  f"not start at zero)")
-    if c["n_embd"] % c["n_head"]:
-        return "n_embd", f"must be divisible by {prefix}n_head={c['n_head']}"
-    if c["pos_encoding"] == "rotary" and (c["n_embd"] // c["n_head"]) % 2:
-        return "n_embd", (f"must give an even head size n_embd / n_head for rotary positions "
-                          f"({prefix}n_head={c['n_head']})")
-    return None
-
-
-@dataclass
-class GPTConfig:
-    """The shape of a GPT: context length, vocabulary, depth, heads, width, dropout, biases and the modern switches."""
-
-    block_size: int = 1024  # maximum context length
-    vocab_size: int = 50304  # GPT-2's 50257 padded up to a multiple of 64 for faster matmuls
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
-    bias: bool = True  # biases in Linear and LayerNorm, as in GPT-2
-    # the modern recipe's switches; the defaults are GPT-2
-    pos_encoding: str = "learned"  # learned (a position table, wpe) | rotary (RoPE on q and k, no table)
-    rope_base: float = 10000.0  # rotary: the wavelength base of the lowest frequency pair
-    norm: str = "layernorm"  # layernorm | rmsnorm (no mean subtraction, no bias)
-    qk_norm: bool = False  # RMSNorm of each head's q and k before attention (as Qwen3)
-    mlp: str = "gelu"  # gelu (GPT-2) | relu2 (ReLU squared) | swiglu (SiLU-gated, hidden size swiglu_hidden)
-    tie_embeddings: bool = True  # one matrix embeds tokens and scores them (GPT-2); false: a separate lm_head
-    zero_init_proj: bool = False  # output projections (attn and MLP c_proj) start at zero: each block starts as identity
-    zero_init_head: bool = False  # an untied lm_head starts at zero: every first prediction is uniform
-    logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2); None: no cap
-
-    def __post_init__(self) -> None:
-        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
-        if not 0.0 <= float(self.dropout) < 1.0:
-            raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
-        choices = {"pos_encoding": POS_ENCODINGS, "norm": NORMS, "mlp": MLPS}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"GPTConfig.{name}={getattr(self, name)!r}: expected one of {', '.join(allowed)}")
-        for name in ("qk_norm", "tie_embeddings", "zero_init_proj", "zero_init_head", "bias"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"GPTConfig.{name} must be true or false, got {getattr(self, name)!r}")
-        if isinstance(self.rope_base, bool) or not isinstance(self.rope_base, numbers.Real) or self.rope_base <= 1:
-            raise ValueError(f"GPTConfig.rope_base must be a number > 1, got {self.rope_base!r}")
-        cap = self.logit_softcap
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, numbers.Real) or cap <= 0):
-            raise ValueError(f"GPTConfig.logit_softcap must be a number > 0 or null, got {cap!r}")
-        problem = relation_problem(vars(self), "GPTConfig.")
-        if problem:
-            raise ValueError(f"GPTConfig.{problem[0]}={getattr(self, problem[0])!r}: {problem[1]}")
-
-    @property
-    def swiglu_hidden(self) -> int:
-        """SwiGLU's hidden width: 8/3 n_embd (three matrices hold as many weights as GELU's two of 4 n_embd),
-        rounded to the nearest multiple of 64 (768 -> 2048, 128 -> 320)."""
-        return max(64, 64 * round(8 * self.n_embd / 3 / 64))
-
+from gptcore.params import REQUIRED, Param, ParamError, Section
 
 POS_ENCODINGS = ("learned", "rotary")
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "relu2", "swiglu")
 NORM_EPS = 1e-5  # LayerNorm's (GPT-2's) and RMSNorm's
+
+
+def _relations(p: dict[str, Any]) -> None:
+    # a loaded model's shape comes from its weights: only zero_init_head's rule applies to it
+    if p["zero_init_head"] and p["tie_embeddings"]:
+        raise ParamError("model.zero_init_head", True, "needs model.tie_embeddings: false (a tied head is the token "
+                                                       "table, which must not start at zero)")
+    if p["init_from"] != "scratch":
+        return
+    if p["n_embd"] % p["n_head"]:
+        raise ParamError("model.n_embd", p["n_embd"], f"must be divisible by model.n_head={p['n_head']}")
+    if p["pos_encoding"] == "rotary" and (p["n_embd"] // p["n_head"]) % 2:
+        raise ParamError("model.n_embd", p["n_embd"], f"must give an even head size n_embd / n_head for rotary "
+                                                      f"positions (model.n_head={p['n_head']})")
+
+
+# params.yaml's `model:` section (read by model.load.init_model); GPTConfig's fields are its keys
+MODEL = Section("model", {
+    "init_from": Param(str, "scratch", "scratch | gpt2 | gpt2-medium | gpt2-large | gpt2-xl | a HF folder | a .pt"),
+    "n_layer": Param(int, REQUIRED, "transformer blocks", min=1),
+    "n_head": Param(int, REQUIRED, "attention heads per block", min=1),
+    "n_embd": Param(int, REQUIRED, "width of the residual stream", min=1),
+    "block_size": Param(int, REQUIRED, "context length in tokens", min=1),
+    "vocab_size": Param(int, "auto", "auto: the data's vocabulary padded up to a multiple of 64", min=1,
+                        also=("auto",)),
+    "bias": Param(bool, True, "biases in linear layers and layer norms, as GPT-2"),
+    "dropout": Param(float, 0.0, "dropout probability while training", min=0.0, below=1.0),
+    # the modern recipe's switches; the defaults are GPT-2 (conf/preset/modern_quickstart.yaml turns them on)
+    "pos_encoding": Param(str, "learned", "learned (a position table) | rotary (RoPE on q and k)",
+                          choices=POS_ENCODINGS),
+    "rope_base": Param(float, 10000.0, "rotary: the wavelength base of the lowest frequency pair", above=1.0),
+    "norm": Param(str, "layernorm", "layernorm | rmsnorm", choices=NORMS),
+    "qk_norm": Param(bool, False, "RMSNorm of each head's q and k"),
+    "mlp": Param(str, "gelu", "gelu | relu2 | swiglu (hidden 8/3 n_embd, rounded to a multiple of 64)", choices=MLPS),
+    "tie_embeddings": Param(bool, True, "one matrix embeds and scores tokens; false: a separate lm_head"),
+    "zero_init_proj": Param(bool, False, "attention and MLP output projections start at zero"),
+    "zero_init_head": Param(bool, False, "the untied lm_head starts at zero (modded-nanogpt record 2024-11-03, "
+                                         "with the untied head); needs tie_embeddings false"),
+    "logit_softcap": Param(float, None, "a number c: logits -> c * tanh(logits / c); null: no cap", above=0.0,
+                           also=(None,)),
+}, _relations)
+# GPT-2 124M's shape, which GPTConfig() is; a preset states its own (the schema has no default for it)
+GPT2_SHAPE = {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "vocab_size": 50304}
+
+
+@MODEL.config(omit=("init_from",), defaults=GPT2_SHAPE)
+class GPTConfig:
+    """The shape of a GPT: one field per key of MODEL but init_from, unchecked (MODEL or `file_config` checks)."""
+
+    @property
+    def swiglu_hidden(self) -> int:
+        """SwiGLU's hidden width: 8/3 n_embd (GELU's weights in three matrices), rounded to a multiple of 64."""
+        return max(64, 64 * round(8 * self.n_embd / 3 / 64))
+
+
+class BadModelConfig(UserError):
+    """A model config read from a file (a checkpoint, a Hugging Face config.json) that makes no GPT."""
+
+
+def file_config(fields: dict[str, Any], source: str | os.PathLike) -> GPTConfig:
+    """The GPTConfig of a config read from `source`, checked by MODEL as params.yaml's is (unknown fields dropped,
+    missing shape fields GPT-2 124M's); BadModelConfig names the field it refuses."""
+    known = {k: v for k, v in fields.items() if k in GPTConfig.__dataclass_fields__}
+    try:
+        checked = MODEL.validate({**GPT2_SHAPE, **known})  # init_from scratch: every rule of the shape applies
+    except ParamError as e:
+        raise BadModelConfig(f"{source}: its model config makes no GPT: {e}") from None
+    if checked["vocab_size"] == "auto":
+        raise BadModelConfig(f"{source}: its model config gives vocab_size 'auto', not a number")
+    return GPTConfig(**{k: v for k, v in checked.items() if k != "init_from"})
 
 
 class RMSNorm(nn.RMSNorm):
@@ -230,12 +226,8 @@ class Block(nn.Module):
         return x
 
 
-# Elements of the (rows, vocab) logits that lm_loss holds at once: about 32 MB of fp32 on the CPU (a server's L3), so
-# a chunk mostly stays in cache between its matmul, softmax and the two gradient matmuls, while each chunk's parallel
-# regions stay large enough for several threads; larger on a GPU, where each chunk costs kernel launches. Where
-# bench/bench_train.py shows no chunk beating the plain path in every round, GPTCORE_LOSS_CHUNK_ELEMENTS=0 takes the
-# plain path (N: N elements a chunk): an explicit switch rather than a timing taken at run time, so a run's numbers
-# never depend on how busy the machine was when it started.
+# Logits lm_loss holds at once: about a server L3 of fp32 on the CPU, more on a GPU (launch cost); 0 takes the plain
+# path. An explicit switch, never a timing taken at run time (docs/benchmarks.md has the measurements).
 LOSS_CHUNK_ELEMENTS = {"cpu": 1 << 23, "cuda": 1 << 26}
 LOSS_CHUNK_ENV = "GPTCORE_LOSS_CHUNK_ELEMENTS"
 
@@ -267,9 +259,7 @@ def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, s
     `targets` (...; -1 = ignored), equal to F.cross_entropy(cap-softcapped hidden @ weight.T, targets) within float
     rounding, without ever holding all the logits: rows go through in chunks of `chunk_rows` (default:
     `loss_chunk_rows`; 0: that plain computation), and when a gradient is wanted each chunk's gradients are made
-    while its logits are in cache (as fused linear-cross-entropy kernels do).
-    At the quick-start's shape the full logits are 4,096 x 50,304 floats (824 MB), and the plain path is
-    memory-bound on them."""
+    while its logits are in cache (as fused linear-cross-entropy kernels do)."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     h = hidden.reshape(-1, hidden.size(-1))
@@ -384,14 +374,8 @@ class GPT(nn.Module):
     def hidden_states(
         self, idx: torch.Tensor, pos: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Trunk output after the final norm, shape (B, T, n_embd), for token ids `idx` of shape (B, T).
-
-        `forward` applies `logits` to every position of this; callers that need scores at only a few
-        positions (e.g. the HellaSwag fast path) apply `model.logits` to just those rows and save the
-        (B, T, vocab) logits tensor. By default positions are 0..T-1 and attention is causal; the fast path
-        packs several sequences into one row and passes their position ids (B, T) and a boolean attention
-        mask (B, 1, T, T), True where a query may attend to a key. Both position encodings honour `pos`.
-        """
+        """Trunk output after the final norm (B, T, n_embd) for token ids (B, T). Scorers apply `logits` to a few rows
+        only; packed rows pass position ids (B, T) and a boolean mask (B, 1, T, T), True where a query may attend."""
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (batch, time), got {tuple(idx.shape)}")
         T = idx.size(1)
@@ -456,8 +440,6 @@ class GPT(nn.Module):
 
     def set_dropout(self, p: float) -> None:
         """Set every dropout in the model (embedding, attention, residual, MLP) and config.dropout to p."""
-        if not 0.0 <= float(p) < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {p!r}")
         self.config.dropout = float(p)
         for m in self.modules():
             if isinstance(m, nn.Dropout):
@@ -475,23 +457,8 @@ class GPT(nn.Module):
         generator: torch.Generator | None = None,
         vocab_limit: int | None = None,
     ) -> torch.Tensor:
-        """Append max_new_tokens sampled tokens to idx (B, T) and return (B, T + max_new_tokens).
-
-        temperature 0 or top_k 1 is greedy. vocab_limit restricts sampling to ids < vocab_limit, so a model
-        with a padded vocabulary (50304) never emits ids its tokenizer lacks (>= 50257). `generator` must
-        live on idx's device. Runs in eval mode (no dropout) and restores the previous mode.
-        """
-        if idx.dim() != 2:
-            raise ValueError(f"idx must have shape (batch, time), got {tuple(idx.shape)}")
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
-        V = self.config.vocab_size
-        if vocab_limit is not None and not 0 < vocab_limit <= V:
-            raise ValueError(f"vocab_limit must be in [1, {V}], got {vocab_limit}")
+        """idx (B, T) with max_new_tokens sampled tokens appended (temperature 0 or top_k 1: greedy), in eval mode.
+        vocab_limit keeps a padded vocabulary from emitting ids its tokenizer lacks; `generator` is on idx's device."""
         was_training = self.training
         self.eval()
         try:

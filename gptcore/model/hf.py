@@ -10,7 +10,7 @@ import torch
 
 from gptcore.atomic import atomic_write, write_text
 from gptcore.errors import NotRepresentable, UserError, cause, read_failure, user_error
-from gptcore.model.gpt import GPT, NORM_EPS, GPTConfig, without_padding
+from gptcore.model.gpt import GPT, NORM_EPS, GPTConfig, file_config, without_padding
 
 # The one list of OpenAI's GPT-2 checkpoints a model spec may name, and the Hub repositories that hold them.
 HF_GPT2_NAMES = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}
@@ -222,12 +222,8 @@ def _config_from_hf(model_dir: Path) -> GPTConfig:
             raise UserError(f"{path}: {key}={hf[key]!r} is not supported (expected one of {allowed})")
     if hf.get("n_inner") not in (None, 4 * hf.get("n_embd", 768)):
         raise UserError(f"{path}: n_inner={hf['n_inner']} is not supported (only 4 * n_embd)")
-    try:
-        return GPTConfig(block_size=hf.get("n_positions", hf.get("n_ctx", 1024)), n_layer=hf.get("n_layer", 12),
-                         n_head=hf.get("n_head", 12), n_embd=hf.get("n_embd", 768),
-                         vocab_size=hf.get("vocab_size", 50257), dropout=0.0, bias=True)
-    except ValueError as e:
-        raise UserError(f"{path}: {e}") from e
+    shape = {"block_size": hf.get("n_positions", hf.get("n_ctx", 1024)), "vocab_size": hf.get("vocab_size", 50257)}
+    return file_config({**shape, **{k: hf[k] for k in ("n_layer", "n_head", "n_embd") if k in hf}}, path)
 
 
 def _read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from gptcore.errors import UserError, cause, read_failure
-from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.model.gpt import GPT, GPTConfig, file_config
 from gptcore.model.hf import HF_GPT2_NAMES, load_hf_gpt2
 
 MODEL_FILE = "model.pt"  # the final weights in this project's model/ folder
@@ -142,11 +142,7 @@ def _from_checkpoint(path: Path) -> GPT:
     else:
         raise UserError(f"{path}: not a GPT checkpoint (no model with model_config, model_args or config; "
                          f"keys: {sorted(ckpt)})")
-    known = set(GPTConfig.__dataclass_fields__)
-    try:
-        config = GPTConfig(**{k: v for k, v in args.items() if k in known})
-    except (TypeError, ValueError) as e:
-        raise UserError(f"{path}: {e}") from e
+    config = file_config(args, path)
     model = GPT(config)
     # nanoGPT without flash attention keeps a causal-mask buffer `attn.bias`; it is not a weight
     state = {k: v for k, v in strip_prefixes(ckpt["model"]).items() if not k.endswith(".attn.bias")}

@@ -1,14 +1,17 @@
-"""Step-wise training metrics through dvclive (rank 0 only), kept consistent across a kill and resume."""
+"""Step-wise training metrics through dvclive (rank 0 only), kept consistent across a kill and resume; with
+train.wandb_log (nanoGPT's), rank 0 also sends them to Weights & Biases (dvclive stays the source)."""
 from __future__ import annotations
 
 import csv
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from gptcore.atomic import atomic_write, write_json
+from gptcore.errors import UserError
 
 
 def truncate_step_metrics(live_dir: str | Path, from_step: int) -> None:
@@ -52,7 +55,7 @@ def repair_summary(live_dir: str | Path) -> None:
 
 class StepLogger:
     """dvclive on rank 0, nothing elsewhere. `resume_step` keeps the curves written before that step; `also`: further
-    sinks with log(step, metrics), log_constants(metrics) and close() (gptcore.report.wandb_log)."""
+    sinks with log(step, metrics), log_constants(metrics) and close() (WandbLog)."""
 
     def __init__(self, live_dir: str | Path, enabled: bool = True, resume_step: int | None = None,
                  also: Sequence[Any] = ()) -> None:
@@ -96,3 +99,36 @@ class StepLogger:
             self.live.end()
         for sink in self.also:
             sink.close()
+
+
+class WandbLog:
+    """One W&B run getting what StepLogger gives dvclive, on dvclive's `step` axis (a resumed run continues its curves),
+    named after the DVC experiment (DVC_EXP_NAME); WANDB_MODE=offline needs no account (`wandb sync` uploads later)."""
+
+    def __init__(self, project: str, config: Mapping[str, Any], name: str | None = None) -> None:
+        import wandb
+
+        try:
+            self.run = wandb.init(project=project, name=name or os.environ.get("DVC_EXP_NAME"), config=dict(config))
+        except wandb.Error as e:  # no account or no network in online mode
+            raise UserError(f"train.wandb_log: W&B could not start a run ({str(e).strip().splitlines()[0]}): run "
+                            f"`wandb login`, or set WANDB_MODE=offline (then `wandb sync` uploads it later)") from None
+        self.run.define_metric("step")
+        self.run.define_metric("*", step_metric="step")
+
+    def log(self, step: int, metrics: Mapping[str, float | int]) -> None:
+        """Send `metrics` at dvclive's `step`."""
+        self.run.log({**metrics, "step": step})
+
+    def log_constants(self, metrics: Mapping[str, float | int]) -> None:
+        """Figures of the whole run (parameter count, ...) into the run's summary, as dvclive's metrics.json."""
+        self.run.summary.update(dict(metrics))
+
+    def close(self) -> None:
+        """Finish the run (offline: its files are complete on disk)."""
+        self.run.finish()
+
+
+def wandb_sinks(train: Mapping[str, Any], config: Mapping[str, Any], is_main: bool) -> list[WandbLog]:
+    """[a WandbLog] on rank 0 when `train.wandb_log` is on, else []: StepLogger's `also`."""
+    return [WandbLog(train["wandb_project"], config)] if train["wandb_log"] and is_main else []

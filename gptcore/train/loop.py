@@ -1,14 +1,11 @@
-"""The training loop: gradient accumulation, DDP, mixed precision, clipping, eval hooks, checkpoints, resume.
-
-The loop knows a model, a batch source with `next_batch()` and `state_dict()`, a checkpoint folder and a logger;
-it does not know how shards are stored or what a DVC stage is.
-"""
+"""The training loop: gradient accumulation, DDP, mixed precision, clipping, eval hooks, checkpoints, resume. It knows
+a model, a batch source (`next_batch`, `state_dict`), a checkpoint folder and a logger; not shards, not DVC."""
 from __future__ import annotations
 
 import math
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +14,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from gptcore import distributed
-from gptcore.distributed import DistEnv
+from gptcore.distributed import DistEnv, autocast_context, resolve_dtype
 from gptcore.errors import UserError
 from gptcore.eval.hooks import Evaluator
 from gptcore.model.flops import estimate_mfu, model_sizes
 from gptcore.model.gpt import GPT
 from gptcore.model.load import strip_prefixes
-from gptcore.precision import autocast_context, resolve_dtype
 from gptcore.report.steplog import StepLogger
 from gptcore.train import checkpoint, memory
 from gptcore.train.optim import LRSchedule, build_optimizers, set_lr
+from gptcore.train.params import TRAIN
 
 TIMINGS = ("tokens_per_sec", "step_ms", "mfu")  # vary between two runs of the same params: metrics/train only
 
@@ -35,43 +32,9 @@ class NonFiniteLoss(UserError):
     """The training loss became NaN or infinite; the run stops without saving."""
 
 
-@dataclass(frozen=True)
+@TRAIN.config(frozen=True)
 class TrainConfig:
-    """What the loop itself reads of params.yaml's `train:` section (schema and defaults: gptcore/train/params.py)."""
-
-    micro_batch: int
-    total_batch_tokens: int
-    max_steps: int
-    warmup_steps: int
-    max_lr: float
-    embed_lr: float | None
-    head_lr: float | None
-    scalar_lr: float | None
-    optimizer: str
-    muon_lr: float
-    muon_momentum: float
-    muon_clip: bool
-    schedule: str
-    decay_frac: float
-    min_lr_ratio: float
-    weight_decay: float
-    beta1: float
-    beta2: float
-    eps: float
-    grad_clip: float
-    dtype: str
-    compile: bool
-    seed: int
-    eval_every: int
-    ckpt_every: int
-    keep_checkpoints: int
-    log_every: int
-    export: str
-
-    @classmethod
-    def from_params(cls, train: dict[str, Any]) -> "TrainConfig":
-        """The loop's fields of a `train:` section validated by gptcore.train.params.TRAIN."""
-        return cls(**{f.name: train[f.name] for f in fields(cls)})
+    """A `train:` section as TRAIN validated it, typed: what the loop reads."""
 
 
 class Trainer:
@@ -174,8 +137,7 @@ class Trainer:
                 f"{self.loader.grad_accum}, {self.cfg.total_batch_tokens:,} tokens/step")
 
     def export_weights(self) -> tuple[GPT, dict[str, Any]]:
-        """What model/ gets (train.export) and the record saying which: the last weights, or (best) those of the
-        lowest val loss seen, read back from checkpoints/best_<step>.pt, with their step and val loss."""
+        """What model/ gets (train.export: the last weights, or the lowest val loss's) and the record saying so."""
         record: dict[str, Any] = {"step": self.step, "export": self.cfg.export}
         if self.cfg.export != "best":
             return self.raw_model, record
@@ -197,8 +159,7 @@ class Trainer:
         return out
 
     def _track_best(self, val_loss: float | None) -> dict[str, float]:
-        """export=best: keep the weights of a new lowest val loss (every rank sees the same all-reduced value;
-        rank 0 writes checkpoints/best_<step>.pt atomically, so the best-so-far survives a kill)."""
+        """export=best: rank 0 keeps a new lowest val loss's weights (checkpoints/best_<step>.pt survives a kill)."""
         if self.cfg.export != "best" or val_loss is None:
             return {}
         if val_loss < self.best_val_loss:  # NaN never counts as better
@@ -208,9 +169,8 @@ class Trainer:
         return {"best_val_loss": self.best_val_loss, "best_step": self.best_step}
 
     def train_step(self) -> dict[str, Any]:
-        """One optimizer update over total_batch_tokens tokens. Returns the rank-averaged loss and the gradient norm
-        as 0-d tensors on the device (reading them is a host sync, which `fit` does only at the logging cadence),
-        and the learning rate. A non-finite loss is noted on the device (`check_finite` raises on it)."""
+        """One optimizer update over total_batch_tokens tokens: the rank-averaged loss and grad norm stay on the device
+        (reading them syncs the host: `fit` does so at the logging cadence), and so does a non-finite loss's step."""
         cfg, accum = self.cfg, self.loader.grad_accum
         self.model.train()
         lr = self.schedule(self.step)
@@ -244,9 +204,8 @@ class Trainer:
         return {"train_loss": loss_sum, "lr": lr, "grad_norm": grad_norm}
 
     def measured_step(self) -> dict[str, Any]:
-        """`train_step`, with an out-of-memory error as one line naming train.micro_batch; the peak of the first two
-        steps of this process (the second is the first to hold the optimizer state through its forward and backward
-        passes) stops the run with one line when it (nearly) does not fit (gptcore.train.memory)."""
+        """`train_step`, out of memory as one line naming train.micro_batch; the first two steps' peak (the second holds
+        the optimizer state) stops a run that nearly does not fit (gptcore.train.memory)."""
         cfg = self.cfg
         sequences = cfg.total_batch_tokens // (self.raw_model.config.block_size * self.env.world_size)
         if self.memory_probe is None and self.memory_steps == 0:
@@ -260,8 +219,8 @@ class Trainer:
         return out
 
     def check_finite(self) -> None:
-        """Raise NonFiniteLoss if a step since the start had a non-finite loss (a host sync: called at the logging
-        cadence and before anything is evaluated or saved, so no weights of a diverged run are ever written)."""
+        """NonFiniteLoss if a step had a non-finite loss; a host sync, before every eval and save: a diverged run
+        writes no weights."""
         bad = int(self._first_bad)
         if bad >= 0:
             last = checkpoint.latest_checkpoint(self.ckpt_dir)
@@ -274,13 +233,9 @@ class Trainer:
             torch.cuda.synchronize()
 
     def fit(self) -> dict[str, float]:
-        """Train from the current step to max_steps, evaluating, logging and checkpointing; the last value of each
-        metric but TIMINGS: the same for two runs of the same params, and for a rerun of a finished one (checkpoints
-        carry the values).
-
-        The host waits for the device only at the logging cadence (train.log_every) and around evals and saves:
-        the logged loss and gradient norm are those of the logged step, tokens_per_sec and step_ms the mean over the
-        steps since the last log (with log_every 1, each step's own)."""
+        """Train to max_steps, evaluating, logging and checkpointing; the last value of each metric but TIMINGS (the
+        same for a rerun: checkpoints carry them). The host waits for the device only at train.log_every and around
+        evals and saves; tokens_per_sec and step_ms are the mean since the last log."""
         cfg, env, final = self.cfg, self.env, self.final
         step_tokens = cfg.total_batch_tokens
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", disable=not env.is_main,

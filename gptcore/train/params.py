@@ -1,17 +1,22 @@
-"""The schema of params.yaml's `train:` section, and the checks that relate it to the model and the data.
+"""The schema of params.yaml's `train:` section, and the checks relating it to the model, processes and data.
 
-`resume_ok=True` marks the params that change how a run is executed or reported but not the weights it ends
-with: they may differ when a run resumes from a checkpoint, so they stay out of the run's fingerprint.
+`resume_ok=True` marks what changes how a run executes or reports but not its weights: it may differ on resume.
 """
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
+from gptcore import distributed
+from gptcore.data import shards
+from gptcore.distributed import DEVICES, DTYPES
+from gptcore.model.load import model_vocab
 from gptcore.params import REQUIRED, Param, ParamError, Section, check_val_tokens
-from gptcore.precision import DTYPES
+from gptcore.process import under_torchrun
+from gptcore.train import memory
 from gptcore.train.optim import OPTIMIZERS, SCHEDULES, wsd_decay_steps
 
-DEVICE = r"auto|cpu|mps|cuda(:\d+)?"
 EXPORTS = ("final", "best")
 
 
@@ -27,7 +32,7 @@ def _relations(p: dict[str, Any]) -> None:
 
 TRAIN = Section("train", {
     "nproc": Param(int, 1, "processes (GPUs) torchrun starts on this machine", min=1, resume_ok=True),
-    "device": Param(str, "auto", "auto (cuda, else mps, else cpu) | cpu | cuda | cuda:N | mps", pattern=DEVICE,
+    "device": Param(str, "auto", "auto (cuda, else mps, else cpu) | cpu | cuda | cuda:N | mps", pattern=DEVICES,
                     what="auto, cpu, cuda, cuda:N or mps", resume_ok=True),
     "micro_batch": Param(int, REQUIRED, "sequences per forward pass on each process", min=1, resume_ok=True),
     "total_batch_tokens": Param(int, REQUIRED, "tokens per optimizer step, over all processes and micro steps",
@@ -111,3 +116,14 @@ def fingerprint_params(model: dict[str, Any], train: dict[str, Any], data: dict[
     if train["schedule"] == "cosine":
         shaping.pop("decay_frac", None)
     return {"model": dict(model), "train": shaping, "data": dict(data)}
+
+
+def preflight(model: dict[str, Any], train: dict[str, Any], shard_dir: Path) -> None:
+    """Every check of validated `model:` and `train:` sections against the processes, the data and the memory, before
+    any weights exist: the same in a torchrun launcher (which keeps off the GPUs: its ranks check theirs) and a rank."""
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else train["nproc"]
+    check_run(model, train, world, shards.split_tokens(shard_dir, "val"))
+    device = distributed.pick_device(train["device"], int(os.environ.get("LOCAL_RANK", "0")), key="train.device")
+    if device.type != "cuda" or world == 1 or under_torchrun():
+        vocab = model_vocab(model["vocab_size"], shards.read_manifest(shard_dir)["vocab_size"])
+        memory.check_fits(model, train, vocab, device, world)
