@@ -1,15 +1,5 @@
-"""The one atomic writer (temp file beside the target, fsync, rename, fsync the folder), the folder swap, checksums.
-
-A reader (or a rerun after kill -9) sees the old file or the new one, never half of one. Every file gptcore writes
-that a later step trusts (checkpoints, metrics, predictions, downloads, exports, shards) goes through here; a
-multi-file output (a fetched corpus, a shard folder of new params) is built in a folder aside and swapped in whole
-by `swap_dir`.
-
-Temp files are created with open(..., "x") (O_EXCL: a symlink planted at the name is refused, never followed) and
-reopened with O_NOFOLLOW; a rename over a symlink replaces the link itself. The kernel gives them the permissions
-any new file gets under the process umask: nothing here reads or changes the umask (toggling it would race with other
-threads creating files).
-"""
+"""The one atomic writer (temp file beside the target, fsync, rename, fsync the folder), the folder swap, checksums:
+a reader, or a rerun after kill -9, sees the old file or the new one, never half of one (docs/architecture.md)."""
 from __future__ import annotations
 
 import ctypes
@@ -56,8 +46,7 @@ def fsync_dir(path: str | Path) -> None:
 
 
 def publish(tmp: str | Path, path: str | Path, synced: bool = False) -> None:
-    """Make the finished temp file `tmp` durable and rename it over `path`, then fsync the folder. `synced`: the writer
-    already fsynced `tmp` and fsyncs the folder itself after its next rename there (the shard writer: its manifest)."""
+    """fsync `tmp`, rename it over `path`, fsync the folder; `synced`: the writer does both fsyncs itself (shards)."""
     if not synced:
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
@@ -68,11 +57,8 @@ def publish(tmp: str | Path, path: str | Path, synced: bool = False) -> None:
 
 @contextmanager
 def atomic_path(path: str | Path, needed: int | None = None) -> Iterator[Path]:
-    """Yield a temp path beside `path` for a writer that wants a path (a parquet writer, a tokenizer trainer); on a
-    clean exit the file there is published over `path`, on an error it is removed and `path` stays as it was.
-
-    A full disk or a folder that cannot be written is a UserError naming `path` (and `needed`, the bytes the write
-    puts down, where the caller knows it); torch.save's own error for a full disk included."""
+    """Yield a temp path beside `path`, published over it on a clean exit and removed on an error; a full disk (torch's
+    report of one included) or an unwritable folder is a UserError naming `path` and the bytes `needed`."""
     try:
         tmp = temp_beside(path)
     except OSError as e:
@@ -101,18 +87,14 @@ def atomic_path(path: str | Path, needed: int | None = None) -> Iterator[Path]:
 @contextmanager
 def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-8",
                  needed: int | None = None) -> Iterator[IO]:
-    """Yield a file open on a temp name next to `path`; on a clean exit it replaces `path`, on an error it is removed.
-
-    Raise inside the block to abandon the write (a failed checksum, say): `path` stays as it was. `needed`: as in
-    atomic_path."""
+    """atomic_path with the temp file open: raise inside the block to abandon the write (`path` stays as it was)."""
     with atomic_path(path, needed) as tmp:
         with open(tmp, mode, encoding=None if "b" in mode else encoding, opener=no_follow) as f:
             yield f
 
 
 def no_follow(path: str, flags: int) -> int:
-    """open()'s opener for a temp file temp_beside made (O_EXCL: never through a symlink): reopened the same way, so
-    a link put in its place meanwhile (a folder others can write) is refused, not written through."""
+    """open()'s opener for temp_beside's file: a link put in its place meanwhile is refused, not written through."""
     return os.open(path, flags | os.O_NOFOLLOW, 0o666)
 
 
@@ -158,8 +140,7 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 class LinkedFolder(UserError):
-    """An output folder that is a symbolic link: writing through it would change what it points to (often shared
-    with other projects), and swapping a folder in would replace the link itself."""
+    """An output folder that is a symbolic link: writing through it would change what it points to (often shared)."""
 
 
 def refuse_link(final: str | Path, what: str, why: str = "the folder it points to may be shared") -> None:
@@ -172,9 +153,7 @@ def refuse_link(final: str | Path, what: str, why: str = "the folder it points t
 
 
 def staged_dir(final: str | Path) -> Path:
-    """Where a new version of the folder `final` is built while the old one stays: a hidden folder beside it (not in
-    it: the two are exchanged by swap_dir as one unit when the new one is complete). A symbolic link at that name is
-    refused (LinkedFolder): an older swap_dir left there the user's link that stood at `final`."""
+    """The hidden folder beside `final` where swap_dir's next version is built (a symbolic link there is refused)."""
     final = Path(final)
     staged = final.parent / f".{final.name}.next"
     if staged.is_symlink():
@@ -185,10 +164,8 @@ def staged_dir(final: str | Path) -> Path:
 
 
 def swap_dir(staged: str | Path, final: str | Path) -> None:
-    """Put the complete folder `staged` at `final` as one unit, after fsyncing everything in it; the old `final`
-    (if any) is deleted. On Linux the two folders are exchanged in one rename, so a reader or a kill sees the old
-    folder or the new one; elsewhere the old one is renamed aside first (a kill in between leaves no `final`).
-    A `final` that is a symbolic link is refused (LinkedFolder), before anything moves."""
+    """fsync the complete folder `staged` and put it at `final` in one rename (Linux: exchanged; elsewhere the old one
+    is moved aside first), then delete the old one. A `final` that is a symbolic link is refused (LinkedFolder)."""
     staged, final = Path(staged), Path(final)
     refuse_link(final, "gptcore")
     _sync_tree(staged)
@@ -206,8 +183,7 @@ def swap_dir(staged: str | Path, final: str | Path) -> None:
 
 @contextmanager
 def naming(path: str | Path) -> Iterator[None]:
-    """Give an OSError raised inside that names no file (a read or an fsync of an open file) the name `path`, so
-    that the line or traceback the stage prints says which file failed."""
+    """Give an OSError raised inside that names no file (a read of an open file) the name `path`."""
     try:
         yield
     except OSError as e:

@@ -36,17 +36,15 @@ class DistEnv:
 DEVICES = r"auto|cpu|mps|cuda(:\d+)?"  # the device params pick_device takes (a Param pattern)
 
 
-def pick_device(device: str = "auto", local_rank: int = 0, key: str = "device") -> torch.device:
-    """`auto` prefers CUDA, then Apple's MPS, then the CPU; an explicit `cuda` takes the local rank's GPU.
+def _mps_available() -> bool:
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
 
-    `key` names the param the device came from (`train.device`, `eval.device`) in the UserError a missing GPU gets."""
+
+def pick_device(device: str = "auto", local_rank: int = 0, key: str = "device") -> torch.device:
+    """`auto` prefers CUDA, then Apple's MPS, then the CPU; `cuda` takes the local rank's GPU. A missing device is a
+    ParamError naming `key`, the param it came from (`train.device`)."""
     if device == "auto":
-        if torch.cuda.is_available():
-            device = "cuda"
-        elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            device = "mps"
-        else:
-            device = "cpu"
+        device = "cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu"
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             build = "a CPU build of torch" if torch.version.cuda is None else f"torch built for CUDA {torch.version.cuda}"
@@ -56,7 +54,7 @@ def pick_device(device: str = "auto", local_rank: int = 0, key: str = "device") 
             raise ParamError(key, device, f"GPU {index} does not exist here ({torch.cuda.device_count()} visible): "
                                           f"set cuda or a smaller index")
         return torch.device("cuda", index)
-    if device == "mps" and not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
+    if device == "mps" and not _mps_available():
         raise ParamError(key, device, "Apple's MPS is not available here: set auto or cpu")
     return torch.device(device)
 
@@ -121,8 +119,7 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
 def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
     """Average a tensor over ranks in place (no-op in a single process)."""
     if active():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        t /= dist.get_world_size()
+        all_reduce_sum(t).div_(dist.get_world_size())
     return t
 
 

@@ -1,10 +1,5 @@
-"""The user-error class: a mistake the user can cause or meet (a param, an input file, a busy folder, missing
-hardware, a full disk, no network), as opposed to a bug.
-
-A stage prints a `UserError` as one line (its str(), which names the file, key or value and what to do) and exits 1;
-anything else is a bug and keeps its traceback. It is not a ValueError: a handler for another library's ValueError
-never mistakes a user's error (or a bug's ValueError for a user's error), and code that means both says so.
-"""
+"""UserError: a mistake the user can cause or meet (a param, an input file, a busy folder, missing hardware, a full
+disk, no network), printed by a stage as one line; anything else is a bug and keeps its traceback."""
 from __future__ import annotations
 
 import errno
@@ -12,31 +7,29 @@ import os
 import re
 from pathlib import Path
 
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+DENIED_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
+
 
 class UserError(Exception):
-    """A mistake the user can fix; str() names the file, key or value and what to do.
-
-    `file` is the file the message is about when str() does not name it (ParamError: params.yaml)."""
+    """A mistake the user can fix; str() names the file, key or value and what to do. Not a ValueError, so that no
+    handler of another library's ValueError takes it. `file`: what it is about when str() does not say (ParamError)."""
 
     file: str = ""
 
 
 def one_line(stage: str, e: UserError) -> str:
-    """How a stage or a command prints `e`: `[stage] <file> message`, on one line whatever the message holds (a
-    wrapped library's message may span lines)."""
+    """How a stage or a command prints `e`: `[stage] <file> message`, on one line (a wrapped message may span lines)."""
     text = " ".join(str(e).split())
     return f"[{stage}] {e.file} {text}" if e.file else f"[{stage}] {text}"
 
 
 class NotRepresentable(ValueError):
-    """No Hugging Face form gives what this tokenizer encodes or this model computes; the message says why, in one
-    line. Not a user error by itself: the caller decides (an export skips that part and says so)."""
+    """No Hugging Face form gives what this tokenizer encodes or this model computes (not a user error by itself)."""
 
 
 def user_error(e: BaseException) -> UserError | None:
-    """`e` as the user's error a stage prints in one line: itself if it is a UserError, a UserError naming the file
-    for an OSError of a full disk or a folder that cannot be written (one that did not go through the atomic
-    writer), None for anything else (a bug: let it keep its traceback)."""
+    """`e` as the user's error (itself, or a UserError for an OSError of a full or unwritable disk), or None: a bug."""
     if isinstance(e, UserError):
         return e
     if isinstance(e, OSError) and e.errno in FULL_ERRNOS + DENIED_ERRNOS:
@@ -45,35 +38,24 @@ def user_error(e: BaseException) -> UserError | None:
 
 
 def cause(e: BaseException) -> str:
-    """`Type: first line` of another library's exception, for the middle of a one-line message (their later lines
-    are advice for their own API, or a traceback; terminal colour codes are dropped)."""
+    """`Type: first line` of another library's exception, for a one-line message (advice and colour codes dropped)."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()
     first = text.splitlines()[0].strip() if text else ""
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
 def read_failure(path: str | Path, e: OSError) -> str:
-    """The one line for an OSError reading `path` (EIO, EACCES, ...): it says nothing about the file's content, so
-    the file is left as it is and the same command is run again once the fault is fixed."""
+    """The one line for an OSError reading `path` (EIO, EACCES, ...): it says nothing of the file, which is kept."""
     code = errno.errorcode.get(e.errno or 0, type(e).__name__)
     return (f"{path}: cannot read it ({code}: {e.strerror or e}); the file is kept as it is: check the disk and this "
             f"user's access to it, then run again")
 
 
-FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-DENIED_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
-
-
 def disk_error(e: BaseException, path: str | Path, needed: int | None = None, written: int | None = None,
                free: int | None = None) -> BaseException:
-    """A write to `path` that failed for a reason the user can fix (a full disk, a read-only or forbidden folder),
-    as a UserError naming the file, the file system and what to do; any other error comes back as it is (a bug
-    keeps its traceback).
-
-    `needed` (bytes the write was putting down) and `written` (bytes down when it failed) go into the message where
-    the caller knows them. A library that hides ENOSPC in its own exception (torch.save: `inline_container.cc
-    unexpected pos`) counts as a full disk when `free`, the bytes left on the file system when it failed, is under
-    one MiB."""
+    """A failed write to `path` the user can fix (a full disk, a read-only or forbidden folder) as a UserError naming
+    it, its file system and what to do, else `e`. torch.save hides ENOSPC in its own error: one without an errno
+    counts as a full disk when `free`, the bytes left when it failed, is under one MiB."""
     path = Path(path)
     code = e.errno if isinstance(e, OSError) else None
     if code in FULL_ERRNOS or (code is None and free is not None and free < 1 << 20):
@@ -99,7 +81,6 @@ def _existing(path: Path) -> Path:
 
 
 def _mount_point(path: Path) -> str:
-    """The mount point of the file system `path` (or its nearest existing parent) lives on."""
     p = _existing(path)
     while not os.path.ismount(p) and p != p.parent:
         p = p.parent

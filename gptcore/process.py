@@ -1,12 +1,8 @@
-"""Process lifetime, the mechanisms the stage boundary (stages/common.py) puts together: folder locks (one writer or
-any number of readers, an OS lock naming its holder, never opened through a symlink), children that die with their
-parent (Linux PR_SET_PDEATHSIG), SIGTERM as Ctrl-C, and the torchrun launch.
-
-flock locks belong to the open file and the kernel drops them when the holder exits, however it exits, so a lock
-left by a killed run never blocks the next one. The pid in the lock file is only there to name the holder.
-"""
+"""Process lifetime, the parts the stage boundary (stages/common.py) puts together: folder locks, children that die
+with their parent, SIGTERM as Ctrl-C, and the torchrun launch (docs/resume-and-failures.md says what each promises)."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -41,12 +37,8 @@ _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBL
 
 
 class FolderLock:
-    """A non-blocking lock on `folder` (the file folder/.lock) held until release() or process exit: exclusive for a
-    writer, `shared` for a reader (any number of readers together, never with a writer).
-
-    `what` says who holds it ("train", "tokenize"), for the message a refused run gets. A reader of a folder that does
-    not exist holds nothing (there is nothing a writer could swap under it). A lock this process already holds (the
-    stage boundary's, taken again by the library it calls) is held again for free."""
+    """A non-blocking flock on folder/.lock until release() or exit, exclusive or `shared` (readers); `what` ("train")
+    names the holder. A lock this process holds already (the stage boundary's) is held again for free."""
 
     _held: dict[tuple[int, int], bool] = {}  # (device, inode) of each lock file this process holds -> shared
 
@@ -57,10 +49,9 @@ class FolderLock:
         self._key: tuple[int, int] | None = None
 
     def acquire(self) -> "FolderLock":
-        """Take the lock now or raise FolderBusyError naming the holder's pid (never waits); NotALockFile when the
-        lock's path is a symlink or anything but a regular file."""
+        """Take the lock now (never waits) or raise FolderBusyError naming the holder, NotALockFile for a symlink."""
         if self.shared and not self.folder.is_dir():
-            return self
+            return self  # a missing folder: nothing a writer could swap under this reader
         self.folder.mkdir(parents=True, exist_ok=True)
         fd = self._open()
         st = os.fstat(fd)
@@ -92,10 +83,9 @@ class FolderLock:
         except OSError as e:
             if e.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
                 raise
-            fd = None
-        if fd is not None and stat.S_ISREG(os.fstat(fd).st_mode):
-            return fd
-        if fd is not None:
+        else:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return fd
             os.close(fd)
         kind = "a symbolic link" if self.path.is_symlink() else "a folder" if self.path.is_dir() else "not a file"
         raise NotALockFile(f"{self.path} is {kind}, not a lock file: a run never opens its lock through it (it "
@@ -130,9 +120,7 @@ class FolderLock:
 
 
 def reading(folder: str | Path, what: str) -> FolderLock:
-    """The reader's side of `folder`'s lock, as a context manager (or keep the acquired lock until exit): while it is
-    held no writer (tokenize) can start there, and it is refused while a writer holds the folder.
-    `with reading("data/shards", "train"): ...`"""
+    """The reader's side of `folder`'s lock (`with reading("data/shards", "train")`): no writer starts meanwhile."""
     return FolderLock(folder, what, shared=True)
 
 
@@ -146,24 +134,8 @@ def _lock_shared(fd: int) -> bool:
     return True
 
 
-def ancestors(pid: int | None = None) -> list[int]:
-    """This process's parent, grandparent, ... up to init (from /proc; on other systems the parent alone)."""
-    out, pid = [], os.getpid() if pid is None else pid
-    while True:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            return out or [os.getppid()]
-        ppid = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:")), 0)
-        if ppid <= 1:
-            return out
-        out.append(ppid)
-        pid = ppid
-
-
 def writer_lock(folder: str | Path, what: str) -> FolderLock | None:
-    """The writer's lock on `folder`, or None when one of this process's ancestors holds it: the stage that started
-    this torchrun, holding the lock for all its ranks."""
+    """The writer's lock on `folder`, or None when an ancestor (the stage that started this torchrun) holds it."""
     try:
         return FolderLock(folder, what).acquire()
     except FolderBusyError:
@@ -183,10 +155,8 @@ def holder_pid(folder: str | Path) -> int | None:
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """Ask the kernel to send `sig` to this process when its parent exits (Linux; a no-op elsewhere).
-
-    Survives exec (of non-setuid programs), so a launcher can set it for torchrun. If the parent is already gone
-    (we were reparented before the call), exit at once."""
+    """Ask the kernel to send `sig` to this process when its parent exits (Linux PR_SET_PDEATHSIG, which survives
+    exec: a launcher sets it for torchrun); if the parent is already gone, die now."""
     if not sys.platform.startswith("linux"):
         return
     parent = os.getppid()
@@ -211,13 +181,20 @@ def _name_and_parent(pid: int) -> tuple[str, int] | None:
     return text[text.index("(") + 1:close], int(text[close + 2:].split()[1])
 
 
-def die_with_the_shells_parent(sig: int = signal.SIGKILL, every: float = 0.2) -> None:
-    """When shells stand between this process and the program that started it, send `sig` to this process once that
-    program dies (Linux; a no-op elsewhere or with no shell between).
+def ancestors(pid: int | None = None) -> list[int]:
+    """This process's parent, grandparent, ... up to init (from /proc; on other systems the parent alone)."""
+    out, pid = [], os.getpid() if pid is None else pid
+    while (name_parent := _name_and_parent(pid)) is not None:
+        if name_parent[1] <= 1:
+            return out
+        pid = name_parent[1]
+        out.append(pid)
+    return out or [os.getppid()]
 
-    dvc runs a stage through `$SHELL -c cmd`. bash replaces itself with a lone command, but dash (/bin/sh on Debian,
-    dvc's choice when SHELL is unset) stays as our parent, so PR_SET_PDEATHSIG would watch the shell, which outlives
-    a killed dvc. A daemon thread notices instead that a shell in the chain was given another parent."""
+
+def die_with_the_shells_parent(sig: int = signal.SIGKILL, every: float = 0.2) -> None:
+    """Send `sig` to this process once the program above the shells between us dies (Linux): dash (`$SHELL -c` of
+    dvc) outlives a killed dvc, so a daemon thread watches for a shell in the chain given another parent."""
     if not sys.platform.startswith("linux"):
         return
     links, pid = [], os.getppid()
@@ -238,21 +215,14 @@ def die_with_the_shells_parent(sig: int = signal.SIGKILL, every: float = 0.2) ->
     threading.Thread(target=watch, name="die-with-the-shells-parent", daemon=True).start()
 
 
-def supervised() -> bool:
-    """True when this process was started by dvc (it sets DVC_STAGE for a stage's command) or is a torchrun worker
-    (LOCAL_RANK): a parent whose death means the run was abandoned."""
-    return "DVC_STAGE" in os.environ or "LOCAL_RANK" in os.environ
-
-
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def mortal() -> None:
-    """Make this process die with its parent when that is dvc or torchrun (a stage started by hand from a shell is
-    left to the shell's job control: nohup keeps it), and turn SIGTERM into KeyboardInterrupt, so the stage boundary
-    ends it with the one line Ctrl-C gets."""
-    if supervised():
+    """Die with the parent when that is dvc or torchrun (a stage started by hand is left to the shell: nohup keeps
+    it), and turn SIGTERM into KeyboardInterrupt, so the stage boundary ends it with Ctrl-C's one line."""
+    if "DVC_STAGE" in os.environ or "LOCAL_RANK" in os.environ:  # under dvc or torchrun: its death abandons the run
         die_with_parent()
         die_with_the_shells_parent()
     # a rank other than 0 says nothing and may sit in a C call (waiting for rank 0 at rendezvous) where a Python
@@ -267,11 +237,8 @@ def under_torchrun() -> bool:
 
 
 def run_torchrun(module: str, nproc: int) -> int:
-    """Run `python -m module` under torchrun on `nproc` local processes (an argv list: no shell) as a child that dies
-    with this process, and return its exit status (128 + N when a signal N killed it, as a shell reports it).
-
-    torchrun's own report of a failed rank (log lines, a traceback, a table) is left out: the rank has already said
-    its one line (or its traceback); a rank killed by a signal gets one line here."""
+    """Run `python -m module` under torchrun on `nproc` local processes as a child that dies with this one; its exit
+    status (128 + N for signal N). torchrun's failure report is left out: the failed rank has said its line."""
     argv = [sys.executable, "-c", "import sys; from gptcore.process import _torchrun; _torchrun(sys.argv[1:])",
             "--standalone", f"--nproc_per_node={int(nproc)}", "-m", module]
     sys.stdout.flush()
@@ -299,18 +266,13 @@ def _torchrun(args: list[str]) -> None:
 
 
 def run_child(argv: Sequence[str], env: dict[str, str] | None = None) -> int:
-    """Run argv as a child that dies with this process, in its own process group, and return its exit status.
-
-    The terminal's Ctrl-C reaches only this process (the child has its own session); on it, or on SIGTERM, the
-    child's whole group is killed at once and KeyboardInterrupt propagates: one line, no screen of tracebacks from
-    torchrun and its workers."""
+    """Run argv in its own session as a child that dies with this process; its exit status. On Ctrl-C or SIGTERM
+    (which reach only us) the child's group is killed and KeyboardInterrupt propagates: one line, no tracebacks."""
     proc = subprocess.Popen(list(argv), env=env, preexec_fn=die_with_parent, start_new_session=True)
     try:
         return proc.wait()
     except BaseException:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()
         raise

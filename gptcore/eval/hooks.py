@@ -1,8 +1,5 @@
-"""Evaluator hooks: what the training loop runs at its eval cadence, and the one place they are built.
-
-An evaluator is called on every rank with the raw model and the step, and returns metrics for rank 0 to log (the
-same values on every rank). The loop (gptcore.train.loop) knows only this protocol; this module knows the tasks.
-"""
+"""Evaluator hooks, what the training loop runs at its eval cadence, and the one place they are built: the loop knows
+only the `Evaluator` protocol, this module knows the tasks."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -50,11 +47,8 @@ class ChoiceTask:
 
 
 class TrainingSamples:
-    """On rank 0, `num_samples` continuations of `prompt`, written to out_dir/step_NNNNNNN.txt and handed to `echo`
-    (the stage shows them); no metrics.
-
-    Sampling draws from its own generator seeded by (seed, step), never the global RNG, so a run with samples
-    resumes bit-exactly like one without."""
+    """On rank 0, `num_samples` continuations of `prompt` to out_dir/step_NNNNNNN.txt and `echo`; no metrics. Their
+    generator is seeded by (seed, step), never the global RNG, so a run with samples resumes bit-exactly."""
 
     def __init__(self, tokenizer: Tokenizer, out_dir: str | Path, prompt: str, num_samples: int, max_new_tokens: int,
                  seed: int, device: torch.device, is_main: bool, dtype: torch.dtype | None = None,
@@ -64,7 +58,6 @@ class TrainingSamples:
         self.device, self.is_main, self.dtype, self.echo = device, is_main, dtype, echo
 
     def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]:
-        """Write this step's samples (rank 0); no metrics."""
         if self.is_main and self.num_samples > 0:
             texts = sample(model, self.tokenizer, self.prompt, self.num_samples, self.max_new_tokens,
                            seed=self.seed * 1_000_003 + step, device=self.device, dtype=self.dtype)
@@ -78,9 +71,7 @@ class TrainingSamples:
 def training_evaluators(train: dict[str, Any], tok: Tokenizer, shard_dir: Path, samples_dir: Path, block_size: int,
                         device: torch.device, dtype: torch.dtype | None, rank: int, world_size: int,
                         echo: Callable[[str], None] | None = None) -> list[Evaluator]:
-    """The evaluators a `train:` section asks for: val loss over `train.val_tokens`, HellaSwag when
-    `train.hellaswag`, text samples when `train.samples` > 0. Reads (and, for HellaSwag, downloads) their data now,
-    so a bad file is refused before training starts."""
+    """The evaluators a `train:` section asks for (val loss, HellaSwag, samples), their data read before training."""
     is_main = rank == 0
     tokens = val_stream(shard_dir, train["val_tokens"], tok.vocab_size)
     out: list[Evaluator] = [ValLoss(tokens, block_size, train["val_batch"], device, dtype, rank, world_size, is_main)]

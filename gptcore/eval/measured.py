@@ -1,18 +1,5 @@
-"""What evaluate's figures were measured on: metrics/measured_on.json, beside metrics/eval.json.
-
-compare sets a figure beside a published one only when this record matches what conf/baselines.yaml says the
-published figure was measured on. It is an output, not a DVC metric: its counts and hashes are no columns of
-`dvc exp show`.
-
-  val_split  the shards' tokenizer; the fetched data (source, dataset, config, revision); `split_tokens`, the rule
-             that made the val split (tokenize.val_tokens: the first that many tokens); `val_tokens`, what the
-             split holds; `val_sha256`, its shards' hashes (the same tokens, whatever the files were fetched
-             from); `fingerprint`, the manifest's digest over the fetched files' hashes and the tokenize params;
-             `scored_tokens`, eval.val_tokens
-  hellaswag  the file read and its sha256 (eval.task: hellaswag)
-  lm_eval    per task: `task_from` (lm-eval's own YAML, or eval.lm_eval_include's), the YAML and its sha256, its
-             version and dataset; `python`: the include folder's Python files its YAMLs run
-"""
+"""What evaluate's figures were measured on, metrics/measured_on.json: compare sets a figure beside a published one only
+where this record matches conf/baselines.yaml's (docs/evaluation.md lists its fields)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,7 +11,7 @@ from gptcore.eval.hellaswag import hellaswag_file
 
 
 def val_split(shard_dir: str | Path, scored_tokens: int) -> dict[str, Any]:
-    """The identity of `shard_dir`'s val split, from its manifest (see the module docstring)."""
+    """The identity of `shard_dir`'s val split, from its manifest (docs/evaluation.md)."""
     m = read_manifest(shard_dir)
     source = m.get("source") or {}
     val = [s for s in m["shards"] if s["split"] == "val"]

@@ -1,8 +1,7 @@
 """Text samples from a trained checkpoint or OpenAI's weights, decoded with the run's own tokenizer.
 
-CLI (nanoGPT's sample.py, as a console script):
+CLI (nanoGPT's sample.py as a console script; docs/export-and-sampling.md):
     gptcore-sample --model model --prompt "ROMEO:" --num-samples 3 --max-new-tokens 200
-    gptcore-sample --model gpt2 --prompt FILE:prompt.txt --temperature 0.8 --top-k 200 --seed 1
 """
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ import torch
 
 from gptcore.data.shards import MANIFEST
 from gptcore.data.tokenizers import GPT2Tokenizer, Tokenizer, load_tokenizer
-from gptcore.distributed import DEVICES, DTYPES, autocast_context, resolve_dtype
+from gptcore.distributed import DEVICES, DTYPES, autocast_context, pick_device, resolve_dtype
 from gptcore.errors import UserError, one_line, user_error
 from gptcore.model.gpt import GPT
 from gptcore.model.load import load_model
@@ -24,23 +23,19 @@ from gptcore.params import Param, ParamError
 
 def read_prompt(prompt: str) -> str:
     """`FILE:path` reads the prompt from a file (as nanoGPT's sample.py); anything else is the prompt itself."""
-    if prompt.startswith("FILE:"):
-        path = Path(prompt[5:])
-        if not path.is_file():
-            raise UserError(f"prompt file {path} not found (from --prompt {prompt!r})")
-        data = path.read_bytes()
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as e:  # worded as fetch's reader words it (not imported: train would depend on fetch)
-            line = data.count(b"\n", 0, e.start) + 1
-            raise UserError(f"{path}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}, line {line})") from None
-    return prompt
+    if not prompt.startswith("FILE:"):
+        return prompt
+    path = Path(prompt[5:])
+    if not path.is_file():
+        raise UserError(f"prompt file {path} not found (from --prompt {prompt!r})")
+    from gptcore.data.sources import _read_utf8  # here: a run without a prompt file imports no fetch code (pyarrow)
+
+    return _read_utf8(path)
 
 
 def tokenizer_for(spec: str, model: GPT, tokenizer_dir: str | Path | None = None) -> Tokenizer:
-    """The tokenizer that goes with the model `spec` names: `tokenizer_dir`'s, else the one recorded beside the
-    model (this project's model/ folder, or the folder above its hf/ export), else GPT-2 BPE as nanoGPT's
-    sample.py assumes (OpenAI's weights, foreign checkpoints)."""
+    """The tokenizer that goes with the model `spec` names: `tokenizer_dir`'s, else the one recorded beside the model
+    (model/, or the folder above its hf/), else GPT-2 BPE as nanoGPT's sample.py assumes (OpenAI's weights)."""
     path = Path(spec)
     beside = [path, path.parent] if path.is_dir() else [path.parent] if path.is_file() else []
     found = [d for d in beside if (d / MANIFEST).is_file()]
@@ -51,42 +46,24 @@ def tokenizer_for(spec: str, model: GPT, tokenizer_dir: str | Path | None = None
     return tok
 
 
-def check_same_tokenizer(model_tok: Tokenizer, data_tok: Tokenizer, model_spec: str, shard_dir: Path) -> None:
-    """A model can only be scored on shards made by its own tokenizer (e.g. OpenAI's gpt2 on GPT-2 BPE shards)."""
-    a = (getattr(model_tok, "name", None), getattr(model_tok, "vocab_size", None), getattr(model_tok, "eot", None))
-    b = (getattr(data_tok, "name", None), getattr(data_tok, "vocab_size", None), getattr(data_tok, "eot", None))
-    if a != b:
-        raise UserError(f"eval.model={model_spec} uses tokenizer {a[0]} (vocab {a[1]}, eot {a[2]}) but {shard_dir} was "
-                        f"tokenized with {b[0]} (vocab {b[1]}, eot {b[2]}); evaluate on matching shards")
-
-
 def model_for_shards(spec: str, data_tok: Tokenizer, shard_dir: Path) -> GPT:
-    """The model `spec` names (gptcore.model.load), refused unless its tokenizer made the shards in `shard_dir`."""
+    """The model `spec` names, refused unless its own tokenizer made the shards in `shard_dir` (gpt2: GPT-2 BPE)."""
     model = load_model(spec)
-    check_same_tokenizer(tokenizer_for(spec, model), data_tok, spec, shard_dir)
+    model_tok = tokenizer_for(spec, model)
+    a, b = ([getattr(t, key, None) for key in ("name", "vocab_size", "eot")] for t in (model_tok, data_tok))
+    if a != b:
+        raise UserError(f"eval.model={spec} uses tokenizer {a[0]} (vocab {a[1]}, eot {a[2]}) but {shard_dir} was "
+                        f"tokenized with {b[0]} (vocab {b[1]}, eot {b[2]}); evaluate on matching shards")
     return model
 
 
 @torch.no_grad()
-def sample(
-    model: GPT,
-    tokenizer: Tokenizer,
-    prompt: str = "",
-    num_samples: int = 1,
-    max_new_tokens: int = 100,
-    temperature: float = 0.8,
-    top_k: int | None = 200,
-    seed: int = 1337,
-    device: torch.device | str = "cpu",
-    dtype: torch.dtype | None = None,
-) -> list[str]:
-    """`num_samples` continuations of `prompt` (the end-of-text token when empty), decoded, prompt excluded.
-
-    `dtype` is the autocast precision (already resolved by precision.resolve_dtype); None runs in fp32."""
+def sample(model: GPT, tokenizer: Tokenizer, prompt: str = "", num_samples: int = 1, max_new_tokens: int = 100,
+           temperature: float = 0.8, top_k: int | None = 200, seed: int = 1337, device: torch.device | str = "cpu",
+           dtype: torch.dtype | None = None) -> list[str]:
+    """`num_samples` continuations of `prompt` (or of end-of-text), decoded; `dtype`: autocast's (None: fp32)."""
     device = torch.device(device)
-    ids = tokenizer.encode(read_prompt(prompt)) if prompt else [tokenizer.eot]
-    if not ids:
-        ids = [tokenizer.eot]
+    ids = (tokenizer.encode(read_prompt(prompt)) if prompt else []) or [tokenizer.eot]
     ids = ids[-model.config.block_size :]
     x = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -104,15 +81,16 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (gptcore-sample --help lists the options)")
 
 
-# what each option accepts, checked as params are (one line naming the option, the value and what is allowed)
+# the options after --prompt, each checked as params are (one line naming the option, the value and what is allowed)
 OPTIONS = {
     "num_samples": Param(int, 3, min=1),
     "max_new_tokens": Param(int, 200, min=1),
     "temperature": Param(float, 0.8, min=0.0, what="a number >= 0 (0: always the most likely token)"),
-    "top_k": Param(int, 200, min=0, what="an integer >= 0 (0: all tokens)"),
+    "top_k": Param(int, 200, "0: sample from all tokens", min=0, what="an integer >= 0 (0: all tokens)"),
     "seed": Param(int, 1337, min=0),
     "device": Param(str, "auto", pattern=DEVICES, what="auto, cpu, cuda, cuda:N or mps"),
-    "dtype": Param(str, "bfloat16", choices=tuple(sorted(DTYPES))),
+    "dtype": Param(str, "bfloat16", "float32 | bfloat16 | float16 (bf16 falls back where slow)",
+                   choices=tuple(sorted(DTYPES))),
 }
 
 
@@ -135,19 +113,11 @@ def _main(argv: list[str] | None) -> None:
                                                      "gpt2[-medium|-large|-xl]")
     ap.add_argument("--tokenizer-dir", default=None, help="folder with manifest.json (default: beside the model)")
     ap.add_argument("--prompt", default="", help="prompt text, or FILE:path")
-    ap.add_argument("--num-samples", type=int, default=OPTIONS["num_samples"].default)
-    ap.add_argument("--max-new-tokens", type=int, default=OPTIONS["max_new_tokens"].default)
-    ap.add_argument("--temperature", type=float, default=OPTIONS["temperature"].default)
-    ap.add_argument("--top-k", type=int, default=OPTIONS["top_k"].default, help="0: sample from all tokens")
-    ap.add_argument("--seed", type=int, default=OPTIONS["seed"].default)
-    ap.add_argument("--device", default=OPTIONS["device"].default)
-    ap.add_argument("--dtype", default=OPTIONS["dtype"].default,
-                    help="float32 | bfloat16 | float16 (bf16 falls back where slow)")
+    for name, param in OPTIONS.items():
+        ap.add_argument("--" + name.replace("_", "-"), type=param.kind, default=param.default, help=param.doc or None)
     args = ap.parse_args(argv)
     for name, param in OPTIONS.items():
         setattr(args, name, param.check("--" + name.replace("_", "-"), getattr(args, name)))
-    from gptcore.distributed import pick_device
-
     prompt = read_prompt(args.prompt)  # a missing prompt file is refused before the model loads
     device = pick_device(args.device, key="--device")
     if args.tokenizer_dir is not None and not Path(args.tokenizer_dir).is_dir():

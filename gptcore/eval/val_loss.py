@@ -1,9 +1,5 @@
-"""Validation loss over a fixed number of val tokens, the same whatever the world size or batch size.
-
-Exactly `val_tokens` targets are scored, as build-nanogpt does: the first `val_tokens + 1` tokens of the corpus are
-cut into `block_size` windows (targets shifted by one, the last window shorter when block_size does not divide
-val_tokens); windows are dealt round-robin to ranks, each rank sums token losses, one all-reduce gives the mean.
-"""
+"""Validation loss over exactly `val_tokens` targets whatever the world size or batch size: the first val_tokens + 1
+tokens cut into block_size windows (the last may be shorter), dealt round-robin to ranks, as build-nanogpt does."""
 from __future__ import annotations
 
 import math
@@ -22,8 +18,7 @@ from gptcore.errors import UserError
 
 
 def first_tokens(paths: Sequence[Path], n: int, vocab_size: int | None = None) -> np.ndarray:
-    """The first n tokens across the given shards (in order), as a read-only view when they fit in one shard.
-    With `vocab_size`, an id outside the vocabulary is a ValueError naming the shard and offset."""
+    """The first n tokens across these shards (a view when one holds them), ids checked against `vocab_size`."""
     parts, need = [], n
     for p in paths:
         toks = shards.load_tokens(p)
@@ -39,9 +34,8 @@ def first_tokens(paths: Sequence[Path], n: int, vocab_size: int | None = None) -
 
 
 def val_stream(shard_dir: Path, val_tokens: int, vocab_size: int | None = None) -> np.ndarray:
-    """The `val_tokens + 1` tokens whose `val_tokens` targets val_loss scores: the val split, then (when the split
-    holds exactly val_tokens) the next token of the corpus, the first of the train split, which the loader only
-    ever uses as an input. The folder passes shards.open_split's checks; ids are checked against `vocab_size`."""
+    """The `val_tokens + 1` tokens val_loss scores: the val split, then, when it holds exactly val_tokens, the train
+    split's first token (which the loader only uses as an input); ids are checked against `vocab_size`."""
     if val_tokens < 1:
         raise ValueError(f"val_tokens={val_tokens}: must be at least 1")
     val = shards.open_split(shard_dir, "val")
@@ -53,19 +47,9 @@ def val_stream(shard_dir: Path, val_tokens: int, vocab_size: int | None = None) 
 
 
 @torch.no_grad()
-def val_loss(
-    model: torch.nn.Module,
-    tokens: np.ndarray,
-    block_size: int,
-    batch_size: int,
-    device: torch.device,
-    dtype: torch.dtype | None = None,
-    rank: int = 0,
-    world_size: int = 1,
-    progress: bool = False,
-) -> float:
-    """Mean next-token cross-entropy over the len(tokens) - 1 targets of `tokens`; `model(x, y, reduction="sum")`
-    returns (anything, the summed loss), as GPT does."""
+def val_loss(model: torch.nn.Module, tokens: np.ndarray, block_size: int, batch_size: int, device: torch.device,
+             dtype: torch.dtype | None = None, rank: int = 0, world_size: int = 1, progress: bool = False) -> float:
+    """Mean next-token cross-entropy over the len(tokens) - 1 targets of `tokens` (`model(x, y, reduction="sum")`)."""
     n = len(tokens) - 1
     if n < 1:
         raise ValueError(f"{len(tokens)} val tokens hold no target")
@@ -91,9 +75,8 @@ def val_loss(
 
 
 def scored_chars(tokens: np.ndarray, tokenizer: object) -> int:
-    """How many characters the targets that `val_loss` scores (tokens[1:]) decode to, decoded document by document
-    (end-of-text tokens are scored but are no characters). Turns a loss per token into one per character, which
-    compares across tokenizers."""
+    """How many characters the targets `val_loss` scores (tokens[1:]) decode to, document by document (end-of-text is
+    scored but no character): a loss per character compares across tokenizers."""
     targets = np.asarray(tokens[1:])
     eot = getattr(tokenizer, "eot")
     chars, start = 0, 0
@@ -105,8 +88,7 @@ def scored_chars(tokens: np.ndarray, tokenizer: object) -> int:
 
 
 def bits_per_char(loss: float, tokens: np.ndarray, tokenizer: object) -> float:
-    """`val_loss` over `tokens` (nats per target token) -> bits per character of the same text: loss x targets /
-    characters / ln 2. Scored tokens that decode to no character at all (only end-of-text) have no such figure."""
+    """`val_loss` over `tokens` (nats per target token) as bits per character: loss x targets / characters / ln 2."""
     chars = scored_chars(tokens, tokenizer)
     if chars == 0:
         raise UserError(f"the {len(tokens) - 1:,} scored val tokens decode to no characters (only end-of-text "

@@ -1,15 +1,7 @@
-"""The one way to turn a model spec into a GPT, used by `model.init_from`, `eval.model` and `gptcore-sample`.
-
-A spec is one of:
-  scratch                                  fresh weights from the model params (model.init_from only)
-  gpt2, gpt2-medium, gpt2-large, gpt2-xl   OpenAI's weights (Hugging Face Hub or its cache)
-  a folder with config.json                a Hugging Face GPT-2 folder
-  a folder with model.pt                   this project's model/ folder
-  a .pt file                               this project's checkpoints and model.pt, nanoGPT's ckpt.pt
-                                           (`model_args`), build-nanogpt's checkpoints (`config`, a pickled
-                                           GPTConfig dataclass, read without running pickled code)
-Block size: a smaller one crops the position table, a larger one is an error.
-"""
+"""The one way to turn a model spec into a GPT (`model.init_from`, `eval.model`, `gptcore-sample`): scratch, an OpenAI
+name (gpt2, gpt2-medium, -large, -xl), a Hugging Face GPT-2 folder, this project's model/ folder, or a .pt file (ours,
+nanoGPT's with `model_args`, build-nanogpt's with a pickled GPTConfig, read without running pickled code). A smaller
+block size crops the position table, a larger one is an error."""
 from __future__ import annotations
 
 import pickle
@@ -33,8 +25,7 @@ _PICKLED_CONFIGS = ("__main__.GPTConfig", "model.GPTConfig", "train_gpt2.GPTConf
 
 
 def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """The same state dict with torch.compile's `_orig_mod.` and DDP's `module.` key prefixes removed
-    (in any nesting), so checkpoints from wrapped models load into a bare GPT."""
+    """The state dict without torch.compile's `_orig_mod.` and DDP's `module.` key prefixes, to load into a bare GPT."""
     out: dict[str, Any] = {}
     for key, value in state_dict.items():
         new = key
@@ -58,13 +49,11 @@ class _PickledConfig:
 
 
 class CorruptCheckpoint(UserError):
-    """A file recognised as damaged by its own bytes: empty, a zip archive cut short (a full disk, a kill during a
-    copy), or not a torch.save file at all. Only this may be set aside; the file's data is not trusted."""
+    """A file its own bytes show damaged (empty, a zip cut short, not a torch.save file): the only kind set aside."""
 
 
 class CheckpointRefused(UserError):
-    """A checkpoint that could not be read now, or is not read on purpose, though nothing says it is damaged: an I/O
-    or memory error, torch's weights_only loader refusing it, another format version. Leave the file as it is."""
+    """A checkpoint not read now though nothing says it is damaged (a fault, a refusal, another format): kept as is."""
 
 
 CHECKPOINT_FORMAT = 1  # the layout of what this project saves; files from before the key existed are layout 1
@@ -73,12 +62,8 @@ _ZIP_MAGIC, _LEGACY_MAGIC = b"PK\x03\x04", b"\x80\x02\x8a\x0a"  # torch.save's z
 
 
 def read_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
-    """A torch.save file as plain containers and tensors (weights_only: no pickled code runs); `mmap` maps the
-    tensors instead of reading them (for a look at the other entries).
-
-    A pickled `GPTConfig` (build-nanogpt) comes back as the plain dict of its fields. A failure is CorruptCheckpoint
-    only when the file's bytes show the damage (`_damage`), CheckpointRefused for an I/O or memory error, a
-    weights_only refusal or another format version; anything else keeps its traceback."""
+    """A torch.save file as plain containers and tensors (weights_only; `mmap` maps them): CorruptCheckpoint only when
+    its bytes show damage, CheckpointRefused for a fault or refusal that says nothing of them, else a traceback."""
     try:
         with torch.serialization.safe_globals([(_PickledConfig, name) for name in _PICKLED_CONFIGS]):
             ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
@@ -202,22 +187,16 @@ def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
 
 
 def model_vocab(vocab_param: int | str | None, data_vocab_size: int) -> int:
-    """The model's vocabulary for `model.vocab_size` (`auto`/None: the data's padded by `padded_vocab`); the one place
-    the padding rule is applied. Ids at and above the tokenizer's vocabulary are never produced or exported: sampling,
-    lm-eval scoring and the HF export limit themselves to the tokenizer's size."""
+    """The model's vocabulary for `model.vocab_size` (`auto`/None: the data's, padded): the one place it is padded."""
     return padded_vocab(data_vocab_size) if vocab_param in (None, "auto") else int(vocab_param)
 
 
 def init_model(model_params: dict[str, Any], data_vocab_size: int, seed: int = 1337) -> GPT:
-    """The weights a run starts from, by `model.init_from` (any spec of `load_model`, or scratch).
-
-    Scratch weights come from `seed`, so every rank (and every rerun) builds the same initial model.
-    `model.vocab_size: auto` pads the data's vocabulary; an explicit size must hold every token id of the data.
-    """
+    """The weights a run starts from, by `model.init_from` (scratch from `seed`, the same on every rank and rerun, or
+    any spec of `load_model`); the vocabulary must hold every token id of the data."""
     params = dict(model_params)
     init_from = str(params.pop("init_from", "scratch"))
-    vocab = params.get("vocab_size", "auto")
-    params["vocab_size"] = model_vocab(vocab, data_vocab_size)
+    params["vocab_size"] = model_vocab(params.get("vocab_size", "auto"), data_vocab_size)
     if init_from == "scratch":
         torch.manual_seed(seed)
         model = GPT(GPTConfig(**params))
@@ -227,7 +206,6 @@ def init_model(model_params: dict[str, Any], data_vocab_size: int, seed: int = 1
         except UserError as e:  # the loader's own one-line reasons; anything else is a bug
             raise UserError(f"model.init_from={init_from!r}: {e}") from e
     if model.config.vocab_size < data_vocab_size:
-        raise UserError(
-            f"model vocab_size={model.config.vocab_size} is smaller than the data's tokenizer vocabulary "
-            f"({data_vocab_size}); set model.vocab_size: auto or at least {data_vocab_size}")
+        raise UserError(f"model vocab_size={model.config.vocab_size} is smaller than the data's tokenizer vocabulary "
+                        f"({data_vocab_size}); set model.vocab_size: auto or at least {data_vocab_size}")
     return model

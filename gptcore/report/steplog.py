@@ -34,8 +34,7 @@ def truncate_step_metrics(live_dir: str | Path, from_step: int) -> None:
 
 
 def repair_summary(live_dir: str | Path) -> None:
-    """dvclive rewrites metrics.json in place, so a kill mid-write can leave it truncated, and dvclive cannot resume
-    from that: rebuild it from the step TSVs (each metric's last value, the last step), as dvclive would have."""
+    """Rebuild a metrics.json a kill cut short (dvclive rewrites it in place, then cannot resume) from the step TSVs."""
     path = Path(live_dir) / "metrics.json"
     try:
         json.loads(path.read_text(encoding="utf-8"))
@@ -55,11 +54,11 @@ def repair_summary(live_dir: str | Path) -> None:
 
 
 class StepLogger:
-    """dvclive on rank 0, nothing elsewhere. `resume_step` keeps the curves written before that step."""
+    """dvclive on rank 0, nothing elsewhere. `resume_step` keeps the curves written before that step; `also`: further
+    sinks with log(step, metrics), log_constants(metrics) and close() (WandbLog)."""
 
     def __init__(self, live_dir: str | Path, enabled: bool = True, resume_step: int | None = None,
                  also: Sequence[Any] = ()) -> None:
-        # `also`: further sinks with log(step, metrics), log_constants(metrics), close() (WandbLog)
         self.live, self.also = None, list(also) if enabled else []
         if not enabled:
             return

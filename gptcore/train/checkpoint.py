@@ -1,10 +1,5 @@
-"""Checkpoints: atomic save, keep-last-K, a fingerprint of the params that shape a run, resume and moving aside.
-
-A checkpoint is one `torch.save` file `ckpt_{step:07d}.pt` holding everything needed to continue bit-exactly:
-model weights (never with torch.compile's `_orig_mod.` or DDP's `module.` prefixes), optimizer, GradScaler, the
-loader state, every rank's RNG state, the step, the run's params with their fingerprint, and the format version
-(gptcore.model.load.CHECKPOINT_FORMAT; a file of another version is refused, not guessed at).
-"""
+"""Checkpoints: atomic save, keep-last-K, a fingerprint of the params that shape a run, resume and moving aside; a
+`ckpt_{step:07d}.pt` holds all a bit-exact resume needs (docs/resume-and-failures.md lists it)."""
 from __future__ import annotations
 
 import os
@@ -49,8 +44,7 @@ def param_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> li
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    """torch.save through a temp file and a rename: a kill mid-save leaves the old file intact. A dict gets the
-    format version, so every checkpoint and model.pt says which layout it holds."""
+    """torch.save through the atomic writer (a kill mid-save leaves the old file); a dict gets the format version."""
     if isinstance(obj, dict):
         obj = {FORMAT_KEY: CHECKPOINT_FORMAT, **obj}
     with atomic_write(path, "wb", needed=_tensor_bytes(obj)) as f:
@@ -107,12 +101,8 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def newest_readable(ckpt_dir: Path) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
-    """The newest checkpoint that loads, and a note for each newer one that is damaged.
-
-    A damaged checkpoint (CorruptCheckpoint: empty, cut short, foreign) is set aside as `<name>.corrupt`, never
-    deleted, so an older good one (train.keep_checkpoints) is used and later runs are not blocked by it. Any other
-    failure (CheckpointRefused: an I/O or memory error, another format version; or a bug) propagates with every file
-    left in place, so the rerun after the fault resumes from the newest."""
+    """The newest checkpoint that loads, and a note for each newer one set aside as `<name>.corrupt` (CorruptCheckpoint
+    only); any other failure propagates with every file in place, so the rerun after the fault resumes."""
     notes = []
     for path in reversed(list_checkpoints(ckpt_dir)):
         try:
@@ -126,10 +116,8 @@ def newest_readable(ckpt_dir: Path) -> tuple[Path | None, dict[str, Any] | None,
 
 def find_resume(ckpt_dir: Path, run_params: dict[str, Any]) -> tuple[Path | None, dict[str, Any] | None, str]:
     """(path, loaded checkpoint, what was decided): the newest readable checkpoint, if a run with these params wrote it.
-
-    Call on one process only (it renames damaged checkpoints). A checkpoint of a run with other params is never
-    resumed: the path is then that of an earlier run of these params kept in ckpt_dir/previous/ (the caller brings
-    it back, see `bring_back`), or None (the caller starts fresh, see `move_aside`); the sentence says which
+    Call on one process only (it renames damaged ones); another run's is never resumed: the path is then an earlier
+    run of these params in ckpt_dir/previous/ (see `bring_back`), or None (see `move_aside`); the sentence says which
     params differ."""
     path, ckpt, notes = newest_readable(ckpt_dir)
     if path is not None and _same_run(ckpt, run_params):
@@ -165,10 +153,8 @@ def _same_run(ckpt: dict[str, Any], run_params: dict[str, Any]) -> bool:
 
 
 def _earlier_run(ckpt_dir: Path, run_params: dict[str, Any]) -> tuple[tuple[Path, dict[str, Any]] | None, list[str]]:
-    """The newest undamaged checkpoint in ckpt_dir/previous/ of a run with these params (an experiment applied
-    again), newest folder first, with its entries (tensors memory-mapped: only the fingerprint is wanted), or None;
-    and a note for each folder that could not be looked at. Nothing in previous/ is renamed, and a file there that
-    cannot be read now (CheckpointRefused) never stops a run: it only goes unconsidered, which the note says."""
+    """The newest undamaged checkpoint (memory-mapped) of a run with these params in ckpt_dir/previous/, or None; and
+    a note for each folder whose checkpoint cannot be read now (it goes unconsidered; nothing there is renamed)."""
     previous = Path(ckpt_dir) / PREVIOUS
     skipped = []
     for folder in sorted(previous.iterdir(), reverse=True) if previous.is_dir() else []:
@@ -187,8 +173,7 @@ def _earlier_run(ckpt_dir: Path, run_params: dict[str, Any]) -> tuple[tuple[Path
 
 
 def bring_back(folder: Path, ckpt_dir: Path, also: list[Path] = ()) -> None:
-    """Move an earlier run's checkpoints, best weights and `also` (as move_aside kept them) from
-    ckpt_dir/previous/<time>/ back into place; call after move_aside, so nothing they replace is lost."""
+    """Move an earlier run's files back from `folder` in previous/, after move_aside (so nothing replaced is lost)."""
     for p in sorted(Path(folder).iterdir()):
         if CKPT_RE.match(p.name.removesuffix(".corrupt")) or BEST_RE.match(p.name):
             os.replace(p, Path(ckpt_dir) / p.name)
@@ -203,9 +188,8 @@ def bring_back(folder: Path, ckpt_dir: Path, also: list[Path] = ()) -> None:
 
 
 def move_aside(ckpt_dir: Path, also: list[Path] = ()) -> Path | None:
-    """Move a previous run's checkpoints and best weights (and `also`, e.g. its step metrics) into
-    ckpt_dir/previous/<UTC time>/. A fresh run never deletes the work of the run before it (nor inherits its best);
-    returns the folder, or None when there was nothing."""
+    """Move a previous run's checkpoints, best weights and `also` (its step metrics) into ckpt_dir/previous/<UTC
+    time>/, which it returns (None: nothing to move); a fresh run never deletes the run before it."""
     ckpt_dir = Path(ckpt_dir)
     ckpts = [p for p in ckpt_dir.iterdir() if CKPT_RE.match(p.name.removesuffix(".corrupt")) or BEST_RE.match(p.name)
              ] if ckpt_dir.is_dir() else []
@@ -243,9 +227,8 @@ def remove_temp_files(ckpt_dir: Path) -> list[str]:
 
 
 def check_init_from(init_from: str | None, ckpt_dir: Path) -> None:
-    """A run may not start from a file directly in its checkpoint folder: a fresh start moves those aside (and
-    keep_checkpoints deletes old ones), so a rerun after a kill would find its starting weights gone. ParamError
-    saying to copy it out; files in ckpt_dir/previous/ stay where they are and are fine."""
+    """ParamError for an init_from directly in ckpt_dir: a fresh start moves it aside (or keep_checkpoints deletes it),
+    so a rerun after a kill would find its starting weights gone. ckpt_dir/previous/ is fine."""
     if init_from and Path(init_from).resolve().parent == Path(ckpt_dir).resolve():
         raise ParamError("model.init_from", init_from,
                          f"is in {ckpt_dir}/, whose checkpoints a fresh run moves aside and keep_checkpoints deletes; "
@@ -255,9 +238,7 @@ def check_init_from(init_from: str | None, ckpt_dir: Path) -> None:
 def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, also: list[Path] = ()
                    ) -> tuple[dict[str, Any] | None, list[str]]:
     """Collective: the checkpoint every rank resumes from (None: a fresh start), and what rank 0 decided, as lines.
-
-    Rank 0 alone decides (`find_resume`) and, unless the run in ckpt_dir is resumed, moves it and `also` (its step
-    metrics) aside, then brings back an earlier run of these params from previous/ if there is one; the other ranks
+    Rank 0 decides (`find_resume`), moving the run in ckpt_dir and `also` aside and an earlier one back; the others
     then load what it left: the run to resume, if any."""
     check_init_from(run_params["model"].get("init_from"), ckpt_dir)  # every rank: all refuse together
     resume, notes = None, []
@@ -283,10 +264,8 @@ def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, al
 
 
 # -- the best weights (train.export: best) -----------------------------------------------------------------------
-# One file per improvement, named by step, rather than nanoGPT's single ckpt.pt overwritten on improvement: a
-# checkpoint records the best step it knows, so after a kill the resumed run finds exactly those weights even if a
-# later improvement (which the resumed run will redo) was written before the kill. Weights only: a 124M model's
-# file is 0.5 GB, written at the eval cadence when the val loss improves.
+# one file per improvement, named by step (not nanoGPT's one ckpt.pt): after a kill the resumed run finds the best
+# weights its checkpoint recorded, even if a later improvement was written before the kill
 
 def best_path(ckpt_dir: Path, step: int) -> Path:
     """checkpoints/best_{step:07d}.pt"""
@@ -317,7 +296,7 @@ def prune_best(ckpt_dir: Path, keep_step: int | None) -> None:
 
 
 def load_best(ckpt_dir: Path, step: int, run_fingerprint: str) -> dict[str, Any]:
-    """The best weights recorded for `step`; ValueError naming the file if it is missing or of another run."""
+    """The best weights recorded for `step`; a UserError naming the file if it is missing or of another run."""
     path = best_path(ckpt_dir, step)
     if not path.is_file():
         raise UserError(f"{path}: the best weights (step {step}) are missing; delete {ckpt_dir} and rerun train")

@@ -1,17 +1,5 @@
-"""The `model/` folder a run exports, and the one function that writes it.
-
-model/
-  model.pt        config + weights + `record` (step, export kind, tokenizer record, final metrics but timings):
-                  gptcore.model.load
-  manifest.json   the tokenizer record (gptcore.data.tokenizers.load_tokenizer reads it), step, export, hardware
-  <vocab file>    what load_tokenizer needs beside the manifest (char vocabulary, tokenizer.json, ranks)
-  hf/             a Hugging Face export (GPT-2, Llama or Qwen3) that stands alone: the run's end-of-text as bos/eos
-                  and the tokenizer's HF files (Tokenizer.save_hf); or hf/NOT_EXPORTED.txt saying in one line why
-                  no architecture represents the model
-
-Nothing in it varies between two runs of the same params and data (the timings stay in metrics/train), so DVC
-hashes the same model/ and does not rerun evaluate.
-"""
+"""The `model/` folder a run exports and the one function that writes it (docs/export-and-sampling.md lists what it
+holds); nothing in it varies between two runs of the same params and data, so DVC does not rerun evaluate."""
 from __future__ import annotations
 
 import shutil
@@ -32,10 +20,8 @@ NOT_EXPORTED = "NOT_EXPORTED.txt"  # in model/hf when no transformers architectu
 
 def export_model(model_dir: Path, model: GPT, tokenizer: Tokenizer | None, record: dict[str, Any],
                  hardware: dict[str, Any] | None = None, hf_vocab_size: int | None = None) -> list[str]:
-    """Write `model_dir` (see the module docstring) for `model` and the tokenizer its data was made with; `record`
-    (step, export, ...) goes into model.pt and manifest.json. The folder is built aside and swapped in as one unit,
-    so `model_dir` is always one run's. Returns one note per fact worth showing (which Hugging Face architecture, or
-    why none)."""
+    """Build `model_dir` aside for `model` and its data's tokenizer, with `record` (step, export, ...) in model.pt and
+    manifest.json, and swap it in whole; one note per fact worth showing (which HF architecture, or why none)."""
     model_dir = Path(model_dir)
     staged = staged_dir(model_dir)  # a kill leaves it behind, never a model_dir of two runs
     shutil.rmtree(staged, ignore_errors=True)  # what a killed export left

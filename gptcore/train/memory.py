@@ -1,18 +1,5 @@
-"""Will a training run fit in the device's memory? Two checks.
-
-Before anything is allocated, a lower bound (`check_fits`), so that `model.n_layer: 1000000` is refused in a second
-instead of being OOM-killed minutes later. It counts only what training certainly holds: every weight matrix (12
-n_embd^2 per block, the embedding and an untied head; biases, norms and the position table left out) in fp32 with
-its gradient and optimizer state (AdamW: 16 bytes a weight; Muon's momentum: 12), and the activations each block
-keeps for the backward pass, 10 n_embd values a token in the autocast precision (q, k and v; the attention output;
-both norms' outputs; the MLP's 4 n_embd hidden pre-activation, which even a compiled step keeps). The logits are left
-out (the head is computed in chunks). Measured on CPU, it counts 0.26-0.34 of a quick-start step's peak (the runtime's
-own few hundred MB dominate there) and 0.6-0.8 of the 124M shape's, so a run it refuses cannot work.
-
-Then the first two optimizer steps of each process are measured (`FirstSteps`: CUDA's allocator peak, or the host's
-peak resident memory) against what the process may use; a peak over FILL of it stops the run with one line naming
-the largest train.micro_batch that fits, and an out-of-memory error in a step is one line naming a smaller one.
-"""
+"""Will a training run fit in the device's memory? A lower bound checked before anything is allocated (`check_fits`),
+then the first two steps' measured peak (`FirstSteps`); docs/resume-and-failures.md says what each counts."""
 from __future__ import annotations
 
 import os
@@ -21,6 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+import psutil
 import torch
 
 from gptcore import distributed
@@ -46,7 +34,8 @@ def matrix_params(model: dict[str, Any], vocab_size: int) -> int:
 
 
 def train_bytes(model: dict[str, Any], train: dict[str, Any], vocab_size: int) -> int:
-    """A lower bound of the memory one training process needs, in bytes."""
+    """A lower bound of one training process's memory in bytes: the matrices with their gradients and optimizer state
+    in fp32 (AdamW: 16 bytes a weight, Muon: 12) and the 10 n_embd values a token each block keeps for backward."""
     n = matrix_params(model, vocab_size)
     state = 16 if train.get("optimizer", "adamw") == "adamw" else 12
     act_bytes = 4 if train.get("dtype") == "float32" else 2
@@ -55,8 +44,7 @@ def train_bytes(model: dict[str, Any], train: dict[str, Any], vocab_size: int) -
 
 
 def _cgroup_room() -> int | None:
-    """What the process's cgroup (v2) still allows, where it sets a limit: a container's limit is not in
-    psutil's figure."""
+    """What the process's cgroup (v2) limit still allows, if any: a container's limit is not in psutil's figure."""
     try:
         limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
         used = int(Path("/sys/fs/cgroup/memory.current").read_text())
@@ -66,13 +54,10 @@ def _cgroup_room() -> int | None:
 
 
 def available_bytes(device: torch.device) -> int | None:
-    """Memory free for this process on `device` (CUDA: the GPU's free memory; CPU: the system's available RAM, or
-    less where a cgroup limit says so); None where it cannot be told (MPS)."""
+    """Memory free on `device`: the GPU's, or the available RAM (less under a cgroup limit); None on MPS."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     if device.type == "cpu":
-        import psutil
-
         room, cgroup = psutil.virtual_memory().available, _cgroup_room()
         return room if cgroup is None else min(room, cgroup)
     return None
@@ -80,12 +65,9 @@ def available_bytes(device: torch.device) -> int | None:
 
 def check_fits(model: dict[str, Any], train: dict[str, Any], vocab_size: int, device: torch.device,
                processes: int = 1) -> None:
-    """A UserError naming the params when training `model` cannot fit in `device`'s free memory (a scratch model
-    only: a loaded one's weights are already known to fit). CPU processes share the machine's RAM."""
-    if model.get("init_from", "scratch") != "scratch":
-        return
-    free = available_bytes(device)
-    if free is None:
+    """A UserError naming the params when training a scratch `model` cannot fit in `device`'s free memory."""
+    free = available_bytes(device) if model.get("init_from", "scratch") == "scratch" else None
+    if free is None:  # a loaded model's weights are known to fit; MPS cannot tell
         return
     sharing = processes if device.type == "cpu" else 1
     need = train_bytes(model, train, vocab_size) * sharing
@@ -113,12 +95,7 @@ def held_bytes(device: torch.device) -> int:
     """What this process holds now: CUDA, the caching allocator's reserved memory; CPU, the resident set."""
     if device.type == "cuda":
         return torch.cuda.memory_reserved(device)
-    rss = _proc_status_kib("VmRSS")
-    if rss is None:
-        import psutil
-
-        rss = psutil.Process().memory_info().rss
-    return rss
+    return _proc_status_kib("VmRSS") or psutil.Process().memory_info().rss
 
 
 def reset_peak(device: torch.device) -> None:
@@ -145,8 +122,7 @@ def peak_bytes(device: torch.device) -> int:
 
 
 def budget_bytes(device: torch.device) -> int | None:
-    """What this process may hold at most: what it holds and its share of what is free (the CPU processes of this
-    machine share its RAM); None where it cannot be told."""
+    """What this process may hold at most: what it holds and its share of what is free (CPU processes share the RAM)."""
     free = available_bytes(device)
     if free is None:
         return None
@@ -162,14 +138,13 @@ def state_bytes(params: Iterable[torch.Tensor], optimizers: Iterable[torch.optim
 
 
 def micro_batches(sequences_per_step: int) -> list[int]:
-    """The train.micro_batch values that keep a step's sequences per process (total_batch_tokens / (block_size *
-    processes)) by gradient accumulation: its divisors."""
+    """The train.micro_batch values gradient accumulation can make a step's sequences per process of: its divisors."""
     return [b for b in range(1, sequences_per_step + 1) if sequences_per_step % b == 0]
 
 
 class FirstSteps:
-    """The peak of the first optimizer steps against the memory the process may use: create it just before them,
-    `check` just after (every rank together: the worst rank's figures decide)."""
+    """The first optimizer steps' peak against what the process may use: create it before them, `check` after (every
+    rank: the worst one decides)."""
 
     def __init__(self, device: torch.device, model: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer]):
         self.device, self.model, self.optimizers = device, model, list(optimizers)
@@ -179,11 +154,8 @@ class FirstSteps:
         self.budget = budget_bytes(device)
 
     def check(self, micro_batch: int, sequences_per_step: int, total_batch_tokens: int) -> None:
-        """A StepMemory naming the largest train.micro_batch that fits when the steps peaked over FILL of the budget.
-
-        A step's memory is what the process held before the first, the gradients and optimizer state the steps
-        added (counted exactly), and the rest, taken as proportional to micro_batch (activations; what is in fact
-        fixed, such as library code first paged in, makes the micro_batch named smaller than it could be)."""
+        """A StepMemory naming the largest train.micro_batch that fits when the steps peaked over FILL of the budget:
+        what was held before them and the state they added are fixed, the rest proportional to micro_batch."""
         peak = peak_bytes(self.device)
         fixed = self.base + state_bytes(self.model.parameters(), self.optimizers) - self.state0
         mine = (peak, fixed, self.budget if self.budget is not None else -1)
@@ -205,8 +177,7 @@ class FirstSteps:
 
 @contextmanager
 def out_of_memory_named(micro_batch: int, sequences_per_step: int, device: torch.device) -> Iterator[None]:
-    """An out-of-memory error in a training step (CUDA's, or the CPU allocator's refusal) as one line naming
-    train.micro_batch and a value to try; any other error keeps its traceback."""
+    """An out-of-memory error in a training step as one line naming train.micro_batch and a value to try."""
     try:
         yield
     except (torch.OutOfMemoryError, RuntimeError) as e:

@@ -1,16 +1,5 @@
-"""Optimizers, their parameter groups and the learning-rate schedule: every optimizer is built here.
-
-The schedules: linear warmup, then cosine decay to min_lr, then flat (GPT-3 paper, build-nanogpt); or
-warmup-stable-decay ("trapezoid"): linear warmup, max_lr held, then a linear decay to min_lr over the last
-decay_frac of the steps (the NanoGPT speedrun's warmdown, KellerJordan/modded-nanogpt; nanochat's base_train).
-
-The optimizer: AdamW over every parameter (GPT-2), or Muon (Jordan et al. 2024) for the blocks' hidden matrices
-with AdamW for the rest, as the NanoGPT speedrun does. Muon orthogonalises each logical matrix on its own: the
-fused q/k/v projection (3C x C) as three C x C matrices and SwiGLU's [gate; up] as two, each with its own shape
-scaling, while the weights stay stored fused (the HF names and layout do not change). Either way the trainer sees
-one `Optimizers` object; the schedule scales every group by the same factor, each from its own peak rate:
-the token (and position) embedding, the head, the gains and biases, and the hidden matrices may each have one.
-"""
+"""Every optimizer (AdamW everywhere as GPT-2, or Muon per matrix for the blocks' hidden matrices with AdamW for the
+rest, as the NanoGPT speedrun), its parameter groups, and the cosine and WSD schedules (docs/modern-recipe.md)."""
 from __future__ import annotations
 
 import inspect
@@ -21,8 +10,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-# Keller Jordan's quintic Newton-Schulz iteration and shape scaling, as torch ships them (private helpers of
-# torch.optim.Muon): reused so that a matrix Muon updates whole gets exactly torch's update.
+# torch.optim.Muon's private Newton-Schulz iteration and shape scaling: a matrix Muon updates whole gets torch's update
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
 from gptcore.model.gpt import GPT
@@ -31,15 +19,18 @@ OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd")
 
 
-# ---------------------------------------------------------------------------------------------------- schedules
-
-def lr_at(step: int, max_lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> float:
-    """Cosine: (step+1)/warmup of max_lr while warming up (0-based `step`), cosine to min_lr at max_steps, then
-    min_lr."""
+def lr_at(step: int, max_lr: float, min_lr: float, warmup_steps: int, max_steps: int, kind: str = "cosine",
+          decay_frac: float = 0.2) -> float:
+    """The rate at 0-based `step`: (step+1)/warmup of max_lr while warming up, then cosine to min_lr at max_steps
+    (build-nanogpt) or, for wsd, max_lr held until a straight line over the last decay_frac (modded-nanogpt)."""
     if step < warmup_steps:
         return max_lr * (step + 1) / warmup_steps
     if step >= max_steps:
         return min_lr
+    if kind == "wsd":
+        decay = wsd_decay_steps(max_steps, decay_frac)
+        left = max_steps - step
+        return max_lr if left >= decay else min_lr + (max_lr - min_lr) * left / decay
     progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
 
@@ -49,25 +40,9 @@ def wsd_decay_steps(max_steps: int, decay_frac: float) -> int:
     return round(decay_frac * max_steps)
 
 
-def wsd_lr_at(step: int, max_lr: float, min_lr: float, warmup_steps: int, max_steps: int, decay_frac: float) -> float:
-    """Warmup-stable-decay: the same warmup as cosine, max_lr until the last `decay_frac` of max_steps, then a
-    straight line that reaches min_lr at max_steps (min_lr after)."""
-    if step < warmup_steps:
-        return max_lr * (step + 1) / warmup_steps
-    if step >= max_steps:
-        return min_lr
-    decay = wsd_decay_steps(max_steps, decay_frac)
-    left = max_steps - step
-    if left >= decay:
-        return max_lr
-    return min_lr + (max_lr - min_lr) * left / decay
-
-
 @dataclass(frozen=True)
 class LRSchedule:
-    """The learning rate at each step: `kind` cosine (warmup, cosine to min_lr, flat) or wsd (warmup, stable,
-    linear decay over the last decay_frac of the steps). A pure function of the step, so a resumed run gets
-    exactly the rates of an uninterrupted one."""
+    """The learning rate at each step (`lr_at`), a pure function of the step: a resumed run gets the same rates."""
 
     max_lr: float
     min_lr: float
@@ -82,48 +57,28 @@ class LRSchedule:
         assert self.kind in SCHEDULES, self.kind
 
     def __call__(self, step: int) -> float:
-        if self.kind == "wsd":
-            return wsd_lr_at(step, self.max_lr, self.min_lr, self.warmup_steps, self.max_steps, self.decay_frac)
-        return lr_at(step, self.max_lr, self.min_lr, self.warmup_steps, self.max_steps)
+        return lr_at(step, self.max_lr, self.min_lr, self.warmup_steps, self.max_steps, self.kind, self.decay_frac)
 
-
-# ------------------------------------------------------------------------------------------ parameter groups
 
 def hidden_matrices(model: GPT) -> list[nn.Parameter]:
-    """The 2-D weights inside the blocks (attention and MLP projections): what Muon updates. Embeddings, lm_head,
-    gains and biases are not among them."""
+    """The 2-D weights inside the blocks (attention and MLP projections): what Muon updates."""
     return [p for p in model.transformer.h.parameters() if p.dim() == 2 and p.requires_grad]
-
-
-def fused_blocks(model: GPT) -> dict[int, int]:
-    """{id(weight): k} for the weights that store k matrices stacked by rows: c_attn holds q, k and v (3), a
-    SwiGLU c_fc holds gate and up (2). Every other hidden matrix is one matrix."""
-    out = {}
-    for block in model.transformer.h:
-        out[id(block.attn.c_attn.weight)] = 3
-        if block.mlp.kind == "swiglu":
-            out[id(block.mlp.c_fc.weight)] = 2
-    return out
 
 
 def adamw_groups(model: GPT, weight_decay: float, max_lr: float, embed_lr: float | None = None,
                  head_lr: float | None = None, scalar_lr: float | None = None,
                  exclude: list[nn.Parameter] | None = None) -> list[dict[str, Any]]:
-    """AdamW's parameter groups, each with "name", "lr" and "weight_decay", empty ones left out:
-    embed (token and position tables), head (lm_head; tied, the one shared matrix), matrices (the blocks' 2-D
-    weights, unless `exclude`d for Muon), scalars (gains and biases). Matrices and tables decay, gains and biases
-    do not (GPT-2). A rate left None is max_lr."""
+    """AdamW's non-empty groups, each with "name", "lr" (None: max_lr) and "weight_decay": embed (token and position
+    tables), head (lm_head), matrices (the blocks', unless `exclude`d), scalars (gains and biases: no decay, GPT-2)."""
     skip = {id(p) for p in exclude or []}
     head = model.lm_head.weight  # tied: also transformer.wte.weight, and parameters() yields it once
     tables = {id(m.weight) for name, m in model.transformer.items() if name in ("wte", "wpe")} - {id(head)}
     groups: dict[str, dict[str, Any]] = {
-        "embed": {"lr": embed_lr or max_lr, "weight_decay": weight_decay},
-        "head": {"lr": head_lr or max_lr, "weight_decay": weight_decay},
-        "matrices": {"lr": max_lr, "weight_decay": weight_decay},
-        "scalars": {"lr": scalar_lr or max_lr, "weight_decay": 0.0},
+        "embed": {"lr": embed_lr or max_lr, "weight_decay": weight_decay, "params": []},
+        "head": {"lr": head_lr or max_lr, "weight_decay": weight_decay, "params": []},
+        "matrices": {"lr": max_lr, "weight_decay": weight_decay, "params": []},
+        "scalars": {"lr": scalar_lr or max_lr, "weight_decay": 0.0, "params": []},
     }
-    for g in groups.values():
-        g["params"] = []
     for p in model.parameters():
         if not p.requires_grad or id(p) in skip:
             continue
@@ -134,20 +89,15 @@ def adamw_groups(model: GPT, weight_decay: float, max_lr: float, embed_lr: float
 
 def adamw(groups: list[dict[str, Any]], max_lr: float, betas: tuple[float, float], eps: float,
           device_type: str) -> torch.optim.AdamW:
-    """AdamW over `groups`, with the fused kernel on CUDA and on the CPU (torch >= 2.4 has both; on the CPU it
-    makes the 124M update about 4x faster than the foreach one)."""
+    """AdamW over `groups`, fused on CUDA and on the CPU, where it is faster than foreach too (docs/benchmarks.md)."""
     use_fused = device_type in ("cuda", "cpu") and "fused" in inspect.signature(torch.optim.AdamW).parameters
     extra = {"fused": True} if use_fused else {}
     return torch.optim.AdamW(groups, lr=max_lr, betas=tuple(betas), eps=eps, **extra)
 
 
-# ------------------------------------------------------------------------------------------------------ Muon
-
 class Muon(torch.optim.Muon):
-    """torch.optim.Muon whose groups may carry "row_blocks" k: each parameter of such a group stores k matrices
-    stacked by rows, and each is orthogonalised and shape-scaled on its own (the speedrun updates q, k and v as
-    separate matrices). Momentum and weight decay are elementwise, so they are the same fused or not; with k = 1
-    the update is torch's, step for step."""
+    """torch.optim.Muon whose groups may carry "row_blocks" k: each parameter stores k matrices stacked by rows (the
+    fused q/k/v), each orthogonalised and shape-scaled on its own; with k = 1 the update is torch's, step for step."""
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -163,7 +113,7 @@ class Muon(torch.optim.Muon):
             for param, grad, buf in zip(params, grads, bufs):
                 buf.lerp_(grad, 1 - momentum)
                 update = grad.lerp(buf, momentum) if group["nesterov"] else buf
-                param.mul_(1 - lr * wd)
+                param.mul_(1 - lr * wd)  # momentum and decay are elementwise: the same fused or not
                 for p_part, u_part in zip(param.chunk(k, dim=0), update.chunk(k, dim=0)):
                     ortho = _zeropower_via_newtonschulz(u_part, group["ns_coefficients"], group["ns_steps"],
                                                         group["eps"])
@@ -172,22 +122,21 @@ class Muon(torch.optim.Muon):
 
 
 def muon_groups(model: GPT) -> list[dict[str, Any]]:
-    """Muon's groups over the hidden matrices: "muon" (whole matrices), "muon_qkv" (3 blocks) and "muon_gate_up"
-    (2 blocks), empty ones left out."""
-    fused = fused_blocks(model)
+    """Muon's non-empty groups: "muon" (whole matrices), "muon_qkv" (c_attn) and "muon_gate_up" (SwiGLU's c_fc)."""
+    stacked = {}  # id(weight) -> the matrices it stores by rows
+    for block in model.transformer.h:
+        stacked[id(block.attn.c_attn.weight)] = 3
+        if block.mlp.kind == "swiglu":
+            stacked[id(block.mlp.c_fc.weight)] = 2
     names = {1: "muon", 3: "muon_qkv", 2: "muon_gate_up"}
     groups = {k: {"name": name, "params": [], "row_blocks": k} for k, name in names.items()}
     for p in hidden_matrices(model):
-        groups[fused.get(id(p), 1)]["params"].append(p)
+        groups[stacked.get(id(p), 1)]["params"].append(p)
     return [g for g in groups.values() if g["params"]]
 
 
-# ---------------------------------------------------------------------------------------------- Optimizers
-
 class Optimizers:
-    """Several torch optimizers over disjoint parameters, stepped as one: {name: optimizer}, e.g. {"adamw": ...}
-    or {"adamw": ..., "muon": ...}. The state_dict is keyed by the same names, so a checkpoint holds each one's.
-    `clip_params` are the parameters the gradient-norm clip covers when not all of the model's (None)."""
+    """{name: torch optimizer} on disjoint parameters, stepped and saved as one; `clip_params`: what the clip covers."""
 
     def __init__(self, optimizers: dict[str, torch.optim.Optimizer], clip_params: list[nn.Parameter] | None = None):
         self.optimizers = dict(optimizers)
@@ -227,11 +176,8 @@ def build_optimizers(model: GPT, optimizer: str, max_lr: float, weight_decay: fl
                      eps: float, device_type: str, muon_lr: float = 0.02, muon_momentum: float = 0.95,
                      embed_lr: float | None = None, head_lr: float | None = None, scalar_lr: float | None = None,
                      muon_clip: bool = True) -> Optimizers:
-    """`optimizer` adamw: AdamW everywhere, the hidden matrices at max_lr. muon: Muon (Nesterov momentum
-    muon_momentum, per-matrix orthogonalisation, torch's default shape scaling) at muon_lr for the hidden matrices,
-    AdamW for the rest. embed_lr / head_lr / scalar_lr: AdamW's peak rates of the token table, the head and the
-    gains and biases (None: max_lr). Weight decay is decoupled and scaled by the rate in both. muon_clip False
-    leaves Muon's matrices out of the gradient-norm clip."""
+    """AdamW everywhere, or Muon (Nesterov, per matrix) at muon_lr for the hidden matrices and AdamW for the rest;
+    embed_lr / head_lr / scalar_lr: AdamW's peaks (None: max_lr); muon_clip False: the clip leaves Muon's out."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"train.optimizer={optimizer!r}: expected one of {', '.join(OPTIMIZERS)}")
     if weight_decay < 0 or max_lr <= 0:
@@ -243,8 +189,7 @@ def build_optimizers(model: GPT, optimizer: str, max_lr: float, weight_decay: fl
     else:
         hidden = hidden_matrices(model)
         groups = adamw_groups(model, weight_decay, max_lr, exclude=hidden, **rates)
-        muon = Muon(muon_groups(model), lr=muon_lr, momentum=muon_momentum, weight_decay=weight_decay,
-                    nesterov=True)
+        muon = Muon(muon_groups(model), lr=muon_lr, momentum=muon_momentum, weight_decay=weight_decay, nesterov=True)
         opts = {"adamw": adamw(groups, max_lr, betas, eps, device_type), "muon": muon}
         if not muon_clip:
             clip = [p for g in groups for p in g["params"]]
@@ -255,8 +200,7 @@ def build_optimizers(model: GPT, optimizer: str, max_lr: float, weight_decay: fl
 
 
 def set_lr(optimizer: Optimizers | torch.optim.Optimizer, lr: float, max_lr: float) -> None:
-    """Set each group's rate to lr scaled by its own peak: peak_lr * lr / max_lr (groups peaking at max_lr get lr
-    itself, bit for bit)."""
+    """Set each group's rate to lr scaled by its own peak, peak_lr * lr / max_lr (at max_lr: lr itself, bit for bit)."""
     for group in optimizer.param_groups:
         peak = group.get("peak_lr", max_lr)
         group["lr"] = lr if peak == max_lr else peak * (lr / max_lr)
