@@ -192,6 +192,16 @@ def naming(path: str | Path) -> Iterator[None]:
         raise
 
 
+def read_utf8(path: Path) -> str:
+    """A text file's content; bytes that are not UTF-8 are one line naming the file, offset and line."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise UserError(f"{path}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}, line {line})") from None
+
+
 def file_sha256(path: str | Path) -> str:
     """sha256 hex digest of a file, read in 4 MiB blocks (shards are 200 MB)."""
     h = hashlib.sha256()

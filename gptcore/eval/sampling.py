@@ -12,6 +12,7 @@ from typing import NoReturn
 
 import torch
 
+from gptcore.atomic import read_utf8
 from gptcore.data.shards import MANIFEST
 from gptcore.data.tokenizers import GPT2Tokenizer, Tokenizer, load_tokenizer
 from gptcore.distributed import DEVICES, DTYPES, autocast_context, pick_device, resolve_dtype
@@ -28,9 +29,7 @@ def read_prompt(prompt: str) -> str:
     path = Path(prompt[5:])
     if not path.is_file():
         raise UserError(f"prompt file {path} not found (from --prompt {prompt!r})")
-    from gptcore.data.sources import _read_utf8  # here: a run without a prompt file imports no fetch code (pyarrow)
-
-    return _read_utf8(path)
+    return read_utf8(path)
 
 
 def tokenizer_for(spec: str, model: GPT, tokenizer_dir: str | Path | None = None) -> Tokenizer:
