@@ -50,6 +50,9 @@ def _key(item) -> str:
 
 
 def offline_run(root):
+    import wandb
+
+    wandb.teardown()  # run.finish() may return before wandb-core has flushed the run file (seen: 7 bytes, the header)
     runs = list(root.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(runs) == 1, runs
     history, name, summary = [], None, {}
