@@ -118,9 +118,3 @@ def test_checks_between_sections():
     ev = EVAL.validate({"task": "cloze", "val_tokens": 1000, "sample_prompt": ""})
     with pytest.raises(ParamError, match=r"eval.val_tokens=1000: must be >= the model's block_size = 1024"):
         check_val_tokens("eval.val_tokens", ev["val_tokens"], 1024)
-
-
-def test_tokenize_schema_names_the_pre_tokenizations_the_tokenizers_have():
-    from gptcore.data import params, tokenizers
-
-    assert set(params.TIKTOKEN_PATTERNS) == set(tokenizers.TIKTOKEN_PATTERNS)
