@@ -37,7 +37,7 @@ CURSOR = re.compile(r"\x1b\[\d*[A-D]")  # tqdm moving the cursor between its bar
 CASES = [
     ("train", "train", "max_steps", -1, "train.max_steps=-1: must be an integer >= 0"),
     ("train", "train", "max_lr", "fast", "train.max_lr='fast': must be a number > 0"),
-    ("train", "train", "warmup_steps", 100, "train.warmup_steps=100: must be <= train.max_steps=10"),
+    ("train", "train", "warmup_steps", 100, "train.warmup_steps=100: must be <= train.max_steps=4"),
     ("train", "train", "ckpt_every", 0, "train.ckpt_every=0: must be an integer >= 1"),
     ("train", "train", "val_tokens", 16, "train.val_tokens=16: must be >= the model's block_size = 32"),
     ("train", "train", "val_tokens", 10**9, "train.val_tokens=1000000000: must be <= the 4,096 tokens of the val split"),
@@ -145,7 +145,7 @@ def make_full_project(root: Path) -> Path:
     docs.write_text("".join(json.dumps({"text": p.read_text(encoding="utf-8")}) + "\n" for p in plays), encoding="utf-8")
     params = {"fetch": {"source": "local", "path": str(docs)},
               "tokenize": {"tokenizer": "gpt2", "shard_tokens": 20000, "val_tokens": 4096, "workers": 1},
-              "model": sk.MODEL, "train": sk.TRAIN, "eval": sk.EVAL}
+              "model": sk.MODEL, "train": {**sk.TRAIN, "max_steps": 4}, "eval": sk.EVAL}  # checkpoints at 3 and 4
     (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     for name in ("fetch", "tokenize", "train", "evaluate"):
         ran = run_here(root, stage(name))
@@ -325,7 +325,7 @@ SAMPLE = [SAMPLE_MODULE]
 USER_CASES = [
     Case("params.yaml not YAML", stage("train"), "params.yaml:", edit_text("params.yaml", "train:\n", "train: [\n")),
     Case("params.yaml key twice", stage("train"), "key 'max_steps' is given twice",
-         edit_text("params.yaml", "  max_steps: 10\n", "  max_steps: 10\n  max_steps: 20\n")),
+         edit_text("params.yaml", "  max_steps: 4\n", "  max_steps: 4\n  max_steps: 20\n")),
     Case("train.seed: 2**64", stage("train"), "train.seed=18446744073709551616: must be an integer >= 0 and fit in "
          "64 bits", set_param("train", "seed", 2**64)),
     Case("train.device: cuda, no GPU", stage("train"), "params.yaml train.device='cuda': no CUDA GPU is visible",
