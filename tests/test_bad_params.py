@@ -1,21 +1,26 @@
-"""A mistyped param never costs the user's work: every stage refuses it with one line naming the key, exit status
-non-zero, and checkpoints/, metrics/train/, metrics/eval.json and the shards stay byte-identical. A fresh run with
-other params moves the previous run aside, a truncated newest checkpoint falls back to the older one, and
-train.nproc never reaches a shell.
+"""A mistyped param never costs the user's work: every stage refuses it with one line naming the key, exit status 1,
+and checkpoints/, metrics/, model/, the raw documents and the shards stay byte-identical. A fresh run with other
+params moves the previous run aside, and train.nproc never reaches a shell.
 
-Each case runs the stage as DVC does (`python -m stages.<name>` in a project folder). Run this file as a script to
-print the matrix: `PYTHONPATH=. python tests/test_bad_params.py`."""
+The cases run a stage's main() in this process, in a project folder: what `python -m stages.<name>` runs, the stage
+boundary included (its exit status and its lines on stderr; a traceback would be the exception itself). One test
+(slow) runs the stage in processes of its own, as DVC does, under torchrun. Run this file as a script to print the matrix:
+`PYTHONPATH=. python tests/test_bad_params.py`."""
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import hashlib
+import importlib
+import io
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -25,15 +30,14 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stagekit as sk  # noqa: E402
 
-pytestmark = pytest.mark.slow  # about two minutes: each case is a fresh Python process importing torch
-
 SHELL = "1 --version; echo X > pwned"
 PROGRESS = re.compile(r"^[\w .]+: +\d+%\|")
+CURSOR = re.compile(r"\x1b\[\d*[A-D]")  # tqdm moving the cursor between its bars: nothing a user reads
 # (stage, section, key, value, what the one-line message must contain)
 CASES = [
     ("train", "train", "max_steps", -1, "train.max_steps=-1: must be an integer >= 0"),
     ("train", "train", "max_lr", "fast", "train.max_lr='fast': must be a number > 0"),
-    ("train", "train", "warmup_steps", 100, "train.warmup_steps=100: must be <= train.max_steps=10"),
+    ("train", "train", "warmup_steps", 100, "train.warmup_steps=100: must be <= train.max_steps=4"),
     ("train", "train", "ckpt_every", 0, "train.ckpt_every=0: must be an integer >= 1"),
     ("train", "train", "val_tokens", 16, "train.val_tokens=16: must be >= the model's block_size = 32"),
     ("train", "train", "val_tokens", 10**9, "train.val_tokens=1000000000: must be <= the 4,096 tokens of the val split"),
@@ -60,6 +64,67 @@ CASES = [
     ("fetch", "fetch", "max_docs", 0, "fetch.max_docs=0: must be an integer >= 1 or null"),
     ("fetch", "fetch", "source", "ftp", "fetch.source='ftp': must be one of package, local, hub"),
 ]
+SAMPLE_MODULE = "gptcore.eval.sampling"
+
+
+@dataclasses.dataclass
+class Ran:
+    """How a stage (or gptcore-sample) ended: its exit status and what it wrote on each stream."""
+
+    status: int
+    stderr: str
+    stdout: str
+
+
+@contextlib.contextmanager
+def in_folder(path: Path) -> Iterator[None]:
+    """`path` as the working directory, and SIGTERM's handler (the stage boundary sets one) put back after."""
+    cwd, handler = os.getcwd(), signal.getsignal(signal.SIGTERM)
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+        signal.signal(signal.SIGTERM, handler)
+
+
+def run_here(project: Path, argv: list[str]) -> Ran:
+    """`python -m <argv[0]> <argv[1:]>` (a stage, or gptcore-sample with its options) run in this process in
+    `project`. An exception other than SystemExit (what would be a traceback) propagates to the test."""
+    import torch
+
+    out, err = io.StringIO(), io.StringIO()
+    status: int | str | None = 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as OMP_NUM_THREADS=1 gives a stage's process (stagekit.env): tiny matmuls only contend
+    with in_folder(project), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            module = importlib.import_module(argv[0])
+            if argv[0] == SAMPLE_MODULE:
+                module.main(argv[1:])
+            else:
+                module.main()
+        except SystemExit as e:
+            status = e.code
+        finally:
+            torch.set_num_threads(threads)
+    if isinstance(status, str):  # sys.exit(message): Python prints the message and exits with 1
+        err.write(status + "\n")
+        status = 1
+    return Ran(status or 0, err.getvalue(), out.getvalue())
+
+
+def run_process(project: Path, argv: list[str], env: dict[str, str]) -> Ran:
+    """The same, as DVC runs it: `python -m ...` in a process of its own."""
+    proc = subprocess.run([sys.executable, "-m", *argv], cwd=project, env=env, capture_output=True, text=True,
+                          timeout=600)
+    return Ran(proc.returncode, proc.stderr, proc.stdout)
+
+
+def message_lines(stderr: str) -> list[str]:
+    """The lines on stderr that are not tqdm's progress bars."""
+    lines = (CURSOR.sub("", line) for line in stderr.strip().splitlines())
+    return [line for line in lines if line.strip() and not PROGRESS.match(line)]
 
 
 def snapshot(project: Path) -> dict[str, str]:
@@ -80,22 +145,26 @@ def make_full_project(root: Path) -> Path:
     docs.write_text("".join(json.dumps({"text": p.read_text(encoding="utf-8")}) + "\n" for p in plays), encoding="utf-8")
     params = {"fetch": {"source": "local", "path": str(docs)},
               "tokenize": {"tokenizer": "gpt2", "shard_tokens": 20000, "val_tokens": 4096, "workers": 1},
-              "model": sk.MODEL, "train": sk.TRAIN, "eval": sk.EVAL}
+              "model": sk.MODEL, "train": {**sk.TRAIN, "max_steps": 4}, "eval": sk.EVAL}  # checkpoints at 3 and 4
     (root / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
-    for stage in ("fetch", "tokenize", "train", "evaluate"):
-        sk.run_stage(root, stage)
+    for name in ("fetch", "tokenize", "train", "evaluate"):
+        ran = run_here(root, stage(name))
+        assert ran.status == 0, ran.stderr[-3000:]
     return root
 
 
-def run_case(project: Path, stage: str, section: str, key: str, value) -> subprocess.CompletedProcess:
+def stage(name: str) -> list[str]:
+    return [f"stages.{name}"]
+
+
+def run_case(project: Path, stage_name: str, section: str, key: str, value) -> Ran:
     """The stage run once with one param changed; params.yaml is restored afterwards."""
     good = (project / "params.yaml").read_text(encoding="utf-8")
     params = yaml.safe_load(good)
     params[section][key] = value
     (project / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
     try:
-        return subprocess.run([sys.executable, "-m", f"stages.{stage}"], cwd=project, env=sk.env(),
-                              capture_output=True, text=True, timeout=600)
+        return run_here(project, stage(stage_name))
     finally:
         (project / "params.yaml").write_text(good, encoding="utf-8")
 
@@ -105,82 +174,52 @@ def project(tmp_path_factory) -> Path:
     return make_full_project(tmp_path_factory.mktemp("bad-params") / "project")
 
 
-@pytest.mark.parametrize("stage, section, key, value, message", CASES,
+@pytest.mark.parametrize("stage_name, section, key, value, message", CASES,
                          ids=[f"{c[1]}.{c[2]}={c[3]!r}"[:40] for c in CASES])
-def test_bad_param_is_one_line_and_loses_nothing(project, stage, section, key, value, message):
+def test_bad_param_is_one_line_and_loses_nothing(project, stage_name, section, key, value, message):
     before = snapshot(project)
-    proc = run_case(project, stage, section, key, value)
-    # tqdm's bars are not messages
-    lines = [line for line in proc.stderr.strip().splitlines() if line.strip() and not PROGRESS.match(line)]
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert len(lines) == 1 and lines[0].startswith(f"[{stage}] ") and message in lines[0], proc.stderr[-2000:]
+    ran = run_case(project, stage_name, section, key, value)
+    lines = message_lines(ran.stderr)
+    assert ran.status == 1
+    assert len(lines) == 1 and lines[0].startswith(f"[{stage_name}] ") and message in lines[0], ran.stderr[-2000:]
     assert snapshot(project) == before
     assert not (project / "pwned").exists()  # nothing of a param ran in a shell
 
 
-def test_a_mistake_under_two_processes_is_one_line_too(project):
-    """With train.nproc 2 the stage checks the starting weights before torchrun starts: no line per rank, no report."""
-    good = (project / "params.yaml").read_text(encoding="utf-8")
-    params = yaml.safe_load(good)
-    params["train"]["nproc"], params["model"]["init_from"] = 2, "nothing.pt"
-    (project / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
-    before = snapshot(project)
-    try:
-        proc = subprocess.run([sys.executable, "-m", "stages.train"], cwd=project, env=sk.env(), capture_output=True,
-                              text=True, timeout=600)
-    finally:
-        (project / "params.yaml").write_text(good, encoding="utf-8")
-    assert proc.returncode == 1 and snapshot(project) == before
-    assert proc.stderr.strip().splitlines() == [
-        "[train] model.init_from='nothing.pt': model 'nothing.pt': no such file or folder; expected 'scratch', one of "
-        "gpt2, gpt2-medium, gpt2-large, gpt2-xl, a Hugging Face GPT-2 folder, this project's model/ folder, or a "
-        "checkpoint file (.pt)"]
-
-
-def test_fresh_run_with_other_params_moves_the_previous_run_aside(tmp_path):
-    project = sk.make_project(tmp_path / "p", sk.write_gpt2_shards(_mkdir(tmp_path / "shards")))
-    sk.run_stage(project, "train")
-    old = snapshot(project)
+def test_fresh_run_with_other_params_moves_the_previous_run_aside(tmp_path, project):
+    shards = project / "data" / "shards"
+    p = sk.make_project(tmp_path / "p", shards, max_steps=4)  # checkpoints at steps 3 and 4
+    assert run_here(p, stage("train")).status == 0
+    old = snapshot(p)
     old_ckpts = {k: v for k, v in old.items() if k.startswith("checkpoints/")}
     old_metrics = {k: v for k, v in old.items() if k.startswith("metrics/train/") and not k.endswith(".json")}
     assert len(old_ckpts) == 2 and old_metrics
-    sk.make_project(project, tmp_path / "shards", max_lr=2e-3)  # other params: a fresh run
-    out = sk.run_stage(project, "train").stdout
-    assert "starting fresh (train.max_lr: 0.001 -> 0.002)" in out
-    previous = list((project / "checkpoints" / "previous").iterdir())
-    assert len(previous) == 1 and f"kept in {previous[0].relative_to(project)}" in out
-    kept = {str(p.relative_to(previous[0])): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in previous[0].rglob("*") if p.is_file()}
+    sk.make_project(p, shards, max_steps=4, max_lr=2e-3)  # other params: a fresh run
+    ran = run_here(p, stage("train"))
+    assert ran.status == 0, ran.stderr[-3000:]
+    assert "starting fresh (train.max_lr: 0.001 -> 0.002)" in ran.stdout
+    previous = list((p / "checkpoints" / "previous").iterdir())
+    assert len(previous) == 1 and f"kept in {previous[0].relative_to(p)}" in ran.stdout
+    kept = {str(f.relative_to(previous[0])): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in previous[0].rglob("*") if f.is_file()}
     for name, digest in old_ckpts.items():
         assert kept[name.removeprefix("checkpoints/")] == digest
     for name, digest in old_metrics.items():
         assert kept[name] == digest
     # the new run has its own checkpoints and curves, starting at step 0
-    assert len(list((project / "checkpoints").glob("ckpt_*.pt"))) == 2
-    assert sk.tsv(project, "train_loss")[0][0] == 0 and len(sk.tsv(project, "train_loss")) == 10
+    assert len(list((p / "checkpoints").glob("ckpt_*.pt"))) == 2
+    assert [s for s, _ in sk.tsv(p, "train_loss")] == list(range(4))
 
 
-def test_truncated_newest_checkpoint_falls_back_to_the_older_one(tmp_path):
-    import torch
-
-    project = sk.make_project(tmp_path / "p", sk.write_gpt2_shards(_mkdir(tmp_path / "shards")))
-    sk.run_stage(project, "train")  # 10 steps, checkpoint every 3: keeps ckpt 9 and the final ckpt 10
-    final = torch.load(project / "model" / "model.pt", weights_only=True)["model"]
-    newest = project / "checkpoints" / "ckpt_0000010.pt"
-    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # a full disk, a killed copy
-    out = sk.run_stage(project, "train").stdout  # same params: it resumes
-    assert "ckpt_0000010.pt: cannot read checkpoint" in out and "resuming from checkpoints/ckpt_0000009.pt" in out
-    assert (project / "checkpoints" / "ckpt_0000010.pt.corrupt").stat().st_size > 0
-    # resumed from step 9, it ends with the weights of the uninterrupted run
-    again = torch.load(project / "model" / "model.pt", weights_only=True)["model"]
-    assert all(torch.equal(final[k], again[k]) for k in final)
-
-
-def test_nproc_above_one_starts_torchrun_without_a_shell(tmp_path):
-    shards = sk.write_gpt2_shards(_mkdir(tmp_path / "shards"))
-    project = sk.make_project(tmp_path / "p", shards, nproc=2, max_steps=4)
-    out = sk.run_stage(project, "train").stdout  # plain `python -m stages.train`, as dvc.yaml runs it
-    assert "2 x cpu" in out
+def test_a_non_finite_loss_is_one_line_and_saves_nothing(tmp_path, project):
+    """A learning rate that blows the weights up: the loss turns non-finite in the first steps, the run stops with
+    one line and writes no checkpoint and no model/ (the step it names: tests/test_loop.py)."""
+    p = sk.make_project(tmp_path / "p", project / "data" / "shards", max_steps=4, max_lr=1e12, warmup_steps=0)
+    ran = run_here(p, stage("train"))
+    lines = message_lines(ran.stderr)
+    assert ran.status == 1
+    assert len(lines) == 1 and "non-finite training loss" in lines[0] and "train.max_lr" in lines[0], lines
+    assert not list((p / "checkpoints").glob("ckpt_*.pt")) and not (p / "model").exists()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -227,18 +266,31 @@ def edit_manifest(change):
     return edit
 
 
+# what a case's edit may add to the project; removed after the case
+HF_PICKLED, EMPTY_HELLASWAG = "hf_pickled", "empty_hellaswag.jsonl"
+
+
 def pickled_hf_folder(project: Path) -> None:
     """eval.model: a Hugging Face GPT-2 folder whose pytorch_model.bin pickles an object besides tensors."""
     import argparse
 
     import torch
 
-    folder = project / "hf_pickled"
+    folder = project / HF_PICKLED
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 32,
                                                     "n_positions": 32, "vocab_size": 50304}), encoding="utf-8")
     torch.save({"wte": torch.zeros(2), "extra": argparse.Namespace(code="runs on load")}, folder / "pytorch_model.bin")
-    set_param("eval", "model", "hf_pickled")(project)
+    set_param("eval", "model", HF_PICKLED)(project)
+
+
+def empty_hellaswag(**changes):
+    """A HellaSwag file holding only a blank line, given by `changes` (zero examples once scored acc 0.0 over count
+    0 and exited 0)."""
+    def edit(project: Path) -> None:
+        (project / EMPTY_HELLASWAG).write_text("\n", encoding="utf-8")
+        set_params(**changes)(project)
+    return edit
 
 
 def no_network(project: Path) -> dict[str, str]:
@@ -268,16 +320,12 @@ class Case:
     needs_no_gpu: bool = False
 
 
-def stage(name: str) -> list[str]:
-    return [sys.executable, "-m", f"stages.{name}"]
-
-
-SAMPLE = [sys.executable, "-m", "gptcore.eval.sampling"]
+SAMPLE = [SAMPLE_MODULE]
 
 USER_CASES = [
     Case("params.yaml not YAML", stage("train"), "params.yaml:", edit_text("params.yaml", "train:\n", "train: [\n")),
     Case("params.yaml key twice", stage("train"), "key 'max_steps' is given twice",
-         edit_text("params.yaml", "  max_steps: 10\n", "  max_steps: 10\n  max_steps: 20\n")),
+         edit_text("params.yaml", "  max_steps: 4\n", "  max_steps: 4\n  max_steps: 20\n")),
     Case("train.seed: 2**64", stage("train"), "train.seed=18446744073709551616: must be an integer >= 0 and fit in "
          "64 bits", set_param("train", "seed", 2**64)),
     Case("train.device: cuda, no GPU", stage("train"), "params.yaml train.device='cuda': no CUDA GPU is visible",
@@ -294,6 +342,10 @@ USER_CASES = [
          set_param("eval", "task", "hellaswag"), env=no_network),
     Case("HellaSwag offline (train)", stage("train"), "or set train.hellaswag_path to a local copy",
          set_param("train", "hellaswag", True), env=no_network),
+    Case("HellaSwag file empty (evaluate)", stage("evaluate"), f"{EMPTY_HELLASWAG}: no HellaSwag examples in the file",
+         empty_hellaswag(eval__task="hellaswag", eval__hellaswag_path=EMPTY_HELLASWAG)),
+    Case("HellaSwag file empty (train)", stage("train"), f"{EMPTY_HELLASWAG}: no HellaSwag examples in the file",
+         empty_hellaswag(train__hellaswag=True, train__hellaswag_path=EMPTY_HELLASWAG)),
     Case("manifest dtype: float64", stage("train"), "data/shards/manifest.json: dtype 'float64': must be uint16 or "
          "uint32", edit_manifest(lambda m: m.update(dtype="float64"))),
     Case("manifest shards: null", stage("evaluate"), "data/shards/manifest.json: shards None: must be a list",
@@ -302,7 +354,7 @@ USER_CASES = [
          "integer", edit_manifest(lambda m: m["shards"][0].update(tokens=str(m["shards"][0]["tokens"])))),
     Case("manifest shard without split", stage("train"), "data/shards/manifest.json: shards[0] has no 'split'",
          edit_manifest(lambda m: m["shards"][0].pop("split"))),
-    Case("HF folder, pickled .bin", stage("evaluate"), "hf_pickled/pytorch_model.bin: not loadable as plain tensors",
+    Case("HF folder, pickled .bin", stage("evaluate"), f"{HF_PICKLED}/pytorch_model.bin: not loadable as plain tensors",
          pickled_hf_folder),
     Case("full disk (evaluate)", stage("evaluate"), "no space left on", disk=FULL),
     Case("read-only metrics/ (evaluate)", stage("evaluate"), "cannot write (read-only file system)", disk=READ_ONLY),
@@ -319,10 +371,10 @@ def _mount(*args: str) -> bool:
 
 
 @contextlib.contextmanager
-def disk(project: Path, kind: str | None, folder: str) -> Iterator[str]:
+def disk(project: Path, kind: str | None, folder: str, mp: pytest.MonkeyPatch) -> Iterator[str]:
     """project/folder on a full (a tmpfs filled to the last byte) or read-only (a read-only bind mount) file system
-    where this process may mount (root); elsewhere the same errno raised by the writer's temp file, through
-    sitecustomize. Yields how it was done."""
+    where this process may mount (root); elsewhere the same errno raised by the writer's temp file. Yields how it
+    was done."""
     if kind is None:
         yield ""
         return
@@ -357,43 +409,56 @@ def disk(project: Path, kind: str | None, folder: str) -> Iterator[str]:
                 shutil.rmtree(saved)
         shutil.rmtree(saved)
     # not root: the writer's first temp file fails with the errno the kernel would give
-    code = "ENOSPC" if kind == FULL else "EROFS"
-    site = project.parent / "sitecustomize_disk"
-    site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(
-        "import errno, os\nimport gptcore.atomic as a\n"
-        "def refuse(path):\n"
-        f"    raise OSError(errno.{code}, os.strerror(errno.{code}), str(path))\n"
-        "a.temp_beside = refuse\n", encoding="utf-8")
-    yield f"OSError({code}) raised by the writer (sitecustomize; not root, no mount)"
+    import errno
+
+    import gptcore.atomic
+
+    code = errno.ENOSPC if kind == FULL else errno.EROFS
+
+    def refuse(path):
+        raise OSError(code, os.strerror(code), str(path))
+
+    mp.setattr(gptcore.atomic, "temp_beside", refuse)
+    yield f"OSError({errno.errorcode[code]}) raised by the writer (not root, no mount)"
 
 
-def run_user_case(project: Path, case: Case) -> tuple[subprocess.CompletedProcess, bool, str]:
-    """Run `case` in the project; returns the process, whether every file of data/, checkpoints/, metrics/ and model/
-    is byte-identical afterwards (the command changed nothing, and the edit is undone), and how a disk was made."""
+def offline(mp: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    """In this process, what a new one would take from no_network's variables: urlopen builds its opener (and so its
+    proxies) again; huggingface_hub, which read HF_HUB_OFFLINE and HF_HOME when first imported, is offline with an
+    empty cache."""
+    from huggingface_hub import constants
+
+    mp.setattr(urllib.request, "_opener", None)
+    mp.setattr(constants, "HF_HUB_OFFLINE", True)
+    mp.setattr(constants, "HF_HUB_CACHE", str(Path(env["HF_HOME"]) / "hub"))
+
+
+def run_user_case(project: Path, case: Case, own_process: bool = False) -> tuple[Ran, bool, str]:
+    """Run `case` in the project (in this process, or in one of its own); returns how it ended, whether every file of
+    data/, checkpoints/, metrics/ and model/ is byte-identical afterwards (the command changed nothing, and the edit
+    is undone), and how a disk was made."""
     before = snapshot(project)
     saved = {name: (project / name).read_bytes() for name in ("params.yaml", "data/shards/manifest.json")}
-    env = sk.env()
     try:
-        if case.edit is not None:
-            case.edit(project)
-        env.update(case.env(project) if case.env else {})
-        with disk(project, case.disk, case.folder) as how:
-            if how.startswith("OSError"):
-                env["PYTHONPATH"] = f"{project.parent / 'sitecustomize_disk'}:{env['PYTHONPATH']}"
-            edited = snapshot(project)
-            proc = subprocess.run(case.argv, cwd=project, env=env, capture_output=True, text=True, timeout=600)
-            untouched = snapshot(project) == edited
+        with pytest.MonkeyPatch.context() as mp:
+            if case.edit is not None:
+                case.edit(project)
+            env = case.env(project) if case.env else {}
+            for name, value in env.items():
+                mp.setenv(name, value)
+            if env and not own_process:  # what a process reads from these variables when it starts, read again
+                offline(mp, env)
+            with disk(project, case.disk, case.folder, mp) as how:
+                edited = snapshot(project)
+                ran = run_process(project, case.argv, {**sk.env(), **env}) if own_process else run_here(project,
+                                                                                                        case.argv)
+                untouched = snapshot(project) == edited
     finally:
         for name, data in saved.items():
             (project / name).write_bytes(data)
-        shutil.rmtree(project / "hf_pickled", ignore_errors=True)
-        shutil.rmtree(project.parent / "sitecustomize_disk", ignore_errors=True)
-    return proc, untouched and snapshot(project) == before, how
-
-
-def message_lines(proc: subprocess.CompletedProcess) -> list[str]:
-    return [line for line in proc.stderr.strip().splitlines() if line.strip() and not PROGRESS.match(line)]
+        shutil.rmtree(project / HF_PICKLED, ignore_errors=True)
+        (project / EMPTY_HELLASWAG).unlink(missing_ok=True)
+    return ran, untouched and snapshot(project) == before, how
 
 
 @pytest.mark.parametrize("case", USER_CASES, ids=[c.name for c in USER_CASES])
@@ -403,28 +468,25 @@ def test_a_user_error_is_one_line_and_loses_nothing(project, case):
 
         if torch.cuda.is_available():
             pytest.skip("this machine has a GPU")
-    proc, unchanged, _ = run_user_case(project, case)
-    lines = message_lines(proc)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert len(lines) == 1 and case.message in lines[0], proc.stderr[-3000:]
+    ran, unchanged, _ = run_user_case(project, case)
+    lines = message_lines(ran.stderr)
+    assert ran.status == 1
+    assert len(lines) == 1 and case.message in lines[0], ran.stderr[-3000:]
     assert unchanged
 
 
-def test_a_non_finite_loss_is_one_line_and_saves_nothing(tmp_path):
-    """A learning rate that blows the weights up: the loss turns non-finite in the first steps, the run stops with
-    one line and writes no checkpoint and no model/."""
-    project = sk.make_project(tmp_path / "p", sk.write_gpt2_shards(_mkdir(tmp_path / "shards")), max_lr=1e12,
-                              warmup_steps=0)
-    proc = subprocess.run(stage("train"), cwd=project, env=sk.env(), capture_output=True, text=True, timeout=600)
-    lines = message_lines(proc)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert len(lines) == 1 and "non-finite training loss" in lines[0] and "train.max_lr" in lines[0], lines
-    assert not list((project / "checkpoints").glob("ckpt_*.pt")) and not (project / "model").exists()
-
-
-def _mkdir(p: Path) -> Path:
-    p.mkdir(parents=True, exist_ok=True)
-    return p
+@pytest.mark.slow  # torchrun and its two ranks, each a Python process importing torch
+def test_a_mistake_under_two_processes_is_one_line_and_exit_status_1(project):
+    """The boundary in processes of their own, as DVC runs a stage: with train.nproc 2 the stage runs itself under
+    torchrun, both ranks meet the missing model.init_from, rank 0 alone says it (one line, no traceback, no line per
+    rank) and the stage exits with status 1, nothing changed."""
+    case = Case("nproc 2", stage("train"), "", set_params(train__nproc=2, model__init_from="nothing.pt"))
+    ran, unchanged, _ = run_user_case(project, case, own_process=True)
+    assert ran.status == 1 and unchanged
+    assert ran.stderr.strip().splitlines() == [
+        "[train] model.init_from='nothing.pt': model 'nothing.pt': no such file or folder; expected 'scratch', one of "
+        "gpt2, gpt2-medium, gpt2-large, gpt2-xl, a Hugging Face GPT-2 folder, this project's model/ folder, or a "
+        "checkpoint file (.pt)"]
 
 
 if __name__ == "__main__":  # print the matrix: case, exit status, the line on stderr, whether anything changed
@@ -435,11 +497,11 @@ if __name__ == "__main__":  # print the matrix: case, exit status, the line on s
         print("| case | exit | the line on stderr | files |\n|---|---|---|---|")
         for stage_name, section, key, value, _ in CASES:
             before = snapshot(proj)
-            proc = run_case(proj, stage_name, section, key, value)
+            ran = run_case(proj, stage_name, section, key, value)
             same = snapshot(proj) == before and not (proj / "pwned").exists()
-            print(f"| {section}.{key}={value!r} | {proc.returncode} | {' / '.join(message_lines(proc))} | "
+            print(f"| {section}.{key}={value!r} | {ran.status} | {' / '.join(message_lines(ran.stderr))} | "
                   f"{'nothing changed' if same else 'CHANGED'} |", flush=True)
         for case in USER_CASES:
-            proc, same, how = run_user_case(proj, case)
-            print(f"| {case.name}{f' ({how})' if how else ''} | {proc.returncode} | {' / '.join(message_lines(proc))} "
+            ran, same, how = run_user_case(proj, case)
+            print(f"| {case.name}{f' ({how})' if how else ''} | {ran.status} | {' / '.join(message_lines(ran.stderr))} "
                   f"| {'nothing changed' if same else 'CHANGED'} |", flush=True)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,8 @@ def test_quick_start_fits_this_machine_and_a_million_layers_do_not():
 
 
 # One run of the real loop in a fresh process (so that no memory an earlier run freed is reused unseen), one
-# thread, with the budget given: prints the measured peak of its first two steps, or the StepMemory line.
+# thread: after its first two steps it prints their measured peak and reads the budget to check it against (put by
+# the test between two runs' peaks), then prints how the run ended (its step, the StepMemory line).
 RUN = r"""
 import json, sys, torch
 torch.set_num_threads(1)
@@ -64,10 +66,16 @@ from gptcore.train import memory
 from gptcore.train.loop import TrainConfig, Trainer
 from gptcore.train.params import TRAIN
 
-micro, budget, ckpt = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-peaks, real_peak = [], memory.peak_bytes
-memory.peak_bytes = lambda d: peaks.append(real_peak(d)) or peaks[-1]  # read once, after step 2
-memory.budget_bytes = lambda d: budget
+micro, ckpt = int(sys.argv[1]), sys.argv[2]
+check, peaks = memory.FirstSteps.check, []
+
+def check_against_the_given_budget(self, *args):
+    peaks.append(memory.peak_bytes(self.device))
+    print("peak", peaks[0], flush=True)
+    self.budget = int(sys.stdin.readline())
+    check(self, *args)
+
+memory.FirstSteps.check = check_against_the_given_budget
 
 class Batches:
     grad_accum = 16 // micro
@@ -94,28 +102,51 @@ except memory.StepMemory as e:
 """
 
 
-def run(micro: int, budget: int, ckpt: Path) -> dict:
-    # glibc's mmap threshold fixed: with its default sliding one, freed activations stay resident or not by the
-    # order of earlier frees, and the peak at micro_batch 8 (two micro steps) varies by half its activations
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
-    out = subprocess.run([sys.executable, "-c", RUN, str(micro), str(budget), str(ckpt)], cwd=ROOT, env=env,
-                         check=True, capture_output=True, text=True, timeout=120)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+class Run:
+    """RUN at `micro` in a process of its own; both runs of the test go on side by side (one thread each)."""
+
+    def __init__(self, micro: int, folder: Path) -> None:
+        folder.mkdir()
+        # glibc's mmap threshold fixed: with its default sliding one, freed activations stay resident or not by the
+        # order of earlier frees, and the peak at micro_batch 8 (two micro steps) varies by half its activations
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
+        self.err = folder / "stderr.txt"
+        with open(self.err, "w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-c", RUN, str(micro), str(folder / "ckpt")], cwd=ROOT,
+                                         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+        self.watchdog = threading.Timer(300, self.proc.kill)  # a run that hangs fails the test instead
+        self.watchdog.start()
+
+    def peak(self) -> int:
+        """The peak of the first two steps, once they are done (the run then waits for its budget)."""
+        while line := self.proc.stdout.readline():
+            if line.startswith("peak "):
+                return int(line.split()[1])
+        raise AssertionError(f"the run ended before its second step: {self.err.read_text()[-3000:]}")
+
+    def end(self, budget: int) -> dict:
+        """Give the run its budget; how it ended."""
+        self.proc.stdin.write(f"{budget}\n")
+        self.proc.stdin.close()
+        out = self.proc.stdout.read()
+        status = self.proc.wait()
+        self.watchdog.cancel()
+        assert status == 0, self.err.read_text()[-3000:]
+        return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="the peak is reset through Linux's /proc")
 def test_a_first_step_over_the_budget_stops_the_run_naming_a_micro_batch_that_fits(tmp_path):
-    """The budget is put between the measured peaks at micro_batch 16 and 8: a run at 16 stops after its second
-    step naming 8, and a run at 8 under the same budget goes through."""
-    huge = 1 << 50
-    p16, p8 = run(16, huge, tmp_path / "a")["peak"], run(8, huge, tmp_path / "b")["peak"]
+    """The budget is put between the measured peaks at micro_batch 16 and 8: the run at 16 stops after its second
+    step naming 8, and the run at 8 under the same budget goes through."""
+    r16, r8 = Run(16, tmp_path / "a"), Run(8, tmp_path / "b")
+    p16, p8 = r16.peak(), r8.peak()
     assert p16 - p8 > 40e6, (p16, p8)  # the activations of 8 sequences, far above the measurement's noise
     budget = int((p16 + p8) / 2 / memory.FILL)
-    stopped = run(16, budget, tmp_path / "c")
+    stopped, fits = r16.end(budget), r8.end(budget)
     assert stopped["step"] == 1  # stopped in step 1, the second
     assert "error" in stopped and stopped["error"].startswith("train.micro_batch=16: the first training steps peaked")
     assert "set train.micro_batch=8 (gradient accumulation keeps train.total_batch_tokens=4,096)" in stopped["error"]
-    fits = run(8, budget, tmp_path / "d")
     assert "error" not in fits and fits["step"] == 3, fits
     assert fits["peak"] <= memory.FILL * budget
 

@@ -22,13 +22,17 @@ def test_warmup_is_linear_from_one_step():
 
 
 def test_cosine_decay_points():
-    assert lr_at(WARM, MAX, MIN, WARM, STEPS) == pytest.approx(MAX)  # warmup end: cosine starts at max
-    mid = WARM + (STEPS - WARM) // 2
-    expected = MIN + 0.5 * (1 + math.cos(math.pi * (mid - WARM) / (STEPS - WARM))) * (MAX - MIN)
-    assert lr_at(mid, MAX, MIN, WARM, STEPS) == pytest.approx(expected)
-    assert lr_at(mid, MAX, MIN, WARM, STEPS) == pytest.approx((MAX + MIN) / 2, rel=1e-3)
-    assert lr_at(STEPS, MAX, MIN, WARM, STEPS) == pytest.approx(MIN)
-    assert lr_at(STEPS + 1000, MAX, MIN, WARM, STEPS) == MIN
+    # half a cosine period from max_lr (warmup end) to min_lr (max_steps): its known values at the quarters,
+    # (1 + cos(pi/4)) / 2 = (2 + sqrt 2) / 4 of the way down from min at a quarter, halfway at half
+    lr = [lr_at(s, MAX, MIN, 10, 110) for s in range(130)]
+    span = MAX - MIN
+    assert lr[10] == pytest.approx(MAX)
+    assert lr[35] == pytest.approx(MIN + span * (2 + math.sqrt(2)) / 4)
+    assert lr[60] == pytest.approx((MAX + MIN) / 2)
+    assert lr[85] == pytest.approx(MIN + span * (2 - math.sqrt(2)) / 4)
+    assert all(lr[10 + k] + lr[110 - k] == pytest.approx(MAX + MIN) for k in range(101))  # odd about the middle
+    assert all(lr[s] == MIN for s in range(110, 130))
+    assert lr_at(STEPS, MAX, MIN, WARM, STEPS) == MIN and lr_at(WARM, MAX, MIN, WARM, STEPS) == pytest.approx(MAX)
 
 
 def test_schedule_is_monotone_after_warmup():
@@ -92,6 +96,24 @@ def test_adamw_groups_cover_every_parameter_once_with_their_rates():
     assert opt.defaults.get("fused") is True  # the fused kernel on the CPU too
     assert not build_optimizers(model, "adamw", 6e-4, 0.1, (0.9, 0.95), 1e-8, "mps").optimizers["adamw"].defaults.get(
         "fused")
+
+
+def test_gpt2_with_the_adamw_a_run_builds_overfits_one_batch():
+    model = tiny()  # every switch off (test_modern overfits each switch on)
+    opt = build_optimizers(model, "adamw", 3e-3, 0.0, (0.9, 0.95), 1e-8, "cpu")
+    x = torch.randint(0, 64, (4, 16))
+    y = torch.roll(x, -1, dims=1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls on several threads only contend
+    try:
+        for _ in range(300):
+            _, loss = model(x, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    assert loss.item() < 0.05
 
 
 def test_zero_init_head_starts_the_untied_head_at_zero():

@@ -120,12 +120,6 @@ def test_checks_between_sections():
         check_val_tokens("eval.val_tokens", ev["val_tokens"], 1024)
 
 
-def test_tokenize_schema_names_the_pre_tokenizations_the_tokenizers_have():
-    from gptcore.data import params, tokenizers
-
-    assert set(params.TIKTOKEN_PATTERNS) == set(tokenizers.TIKTOKEN_PATTERNS)
-
-
 def test_the_typed_configs_restate_no_key():
     """TrainConfig and GPTConfig are made from TRAIN and MODEL: the same keys, in order, with the schema's defaults
     (GPTConfig's shape GPT-2 124M's), and a REQUIRED key has none."""

@@ -1,4 +1,4 @@
-"""The train stage end to end on CPU: overfitting, DDP (gloo) equivalence, and exact resume after SIGKILL."""
+"""The train stage end to end on CPU: DDP (gloo) equivalence, and exact resume after SIGKILL."""
 import json
 import os
 import shutil
@@ -12,11 +12,9 @@ import pytest
 import torch
 from stagekit import env, make_project, run_stage, stage_cmd, tsv, write_gpt2_shards
 
-from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.model.load import load_model
 from gptcore.train import checkpoint
 from gptcore.train.export import NOT_EXPORTED
-from gptcore.train.optim import build_optimizers
 
 pytestmark = pytest.mark.slow  # training runs through the stage, in subprocesses (-m "not slow" skips them)
 
@@ -36,20 +34,6 @@ def run_train(project: Path, nproc: int = 1) -> subprocess.CompletedProcess:
 
 def final_weights(project: Path) -> dict[str, torch.Tensor]:
     return checkpoint.load_checkpoint(project / "model" / "model.pt")["model"]
-
-
-def test_tiny_model_overfits_one_batch():
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64))
-    opt = build_optimizers(model, "adamw", 3e-3, 0.0, (0.9, 0.95), 1e-8, "cpu")
-    x = torch.randint(0, 64, (4, 16))
-    y = torch.roll(x, -1, dims=1)
-    for _ in range(300):
-        _, loss = model(x, y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    assert loss.item() < 0.05
 
 
 def assert_two_ranks_match_one(one, two) -> None:
@@ -154,23 +138,6 @@ def test_killed_run_resumes_bit_identically(tmp_path, shards, nproc, dtype):
         (straight / "metrics/train/samples/step_0000012.txt").read_text()
 
 
-def test_changed_params_start_fresh_never_resume(tmp_path, shards):
-    project = make_project(tmp_path / "p", shards, max_steps=6)
-    run_train(project)
-    make_project(project, shards, max_steps=6, max_lr=2e-3)
-    out = run_train(project)
-    assert "not resumed; starting fresh (train.max_lr: 0.001 -> 0.002)" in out.stdout
-    assert [s for s, _ in tsv(project, "train_loss")] == list(range(6))
-
-
-def test_non_finite_loss_stops_with_the_step(tmp_path, shards):
-    project = make_project(tmp_path / "p", shards, max_lr=1e30, warmup_steps=0, grad_clip=1e30, ckpt_every=1)
-    proc = subprocess.run(train_cmd(1), cwd=project, env=env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode != 0
-    assert "non-finite training loss" in proc.stderr and "at step" in proc.stderr
-    assert "last good checkpoint" in proc.stderr
-
-
 def test_float16_with_grad_scaler_trains_and_resumes_its_scaler(tmp_path, shards):
     project = make_project(tmp_path / "p", shards, dtype="float16", max_steps=4, ckpt_every=2)
     out = run_train(project)
@@ -238,24 +205,6 @@ def test_a_llama_shaped_run_exports_to_hugging_face(tmp_path, shards):
     idx = torch.randint(0, 50257, (1, 32))
     with torch.no_grad():
         torch.testing.assert_close(hf(idx).logits, ours(idx)[0][..., :50257], atol=1e-4, rtol=0)
-
-
-def test_resume_survives_a_summary_cut_by_the_kill(tmp_path):
-    """dvclive rewrites metrics.json in place at each log; a SIGKILL mid-write leaves it empty, and resuming must
-    not choke on it (the next log rewrites it)."""
-    from gptcore.report.steplog import StepLogger
-
-    live = tmp_path / "metrics" / "train"
-    logger = StepLogger(live)
-    for step in range(4):
-        logger.log(step, {"train_loss": 5.0 - step})
-    logger.close()
-    (live / "metrics.json").write_text("")
-    logger = StepLogger(live, resume_step=2)
-    logger.log(2, {"train_loss": 1.5})
-    logger.close()
-    assert json.loads((live / "metrics.json").read_text())["train_loss"] == 1.5
-    assert tsv(tmp_path, "train_loss") == [(0, 5.0), (1, 4.0), (2, 1.5)]
 
 
 @pytest.fixture(scope="module")
