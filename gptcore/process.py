@@ -66,8 +66,10 @@ class FolderLock:
                 os.ftruncate(fd, 0)  # with several readers, the last one to start is named
                 os.pwrite(fd, f"pid {os.getpid()}, {self.what}{' reading' if self.shared else ''} since {stamp}\n"
                           .encode(), 0)
-        except BaseException:
+        except BaseException as e:
             os.close(fd)
+            if isinstance(e, OSError) and e.filename is None:
+                e.filename = str(self.path)  # pwrite's ENOSPC names no file; the one-line error must name this one
             raise
         if not got:
             holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "a process that has not written its pid yet"

@@ -321,3 +321,28 @@ def test_earlier_runs_of_other_params_stay_where_they_are_and_an_unreadable_one_
     assert resume is None and f"checkpoint format {CHECKPOINT_FORMAT + 1}" in notes[0]
     assert f"(so the run in {kept.parent} was not considered for resuming)" in notes[0]
     assert kept.is_file() and notes[0].endswith("starting from step 0")
+
+
+def test_a_run_is_never_resumed_onto_another_run_s_curves(tmp_path):
+    """`dvc exp apply A` restores A's metrics/train (a DVC out) but not checkpoints/; a `dvc exp run` with B's params
+    then found B's finished checkpoints and resumed them over A's curves: A's train loss beside B's val loss, silently.
+    Now the curves carry their run's fingerprint, and a mismatch starts fresh with everything kept."""
+    ckpts, live = tmp_path / "checkpoints", tmp_path / "metrics" / "train"
+    a = {"model": {"init_from": "scratch"}, "train": {"max_lr": 6e-4}}
+    b = {"model": {"init_from": "scratch"}, "train": {"max_lr": 1e-3}}
+    assert checkpoint.prepare_resume(ckpts, b, is_main=True, also=[live])[0] is None
+    checkpoint.save_checkpoint(ckpts, 6, {"step": 6, "params": b, "fingerprint": checkpoint.run_fingerprint(b)}, keep=2)
+    assert (live / checkpoint.CURVES_STAMP).read_text().strip() == checkpoint.run_fingerprint(b)
+    assert checkpoint.prepare_resume(ckpts, b, is_main=True, also=[live])[0]["step"] == 6  # its own curves: resumed
+    (live / checkpoint.CURVES_STAMP).write_text(checkpoint.run_fingerprint(a) + "\n")  # what exp apply A leaves
+    (live / "train_loss.tsv").write_text("run A\n")
+
+    resume, notes = checkpoint.prepare_resume(ckpts, b, is_main=True, also=[live])
+    assert resume is None
+    assert f"{live}/ holds another run's step metrics" in notes[0] and notes[0].endswith("starting from step 0")
+    kept = next((ckpts / checkpoint.PREVIOUS).iterdir())  # nothing lost: B's weights and A's curves, side by side
+    assert (kept / "ckpt_0000006.pt").is_file() and (kept / "train" / "train_loss.tsv").read_text() == "run A\n"
+    assert not (live / "train_loss.tsv").exists()
+    assert (live / checkpoint.CURVES_STAMP).read_text().strip() == checkpoint.run_fingerprint(b)
+    resume, notes = checkpoint.prepare_resume(ckpts, b, is_main=True, also=[live])  # nor is that pair brought back
+    assert resume is None and (kept / "ckpt_0000006.pt").is_file()

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from gptcore import distributed
-from gptcore.atomic import TMP_SUFFIX, atomic_write, json_sha256
+from gptcore.atomic import TMP_SUFFIX, atomic_write, json_sha256, write_text
 from gptcore.errors import UserError
 from gptcore.model.gpt import GPT
 from gptcore.model.load import CHECKPOINT_FORMAT, FORMAT_KEY, CheckpointRefused, CorruptCheckpoint
@@ -23,6 +23,7 @@ from gptcore.params import ParamError
 CKPT_RE = re.compile(r"^ckpt_(\d{7})\.pt$")
 BEST_RE = re.compile(r"^best_(\d{7})\.pt$")
 PREVIOUS = "previous"  # checkpoints/previous/<UTC time>/: what a fresh run moved aside
+CURVES_STAMP = ".run_fingerprint"  # in metrics/train/: the run whose curves the folder holds
 
 
 def run_fingerprint(params: dict[str, Any]) -> str:
@@ -114,25 +115,31 @@ def newest_readable(ckpt_dir: Path) -> tuple[Path | None, dict[str, Any] | None,
     return None, None, notes
 
 
-def find_resume(ckpt_dir: Path, run_params: dict[str, Any]) -> tuple[Path | None, dict[str, Any] | None, str]:
+def find_resume(ckpt_dir: Path, run_params: dict[str, Any], also: list[Path] = ()
+                ) -> tuple[Path | None, dict[str, Any] | None, str]:
     """(path, loaded checkpoint, what was decided): the newest readable checkpoint, if a run with these params wrote it.
     Call on one process only (it renames damaged ones); another run's is never resumed: the path is then an earlier
     run of these params in ckpt_dir/previous/ (see `bring_back`), or None (see `move_aside`); the sentence says which
     params differ."""
     path, ckpt, notes = newest_readable(ckpt_dir)
+    diff: list[str] = []
     if path is not None and _same_run(ckpt, run_params):
-        return path, ckpt, "; ".join(notes + [f"resuming from {path} (step {ckpt['step']})"])
-    if path is None:
+        foreign = _foreign_curves(also, run_fingerprint(run_params))
+        if foreign is None:
+            return path, ckpt, "; ".join(notes + [f"resuming from {path} (step {ckpt['step']})"])
+        why = (f"{path} is this run's, but {foreign}/ holds another run's step metrics (`dvc exp apply` restores "
+               f"them, not checkpoints/), so it is not resumed: the curves would mix two runs")
+    elif path is None:
         why = f"no readable checkpoint in {ckpt_dir}"
     else:
         diff = param_diff(ckpt.get("params", {}), run_params) or ["(params not recorded)"]
         why = f"{path} was written by a run with other params, so it is not resumed"
-    earlier, skipped = _earlier_run(ckpt_dir, run_params)
+    earlier, skipped = _earlier_run(ckpt_dir, run_params, also)
     notes += skipped
     if earlier is not None:
         return earlier[0], earlier[1], "; ".join(notes + [f"{why}; {earlier[0].parent} holds a run with these "
                                                           f"params (step {earlier[1]['step']}): bringing it back"])
-    fresh = ": starting from step 0" if path is None else f"; {retrain_note(ckpt, diff)}"
+    fresh = f"; {retrain_note(ckpt, diff)}" if diff else ": starting from step 0"
     return None, None, "; ".join(notes + [why + fresh])
 
 
@@ -152,7 +159,24 @@ def _same_run(ckpt: dict[str, Any], run_params: dict[str, Any]) -> bool:
     return ckpt.get("fingerprint") == run_fingerprint(run_params) or ckpt.get("params") == run_params
 
 
-def _earlier_run(ckpt_dir: Path, run_params: dict[str, Any]) -> tuple[tuple[Path, dict[str, Any]] | None, list[str]]:
+def stamp_curves(also: list[Path], run_params: dict[str, Any]) -> None:
+    """Mark each `also` folder (the step metrics) as this run's, so a resume never continues another run's curves."""
+    for folder in map(Path, also):
+        folder.mkdir(parents=True, exist_ok=True)
+        write_text(folder / CURVES_STAMP, run_fingerprint(run_params) + "\n")
+
+
+def _foreign_curves(also: list[Path], fingerprint: str) -> Path | None:
+    """The first `also` folder whose stamp names another run (None: all this run's, or unstamped, as before stamps)."""
+    for folder in map(Path, also):
+        stamp = folder / CURVES_STAMP
+        if stamp.is_file() and stamp.read_text(encoding="utf-8").strip() != fingerprint:
+            return folder
+    return None
+
+
+def _earlier_run(ckpt_dir: Path, run_params: dict[str, Any], also: list[Path] = ()
+                 ) -> tuple[tuple[Path, dict[str, Any]] | None, list[str]]:
     """The newest undamaged checkpoint (memory-mapped) of a run with these params in ckpt_dir/previous/, or None; and
     a note for each folder whose checkpoint cannot be read now (it goes unconsidered; nothing there is renamed)."""
     previous = Path(ckpt_dir) / PREVIOUS
@@ -166,7 +190,8 @@ def _earlier_run(ckpt_dir: Path, run_params: dict[str, Any]) -> tuple[tuple[Path
             except CheckpointRefused as e:
                 skipped.append(f"{e} (so the run in {folder} was not considered for resuming)")
                 break
-            if _same_run(ckpt, run_params):
+            kept = [folder / (p.name if p.is_absolute() else p) for p in map(Path, also)]
+            if _same_run(ckpt, run_params) and _foreign_curves(kept, run_fingerprint(run_params)) is None:
                 return (path, ckpt), skipped
             break  # the folder's newest undamaged checkpoint says which run it holds
     return None, skipped
@@ -244,7 +269,7 @@ def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, al
     resume, notes = None, []
     if is_main:
         notes += remove_temp_files(ckpt_dir)
-        path, resume, why = find_resume(ckpt_dir, run_params)
+        path, resume, why = find_resume(ckpt_dir, run_params, also)
         notes.append(why)
         earlier = path is not None and path.parent != Path(ckpt_dir)
         if resume is None or earlier:
@@ -256,6 +281,7 @@ def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, al
             bring_back(path.parent, ckpt_dir, also)
             resume = load_checkpoint(Path(ckpt_dir) / path.name)
             notes.append(f"resuming from {Path(ckpt_dir) / path.name} (step {resume['step']})")
+        stamp_curves(also, run_params)
     distributed.barrier()
     if not is_main:
         last = latest_checkpoint(ckpt_dir)
