@@ -51,6 +51,8 @@ def main() -> None:
         run_params = fingerprint_params(model_params, train, data)
         resume, notes = checkpoint.prepare_resume(CKPT_DIR, run_params, env.is_main, also=[LIVE_DIR])
         (LIVE_DIR / "samples").mkdir(parents=True, exist_ok=True)  # a declared out, even when no samples are asked for
+        if env.is_main and not train["samples"]:  # and never empty: DVC would warn of it after every train
+            (LIVE_DIR / "samples" / "README.txt").write_text("train.samples is 0: no samples\n", encoding="utf-8")
         logger = steplog.StepLogger(LIVE_DIR, enabled=env.is_main, resume_step=resume["step"] if resume else None,
                                     also=wandb_log.wandb_sinks(train, {"model": model_params, "train": train},
                                                                env.is_main))
