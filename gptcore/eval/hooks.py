@@ -68,6 +68,14 @@ class TrainingSamples:
         return {}
 
 
+def samples_folder(folder: Path, samples: int, is_main: bool) -> None:
+    """metrics/train/samples, a declared out: made even when train.samples is 0, and then never empty (DVC warns of
+    an empty out after every train)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if is_main and not samples:
+        write_text(folder / "README.txt", "train.samples is 0: no samples\n")
+
+
 def training_evaluators(train: dict[str, Any], tok: Tokenizer, shard_dir: Path, samples_dir: Path, block_size: int,
                         device: torch.device, dtype: torch.dtype | None, rank: int, world_size: int,
                         echo: Callable[[str], None] | None = None) -> list[Evaluator]:

@@ -6,6 +6,10 @@ tokens of the same dataset and config, split by the same rule, e.g. FineWeb-Edu 
 or val shards whose sha256 the baseline lists), HellaSwag on the same file (its sha256) and the full example set;
 for lm-eval figures, lm-eval's own task (not an include folder's of the same name), the same metric, few-shot count
 and full example set (lm-eval scores text, so any tokenizer compares). Otherwise `comparable` says why not.
+
+The deltas are metrics (metrics/summary.json); the baselines and `comparable` go to metrics/comparison.json, which
+DVC shows no columns of (constants and sentences make a `dvc exp show` row hundreds of characters wide); the
+stage prints the reasons.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ DELTAS = {
     "hellaswag_acc_norm_vs_gpt3": ("hellaswag_acc_norm", "gpt3_124m", "hellaswag_acc_norm"),
 }
 NO_RECORD = "evaluate recorded nothing of what it measured on (no metrics/measured_on.json): rerun evaluate"
+SAME = "the run measured what the baseline measured"  # the reason given beside a delta that was written
 
 
 def why_val_split_differs(split: dict[str, Any], base: dict[str, Any]) -> str | None:
@@ -101,9 +106,9 @@ def summarize(run: dict[str, Any], baselines: dict[str, Any], measured: dict[str
     "count"}, ...}); `measured` its measured_on.json (gptcore.eval.measured), what the run was evaluated on ({}
     or None when evaluate wrote none: no delta).
 
-    Returns {"baseline": {"<entry>_<figure>": value}, "delta": {...}, "comparable": {...}}: each delta key names the baseline it subtracts
-    (`_vs_gpt2`: OpenAI GPT-2 124M, `_vs_gpt3`: GPT-3 Small); `comparable[key]` names the baseline and says whether
-    the delta was written, with the reason when it was not."""
+    Returns {"baseline": {"<entry>_<figure>": value}, "delta": {...}, "comparable": {...}}: each delta key names the
+    baseline it subtracts (`_vs_gpt2`: OpenAI GPT-2 124M, `_vs_gpt3`: GPT-3 Small); `comparable[key]` is
+    {"baseline": entry, "comparable": whether the delta was written, "reason": why not (or SAME)}."""
     ours = {
         "val_loss": run.get("eval", {}).get("val_loss"),
         "hellaswag_acc_norm": run.get("hellaswag", {}).get("acc_norm"),
@@ -115,11 +120,9 @@ def summarize(run: dict[str, Any], baselines: dict[str, Any], measured: dict[str
         if base_figure not in baselines.get(name, {}):
             continue
         reason = why_not_comparable(figure, run, measured or {}, baselines[name][f"{base_figure}_measured_on"])
-        comparable[key] = {"baseline": name, "comparable": reason is None}
+        comparable[key] = {"baseline": name, "comparable": reason is None, "reason": reason or SAME}
         if reason is None:
             delta[key] = ours[figure] - baselines[name][base_figure]
-        else:
-            comparable[key]["reason"] = reason
     baseline.update(lm_eval_values(baselines))
     scored = run.get("lm_eval") or {}
     sources = ((measured or {}).get("lm_eval") or {}).get("tasks") or {}
@@ -130,11 +133,9 @@ def summarize(run: dict[str, Any], baselines: dict[str, Any], measured: dict[str
                     key = f"lm_eval_{task}_{metric}_vs_{name.split('_')[0]}"
                     reason = why_lm_eval_not_comparable(scored.get(task), task, metric, published,
                                                         sources.get(task, {}) if measured else None)
-                    comparable[key] = {"baseline": name, "comparable": reason is None}
+                    comparable[key] = {"baseline": name, "comparable": reason is None, "reason": reason or SAME}
                     if reason is None:
                         delta[key] = scored[task][metric] - value
-                    else:
-                        comparable[key]["reason"] = reason
     return {"baseline": baseline, "delta": delta, "comparable": comparable}
 
 
@@ -148,3 +149,16 @@ def describe(summary: dict[str, Any], baselines: dict[str, Any]) -> list[str]:
         else:
             lines.append(f"{key}: not comparable with {desc}: {c['reason']}")
     return lines
+
+
+def split_outputs(summary: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`summary` (summarize's, the stage's `speedrun` figures added) as compare writes it, in two files:
+    metrics/summary.json, a DVC metric, holds only what the run measured ({"delta": ..., "speedrun": its figures}),
+    so each `dvc exp show` column is a figure of that run; metrics/comparison.json, a plain out (no columns), what it
+    was set beside: {"baseline": the published figures, "comparable": `summary`'s, "target_val_loss": the
+    speedrun's target, the param compare.target_val_loss, a column already}."""
+    speedrun = summary["speedrun"]
+    measured = {k: v for k, v in speedrun.items() if k != "target_val_loss"}
+    return ({"delta": summary["delta"], "speedrun": measured},
+            {"baseline": summary["baseline"], "comparable": summary["comparable"],
+             "target_val_loss": speedrun.get("target_val_loss")})

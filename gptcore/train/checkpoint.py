@@ -274,7 +274,9 @@ def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, al
         earlier = path is not None and path.parent != Path(ckpt_dir)
         if resume is None or earlier:
             moved = move_aside(ckpt_dir, also=also)
-            if moved is not None:
+            # a line only when a run's checkpoints moved: a fresh clone has just git's step metrics (kept there too)
+            if moved is not None and any(CKPT_RE.match(p.name.removesuffix(".corrupt")) or BEST_RE.match(p.name)
+                                         for p in moved.iterdir()):
                 others = "".join(f" and {p}/" for p in also)
                 notes.append(f"the previous run's checkpoints{others} are kept in {moved}")
         if earlier:
