@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gptcore.atomic import write_json
 from gptcore.report.baselines import read_baselines
-from gptcore.report.compare import describe, split_outputs, summarize
+from gptcore.report.compare import describe, measured_line, split_outputs, summarize
 from gptcore.report.params import COMPARE
 from gptcore.report.plots import read_comparable, write_offline_page, write_plot_data
 from gptcore.report.speedrun import describe_speedrun, speedrun_summary
@@ -44,7 +44,8 @@ def main() -> None:
                  if isinstance(run.get(task), dict) and run[task].get("acc_norm") is not None}
         write_plot_data(LIVE_DIR, baselines, PLOT_DATA, final, read_comparable())  # references: where comparable
         write_offline_page()  # plots/offline.html: .dvc/config has `dvc plots show` fill it, drawn offline
-        s.say(*describe(summary, baselines), f"speedrun: {describe_speedrun(summary['speedrun'])}")
+        s.say(*describe(summary, baselines), f"speedrun: {describe_speedrun(summary['speedrun'])}",
+              measured_line(run, summary["speedrun"]))
 
 
 if __name__ == "__main__":

@@ -239,3 +239,14 @@ def test_summary_json_holds_the_run_s_figures_comparison_json_the_rest():
                for c in comparison["comparable"].values())
     assert comparison["comparable"]["hellaswag_acc_norm_vs_gpt2"]["reason"] == SAME
     assert "sample-100BT" in comparison["comparable"]["val_loss_vs_gpt2"]["reason"]
+
+
+def test_the_last_line_sets_each_figure_beside_what_it_is_read_against():
+    from gptcore.report.compare import measured_line
+
+    run = {"eval": {"val_loss": 5.9412}, "cloze": {"acc": 0.3, "acc_norm": 0.302, "count": 500}}
+    line = measured_line(run, {"target_val_loss": 5.985, "reached": True, "steps_to_target": 180})
+    assert line == ("measured: eval val_loss 5.9412, cloze acc_norm 0.3020 (chance 0.25), the target val loss 5.985 "
+                    "reached at step 180; beside the committed run: dvc metrics diff HEAD")
+    assert "not reached" in measured_line(run, {"target_val_loss": 5.0, "reached": False})
+    assert "target" not in measured_line({"eval": {"val_loss": 3.3}}, {"target_val_loss": None})

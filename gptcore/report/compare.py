@@ -151,6 +151,22 @@ def describe(summary: dict[str, Any], baselines: dict[str, Any]) -> list[str]:
     return lines
 
 
+CHANCE = 0.25  # HellaSwag and the cloze task both pick one of 4 endings
+
+
+def measured_line(run: dict[str, Any], speedrun: dict[str, Any]) -> str:
+    """compare's last line: what the run measured, each figure beside what it is read against (chance, the target),
+    and how to set it beside the committed run."""
+    parts = [f"eval val_loss {run['eval']['val_loss']:.4f}"]
+    parts += [f"{task} acc_norm {run[task]['acc_norm']:.4f} (chance {CHANCE})" for task in ("hellaswag", "cloze")
+              if isinstance(run.get(task), dict) and run[task].get("acc_norm") is not None]
+    target = speedrun.get("target_val_loss")
+    if target is not None:
+        parts.append(f"the target val loss {target} " + (f"reached at step {speedrun['steps_to_target']}"
+                                                         if speedrun.get("reached") else "not reached"))
+    return f"measured: {', '.join(parts)}; beside the committed run: dvc metrics diff HEAD"
+
+
 def split_outputs(summary: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """`summary` (summarize's, the stage's `speedrun` figures added) as compare writes it, in two files:
     metrics/summary.json, a DVC metric, holds only what the run measured ({"delta": ..., "speedrun": its figures}),
