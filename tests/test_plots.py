@@ -280,8 +280,8 @@ def summary_with(val_loss: bool, hellaswag: bool) -> dict:
 
 
 def test_read_comparable_names_the_baselines_columns(tmp_path):
-    # the committed quick start (Shakespeare, cloze): compare calls nothing comparable
-    assert plots.read_comparable([ROOT / "metrics" / "summary.json"]) == {
+    # the committed quick start (Shakespeare, cloze): compare calls nothing comparable (metrics/comparison.json)
+    assert plots.read_comparable([ROOT / p for p in plots.COMPARABLE_FROM]) == {
         "gpt2_124m_val_loss": False, "gpt2_124m_hellaswag_acc_norm": False, "gpt3_124m_hellaswag_acc_norm": False}
     (tmp_path / "summary.json").write_text(json.dumps(summary_with(True, False)), encoding="utf-8")
     judged = plots.read_comparable([tmp_path / "missing.json", tmp_path / "summary.json"])
