@@ -232,11 +232,11 @@ MODEL_FILES = ("model/model.pt", "model/manifest.json", "model/hf/config.json", 
 @pytest.fixture(scope="module")
 def two_runs(clone) -> Path:
     """`dvc exp run` twice: the micro preset (already reproduced: recorded without rerunning), then the same with
-    train.max_lr=1e-3, with model/ watched while it trains."""
+    train.max_lr=3e-3, with model/ watched while it trains."""
     run(clone, "dvc", "exp", "run", "-n", "micro-base", "-S", "preset=micro")
     assert all((clone / f).is_file() for f in MODEL_FILES), "the micro run exported no Hugging Face folder"
     done, missing = run_watching(clone, MODEL_FILES, "dvc", "exp", "run", "-n", "micro-lr", "-S", "preset=micro",
-                                 "-S", "train.max_lr=1e-3")
+                                 "-S", "train.max_lr=3e-3")
     # only train.max_lr changed: fetch and tokenize are not rerun
     assert "Stage 'tokenize' didn't change" in done.stdout and "Running stage 'train'" in done.stdout
     # the outs are persist: true and the export swaps model/ in whole: a reader always finds the previous model
@@ -268,7 +268,7 @@ def test_exp_run_override_changes_metrics_and_exp_show_lists_both(two_runs):
     rows = exp_rows(two_runs)
     base, lr = rows["micro-base"], rows["micro-lr"]
     assert base["params"]["preset"] == lr["params"]["preset"] == "micro"
-    assert (base["params"]["train"]["max_lr"], lr["params"]["train"]["max_lr"]) == (0.003, 0.001)
+    assert (base["params"]["train"]["max_lr"], lr["params"]["train"]["max_lr"]) == (0.001, 0.003)
     for run_ in (base, lr):
         m = run_["metrics"]
         assert m["metrics/train/metrics.json"]["step"] == 6
@@ -332,13 +332,13 @@ def test_exp_show_reads_at_a_glance(two_runs, micro_repro, tmp_path):
     assert "train.max_lr" in header and "val_loss" in header and width(full) > 2000
     fresh = exp_show(repo, *VIEW)
     assert fresh.splitlines()[1].split() == ["Experiment"], fresh  # the workspace is HEAD's run: nothing differs
-    run(repo, "dvc", "exp", "run", "-n", "view-lr", "-S", "preset=micro", "-S", "train.max_lr=1e-3")
+    run(repo, "dvc", "exp", "run", "-n", "view-lr", "-S", "preset=micro", "-S", "train.max_lr=3e-3")
     table = exp_show(repo, *VIEW)
     cols = table.splitlines()[1].split()
     assert width(table) <= 200, f"{width(table)} characters wide:\n{table}"
     assert cols[0] == "Experiment" and cols[-1] == "train.max_lr" and not [c for c in cols if "/" in c]
     assert {"val_loss", "train_loss", "eval.val_loss", "speedrun.train_hours"} <= set(cols)
-    assert re.search(r"\[view-lr\].*\s0\.001\s*$", table, re.M)
+    assert re.search(r"\[view-lr\].*\s0\.003\s*$", table, re.M)
     # at COLUMNS=200 rich prints it as it is: no column collapsed into `…`
     assert "…" not in exp_show(repo, *VIEW, columns=200)
 

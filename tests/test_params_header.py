@@ -23,7 +23,7 @@ import json, os, sys
 from dvc.utils.hydra import compose_and_dump
 from omegaconf import OmegaConf
 root, out = sys.argv[1], sys.argv[2]
-for name, overrides in (("default", []), ("lr", ["train.max_lr=1e-3"]), ("again", [])):
+for name, overrides in (("default", []), ("lr", ["train.max_lr=3e-3"]), ("again", [])):
     compose_and_dump(os.path.join(out, name + ".yaml"), os.path.join(root, "conf"), None, "config",
                      os.path.join(root, ""), overrides)
 print(json.dumps(OmegaConf.to_yaml(OmegaConf.create({"a": 1, "b": {"c": 2}}))))
@@ -51,7 +51,7 @@ def test_dvc_composition_writes_the_header_once_and_the_same_params(tmp_path):
     assert "docs/params.md" in header and "conf/" in header and "-S" in header
     assert texts["again"] == texts["default"]
     default, lr = yaml.safe_load(texts["default"]), yaml.safe_load(texts["lr"])
-    assert lr["train"]["max_lr"] == 1e-3 and {**lr, "train": {**lr["train"], "max_lr": 0}} == \
+    assert lr["train"]["max_lr"] == 3e-3 and {**lr, "train": {**lr["train"], "max_lr": 0}} == \
         {**default, "train": {**default["train"], "max_lr": 0}}
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == "a: 1\nb:\n  c: 2\n"  # another config: untouched
     # the committed params.yaml is the default preset's composition, header included (`dvc repro` reads it as is)
