@@ -11,9 +11,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from gptcore.errors import UserError, one_line, user_error
 from gptcore.params import ParamError, Section, read_params_file
-from gptcore.process import mortal, reading, run_torchrun, under_torchrun, writer_lock
+from gptcore.process import UserError, mortal, one_line, reading, run_torchrun, under_torchrun, user_error, writer_lock
 
 PARAMS = Path("params.yaml")
 

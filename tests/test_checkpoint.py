@@ -9,7 +9,6 @@ import textwrap
 import pytest
 import torch
 
-from gptcore.errors import UserError
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.model.load import (
     CHECKPOINT_FORMAT,
@@ -19,6 +18,7 @@ from gptcore.model.load import (
     init_model,
     load_model,
 )
+from gptcore.process import UserError
 from gptcore.train import checkpoint
 from gptcore.train.export import export_model
 

@@ -117,7 +117,7 @@ def test_no_lm_eval_run_no_lm_eval_lines():
 
 
 def test_lm_eval_baseline_without_source_is_refused(tmp_path):
-    from gptcore.errors import UserError
+    from gptcore.process import UserError
     from gptcore.report.baselines import read_baselines
 
     bad = yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text(encoding="utf-8"))
@@ -202,7 +202,7 @@ def test_no_record_of_what_was_measured_no_delta():
 
 
 def test_every_baseline_figure_states_what_it_was_measured_on(tmp_path):
-    from gptcore.errors import UserError
+    from gptcore.process import UserError
     from gptcore.report.baselines import read_baselines
 
     assert BASELINES["gpt2_124m"]["hellaswag_acc_norm_measured_on"]["sha256"] == HELLASWAG_VAL_SHA256

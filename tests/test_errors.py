@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from gptcore.atomic import write_text
-from gptcore.errors import UserError, disk_error, one_line, user_error
 from gptcore.params import ParamError
-from gptcore.process import FolderBusyError
+from gptcore.process import FolderBusyError, UserError, disk_error, one_line, user_error
 from gptcore.train.checkpoint import atomic_torch_save
 
 

@@ -10,10 +10,10 @@ import torch
 from reference_scorer import score_examples_reference
 
 import gptcore.eval.hellaswag as hs
-from gptcore.errors import UserError
 from gptcore.eval.hellaswag import fetch_hellaswag, load_hellaswag, read_hellaswag
 from gptcore.eval.multichoice import score_examples
 from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.process import UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"
 

@@ -120,7 +120,7 @@ def test_chunk_rows_follow_the_switch(monkeypatch):
 
 @pytest.mark.parametrize("value", ["-1", "lots", "1e6", ""])
 def test_a_bad_switch_is_one_line_naming_it(value, monkeypatch):
-    from gptcore.errors import UserError
+    from gptcore.process import UserError
 
     monkeypatch.setenv(gpt.LOSS_CHUNK_ENV, value)
     with pytest.raises(UserError) as e:

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from gptcore.data.tokenizers import CharTokenizer
-from gptcore.errors import UserError
 from gptcore.eval.sampling import main as sample_main
 from gptcore.eval.sampling import tokenizer_for
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.model.load import MODEL_FILE, init_model, load_model, read_checkpoint
+from gptcore.process import UserError
 from gptcore.train import checkpoint
 from gptcore.train.export import export_model
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from gptcore.data.loader import TokenLoader
-from gptcore.errors import UserError
+from gptcore.process import UserError
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import pytest
 import torch
 import yaml
 
-from gptcore.errors import UserError
 from gptcore.model.gpt import MODEL
+from gptcore.process import UserError
 from gptcore.train import memory
 from gptcore.train.params import TRAIN
 

@@ -253,9 +253,9 @@ def test_export_loads_in_transformers_with_the_same_logits(tmp_path, switches, a
     (dict(logit_softcap=None, pos_encoding="learned"), "learned positions"),
 ])
 def test_export_refuses_what_no_architecture_represents(tmp_path, switches, reason):
-    from gptcore.errors import NotRepresentable
     from gptcore.model.hf import export_hf
     from gptcore.model.load import load_model
+    from gptcore.process import NotRepresentable
     from gptcore.train.export import NOT_EXPORTED, export_model
 
     model = tiny(**{**MODERN, **switches})

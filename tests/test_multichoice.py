@@ -13,9 +13,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from reference_scorer import render_rows, score_examples_reference
 
-from gptcore.errors import UserError
 from gptcore.eval.multichoice import ChoiceResult, Example, fit_example, score_examples, write_predictions
 from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.process import UserError
 
 # Next-token distributions of a bigram "model": P[a][b] = p(next = b | current = a).
 P = [[0.1, 0.2, 0.3, 0.4],

@@ -12,7 +12,7 @@ from typing import Iterable
 import pytest
 import yaml
 
-from gptcore.errors import UserError
+from gptcore.process import UserError
 from gptcore.report import plots
 from gptcore.report.baselines import baseline_values, read_baselines
 from stages.compare import LIVE_DIR, PLOT_DATA

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gptcore.data import shards as S
-from gptcore.errors import UserError
+from gptcore.process import UserError
 
 
 def docs_stream(lengths: list[int], eot: int = 9, dtype=np.uint16):

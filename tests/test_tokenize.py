@@ -21,7 +21,7 @@ from gptcore.data import tokenize as E
 from gptcore.data.corpus import open_corpus
 from gptcore.data.params import FETCH, TOKENIZE
 from gptcore.data.tokenizers import get_tokenizer, load_tokenizer
-from gptcore.errors import UserError
+from gptcore.process import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = ROOT / ".." / "shared" / "ref-data"

@@ -22,7 +22,7 @@ from gptcore import atomic
 from gptcore.data import shards as S
 from gptcore.data import tokenize as E
 from gptcore.data.params import TOKENIZE
-from gptcore.errors import UserError
+from gptcore.process import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 # about 25 shards of a 100 KB corpus: one task on one worker closes them all before the first is published

@@ -13,7 +13,7 @@ import pytest
 from gptcore.data import tokenizers as T
 from gptcore.data.params import TOKENIZE
 from gptcore.data.shards import dtype_for_vocab
-from gptcore.errors import UserError
+from gptcore.process import UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data"
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from gptcore.data import shards
-from gptcore.errors import UserError
+from gptcore.process import UserError
 
 
 @dataclass

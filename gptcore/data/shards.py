@@ -22,7 +22,7 @@ from typing import Any, BinaryIO, Callable
 import numpy as np
 
 from gptcore.atomic import TMP_SUFFIX, file_sha256, json_sha256, naming, publish, temp_beside, write_json
-from gptcore.errors import UserError
+from gptcore.process import UserError
 
 MANIFEST = "manifest.json"
 FORMAT = 1

@@ -22,8 +22,7 @@ from gptcore.atomic import json_sha256, refuse_link, staged_dir, swap_dir
 from gptcore.data import shards
 from gptcore.data.corpus import TASK_BYTES, Corpus, ReadTask, open_corpus, read_task_chunks
 from gptcore.data.tokenizers import Tokenizer, clear_tokenizer_files, has_tokenizer_file, kind_for, prepare_tokenizer
-from gptcore.errors import UserError
-from gptcore.process import FolderLock, die_with_parent
+from gptcore.process import FolderLock, UserError, die_with_parent
 
 # a worker converts, encodes and writes its task in runs of this much text: its memory is one run's, not the task's
 CHUNK_BYTES = 8 << 20

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from gptcore.errors import UserError
 from gptcore.eval.multichoice import Example
 from gptcore.params import ParamError
+from gptcore.process import UserError
 
 
 def _clean(tokens: np.ndarray, start: int, length: int, eot: int, allow_first: bool) -> bool:

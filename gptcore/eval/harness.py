@@ -21,8 +21,8 @@ from torch import nn
 
 from gptcore.atomic import file_sha256
 from gptcore.data.tokenizers import Tokenizer
-from gptcore.errors import UserError
 from gptcore.eval.multichoice import Row, score_rows
+from gptcore.process import UserError
 
 SCORED_OUTPUTS = ("loglikelihood", "loglikelihood_rolling", "multiple_choice")  # generate_until would need sampling
 

@@ -16,8 +16,8 @@ from tqdm import tqdm
 
 from gptcore.atomic import atomic_write, file_sha256
 from gptcore.data.tokenizers import Tokenizer
-from gptcore.errors import UserError
 from gptcore.eval.multichoice import Example, fit_example
+from gptcore.process import UserError
 
 HELLASWAG_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 HELLASWAG_VAL_SIZE = 12_246_618

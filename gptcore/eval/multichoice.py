@@ -22,8 +22,8 @@ from tqdm import tqdm
 
 from gptcore.atomic import atomic_write
 from gptcore.distributed import autocast_context
-from gptcore.errors import UserError
 from gptcore.model.gpt import without_padding
+from gptcore.process import UserError
 
 HEAD_CHUNK = 1024  # head positions per GPT.logits call: bounds the [positions, vocab] float32 logits in memory
 

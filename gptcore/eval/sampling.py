@@ -16,10 +16,10 @@ from gptcore.atomic import read_utf8
 from gptcore.data.shards import MANIFEST
 from gptcore.data.tokenizers import GPT2Tokenizer, Tokenizer, load_tokenizer
 from gptcore.distributed import DEVICES, DTYPES, autocast_context, pick_device, resolve_dtype
-from gptcore.errors import UserError, one_line, user_error
 from gptcore.model.gpt import GPT
 from gptcore.model.load import load_model
 from gptcore.params import Param, ParamError
+from gptcore.process import UserError, one_line, user_error
 
 
 def read_prompt(prompt: str) -> str:

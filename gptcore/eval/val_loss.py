@@ -14,7 +14,7 @@ from gptcore import distributed
 from gptcore.atomic import write_text
 from gptcore.data import shards
 from gptcore.distributed import autocast_context
-from gptcore.errors import UserError
+from gptcore.process import UserError
 
 
 def first_tokens(paths: Sequence[Path], n: int, vocab_size: int | None = None) -> np.ndarray:

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from gptcore.errors import UserError
+from gptcore.process import UserError
 from gptcore.params import REQUIRED, Param, ParamError, Section
 
 POS_ENCODINGS = ("learned", "rotary")

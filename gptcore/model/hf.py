@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from gptcore.atomic import atomic_write, write_text
-from gptcore.errors import NotRepresentable, UserError, cause, read_failure, user_error
+from gptcore.process import NotRepresentable, UserError, cause, read_failure, user_error
 from gptcore.model.gpt import GPT, NORM_EPS, GPTConfig, file_config, without_padding
 
 # The one list of OpenAI's GPT-2 checkpoints a model spec may name, and the Hub repositories that hold them.

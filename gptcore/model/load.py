@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from gptcore.errors import UserError, cause, read_failure
+from gptcore.process import UserError, cause, read_failure
 from gptcore.model.gpt import GPT, GPTConfig, file_config
 from gptcore.model.hf import HF_GPT2_NAMES, load_hf_gpt2
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from gptcore.atomic import atomic_write
-from gptcore.errors import UserError
+from gptcore.process import UserError
 from gptcore.report.baselines import baseline_values
 from gptcore.report.compare import DELTAS
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gptcore.atomic import atomic_write, write_json
-from gptcore.errors import UserError
+from gptcore.process import UserError
 
 
 def truncate_step_metrics(live_dir: str | Path, from_step: int) -> None:

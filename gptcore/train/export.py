@@ -9,10 +9,10 @@ from typing import Any
 
 from gptcore.atomic import staged_dir, swap_dir, write_json, write_text
 from gptcore.data.tokenizers import Tokenizer
-from gptcore.errors import NotRepresentable
 from gptcore.model.gpt import GPT
 from gptcore.model.hf import export_hf
 from gptcore.model.load import MODEL_FILE
+from gptcore.process import NotRepresentable
 from gptcore.train.checkpoint import atomic_torch_save
 
 NOT_EXPORTED = "NOT_EXPORTED.txt"  # in model/hf when no transformers architecture represents the model

@@ -12,7 +12,7 @@ import psutil
 import torch
 
 from gptcore import distributed
-from gptcore.errors import UserError
+from gptcore.process import UserError
 
 GIB = 1 << 30
 # a first step may peak at most this share of the memory the process may use: later steps, evals and the allocator's
