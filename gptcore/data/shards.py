@@ -19,7 +19,7 @@ from collections import deque
 from concurrent.futures import Executor, Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -332,11 +332,6 @@ def piece_path(shard_dir: str | Path, first_doc: int) -> Path:
     return Path(shard_dir) / f".piece.{first_doc:012d}{TMP_SUFFIX}"
 
 
-def write_piece(path: str | Path | BinaryIO, tokens: np.ndarray) -> None:
-    """A task's tokens (or the next of them, to an open file) as raw bytes; not fsynced: the shard made of it is."""
-    tokens.tofile(path)
-
-
 def assemble_shard(shard_dir: str, name: str, dtype: str, n_tokens: int, segments: list[tuple[str, int, int]],
                    drop: tuple[str, ...] = ()) -> tuple[str, str]:
     """Write shard `name` to a temp file from token ranges [start, stop) of piece files, hashing as it goes, fsync it,
@@ -399,9 +394,8 @@ class ShardWriter:
         self.resume_point = (0, 0)
         if resume is not None:
             self._adopt(resume)
-        for p in self.dir.iterdir():  # partial files and pieces of a killed run are never shards; drop them
-            if p.name.startswith(".") and p.name.endswith(TMP_SUFFIX):
-                p.unlink()
+        for p in self.dir.glob(f".*{TMP_SUFFIX}"):  # partial files and pieces of a killed run are never shards
+            p.unlink()
         self.pool: Executor = pool or InlineExecutor()  # may be replaced before the first add
         self._open = False
         self._segments: list[tuple[str, int, int]] = []
@@ -468,7 +462,7 @@ class ShardWriter:
         if tokens.dtype != self.dtype:
             raise TypeError(f"tokens are {tokens.dtype}, the shards are {self.dtype}")
         path = piece_path(self.dir, first_doc)
-        write_piece(path, tokens)
+        tokens.tofile(path)  # raw bytes, not fsynced: the shard made of them is
         self.add_piece(first_doc, len(tokens), starts, path)
 
     def add_piece(self, first_doc: int, n_tokens: int, starts: np.ndarray, path: str | Path) -> None:
@@ -598,12 +592,6 @@ class ShardWriter:
 
 # ---------------------------------------------------------------------------------------------
 # the training loader
-#
-# A step reads one window of `step_tokens` (train.total_batch_tokens) contiguous tokens, plus one for the targets, cut
-# into micro batches of B*T: micro batch k goes to rank k % world_size at accumulation step k // world_size, so a step
-# sees the same tokens however the batch is split over ranks and accumulation steps. Windows never straddle shards (a
-# shard's tail short of a window is skipped); `shuffle` permutes shards and windows each epoch, seeded by (seed, epoch),
-# so the whole loader state is four integers.
 
 @dataclass
 class LoaderState:
@@ -616,7 +604,13 @@ class LoaderState:
 
 
 class TokenLoader:
-    """Training batches (x, y) of micro_batch x block_size tokens from memory-mapped shards; rank-disjoint, resumable."""
+    """Training batches (x, y) of micro_batch x block_size tokens from memory-mapped shards; rank-disjoint, resumable.
+
+    A step reads one window of `step_tokens` (train.total_batch_tokens) contiguous tokens, plus one for the targets,
+    cut into micro batches of B*T: micro batch k goes to rank k % world_size at accumulation step k // world_size, so a
+    step sees the same tokens however the batch is split over ranks and accumulation steps. Windows never straddle
+    shards (a shard's tail short of a window is skipped); `shuffle` permutes shards and windows each epoch, seeded by
+    (seed, epoch), so the whole loader state is four integers."""
 
     def __init__(self, paths: Sequence[Path], micro_batch: int, block_size: int, step_tokens: int, rank: int = 0,
                  world_size: int = 1, shuffle: bool = False, seed: int = 0, vocab_size: int | None = None) -> None:

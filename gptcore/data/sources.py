@@ -176,11 +176,9 @@ def read_local_file(path: Path, text_column: str, batch_docs: int = ROW_GROUP_DO
             row += len(docs)
     elif path.suffix == ".jsonl":
         yield from _batched(_jsonl_texts(path, text_column), batch_docs)
-    elif path.suffix == ".txt":  # one document per file, or several separated by lines holding only <|endoftext|>
+    else:  # .txt (local_files refused any other): one document, or several separated by lines holding only EOT_LINE
         text = read_utf8(path).replace("\r\n", "\n")
         yield from _batched([d for d in re.split(rf"(?m)^{re.escape(EOT_LINE)}\n?", text) if d.strip()], batch_docs)
-    else:
-        raise UserError(f"{path}: unsupported file type {path.suffix!r} (use {', '.join(LOCAL_SUFFIXES)})")
 
 
 def _batched(docs: Iterable[str], size: int) -> Iterator[list[str]]:

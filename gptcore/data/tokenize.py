@@ -124,7 +124,7 @@ def _encode_task(task: ReadTask, piece_dir: str, tok: Tokenizer | None = None,
             tokens, at = encode_documents(tok, docs, dtype, first)
             starts.append(at + n)
             n += len(tokens)
-            shards.write_piece(f, tokens)
+            tokens.tofile(f)  # raw bytes, not fsynced: the shard made of them is
     return task.first_doc, n, np.concatenate(starts) if starts else np.empty(0, np.int64), str(path)
 
 

@@ -7,6 +7,7 @@ import base64
 import binascii
 import hashlib
 import importlib.util
+import itertools
 import json
 import shutil
 import tempfile
@@ -675,20 +676,15 @@ def train_bpe(texts: Iterable[str], vocab_size: int, path: str | Path) -> BPETok
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT_TEXT], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_nonempty(texts), trainer=trainer)
+    texts = iter(texts)
+    first = next(texts, None)
+    if first is None:
+        raise UserError("cannot train a BPE tokenizer on an empty corpus")
+    tok.train_from_iterator(itertools.chain([first], texts), trainer=trainer)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, tok.to_str())
     return BPETokenizer(path)
-
-
-def _nonempty(texts: Iterable[str]) -> Iterator[str]:
-    n = 0
-    for t in texts:
-        n += 1
-        yield t
-    if n == 0:
-        raise UserError("cannot train a BPE tokenizer on an empty corpus")
 
 
 # -- the kinds ---------------------------------------------------------------------------------------------------
