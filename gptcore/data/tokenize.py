@@ -19,10 +19,9 @@ import numpy as np
 from tqdm import tqdm
 
 from gptcore.atomic import json_sha256, refuse_link, staged_dir, swap_dir
-from gptcore.data import shards
+from gptcore.data import shards, tokenizers
 from gptcore.data.corpus import TASK_BYTES, Corpus, ReadTask, open_corpus, read_task_chunks
-from gptcore.data.tokenizers import (ENCODERS, TIKTOKEN_PATTERNS, Tokenizer, clear_tokenizer_files, has_tokenizer_file,
-                                     kind_for, prepare_tokenizer)
+from gptcore.data.tokenizers import Tokenizer, clear_tokenizer_files, has_tokenizer_file, kind_for, prepare_tokenizer
 from gptcore.params import REQUIRED, Param, ParamError, Section
 from gptcore.process import FolderLock, UserError, die_with_parent
 
@@ -31,28 +30,27 @@ CHUNK_BYTES = 8 << 20
 
 
 def _tokenize_relations(p: dict[str, Any]) -> None:
-    if p["encoder"] == "gigatoken" and p["tokenizer"] != "gpt2":
-        raise ParamError("tokenize.encoder", p["encoder"], f"applies to tokenizer gpt2 only (tokenizer is "
-                                                           f"{p['tokenizer']!r}); set it to auto")
-    is_ranks = p["tokenizer"].endswith(".tiktoken")
-    if is_ranks and p["tiktoken_pattern"] not in TIKTOKEN_PATTERNS:
-        raise ParamError("tokenize.tiktoken_pattern", p["tiktoken_pattern"],
-                         f"tokenizer {p['tokenizer']!r} is a tiktoken ranks file: name its pre-tokenization "
-                         f"({' | '.join(TIKTOKEN_PATTERNS)})")
+    tok, is_ranks = p["tokenizer"], p["tokenizer"].endswith(".tiktoken")
+    if p["encoder"] == "gigatoken" and tok != "gpt2":
+        raise ParamError("tokenize.encoder", p["encoder"], f"applies to tokenizer gpt2 only (tokenizer is {tok!r}); "
+                         f"set it to auto")
+    if is_ranks and p["tiktoken_pattern"] not in tokenizers.TIKTOKEN_PATTERNS:
+        raise ParamError("tokenize.tiktoken_pattern", p["tiktoken_pattern"], f"tokenizer {tok!r} is a tiktoken ranks "
+                         f"file: name its pre-tokenization ({' | '.join(tokenizers.TIKTOKEN_PATTERNS)})")
     if is_ranks and p["eot_token"] not in (None, "<|endoftext|>"):
         raise ParamError("tokenize.eot_token", p["eot_token"], "a tiktoken ranks file gets <|endoftext|> after its "
-                                                               "ranks; set it to null")
+                         "ranks; set it to null")
     if not is_ranks and p["tiktoken_pattern"] is not None:
         raise ParamError("tokenize.tiktoken_pattern", p["tiktoken_pattern"], f"only for a .tiktoken ranks file "
-                                                                             f"(tokenizer is {p['tokenizer']!r}); set it to null")
+                         f"(tokenizer is {tok!r}); set it to null")
 
 
 TOKENIZE = Section("tokenize", {
     "tokenizer": Param(str, REQUIRED, "gpt2 | qwen2 | char | bpe | path/to/tokenizer.json | path/to/ranks.tiktoken"),
     "tiktoken_pattern": Param(str, None, "a .tiktoken tokenizer's pre-tokenization: qwen2 | gpt2 | cl100k",
-                              choices=tuple(TIKTOKEN_PATTERNS), also=(None,)),
+                              choices=tuple(tokenizers.TIKTOKEN_PATTERNS), also=(None,)),
     "encoder": Param(str, "auto", "what encodes gpt2, same ids: auto (gigatoken if installed, else tiktoken) | "
-                                  "tiktoken | gigatoken", choices=ENCODERS),
+                                  "tiktoken | gigatoken", choices=tokenizers.ENCODERS),
     "bpe_vocab_size": Param(int, 8192, "vocabulary size of a bpe tokenizer trained on the corpus (256 bytes + "
                                         "end-of-text at least)", min=257),
     "shard_tokens": Param(int, 100_000_000, "tokens per shard file", min=1),

@@ -14,7 +14,7 @@ import tempfile
 import unicodedata
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 import numpy as np
 from tiktoken_ext.openai_public import r50k_pat_str
