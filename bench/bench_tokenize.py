@@ -62,8 +62,7 @@ sys.path.insert(0, str(ROOT))
 from bench.rounds import DEFAULT_ROUNDS, fmt, ratios, time_rounds  # noqa: E402
 from gptcore.data import shards as S  # noqa: E402
 from gptcore.data.corpus import open_corpus, read_task, read_task_chunks  # noqa: E402
-from gptcore.data.params import FETCH  # noqa: E402
-from gptcore.data.sources import fetch, package_documents  # noqa: E402
+from gptcore.data.sources import FETCH, fetch, package_documents  # noqa: E402
 from gptcore.data.tokenize import CHUNK_BYTES, cpu_count, encode_documents, task_size  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
 
@@ -306,8 +305,7 @@ def run_measured(code: str) -> tuple[dict, int, int]:
 STAGE = """
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
-from gptcore.data.params import TOKENIZE
-from gptcore.data.tokenize import tokenize
+from gptcore.data.tokenize import TOKENIZE, tokenize
 def cpu(who):
     r = resource.getrusage(who)
     return r.ru_utime + r.ru_stime

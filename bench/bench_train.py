@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.rounds import DEFAULT_ROUNDS, Timed, beats, fmt, ratios, time_rounds  # noqa: E402
 from gptcore import distributed  # noqa: E402
-from gptcore.data.loader import TokenLoader  # noqa: E402
+from gptcore.data.shards import TokenLoader  # noqa: E402
 from gptcore.data.sources import package_documents  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
 from gptcore.distributed import resolve_dtype  # noqa: E402

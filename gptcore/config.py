@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from gptcore.data.params import FETCH, TOKENIZE
+from gptcore.data.sources import FETCH
+from gptcore.data.tokenize import TOKENIZE
 from gptcore.eval.params import EVAL
 from gptcore.model.gpt import MODEL
 from gptcore.params import REQUIRED, Section
@@ -36,7 +37,7 @@ HEADER = """\
 # Here: the schema of params.yaml (key order included) and each key's default; `???` marks what each preset must
 # set itself. A key that is not in this file needs `+` on the command line (-S +train.foo=1).
 # `dvc exp run` rewrites params.yaml from here, so change values in conf/ or with -S, not in params.yaml.
-# Written by `python -m gptcore.config` from the schemas (gptcore/*/params.py, model/gpt.py): edit those.
+# Written by `python -m gptcore.config` from the schemas gptcore/config.py collects: edit those.
 defaults:
   - _self_
   - preset: quickstart

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gptcore.data.params import FETCH
-from gptcore.data.sources import fetch
+from gptcore.data.sources import FETCH, fetch
 from stages.common import stage
 
 RAW = Path("data/raw")

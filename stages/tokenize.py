@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gptcore.data.params import TOKENIZE
-from gptcore.data.tokenize import tokenize
+from gptcore.data.tokenize import TOKENIZE, tokenize
 from stages.common import stage
 
 RAW = Path("data/raw")

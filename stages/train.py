@@ -8,7 +8,7 @@ from tqdm import tqdm
 
 from gptcore import distributed
 from gptcore.data import shards, tokenizers
-from gptcore.data.loader import TokenLoader
+from gptcore.data.shards import TokenLoader
 from gptcore.eval.hooks import samples_folder, training_evaluators
 from gptcore.model.gpt import MODEL
 from gptcore.model.load import init_model

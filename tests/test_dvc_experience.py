@@ -23,7 +23,8 @@ from conftest import clone_env as env
 from conftest import run_in
 from dvc.utils.hydra import compose_and_dump
 
-from gptcore.data.params import FETCH, TOKENIZE
+from gptcore.data.sources import FETCH
+from gptcore.data.tokenize import TOKENIZE
 from gptcore.eval.params import EVAL
 from gptcore.model.gpt import GPT, MODEL, GPTConfig
 from gptcore.params import check_val_tokens

@@ -12,7 +12,7 @@ import pytest
 from test_tokenize import fetch, tokenize
 
 from gptcore.data import tokenizers as T
-from gptcore.data.params import TOKENIZE
+from gptcore.data.tokenize import TOKENIZE
 from gptcore.process import UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data" / "fineweb_edu_sample.jsonl"

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from gptcore.data.loader import TokenLoader
+from gptcore.data.shards import TokenLoader
 from gptcore.process import UserError
 
 

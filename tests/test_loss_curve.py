@@ -25,7 +25,7 @@ from stagekit import write_gpt2_shards
 from test_memory import preset
 
 from gptcore.data import shards
-from gptcore.data.loader import TokenLoader
+from gptcore.data.shards import TokenLoader
 from gptcore.distributed import DistEnv
 from gptcore.model.load import init_model
 from gptcore.train.loop import TrainConfig, Trainer

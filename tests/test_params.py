@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from gptcore import config
-from gptcore.data.params import FETCH, TOKENIZE
+from gptcore.data.sources import FETCH
+from gptcore.data.tokenize import TOKENIZE
 from gptcore.eval.params import EVAL
 from gptcore.model.gpt import MODEL
 from gptcore.params import REQUIRED, ParamError, check_val_tokens

@@ -13,7 +13,8 @@ import pytest
 
 from gptcore.data import shards as S
 from gptcore.data import tokenizers as T
-from gptcore.data.params import TIKTOKEN_PATTERNS, TOKENIZE
+from gptcore.data.tokenize import TOKENIZE
+from gptcore.data.tokenizers import TIKTOKEN_PATTERNS
 from gptcore.model.load import padded_vocab
 from gptcore.process import UserError
 

@@ -11,7 +11,7 @@ from stagekit import env, make_project, stage_cmd, write_gpt2_shards
 from test_tokenize import make_raw, synthetic_docs, tokenize
 
 from gptcore.data import shards as S
-from gptcore.data.loader import TokenLoader
+from gptcore.data.shards import TokenLoader
 from gptcore.eval.val_loss import first_tokens
 from gptcore.process import UserError
 

@@ -13,7 +13,7 @@ from test_tokenize import fetch
 
 from gptcore.data import corpus as corpus_mod
 from gptcore.data import sources as src
-from gptcore.data.params import FETCH
+from gptcore.data.sources import FETCH
 from gptcore.process import UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data"

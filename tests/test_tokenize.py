@@ -19,7 +19,8 @@ from gptcore.data import shards as S
 from gptcore.data import sources
 from gptcore.data import tokenize as E
 from gptcore.data.corpus import open_corpus
-from gptcore.data.params import FETCH, TOKENIZE
+from gptcore.data.sources import FETCH
+from gptcore.data.tokenize import TOKENIZE
 from gptcore.data.tokenizers import get_tokenizer, load_tokenizer
 from gptcore.process import UserError
 

