@@ -3,10 +3,9 @@ switches (rotary positions, RMSNorm, QK-norm, ReLU^2 or SwiGLU, untied head, zer
 each off by default and, off, changing nothing.
 
 Reads top to bottom, as nanoGPT's model.py: config -> norms and rotary -> attention -> MLP -> block -> the chunked
-LM loss -> GPT (generate included), then what only needs the network: text samples, FLOPs per token and MFU. Loading
-and saving: load.py. After Andrej Karpathy's nanoGPT and build-nanogpt, MIT licensed (NOTICE).
+LM loss -> GPT (generate included) -> text samples -> FLOPs per token and MFU (loading and saving: load.py). After
+Andrej Karpathy's nanoGPT and build-nanogpt, MIT licensed (NOTICE).
 """
-
 from __future__ import annotations
 
 import math
@@ -61,7 +60,8 @@ MODEL = Section("model", {
     "rope_base": Param(float, 10000.0, "rotary: the wavelength base of the lowest frequency pair", above=1.0),
     "norm": Param(str, "layernorm", "layernorm | rmsnorm", choices=("layernorm", "rmsnorm")),
     "qk_norm": Param(bool, False, "RMSNorm of each head's q and k"),
-    "mlp": Param(str, "gelu", "gelu | relu2 | swiglu (hidden 8/3 n_embd, rounded to a multiple of 64)", choices=("gelu", "relu2", "swiglu")),
+    "mlp": Param(str, "gelu", "gelu | relu2 | swiglu (hidden 8/3 n_embd, rounded to a multiple of 64)",
+                 choices=("gelu", "relu2", "swiglu")),
     "tie_embeddings": Param(bool, True, "one matrix embeds and scores tokens; false: a separate lm_head"),
     "zero_init_proj": Param(bool, False, "attention and MLP output projections start at zero"),
     "zero_init_head": Param(bool, False, "the untied lm_head starts at zero (modded-nanogpt record 2024-11-03, "
@@ -105,7 +105,6 @@ class RMSNorm(nn.RMSNorm):
     stays fp32, and torch then falls back from its fused kernel (with a warning) to a slower composite."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x / rms(x) * gain over the last dimension, in x's dtype."""
         weight = self.weight.to(x.dtype) if self.weight is not None else None
         return F.rms_norm(x, self.normalized_shape, weight, self.eps)
 
@@ -471,7 +470,6 @@ class GPT(nn.Module):
 
 
 # -- text samples, as nanoGPT's sample.py (gptcore-sample's CLI: eval/sampling.py) ------------------------------------
-
 def read_prompt(prompt: str) -> str:
     """`FILE:path` reads the prompt from a file (as nanoGPT's sample.py); anything else is the prompt itself."""
     if not prompt.startswith("FILE:"):
@@ -499,7 +497,6 @@ def sample(model: GPT, tokenizer: Tokenizer, prompt: str = "", num_samples: int 
 
 
 # -- FLOPs: what a run's size costs, and the share of a GPU's peak it reaches (MFU) ------------------------------------
-
 def flops_per_token(model: GPT) -> int:
     """Training FLOPs per token (forward + backward) at context block_size: 6N + 12*L*H*Q*T, with N the
     non-embedding parameter count (PaLM, Chowdhery et al. 2022, appendix B)."""
@@ -517,17 +514,11 @@ def model_sizes(model: GPT) -> dict[str, int]:
             "flops_per_token": flops_per_token(model)}
 
 
-def estimate_mfu(model: GPT, tokens_per_sec: float, device: torch.device | str | None = None,
-                 peak_flops: float | None = None) -> float | None:
-    """Model FLOPs utilisation of ONE device's `tokens_per_sec`, a fraction of `peak_flops` or of the table's figure
-    for `device` (default: the model's); None when that is unknown, e.g. on CPU."""
-    if peak_flops is None:
-        peak_flops = device_peak_flops(next(model.parameters()).device if device is None else device)
-        if peak_flops is None:
-            return None
-    if peak_flops <= 0:
-        raise ValueError(f"peak_flops must be > 0, got {peak_flops}")
-    return flops_per_token(model) * tokens_per_sec / peak_flops
+def estimate_mfu(model: GPT, tokens_per_sec: float, device: torch.device | str) -> float | None:
+    """Model FLOPs utilisation of ONE device's `tokens_per_sec`: a fraction of the table's peak for `device`; None
+    when that is unknown, e.g. on CPU."""
+    peak_flops = device_peak_flops(device)
+    return None if peak_flops is None else flops_per_token(model) * tokens_per_sec / peak_flops
 
 
 # Peak dense (no 2:4 sparsity) tensor-core FLOP/s in bf16 (fp16 where there is no bf16) from NVIDIA's datasheets (the
@@ -553,9 +544,9 @@ def peak_flops_for_name(device_name: str) -> float | None:
     return None
 
 
-def device_peak_flops(device: torch.device | str | None = None) -> float | None:
-    """Peak dense bf16 FLOP/s of `device` (default: the current CUDA device); None off CUDA or if unknown."""
-    device = torch.device("cuda" if device is None else device)
+def device_peak_flops(device: torch.device | str) -> float | None:
+    """Peak dense bf16 FLOP/s of `device`; None off CUDA or if unknown."""
+    device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
     return peak_flops_for_name(torch.cuda.get_device_name(device))

@@ -17,7 +17,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import torch
+from safetensors import SafetensorError
 
 from gptcore.atomic import atomic_write, staged_dir, swap_dir, write_json, write_text
 from gptcore.data.tokenizers import Tokenizer
@@ -222,7 +224,6 @@ def init_model(model_params: dict[str, Any], data_vocab_size: int, seed: int = 1
 
 
 # -- in: OpenAI's weights or any Hugging Face GPT-2 folder -------------------------------------------------------------
-
 def load_hf_gpt2(name_or_dir: str | os.PathLike) -> GPT:
     """OpenAI's GPT-2 by name (from the Hub or its cache) or a local Hugging Face GPT-2 folder, without dropout."""
     path = Path(name_or_dir)
@@ -288,20 +289,17 @@ def _config_from_hf(model_dir: Path) -> GPTConfig:
 
 def _read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a Hugging Face checkpoint directory, read directly (no transformers)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     single = model_dir / "model.safetensors"
     index = model_dir / "model.safetensors.index.json"
     bin_file = model_dir / "pytorch_model.bin"
     try:
         if single.is_file():
-            return load_file(str(single), device="cpu")
+            return safetensors.torch.load_file(str(single), device="cpu")
         if index.is_file():
             shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
             state: dict[str, torch.Tensor] = {}
             for shard in shards:
-                state.update(load_file(str(model_dir / shard), device="cpu"))
+                state.update(safetensors.torch.load_file(str(model_dir / shard), device="cpu"))
             return state
     except FileNotFoundError as e:  # a shard the index lists is not there
         raise UserError(f"{model_dir}: a weights file is missing ({cause(e)}); copy the folder again") from e
@@ -347,7 +345,6 @@ def _load_hf_state(model: GPT, state: dict[str, torch.Tensor], model_dir: Path) 
 
 
 # -- out: model/ and its Hugging Face export ---------------------------------------------------------------------------
-
 def export_model(model_dir: Path, model: GPT, tokenizer: Tokenizer | None, record: dict[str, Any],
                  hardware: dict[str, Any] | None = None, hf_vocab_size: int | None = None) -> list[str]:
     """Build `model_dir` aside for `model` and its data's tokenizer, with `record` (step, export, ...) in model.pt and
@@ -363,7 +360,17 @@ def export_model(model_dir: Path, model: GPT, tokenizer: Tokenizer | None, recor
         hf_vocab_size = tokenizer.vocab_size
     atomic_torch_save({"model": model.state_dict(), "model_config": asdict(model.config),
                        **({"data": data} if data else {}), **record}, staged / MODEL_FILE)
-    notes = [_export_hf(model, staged / "hf", tokenizer, hf_vocab_size)]
+    hf_dir = staged / "hf"  # the Hugging Face export and, where the tokenizer can write them, its HF tokenizer files
+    try:
+        arch = export_hf(model, hf_dir, vocab_size=hf_vocab_size, eot=None if tokenizer is None else tokenizer.eot)
+    except NotRepresentable as e:
+        hf_dir.mkdir(exist_ok=True)
+        write_text(hf_dir / NOT_EXPORTED, f"{e}; model.pt holds the weights\n")
+        notes = [f"no Hugging Face export: {e}"]
+    else:
+        notes = [f"Hugging Face export ({arch}): {model_dir / 'hf'}"]
+        if tokenizer is not None:
+            tokenizer.save_hf(hf_dir, max_length=model.config.block_size)
     if tokenizer is not None:
         tokenizer.save(staged)  # the folder carries its tokenizer: sampling and evaluate need nothing else
         manifest = {"tokenizer": data, **{k: v for k, v in record.items() if k != "final"}}
@@ -377,19 +384,6 @@ def export_model(model_dir: Path, model: GPT, tokenizer: Tokenizer | None, recor
     return [n.replace(str(staged), str(model_dir)) for n in notes]
 
 
-def _export_hf(model: GPT, hf_dir: Path, tokenizer: Tokenizer | None, vocab_size: int | None) -> str:
-    """model/hf: the Hugging Face export and, where the tokenizer can write them, its HF tokenizer files."""
-    try:
-        arch = export_hf(model, hf_dir, vocab_size=vocab_size, eot=None if tokenizer is None else tokenizer.eot)
-    except NotRepresentable as e:
-        hf_dir.mkdir(exist_ok=True)
-        write_text(hf_dir / NOT_EXPORTED, f"{e}; model.pt holds the weights\n")
-        return f"no Hugging Face export: {e}"
-    if tokenizer is not None:
-        tokenizer.save_hf(hf_dir, max_length=model.config.block_size)
-    return f"Hugging Face export ({arch}): {hf_dir}"
-
-
 def hf_architecture(cfg: GPTConfig) -> tuple[str | None, str]:
     """The transformers model_type that computes exactly what `cfg` does ("gpt2", "llama" or "qwen3") and a one-line
     description, or None and the reason none does (zero_init_proj is an init: it never matters)."""
@@ -400,15 +394,11 @@ def hf_architecture(cfg: GPTConfig) -> tuple[str | None, str]:
     if cfg.pos_encoding == "learned":
         return None, ("learned positions with the modern switches: GPT-2 needs all of layernorm, gelu, biases and "
                       "tied embeddings, and Llama/Qwen3 use rotary positions")
-    reasons = []
-    if cfg.norm != "rmsnorm":
-        reasons.append("norm layernorm (Llama/Qwen3 use RMSNorm)")
-    if cfg.mlp != "swiglu":
-        reasons.append(f"mlp {cfg.mlp} (Llama/Qwen3 use SwiGLU)")
-    if cfg.bias:
-        reasons.append("biases (Llama/Qwen3 projections and norms have none)")
-    if cfg.logit_softcap is not None:
-        reasons.append("a logit soft-cap (Llama/Qwen3 have none)")
+    checks = ((cfg.norm != "rmsnorm", "norm layernorm (Llama/Qwen3 use RMSNorm)"),
+              (cfg.mlp != "swiglu", f"mlp {cfg.mlp} (Llama/Qwen3 use SwiGLU)"),
+              (cfg.bias, "biases (Llama/Qwen3 projections and norms have none)"),
+              (cfg.logit_softcap is not None, "a logit soft-cap (Llama/Qwen3 have none)"))
+    reasons = [why for bad, why in checks if bad]
     if reasons:
         return None, "rotary positions with " + ", ".join(reasons)
     if cfg.qk_norm:
@@ -429,16 +419,20 @@ def export_hf(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None = 
     assert eot is None or 0 <= eot < vocab_size, (eot, vocab_size)  # the tokenizer's own id, inside its vocabulary
     sd = {k: v.detach().to(device="cpu", dtype=torch.float32) for k, v in model.state_dict().items()}
     if arch == "gpt2":
-        tensors, hf_config = _gpt2_tensors(sd, vocab_size), _gpt2_config(cfg, vocab_size)
+        tensors, hf_config = _gpt2_export(sd, cfg, vocab_size)
     else:
-        tensors, hf_config = _llama_tensors(sd, cfg, vocab_size), _llama_config(cfg, arch, vocab_size)
-    from safetensors.torch import save as safetensors_bytes
-
+        tensors, hf_config = _llama_export(sd, cfg, arch, vocab_size)
+    blob = safetensors.torch.save({k: t.contiguous().clone() for k, t in tensors.items()}, metadata={"format": "pt"})
     out = Path(save_dir)
     out.mkdir(parents=True, exist_ok=True)
     with atomic_write(out / "model.safetensors", "wb") as f:  # weights first: a folder with a config is complete
-        f.write(safetensors_bytes({k: t.contiguous().clone() for k, t in tensors.items()}, metadata={"format": "pt"}))
-    _write_config(out, hf_config, eot)
+        f.write(blob)
+    if eot is None:
+        (out / GENERATION_CONFIG).unlink(missing_ok=True)
+    else:
+        write_text(out / GENERATION_CONFIG, json.dumps({"bos_token_id": eot, "eos_token_id": eot}, indent=2) + "\n")
+    hf_config.update(bos_token_id=eot, eos_token_id=eot)  # null without an eot
+    write_text(out / "config.json", json.dumps(hf_config, indent=2, sort_keys=True) + "\n")  # last
     return arch
 
 
@@ -454,7 +448,9 @@ def save_hf_gpt2(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None
     export_hf(model, save_dir, vocab_size, eot)
 
 
-def _gpt2_tensors(sd: dict[str, torch.Tensor], vocab_size: int) -> dict[str, torch.Tensor]:
+def _gpt2_export(sd: dict[str, torch.Tensor], cfg: GPTConfig,
+                 vocab_size: int) -> tuple[dict[str, torch.Tensor], dict]:
+    """GPT2LMHeadModel's tensors (our names are its own) and config.json."""
     tensors = {}
     for name, t in sd.items():
         if name == "lm_head.weight":
@@ -462,11 +458,7 @@ def _gpt2_tensors(sd: dict[str, torch.Tensor], vocab_size: int) -> dict[str, tor
         if name == "transformer.wte.weight":
             t = without_padding(t, vocab_size, dim=0)
         tensors[name] = t.t() if name.endswith(_CONV1D_SUFFIXES) else t
-    return tensors
-
-
-def _gpt2_config(cfg: GPTConfig, vocab_size: int) -> dict:
-    return {
+    return tensors, {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
         "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_embd": cfg.n_embd, "n_inner": None,
         "n_positions": cfg.block_size, "n_ctx": cfg.block_size, "vocab_size": vocab_size,
@@ -480,9 +472,11 @@ def _gpt2_config(cfg: GPTConfig, vocab_size: int) -> dict:
     }
 
 
-def _llama_tensors(sd: dict[str, torch.Tensor], cfg: GPTConfig, vocab_size: int) -> dict[str, torch.Tensor]:
-    """Our names -> Llama's: c_attn's rows [q; k; v] and c_fc's [gate; up] split, c_proj -> o_proj / down_proj, the
-    norms renamed. Our rotary pairs channel i with i + head_size/2, as rotate_half does: q and k need no permutation."""
+def _llama_export(sd: dict[str, torch.Tensor], cfg: GPTConfig, arch: str,
+                  vocab_size: int) -> tuple[dict[str, torch.Tensor], dict]:
+    """Llama's (or Qwen3's) tensors and config.json. Our names -> Llama's: c_attn's rows [q; k; v] and c_fc's
+    [gate; up] split, c_proj -> o_proj / down_proj, the norms renamed. Our rotary pairs channel i with i + head_size/2,
+    as rotate_half does: q and k need no permutation."""
     tensors = {"model.embed_tokens.weight": without_padding(sd["transformer.wte.weight"], vocab_size, dim=0),
                "model.norm.weight": sd["transformer.ln_f.weight"]}
     if not cfg.tie_embeddings:
@@ -502,10 +496,6 @@ def _llama_tensors(sd: dict[str, torch.Tensor], cfg: GPTConfig, vocab_size: int)
         if cfg.qk_norm:
             tensors[theirs + "self_attn.q_norm.weight"] = sd[ours + "attn.q_norm.weight"]
             tensors[theirs + "self_attn.k_norm.weight"] = sd[ours + "attn.k_norm.weight"]
-    return tensors
-
-
-def _llama_config(cfg: GPTConfig, arch: str, vocab_size: int) -> dict:
     hf_config = {
         "architectures": ["Qwen3ForCausalLM" if arch == "qwen3" else "LlamaForCausalLM"], "model_type": arch,
         "hidden_size": cfg.n_embd, "intermediate_size": cfg.swiglu_hidden, "head_dim": cfg.n_embd // cfg.n_head,
@@ -521,14 +511,4 @@ def _llama_config(cfg: GPTConfig, arch: str, vocab_size: int) -> dict:
         hf_config["mlp_bias"] = False
     else:
         hf_config.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layer)
-    return hf_config
-
-
-def _write_config(out: Path, hf_config: dict, eot: int | None) -> None:
-    """config.json (last: a folder with one is complete) and generation_config.json, `eot` as bos and eos (or null)."""
-    hf_config = {**hf_config, "bos_token_id": eot, "eos_token_id": eot}
-    if eot is None:
-        (out / GENERATION_CONFIG).unlink(missing_ok=True)
-    else:
-        write_text(out / GENERATION_CONFIG, json.dumps({"bos_token_id": eot, "eos_token_id": eot}, indent=2) + "\n")
-    write_text(out / "config.json", json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    return tensors, hf_config
