@@ -361,9 +361,7 @@ class GPT(nn.Module):
             # residual projections are scaled down so the residual stream's variance does not grow with
             # depth (2 residual additions per layer)
             if getattr(module, "_is_residual_proj", False):
-                std = 0.02 / math.sqrt(2 * self.config.n_layer)
-                if self.config.zero_init_proj:
-                    std = 0.0
+                std = 0.0 if self.config.zero_init_proj else 0.02 / math.sqrt(2 * self.config.n_layer)
             nn.init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)

@@ -1,10 +1,8 @@
-"""Every way a model comes in or goes out, so that one module knows the formats on disk. In: a model spec (
-`model.init_from`, `eval.model`, `gptcore-sample`): scratch, an OpenAI name (gpt2, gpt2-medium, -large, -xl, from the
-Hub, read without `transformers`), a Hugging Face GPT-2 folder, this project's model/ folder, or a .pt file (ours,
-nanoGPT's with `model_args`, build-nanogpt's with a pickled GPTConfig, read without running pickled code); a smaller
-block size crops the position table, a larger one is an error. Out: the model/ folder a run exports, with its
-Hugging Face export as the transformers architecture that computes exactly what the model does (GPT-2, Llama or Qwen3).
-"""
+"""Every way a model comes in or goes out, so that one module knows the formats on disk, all read and written without
+`transformers`. In, by a model spec (`model.init_from`, `eval.model`, `gptcore-sample`): scratch, an OpenAI name (gpt2,
+gpt2-medium, -large, -xl), a Hugging Face GPT-2 folder, this project's model/ folder, or a .pt file (ours, nanoGPT's,
+build-nanogpt's, read without running pickled code); a smaller block size crops the position table. Out: model/, with
+in hf/ the transformers architecture that computes exactly what the model does (GPT-2, Llama or Qwen3)."""
 from __future__ import annotations
 
 import json
@@ -30,8 +28,6 @@ MODEL_FILE = "model.pt"  # the final weights in this project's model/ folder
 NOT_EXPORTED = "NOT_EXPORTED.txt"  # in model/hf when no transformers architecture represents the model
 # The one list of OpenAI's GPT-2 checkpoints a model spec may name, and the Hub repositories that hold them.
 HF_GPT2_NAMES = {name: f"openai-community/{name}" for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}
-SPECS = (f"'scratch', one of {', '.join(HF_GPT2_NAMES)}, a Hugging Face GPT-2 folder, this project's model/ "
-         f"folder, or a checkpoint file (.pt)")
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile, DistributedDataParallel
 # build-nanogpt pickles its GPTConfig dataclass; run as a script its module is __main__, imported it is model
 _PICKLED_CONFIGS = ("__main__.GPTConfig", "model.GPTConfig", "train_gpt2.GPTConfig")
@@ -182,7 +178,9 @@ def load_model(spec: str | Path, block_size: int | None = None, dropout: float |
     elif path.is_file():
         model = _from_checkpoint(path)
     else:
-        raise UserError(f"model {name!r}: no such file or folder; expected {SPECS}")
+        raise UserError(f"model {name!r}: no such file or folder; expected 'scratch', one of "
+                        f"{', '.join(HF_GPT2_NAMES)}, a Hugging Face GPT-2 folder, this project's model/ folder, or a "
+                        f"checkpoint file (.pt)")
     if block_size is not None and block_size != model.config.block_size:
         if block_size > model.config.block_size:
             raise UserError(f"block_size={block_size} is larger than {name}'s {model.config.block_size}: "
