@@ -379,7 +379,7 @@ def export_model(model_dir: Path, model: GPT, tokenizer: Tokenizer | None, recor
     if record.get("export") == "best":
         notes.append(f"{model_dir}/: the best weights, step {record['step']} of {record['trained_steps']} (val_loss "
                      f"{record['best_val_loss']:.4f})")
-    return [n.replace(str(staged), str(model_dir)) for n in notes]
+    return notes
 
 
 def hf_architecture(cfg: GPTConfig) -> tuple[str | None, str]:
