@@ -347,8 +347,6 @@ def export_model(model_dir: Path, model: GPT, tokenizer: Tokenizer | None, recor
                  hardware: dict[str, Any] | None = None, hf_vocab_size: int | None = None) -> list[str]:
     """Build `model_dir` aside for `model` and its data's tokenizer, with `record` (step, export, ...) in model.pt and
     manifest.json, and swap it in whole; one note per fact worth showing (which HF architecture, or why none)."""
-    from gptcore.train.checkpoint import atomic_torch_save  # checkpoint.py imports this module
-
     model_dir = Path(model_dir)
     staged = staged_dir(model_dir)  # a kill leaves it behind, never a model_dir of two runs
     shutil.rmtree(staged, ignore_errors=True)  # what a killed export left
@@ -356,8 +354,10 @@ def export_model(model_dir: Path, model: GPT, tokenizer: Tokenizer | None, recor
     data = tokenizer.record() if tokenizer is not None else None
     if tokenizer is not None and hf_vocab_size is None:
         hf_vocab_size = tokenizer.vocab_size
-    atomic_torch_save({"model": model.state_dict(), "model_config": asdict(model.config),
-                       **({"data": data} if data else {}), **record}, staged / MODEL_FILE)
+    state = model.state_dict()  # saved as train/checkpoint.py's atomic_torch_save saves (that module imports this one)
+    with atomic_write(staged / MODEL_FILE, "wb", needed=sum(t.nbytes for t in state.values())) as f:
+        torch.save({FORMAT_KEY: CHECKPOINT_FORMAT, "model": state, "model_config": asdict(model.config),
+                    **({"data": data} if data else {}), **record}, f)
     hf_dir = staged / "hf"  # the Hugging Face export and, where the tokenizer can write them, its HF tokenizer files
     try:
         arch = export_hf(model, hf_dir, vocab_size=hf_vocab_size, eot=None if tokenizer is None else tokenizer.eot)
