@@ -30,12 +30,7 @@ from gptcore import distributed  # noqa: E402
 from gptcore.data.shards import TokenLoader  # noqa: E402
 from gptcore.eval.multichoice import Example, score_examples  # noqa: E402
 from gptcore.eval.val_loss import val_loss  # noqa: E402
-from gptcore.model.flops import device_peak_flops, flops_per_token  # noqa: E402
-from gptcore.model.gpt import (  # noqa: E402
-    GPT,
-    MODEL,  # noqa: E402
-    GPTConfig,
-)
+from gptcore.model.gpt import GPT, MODEL, GPTConfig, device_peak_flops, flops_per_token  # noqa: E402
 from gptcore.report.steplog import StepLogger  # noqa: E402
 from gptcore.train.loop import TrainConfig, Trainer  # noqa: E402
 from gptcore.train.params import TRAIN  # noqa: E402

@@ -7,7 +7,7 @@ then --rounds timed ones, each variant scoring every example once a round, its m
   scorer, in each of --dtypes: examples/s, the speed-up (the median of per-round ratios, with their range), the
   predictions that agree and the largest loss difference, what the full 10,042 examples would take;
 - lm-eval 0.4's `hf` model (lm_eval.models.huggingface.HFLM, float32) on the Hugging Face export of the same
-  weights (written as the train stage writes model/hf: gptcore.model.hf.export_hf and the tokenizer's save_hf)
+  weights (written as the train stage writes model/hf: gptcore.model.load.export_hf and the tokenizer's save_hf)
   beside gptcore's adapter (gptcore.eval.harness.make_lm, float32), both answering the very same lm-eval requests
   of a local HellaSwag task (lm-eval's hellaswag prompt over ../shared/ref-data's preprocessed copy), the same
   batch size; the clock covers lm.loglikelihood(requests) (tokenizing and scoring; building the requests is
@@ -119,7 +119,7 @@ def lm_eval_peers(model: GPT, folder: Path, requests: list, batch_size: int, dev
 
     from gptcore.data.tokenizers import GPT2Tokenizer
     from gptcore.eval import harness
-    from gptcore.model.hf import export_hf
+    from gptcore.model.load import export_hf
 
     tok = GPT2Tokenizer()
     export = folder / "hf"

@@ -15,7 +15,7 @@ and the same real text (Shakespeare, GPT-2 BPE):
 - the LM head and its cross-entropy alone: the plain full-logits path against gptcore's chunked lm_loss at its
   default chunk and at half and twice it, and the decision for this machine: chunked only where even its slowest
   round beats the plain path (gptcore.model.gpt.LOSS_CHUNK_ELEMENTS; GPTCORE_LOSS_CHUNK_ELEMENTS=0 forces plain).
-Each row prints tokens/s, achieved FLOP/s by the 6N + attention count (gptcore.model.flops) and that as a share of
+Each row prints tokens/s, achieved FLOP/s by the 6N + attention count (gptcore.model.gpt) and that as a share of
 the same round's matmul rate of its precision, the speed-up over nanoGPT-style fp32 eager in the same round, and the
 last loss beside nanoGPT-style's (every trainer has taken the same steps on the same batches). Each figure is the
 median over rounds with the range (min-max) in brackets. The summary checks the targets of issues 19 and 27 on the
@@ -50,8 +50,15 @@ from gptcore.data.shards import TokenLoader  # noqa: E402
 from gptcore.data.sources import package_documents  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
 from gptcore.distributed import resolve_dtype  # noqa: E402
-from gptcore.model.flops import flops_per_token  # noqa: E402
-from gptcore.model.gpt import GPT, LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_ENV, GPTConfig, lm_loss, loss_chunk_rows  # noqa: E402
+from gptcore.model.gpt import (  # noqa: E402
+    GPT,
+    LOSS_CHUNK_ELEMENTS,
+    LOSS_CHUNK_ENV,
+    GPTConfig,
+    flops_per_token,
+    lm_loss,
+    loss_chunk_rows,
+)
 from gptcore.report.steplog import StepLogger  # noqa: E402
 from gptcore.train.loop import TrainConfig, Trainer  # noqa: E402
 from gptcore.train.params import TRAIN  # noqa: E402

@@ -11,9 +11,9 @@ from gptcore.data import shards, tokenizers
 from gptcore.data.shards import TokenLoader
 from gptcore.eval.hooks import samples_folder, training_evaluators
 from gptcore.model.gpt import MODEL
-from gptcore.model.load import init_model
+from gptcore.model.load import export_model, init_model
 from gptcore.report import steplog
-from gptcore.train import checkpoint, export
+from gptcore.train import checkpoint
 from gptcore.train.loop import TrainConfig, Trainer
 from gptcore.train.params import TRAIN, fingerprint_params, preflight
 from stages.common import stage
@@ -52,8 +52,8 @@ def main() -> None:
         if env.is_main:
             weights, record = trainer.export_weights()
             record.update(final=final, shards_digest=data["shards"])  # the shards it trained on
-            s.say(*export.export_model(MODEL_DIR, weights, tok, record,
-                                       {"device": env.device.type, "processes": env.world_size}))
+            s.say(*export_model(MODEL_DIR, weights, tok, record,
+                                {"device": env.device.type, "processes": env.world_size}))
 
 
 if __name__ == "__main__":

@@ -15,12 +15,12 @@ from gptcore.model.load import (
     FORMAT_KEY,
     CheckpointRefused,
     CorruptCheckpoint,
+    export_model,
     init_model,
     load_model,
 )
 from gptcore.process import UserError
 from gptcore.train import checkpoint
-from gptcore.train.export import export_model
 
 TINY = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64)
 
@@ -232,7 +232,7 @@ def test_a_kill_during_the_export_leaves_the_previous_model_whole(tmp_path):
     assert {"model.pt", "manifest.json", "hf/config.json"} <= set(before)
     code = textwrap.dedent(f"""
         import os, signal, torch
-        import gptcore.train.export as export
+        import gptcore.model.load as export
         from gptcore.data.tokenizers import CharTokenizer
         from gptcore.model.gpt import GPT, GPTConfig
         def dying_export(*args, **kwargs):  # model.pt of the new run is written by now

@@ -22,7 +22,7 @@ import torch
 from gptcore.data.tokenizers import GPT2Tokenizer
 from gptcore.eval import harness
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.model.hf import save_hf_gpt2
+from gptcore.model.load import save_hf_gpt2
 from gptcore.process import UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"

@@ -10,7 +10,7 @@ import torch
 
 from gptcore.data import tokenizers as T
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.train.export import export_model
+from gptcore.model.load import export_model
 
 transformers = pytest.importorskip("transformers")
 needs_qwen2 = pytest.mark.skipif(importlib.util.find_spec("dashscope") is None,

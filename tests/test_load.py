@@ -13,10 +13,9 @@ from gptcore.data.tokenizers import CharTokenizer
 from gptcore.eval.sampling import main as sample_main
 from gptcore.eval.sampling import tokenizer_for
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.model.load import MODEL_FILE, init_model, load_model, read_checkpoint
+from gptcore.model.load import MODEL_FILE, export_model, init_model, load_model, read_checkpoint
 from gptcore.process import UserError
 from gptcore.train import checkpoint
-from gptcore.train.export import export_model
 
 TINY = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64)
 

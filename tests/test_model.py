@@ -7,11 +7,9 @@ import re
 import pytest
 import torch
 
-from gptcore.model.flops import device_peak_flops as peak_flops
-from gptcore.model.flops import flops_per_token, peak_flops_for_name
-from gptcore.model.gpt import GPT, MODEL, BadModelConfig, GPTConfig, file_config
-from gptcore.model.hf import load_hf_gpt2, save_hf_gpt2
-from gptcore.model.load import load_model, strip_prefixes
+from gptcore.model.gpt import GPT, MODEL, BadModelConfig, GPTConfig, file_config, flops_per_token, peak_flops_for_name
+from gptcore.model.gpt import device_peak_flops as peak_flops
+from gptcore.model.load import load_hf_gpt2, load_model, save_hf_gpt2, strip_prefixes
 from gptcore.process import UserError
 from gptcore.train.optim import build_optimizers
 

@@ -6,8 +6,7 @@ import math
 import pytest
 import torch
 
-from gptcore.model.flops import flops_per_token
-from gptcore.model.gpt import GPT, MODEL, GPTConfig, Rotary, apply_rotary
+from gptcore.model.gpt import GPT, MODEL, GPTConfig, Rotary, apply_rotary, flops_per_token
 from gptcore.params import ParamError
 from gptcore.train.optim import Optimizers, build_optimizers, set_lr
 
@@ -228,7 +227,7 @@ def test_optimizers_state_round_trip():
 ], ids=["llama_untied", "llama_tied", "qwen3"])
 def test_export_loads_in_transformers_with_the_same_logits(tmp_path, switches, arch):
     transformers = pytest.importorskip("transformers")
-    from gptcore.model.hf import export_hf
+    from gptcore.model.load import export_hf
 
     model = tiny(**{**MODERN, "logit_softcap": None, "zero_init_proj": False, "rope_base": 500.0, **switches})
     with torch.no_grad():  # trained-looking norm gains, so a swapped or missing gain would show
@@ -253,10 +252,8 @@ def test_export_loads_in_transformers_with_the_same_logits(tmp_path, switches, a
     (dict(logit_softcap=None, pos_encoding="learned"), "learned positions"),
 ])
 def test_export_refuses_what_no_architecture_represents(tmp_path, switches, reason):
-    from gptcore.model.hf import export_hf
-    from gptcore.model.load import load_model
+    from gptcore.model.load import NOT_EXPORTED, export_hf, export_model, load_model
     from gptcore.process import NotRepresentable
-    from gptcore.train.export import NOT_EXPORTED, export_model
 
     model = tiny(**{**MODERN, **switches})
     with pytest.raises(NotRepresentable, match=reason) as e:

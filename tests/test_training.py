@@ -12,9 +12,8 @@ import pytest
 import torch
 from stagekit import env, make_project, run_stage, stage_cmd, tsv, write_gpt2_shards
 
-from gptcore.model.load import load_model
+from gptcore.model.load import NOT_EXPORTED, load_model
 from gptcore.train import checkpoint
-from gptcore.train.export import NOT_EXPORTED
 
 pytestmark = pytest.mark.slow  # training runs through the stage, in subprocesses (-m "not slow" skips them)
 

@@ -12,8 +12,8 @@ from gptcore.atomic import write_text
 from gptcore.data.tokenizers import Tokenizer
 from gptcore.eval.hellaswag import hellaswag_examples
 from gptcore.eval.multichoice import Example, score_examples
-from gptcore.eval.sampling import sample
 from gptcore.eval.val_loss import val_loss, val_stream
+from gptcore.model.gpt import sample
 
 
 class Evaluator(Protocol):

@@ -2,26 +2,30 @@
 switches (rotary positions, RMSNorm, QK-norm, ReLU^2 or SwiGLU, untied head, zero-init projections, logit soft-cap),
 each off by default and, off, changing nothing.
 
-Reads top to bottom, as nanoGPT's model.py: config -> norms and rotary -> attention -> MLP -> block -> GPT; no I/O
-(loading and saving: hf.py, load.py). After Andrej Karpathy's nanoGPT and build-nanogpt, MIT licensed (NOTICE).
+Reads top to bottom, as nanoGPT's model.py: config -> norms and rotary -> attention -> MLP -> block -> the chunked
+LM loss -> GPT (generate included) -> text samples -> FLOPs per token and MFU (loading and saving: load.py). After
+Andrej Karpathy's nanoGPT and build-nanogpt, MIT licensed (NOTICE).
 """
-
 from __future__ import annotations
 
 import math
 import os
-from typing import Any
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from gptcore.process import UserError
+from gptcore.atomic import read_utf8
+from gptcore.distributed import autocast_context
 from gptcore.params import REQUIRED, Param, ParamError, Section
+from gptcore.process import UserError
 
-POS_ENCODINGS = ("learned", "rotary")
-NORMS = ("layernorm", "rmsnorm")
-MLPS = ("gelu", "relu2", "swiglu")
+if TYPE_CHECKING:
+    from gptcore.data.tokenizers import Tokenizer
+
 NORM_EPS = 1e-5  # LayerNorm's (GPT-2's) and RMSNorm's
 
 
@@ -52,11 +56,12 @@ MODEL = Section("model", {
     "dropout": Param(float, 0.0, "dropout probability while training", min=0.0, below=1.0),
     # the modern recipe's switches; the defaults are GPT-2 (conf/preset/modern_quickstart.yaml turns them on)
     "pos_encoding": Param(str, "learned", "learned (a position table) | rotary (RoPE on q and k)",
-                          choices=POS_ENCODINGS),
+                          choices=("learned", "rotary")),
     "rope_base": Param(float, 10000.0, "rotary: the wavelength base of the lowest frequency pair", above=1.0),
-    "norm": Param(str, "layernorm", "layernorm | rmsnorm", choices=NORMS),
+    "norm": Param(str, "layernorm", "layernorm | rmsnorm", choices=("layernorm", "rmsnorm")),
     "qk_norm": Param(bool, False, "RMSNorm of each head's q and k"),
-    "mlp": Param(str, "gelu", "gelu | relu2 | swiglu (hidden 8/3 n_embd, rounded to a multiple of 64)", choices=MLPS),
+    "mlp": Param(str, "gelu", "gelu | relu2 | swiglu (hidden 8/3 n_embd, rounded to a multiple of 64)",
+                 choices=("gelu", "relu2", "swiglu")),
     "tie_embeddings": Param(bool, True, "one matrix embeds and scores tokens; false: a separate lm_head"),
     "zero_init_proj": Param(bool, False, "attention and MLP output projections start at zero"),
     "zero_init_head": Param(bool, False, "the untied lm_head starts at zero (modded-nanogpt record 2024-11-03, "
@@ -100,7 +105,6 @@ class RMSNorm(nn.RMSNorm):
     stays fp32, and torch then falls back from its fused kernel (with a warning) to a slower composite."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x / rms(x) * gain over the last dimension, in x's dtype."""
         weight = self.weight.to(x.dtype) if self.weight is not None else None
         return F.rms_norm(x, self.normalized_shape, weight, self.eps)
 
@@ -144,7 +148,6 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head = config.n_head
         self.n_embd = config.n_embd
-        # q, k, v for all heads in one matmul
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.c_proj._is_residual_proj = True  # GPT._init_weights scales its init by 1/sqrt(2 * n_layer)
@@ -195,7 +198,6 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, C) -> (B, T, C)."""
         h = self.c_fc(x)
         if self.kind == "gelu":
             h = self.gelu(h)
@@ -219,7 +221,6 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """(B, T, C) -> (B, T, C)."""
         # pre-norm residual stream, as in GPT-2
         x = x + self.attn(self.ln_1(x), attn_mask, rope)
         x = x + self.mlp(self.ln_2(x))
@@ -360,20 +361,15 @@ class GPT(nn.Module):
             # residual projections are scaled down so the residual stream's variance does not grow with
             # depth (2 residual additions per layer)
             if getattr(module, "_is_residual_proj", False):
-                std = 0.02 / math.sqrt(2 * self.config.n_layer)
-                if self.config.zero_init_proj:
-                    std = 0.0
+                std = 0.0 if self.config.zero_init_proj else 0.02 / math.sqrt(2 * self.config.n_layer)
             nn.init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    # ------------------------------------------------------------------ forward
-
-    def hidden_states(
-        self, idx: torch.Tensor, pos: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def hidden_states(self, idx: torch.Tensor, pos: torch.Tensor | None = None,
+                      attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Trunk output after the final norm (B, T, n_embd) for token ids (B, T). Scorers apply `logits` to a few rows
         only; packed rows pass position ids (B, T) and a boolean mask (B, 1, T, T), True where a query may attend."""
         if idx.dim() != 2:
@@ -404,9 +400,8 @@ class GPT(nn.Module):
             logits = cap * torch.tanh(logits / cap)
         return logits
 
-    def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                reduction: str = "mean") -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Without targets: logits (B, T, vocab_size) for every position, and None. With targets: None and the
         cross-entropy against them (positions whose target is -1 are ignored), their mean or (reduction "sum")
         their sum, computed by `lm_loss` without materialising the logits."""
@@ -414,8 +409,6 @@ class GPT(nn.Module):
         if targets is None:
             return self.logits(hidden), None
         return None, lm_loss(hidden, self.lm_head.weight, targets, self.config.logit_softcap, reduction)
-
-    # ------------------------------------------------------------------ sizes and surgery
 
     def get_num_params(self, non_embedding: bool = True) -> int:
         """Parameter count, the tied wte/lm_head matrix once. With non_embedding, the lookup tables are left
@@ -445,18 +438,9 @@ class GPT(nn.Module):
             if isinstance(m, nn.Dropout):
                 m.p = float(p)
 
-    # ------------------------------------------------------------------ sampling
-
     @torch.no_grad()
-    def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        generator: torch.Generator | None = None,
-        vocab_limit: int | None = None,
-    ) -> torch.Tensor:
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 generator: torch.Generator | None = None, vocab_limit: int | None = None) -> torch.Tensor:
         """idx (B, T) with max_new_tokens sampled tokens appended (temperature 0 or top_k 1: greedy), in eval mode.
         vocab_limit keeps a padded vocabulary from emitting ids its tokenizer lacks; `generator` is on idx's device."""
         was_training = self.training
@@ -481,3 +465,86 @@ class GPT(nn.Module):
         finally:
             self.train(was_training)
         return idx
+
+
+# -- text samples, as nanoGPT's sample.py (gptcore-sample's CLI: eval/sampling.py) ------------------------------------
+def read_prompt(prompt: str) -> str:
+    """`FILE:path` reads the prompt from a file (as nanoGPT's sample.py); anything else is the prompt itself."""
+    if not prompt.startswith("FILE:"):
+        return prompt
+    path = Path(prompt[5:])
+    if not path.is_file():
+        raise UserError(f"prompt file {path} not found (from --prompt {prompt!r})")
+    return read_utf8(path)
+
+
+def sample(model: GPT, tokenizer: Tokenizer, prompt: str = "", num_samples: int = 1, max_new_tokens: int = 100,
+           temperature: float = 0.8, top_k: int | None = 200, seed: int = 1337, device: torch.device | str = "cpu",
+           dtype: torch.dtype | None = None) -> list[str]:
+    """`num_samples` continuations of `prompt` (or of end-of-text), decoded; `dtype`: autocast's (None: fp32)."""
+    device = torch.device(device)
+    ids = (tokenizer.encode(read_prompt(prompt)) if prompt else []) or [tokenizer.eot]
+    ids = ids[-model.config.block_size :]
+    x = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    model = model.to(device)
+    with autocast_context(device, dtype):
+        out = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen,
+                             vocab_limit=tokenizer.vocab_size)
+    return [tokenizer.decode(row[len(ids):].tolist()) for row in out]
+
+
+# -- FLOPs: what a run's size costs, and the share of a GPU's peak it reaches (MFU) ------------------------------------
+def flops_per_token(model: GPT) -> int:
+    """Training FLOPs per token (forward + backward) at context block_size: 6N + 12*L*H*Q*T, with N the
+    non-embedding parameter count (PaLM, Chowdhery et al. 2022, appendix B)."""
+    cfg = model.config
+    N = model.get_num_params(non_embedding=True)
+    L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.block_size
+    return 6 * N + 12 * L * H * Q * T
+
+
+def model_sizes(model: GPT) -> dict[str, int]:
+    """What makes runs of different shapes comparable: "params" (all, the tied matrix once), "params_non_embedding"
+    (GPT.get_num_params: lookup tables left out) and "flops_per_token" (training, at block_size)."""
+    return {"params": model.get_num_params(non_embedding=False),
+            "params_non_embedding": model.get_num_params(non_embedding=True),
+            "flops_per_token": flops_per_token(model)}
+
+
+def estimate_mfu(model: GPT, tokens_per_sec: float, device: torch.device | str) -> float | None:
+    """Model FLOPs utilisation of ONE device's `tokens_per_sec`: a fraction of the table's peak for `device`; None
+    when that is unknown, e.g. on CPU."""
+    peak_flops = device_peak_flops(device)
+    return None if peak_flops is None else flops_per_token(model) * tokens_per_sec / peak_flops
+
+
+# Peak dense (no 2:4 sparsity) tensor-core FLOP/s in bf16 (fp16 where there is no bf16) from NVIDIA's datasheets (the
+# sources: docs/benchmarks.md), keyed on whole words of torch.cuda.get_device_name(): specific names first.
+_PEAK_FLOPS: tuple[tuple[str, float], ...] = (  # one GPU family a line
+    ("GB200", 2.5e15), ("B200", 2.25e15),
+    ("GH200", 989e12), ("H200 NVL", 835e12), ("H200", 989e12),
+    ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12),  # "NVIDIA H100 80GB HBM3" is the SXM part
+    ("A100", 312e12), ("A10G", 70e12), ("A10", 125e12), ("A40", 149.7e12),
+    ("L40S", 362e12), ("L40", 181e12), ("L4", 121e12),
+    ("RTX 4090", 165.2e12), ("RTX 3090 Ti", 80e12), ("RTX 3090", 71e12),
+    ("V100S", 130e12), ("V100-PCIE", 112e12), ("V100", 125e12), ("T4", 65e12),
+)
+
+
+def peak_flops_for_name(device_name: str) -> float | None:
+    """Peak dense bf16 FLOP/s for a CUDA device name as torch reports it; None if unknown or a MIG slice (a part)."""
+    if "MIG" in device_name:
+        return None
+    for key, flops in _PEAK_FLOPS:
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", device_name, flags=re.IGNORECASE):
+            return flops
+    return None
+
+
+def device_peak_flops(device: torch.device | str) -> float | None:
+    """Peak dense bf16 FLOP/s of `device`; None off CUDA or if unknown."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return peak_flops_for_name(torch.cuda.get_device_name(device))

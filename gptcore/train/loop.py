@@ -16,8 +16,7 @@ from tqdm import tqdm
 from gptcore import distributed
 from gptcore.distributed import DistEnv, autocast_context, resolve_dtype
 from gptcore.eval.hooks import Evaluator
-from gptcore.model.flops import estimate_mfu, model_sizes
-from gptcore.model.gpt import GPT
+from gptcore.model.gpt import GPT, estimate_mfu, model_sizes
 from gptcore.model.load import strip_prefixes
 from gptcore.process import UserError
 from gptcore.report.steplog import StepLogger
