@@ -1,13 +1,13 @@
 """A 4-way cloze task from val tokens, for where HellaSwag means nothing (char-level, tiny corpora, other languages).
 
 A window of `context_len + ending_len` tokens inside one document: the true ending is its last `ending_len` tokens,
-the distractors are spans of that length from elsewhere. Scored by gptcore.eval.multichoice, as HellaSwag is.
+the distractors are spans of that length from elsewhere. Scored by gptcore.eval.score, as HellaSwag is.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from gptcore.eval.multichoice import Example
+from gptcore.eval.score import Example
 from gptcore.params import ParamError
 from gptcore.process import UserError
 

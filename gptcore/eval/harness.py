@@ -1,7 +1,7 @@
 """EleutherAI's lm-evaluation-harness (`lm_eval` 0.4.x) on gptcore's own model, whatever its recipe.
 
 `make_lm` is an lm-eval `LM` over a GPT and the run's tokenizer: lm-eval builds the requests and aggregates the
-metrics; the log-likelihoods come from the one scorer, gptcore.eval.multichoice.score_rows. `load_tasks` reads the
+metrics; the log-likelihoods come from the one scorer, gptcore.eval.score.score_rows. `load_tasks` reads the
 task data before any model is loaded; `run_tasks` scores it; `task_metrics` names the results as lm-eval does, under
 `lm_eval.<task>` in metrics/eval.json (apart from the completion-style `hellaswag.*` of `eval.task`).
 """
@@ -21,7 +21,7 @@ from torch import nn
 
 from gptcore.atomic import file_sha256
 from gptcore.data.tokenizers import Tokenizer
-from gptcore.eval.multichoice import Row, score_rows
+from gptcore.eval.score import Row, score_rows
 from gptcore.process import UserError
 
 SCORED_OUTPUTS = ("loglikelihood", "loglikelihood_rolling", "multiple_choice")  # generate_until would need sampling
