@@ -94,13 +94,9 @@ def val_loss(model: torch.nn.Module, tokens: np.ndarray, block_size: int, batch_
 def scored_chars(tokens: np.ndarray, tokenizer: object) -> int:
     """How many characters the targets `val_loss` scores (tokens[1:]) decode to, document by document (end-of-text is
     scored but no character): a loss per character compares across tokenizers."""
-    targets = np.asarray(tokens[1:])
-    chars, start = 0, 0
-    for cut in [*np.flatnonzero(targets == tokenizer.eot).tolist(), len(targets)]:
-        if cut > start:
-            chars += len(tokenizer.decode(targets[start:cut].tolist()))
-        start = cut + 1
-    return chars
+    targets, eot = np.asarray(tokens[1:]), tokenizer.eot
+    documents = np.split(targets, np.flatnonzero(targets == eot))  # each but the first opens with its eot
+    return sum(len(tokenizer.decode(d[d != eot].tolist())) for d in documents)
 
 
 def bits_per_char(loss: float, tokens: np.ndarray, tokenizer: object) -> float:
@@ -340,11 +336,8 @@ def score_examples(model: nn.Module, examples: Sequence[Example], vocab_size: in
 
 def write_predictions(path: str | Path, result: ChoiceResult) -> Path:
     """One JSON object per example (index, label, pred, pred_norm, sum_losses, mean_losses); atomic."""
-    path = Path(path)
-    with atomic_write(path) as f:
-        for p in result.predictions:
-            f.write(json.dumps(p) + "\n")
-    return path
+    write_text(path, "".join(json.dumps(p) + "\n" for p in result.predictions))
+    return Path(path)
 
 
 # --- HellaSwag's rows: rowanz/hellaswag's data/hellaswag_val.jsonl, its size and sha256 those Hugging Face `datasets`
@@ -360,7 +353,6 @@ Transport = Callable[[str], Iterable[bytes]]  # a URL's bytes in chunks (tests p
 
 
 def urllib_transport(url: str, timeout: float = 60.0, chunk: int = 1 << 16) -> Iterable[bytes]:
-    """The bytes at `url`, in chunks, through urllib."""
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         while block := resp.read(chunk):
             yield block
