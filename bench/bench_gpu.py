@@ -28,8 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from gptcore import distributed  # noqa: E402
 from gptcore.data.shards import TokenLoader  # noqa: E402
-from gptcore.eval.multichoice import Example, score_examples  # noqa: E402
-from gptcore.eval.val_loss import val_loss  # noqa: E402
+from gptcore.eval.score import Example, score_examples, val_loss  # noqa: E402
 from gptcore.model.gpt import GPT, MODEL, GPTConfig, device_peak_flops, flops_per_token  # noqa: E402
 from gptcore.report.steplog import StepLogger  # noqa: E402
 from gptcore.train.loop import TrainConfig, Trainer  # noqa: E402

@@ -3,7 +3,7 @@ forward per example, and gptcore's lm-eval adapter against lm-eval's own `hf` mo
 
 Same model, same examples; the variants take turns round by round (bench/rounds.py: one untimed warm-up round,
 then --rounds timed ones, each variant scoring every example once a round, its model and requests built before):
-- the per-example reference (tests/reference_scorer.py, the tests' oracle) and gptcore.eval.multichoice's packed
+- the per-example reference (tests/reference_scorer.py, the tests' oracle) and gptcore.eval.score's packed
   scorer, in each of --dtypes: examples/s, the speed-up (the median of per-round ratios, with their range), the
   predictions that agree and the largest loss difference, what the full 10,042 examples would take;
 - lm-eval 0.4's `hf` model (lm_eval.models.huggingface.HFLM, float32) on the Hugging Face export of the same
@@ -45,8 +45,14 @@ from reference_scorer import score_examples_reference  # noqa: E402
 from bench.rounds import DEFAULT_ROUNDS, Timed, fmt, ratios, time_rounds  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
 from gptcore.distributed import DTYPES  # noqa: E402
-from gptcore.eval.hellaswag import HELLASWAG_VAL_EXAMPLES, load_hellaswag  # noqa: E402
-from gptcore.eval.multichoice import ChoiceResult, Example, fit_example, score_examples  # noqa: E402
+from gptcore.eval.score import (  # noqa: E402
+    HELLASWAG_VAL_EXAMPLES,
+    ChoiceResult,
+    Example,
+    fit_example,
+    load_hellaswag,
+    score_examples,
+)
 from gptcore.model.gpt import GPT, GPTConfig  # noqa: E402
 from gptcore.model.load import load_model  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The oracle for gptcore.eval.multichoice's packed scorer, and bench_hellaswag's baseline: build-nanogpt's plain way,
+"""The oracle for gptcore.eval.score's packed scorer, and bench_hellaswag's baseline: build-nanogpt's plain way,
 one forward per example over its K context+ending rows (right-padded), full logits, masked cross-entropy."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from gptcore.distributed import autocast_context
-from gptcore.eval.multichoice import ChoiceResult, Example, fit_example
+from gptcore.eval.score import ChoiceResult, Example, fit_example
 
 
 def render_rows(example: Example, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:

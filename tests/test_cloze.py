@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptcore.eval.cloze import build_cloze, clean_windows
-from gptcore.eval.multichoice import score_examples
+from gptcore.eval.score import score_examples
 from gptcore.params import ParamError
 from gptcore.process import UserError
 

@@ -17,7 +17,7 @@ from stagekit import make_project, run_stage, tsv, write_gpt2_shards
 from gptcore import distributed
 from gptcore.data import shards as shard_io
 from gptcore.data.shards import TokenLoader
-from gptcore.eval.val_loss import val_loss
+from gptcore.eval.score import val_loss
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.report.steplog import StepLogger
 from gptcore.train import checkpoint

@@ -203,21 +203,21 @@ def test_cross_check_hellaswag_copy_against_hf(tmp_path):
 
 @pytest.mark.slow  # one lm-eval run (about 10 s)
 def test_eval_task_hellaswag_and_an_lm_eval_task_over_the_same_file_score_alike(tmp_path):
-    """One scorer: `eval.task: hellaswag` (gptcore.eval.hellaswag) and lm-eval over the same rows and prompt (the
+    """One scorer: `eval.task: hellaswag` (gptcore.eval.score) and lm-eval over the same rows and prompt (the
     context, then " " + ending) give each ending the same log-likelihood and each example the same pick."""
     if not REF.is_file():
         pytest.skip(f"reference data absent: {REF} (a clone without ../shared/ref-data)")
     from lm_eval import simple_evaluate
 
-    from gptcore.eval import hellaswag, multichoice
+    from gptcore.eval import score
 
     rows = [json.loads(line) for line, _ in zip(REF.open(encoding="utf-8"), range(40))]
     write_task(tmp_path, "hs_same", rows, "output_type: multiple_choice\ndoc_to_text: '{{ctx}}'\n"
                "doc_to_choice: '{{endings}}'\ndoc_to_target: '{{label}}'\nmetric_list:\n  - metric: acc\n")
     model, tok = tiny_model(block_size=256), GPT2Tokenizer()  # a block that cuts no row: both score whole rows
-    examples = hellaswag.hellaswag_examples(tok, tmp_path / "hs_same.jsonl", None, "eval.hellaswag_path",
-                                            progress=False, block_size=256)
-    ours = multichoice.score_examples(model, examples, tok.vocab_size, device="cpu", batch_size=8, progress=False)
+    examples = score.hellaswag_examples(tok, tmp_path / "hs_same.jsonl", None, "eval.hellaswag_path",
+                                        progress=False, block_size=256)
+    ours = score.score_examples(model, examples, tok.vocab_size, device="cpu", batch_size=8, progress=False)
     lm = harness.make_lm(model, tok, device=torch.device("cpu"), batch_size=8, progress=False)
     tasks = harness.load_tasks(["hs_same"], include=tmp_path)
     out = simple_evaluate(model=lm, tasks=tasks.items, task_manager=tasks.manager, num_fewshot=0, log_samples=True,

@@ -9,9 +9,8 @@ import pytest
 import torch
 from reference_scorer import score_examples_reference
 
-import gptcore.eval.hellaswag as hs
-from gptcore.eval.hellaswag import fetch_hellaswag, load_hellaswag, read_hellaswag
-from gptcore.eval.multichoice import score_examples
+import gptcore.eval.score as hs
+from gptcore.eval.score import fetch_hellaswag, load_hellaswag, read_hellaswag, score_examples
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.process import UserError
 

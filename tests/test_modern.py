@@ -276,7 +276,7 @@ def test_multiple_choice_fast_path_scores_a_modern_model_as_one_forward_per_exam
     from reference_scorer import score_examples_reference
     from test_multichoice import assert_same, random_examples
 
-    from gptcore.eval.multichoice import score_examples
+    from gptcore.eval.score import score_examples
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=64, vocab_size=128, n_layer=2, n_head=2, n_embd=32,

@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from reference_scorer import render_rows, score_examples_reference
 
-from gptcore.eval.multichoice import ChoiceResult, Example, fit_example, score_examples, write_predictions
+from gptcore.eval.score import ChoiceResult, Example, fit_example, score_examples, write_predictions
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.process import UserError
 

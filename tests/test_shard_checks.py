@@ -12,7 +12,7 @@ from test_tokenize import make_raw, synthetic_docs, tokenize
 
 from gptcore.data import shards as S
 from gptcore.data.shards import TokenLoader
-from gptcore.eval.val_loss import first_tokens
+from gptcore.eval.score import first_tokens
 from gptcore.process import UserError
 
 PARAMS = {"tokenizer": "gpt2", "shard_tokens": 3000, "val_tokens": 3000, "workers": 1}

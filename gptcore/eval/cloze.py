@@ -1,21 +1,15 @@
 """A 4-way cloze task from val tokens, for where HellaSwag means nothing (char-level, tiny corpora, other languages).
 
 A window of `context_len + ending_len` tokens inside one document: the true ending is its last `ending_len` tokens,
-the distractors are spans of that length from elsewhere. Scored by gptcore.eval.multichoice, as HellaSwag is.
+the distractors are spans of that length from elsewhere. Scored by gptcore.eval.score, as HellaSwag is.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from gptcore.eval.multichoice import Example
+from gptcore.eval.score import Example
 from gptcore.params import ParamError
 from gptcore.process import UserError
-
-
-def _clean(tokens: np.ndarray, start: int, length: int, eot: int, allow_first: bool) -> bool:
-    """No document boundary inside tokens[start:start+length] (an eot may open the window if allowed)."""
-    window = tokens[start + 1 if allow_first else start:start + length]
-    return not bool((window == eot).any())
 
 
 def clean_windows(tokens: np.ndarray, eot: int, window: int) -> int:
@@ -50,6 +44,7 @@ def build_cloze(tokens: np.ndarray, eot: int, n_examples: int, context_len: int,
         raise ParamError(key, n_examples, f"must be <= the {available:,} windows of {window} tokens (context "
                                           f"{context_len} + ending {ending_len}) without a document boundary in the "
                                           f"{len(tokens):,} val tokens: lower it or shorten the windows")
+    eots = np.concatenate(([0], np.cumsum(tokens == eot)))  # eots[i]: eot count in tokens[:i]
     rng = np.random.default_rng(seed)
     n_starts = len(tokens) - window + 1
     n_spans = len(tokens) - ending_len + 1
@@ -65,7 +60,7 @@ def build_cloze(tokens: np.ndarray, eot: int, n_examples: int, context_len: int,
                              f"without a document boundary; documents are too short or context_len/ending_len "
                              f"too long")
         start = int(rng.integers(n_starts))
-        if start in used or not _clean(tokens, start, window, eot, allow_first=True):
+        if start in used or eots[start + window] > eots[start + 1]:  # an eot may only open the window
             continue
         truth = tokens[start + context_len:start + window].tolist()
         endings = [truth]
@@ -75,7 +70,7 @@ def build_cloze(tokens: np.ndarray, eot: int, n_examples: int, context_len: int,
                 raise UserError(f"tokens: could not find {n_choices - 1} distinct distractor spans of {ending_len} "
                                  f"tokens without an eot; the split is too small or repetitive")
             s = int(rng.integers(n_spans))
-            if start - ending_len < s < start + window or not _clean(tokens, s, ending_len, eot, allow_first=False):
+            if start - ending_len < s < start + window or eots[s + ending_len] > eots[s]:
                 continue
             span = tokens[s:s + ending_len].tolist()
             if span not in endings:

@@ -1,8 +1,8 @@
 """EleutherAI's lm-evaluation-harness (`lm_eval` 0.4.x) on gptcore's own model, whatever its recipe.
 
 `make_lm` is an lm-eval `LM` over a GPT and the run's tokenizer: lm-eval builds the requests and aggregates the
-metrics; the log-likelihoods come from the one scorer, gptcore.eval.multichoice.score_rows. `load_tasks` reads the
-task data before any model is loaded; `run_tasks` scores it; `task_metrics` names the results as lm-eval does, under
+metrics; the log-likelihoods come from the one scorer, gptcore.eval.score.score_rows. `load_tasks` reads the
+task data before any model is loaded; `score_tasks` scores it; `task_metrics` names the results as lm-eval does, under
 `lm_eval.<task>` in metrics/eval.json (apart from the completion-style `hellaswag.*` of `eval.task`).
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch import nn
 
 from gptcore.atomic import file_sha256
 from gptcore.data.tokenizers import Tokenizer
-from gptcore.eval.multichoice import Row, score_rows
+from gptcore.eval.score import Row, score_rows
 from gptcore.process import UserError
 
 SCORED_OUTPUTS = ("loglikelihood", "loglikelihood_rolling", "multiple_choice")  # generate_until would need sampling
@@ -64,20 +64,14 @@ def make_lm(model: nn.Module, tokenizer: Tokenizer, *, device: torch.device, dty
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
     class GPTCoreLM(TemplateLM):
-        """gptcore's GPT and tokenizer as an lm-eval model (loglikelihood requests only)."""
-
         def __init__(self) -> None:
             super().__init__()
-            self.model, self.tok = model, tokenizer
-            self._device, self.dtype, self.batch_size, self.progress = torch.device(device), dtype, batch_size, progress
+            self.model, self.tok, self.max_length = model, tokenizer, model.config.block_size
+            self._device = torch.device(device)  # what lm-eval's `device` property returns
 
         @property
         def eot_token_id(self) -> int:
             return self.tok.eot
-
-        @property
-        def max_length(self) -> int:
-            return self.model.config.block_size
 
         @property
         def tokenizer_name(self) -> str:
@@ -88,8 +82,8 @@ def make_lm(model: nn.Module, tokenizer: Tokenizer, *, device: torch.device, dty
 
         def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False, **kwargs: Any) -> list:
             pairs = [(list(context), list(continuation)) for _, context, continuation in requests]
-            return score_pairs(self.model, pairs, self.tok.vocab_size, device=self._device, dtype=self.dtype,
-                               batch_size=self.batch_size, progress=self.progress and not disable_tqdm)
+            return score_pairs(self.model, pairs, self.tok.vocab_size, device=self._device, dtype=dtype,
+                               batch_size=batch_size, progress=progress and not disable_tqdm)
 
         def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
             # disjoint windows of at most block_size predicted tokens, each after one token of context (as `hf`)
@@ -150,11 +144,10 @@ def _task_source(manager: Any, task: Any) -> dict[str, Any]:
     yaml_path = Path(entry.yaml_path).resolve() if entry is not None and entry.yaml_path else None
     builtin = Path(lm_eval.__file__).resolve().parent / "tasks"
     own = yaml_path is not None and yaml_path.is_relative_to(builtin)
-    config = task.config
     return {"task_from": LM_EVAL if own else INCLUDE if yaml_path is not None else "no YAML",
             "yaml": str(yaml_path.relative_to(builtin) if own else yaml_path),
             "yaml_sha256": file_sha256(yaml_path) if yaml_path is not None and yaml_path.is_file() else None,
-            "version": task.VERSION, "dataset": [config.dataset_path, config.dataset_name],
+            "version": task.VERSION, "dataset": [task.config.dataset_path, task.config.dataset_name],
             "lm_eval_version": lm_eval.__version__}
 
 
@@ -185,12 +178,9 @@ def load_tasks(names: Sequence[str], include: str | Path | None = None, num_fews
     if include is not None and not Path(include).is_dir():
         raise UserError(f"eval.lm_eval_include={str(include)!r}: no such folder (a folder of lm-eval task YAMLs)")
     # indexing lm-eval's thousands of built-in YAMLs takes seconds: skip it when the user's folder has them all
-    manager = None
-    if include is not None:
-        manager = TaskManager(include_path=str(include), include_defaults=False)
-        if not all(name in manager.all_tasks for name in names):
-            manager = None
-    manager = manager or TaskManager(include_path=str(include) if include is not None else None)
+    manager = TaskManager(include_path=str(include), include_defaults=False) if include is not None else None
+    if manager is None or not all(name in manager.all_tasks for name in names):
+        manager = TaskManager(include_path=str(include) if include is not None else None)
     python = function_files(include) if include is not None else []
     if python and echo is not None:
         echo(f"lm-eval runs Python of eval.lm_eval_include (named by its YAMLs' !function): "
@@ -204,11 +194,10 @@ def load_tasks(names: Sequence[str], include: str | Path | None = None, num_fews
                 raise UserError(f"eval.lm_eval_tasks: lm-eval task {task.task_name!r} is a {kind} task; gptcore "
                                 f"scores {', '.join(SCORED_OUTPUTS)} tasks only")
             check_fewshot(task, num_fewshot)
-            sources[task.task_name] = _task_source(manager, task)
-            if sources[task.task_name]["task_from"] == INCLUDE and echo is not None:
-                echo(f"lm-eval task {task.task_name}: the YAML {sources[task.task_name]['yaml']} of "
-                     f"eval.lm_eval_include, not lm-eval's own (compare sets only lm-eval's own beside a published "
-                     f"figure)")
+            source = sources[task.task_name] = _task_source(manager, task)
+            if source["task_from"] == INCLUDE and echo is not None:
+                echo(f"lm-eval task {task.task_name}: the YAML {source['yaml']} of eval.lm_eval_include, not lm-eval's "
+                     f"own (compare sets only lm-eval's own beside a published figure)")
         loaded.append(out["groups"].get(name) or out["tasks"].get(name) or next(iter(out["tasks"].values())))
     return Tasks(manager, loaded, sources, python)
 
@@ -230,12 +219,15 @@ def _load_task(manager: Any, name: str, include: str | Path | None) -> dict:
                         f"({type(e).__name__}: {first[:200]}): {fix}") from None
 
 
-def run_tasks(lm: Any, tasks: Tasks, num_fewshot: int, limit: int | None,
-              seed: int = 1234) -> tuple[dict[str, Any], dict[str, float]]:
-    """`tasks` scored with `lm`, each timed alone: lm-eval's results and seconds per task (1234: lm-eval's seed)."""
+def score_tasks(model: nn.Module, tokenizer: Tokenizer, tasks: Tasks, num_fewshot: int, limit: int | None, *,
+                device: torch.device, dtype: torch.dtype | None = None, batch_size: int = 32, progress: bool = True,
+                seed: int = 1234) -> tuple[dict[str, dict[str, float | int]], dict[str, float]]:
+    """`tasks` scored on `model` through gptcore's LM, each timed alone: ({task: {metric: value}}, {task: seconds});
+    `seed` is lm-eval's few-shot seed (1234, its default)."""
     _quiet_lm_eval()
     from lm_eval import simple_evaluate
 
+    lm = make_lm(model, tokenizer, device=device, dtype=dtype, batch_size=batch_size, progress=progress)
     merged: dict[str, Any] = {}
     seconds: dict[str, float] = {}
     for task in tasks.items:
@@ -246,16 +238,7 @@ def run_tasks(lm: Any, tasks: Tasks, num_fewshot: int, limit: int | None,
             merged.setdefault(key, {}).update(out.get(key, {}))
         for name in out.get("results", {}):
             seconds[name] = time.perf_counter() - t0
-    return merged, seconds
-
-
-def score_tasks(model: nn.Module, tokenizer: Tokenizer, tasks: Tasks, num_fewshot: int, limit: int | None, *,
-                device: torch.device, dtype: torch.dtype | None = None, batch_size: int = 32,
-                progress: bool = True) -> tuple[dict[str, dict[str, float | int]], dict[str, float]]:
-    """`tasks` scored on `model` through gptcore's LM: ({task: {metric: value}}, {task: seconds})."""
-    lm = make_lm(model, tokenizer, device=device, dtype=dtype, batch_size=batch_size, progress=progress)
-    results, seconds = run_tasks(lm, tasks, num_fewshot, limit)
-    return task_metrics(results), seconds
+    return task_metrics(merged), seconds
 
 
 def task_metrics(results: dict[str, Any]) -> dict[str, dict[str, float | int]]:
@@ -265,11 +248,10 @@ def task_metrics(results: dict[str, Any]) -> dict[str, dict[str, float | int]]:
     for task, values in results.get("results", {}).items():
         row: dict[str, float | int] = {}
         for key, value in values.items():
-            if "," not in key or isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue  # "alias", stderr "N/A", ...
+            number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if "," not in key or not number:
+                continue  # "alias", stderr "N/A" or nan, ...
             metric, filt = key.split(",", 1)
-            if isinstance(value, float) and not math.isfinite(value):
-                continue
             row[metric if filt == "none" else f"{metric}_{filt}"] = value
         shots = results.get("n-shot", {}).get(task)
         if shots is not None:

@@ -10,9 +10,7 @@ import torch
 
 from gptcore.atomic import write_text
 from gptcore.data.tokenizers import Tokenizer
-from gptcore.eval.hellaswag import hellaswag_examples
-from gptcore.eval.multichoice import Example, score_examples
-from gptcore.eval.val_loss import val_loss, val_stream
+from gptcore.eval.score import Example, hellaswag_examples, score_examples, val_loss, val_stream
 from gptcore.model.gpt import sample
 
 
