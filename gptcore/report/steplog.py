@@ -148,6 +148,7 @@ class WandbLog:
         self.run.define_metric("*", step_metric="step")
 
     def log(self, step: int, metrics: Mapping[str, float | int]) -> None:
+        """Send `metrics` at dvclive's `step`."""
         self.run.log({**metrics, "step": step})
 
     def log_constants(self, metrics: Mapping[str, float | int]) -> None:
