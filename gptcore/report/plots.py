@@ -239,8 +239,7 @@ def offline_page() -> str:
         if placeholder in bundle:
             raise RuntimeError(f"vl-convert's bundle holds {placeholder}, which DVC replaces in the page")
     bundle = re.sub(r"</(script)", r"<\\/\1", bundle, flags=re.IGNORECASE)  # inline: only this ends the element
-    page = _PAGE.replace("@MARKER@", _page_marker()).replace("@QUEUE@", _QUEUE)
-    return page.replace("@BUNDLE@", bundle)
+    return _PAGE.replace("@MARKER@", _page_marker()).replace("@QUEUE@", _QUEUE).replace("@BUNDLE@", bundle)
 
 
 def _dvc_root(start: Path) -> Path:

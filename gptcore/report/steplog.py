@@ -76,11 +76,11 @@ def repair_summary(live_dir: str | Path) -> None:
         pass
     summary: dict[str, float | int] = {}
     for tsv in sorted((Path(live_dir) / "plots" / "metrics").rglob("*.tsv")):
-        with open(tsv, newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f, delimiter="\t"))
-        if rows:
-            summary[tsv.stem] = float(rows[-1][tsv.stem])
-            summary["step"] = max(int(summary.get("step", 0)), int(rows[-1]["step"]))
+        rows = _rows(tsv)
+        if len(rows) > 1:
+            last = dict(zip(rows[0], rows[-1]))
+            summary[tsv.stem] = float(last[tsv.stem])
+            summary["step"] = max(int(summary.get("step", 0)), int(last["step"]))
     write_json(path, summary, indent=4)
 
 

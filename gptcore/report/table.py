@@ -180,8 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json-out", action="store_true", help="print the groups as JSON instead of a table")
     args = ap.parse_args(argv)
     try:
-        text = sys.stdin.read() if args.json == "-" else Path(args.json).read_text(encoding="utf-8")
-        doc = json.loads(text)
+        doc = json.loads(sys.stdin.read() if args.json == "-" else Path(args.json).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         sys.exit(f"gptcore-exp-table: {args.json}: not readable as dvc exp show --json output ({e})")
     rows = experiments(doc if isinstance(doc, list) else [])
