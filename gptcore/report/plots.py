@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import re
 import sys
@@ -57,9 +58,7 @@ def smooth(values: list[float], half: int | None = None) -> list[float]:
     h = smooth_half_width(n) if half is None else half
     if h < 0:
         raise ValueError(f"half={h}: must be >= 0")
-    prefix = [0.0]
-    for x in values:
-        prefix.append(prefix[-1] + x)
+    prefix = [0.0, *itertools.accumulate(values)]
     out = []
     for i in range(n):
         k = min(h, i, n - 1 - i)
