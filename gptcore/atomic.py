@@ -2,6 +2,7 @@
 a reader, or a rerun after kill -9, sees the old file or the new one, never half of one (docs/architecture.md)."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -24,25 +25,19 @@ def temp_beside(path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
-        try:
+        with contextlib.suppress(FileExistsError):  # taken: draw another name
             open(tmp, "x").close()
             return tmp
-        except FileExistsError:
-            continue
 
 
 def fsync_dir(path: str | Path) -> None:
     """fsync a folder, so that a rename or unlink in it survives a power cut (a no-op where folders cannot be opened)."""
-    try:
+    with contextlib.suppress(OSError):  # some filesystems refuse fsync on a directory: nothing more to do there
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory: nothing more can be done there
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def publish(tmp: str | Path, path: str | Path, synced: bool = False) -> None:

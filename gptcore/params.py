@@ -58,11 +58,8 @@ class Param:
         else:
             what = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
                     list: "a list of distinct strings"}[self.kind]
-            bounds = [f">= {_num(self.min)}" if self.min is not None else "",
-                      f"> {_num(self.above)}" if self.above is not None else "",
-                      f"<= {_num(self.max)}" if self.max is not None else "",
-                      f"< {_num(self.below)}" if self.below is not None else ""]
-            bounds = [b for b in bounds if b]
+            limits = ((">=", self.min), (">", self.above), ("<=", self.max), ("<", self.below))
+            bounds = [f"{op} {_num(bound)}" for op, bound in limits if bound is not None]
             if bounds:
                 what += " " + " and ".join(bounds)
         extra = ["null" if a is None else str(a) for a in self.also]
@@ -135,15 +132,10 @@ class Section:
                                  f"unknown param (known: {', '.join(self.params)})")
         out: dict[str, Any] = {}
         for key, param in self.params.items():
-            name = f"{self.name}.{key}"
-            if key not in values:
-                if param.default is REQUIRED:
-                    raise ParamError(name, None, "required (no default): set it in the preset or params.yaml")
-                out[key] = param.default
-                continue
-            if isinstance(values[key], str) and values[key] == REQUIRED:
-                raise ParamError(name, values[key], "required (no default): set it in the preset or params.yaml")
-            out[key] = param.check(name, values[key])
+            name, value = f"{self.name}.{key}", values.get(key, param.default)
+            if isinstance(value, str) and value == REQUIRED:  # `???` given, or no default
+                raise ParamError(name, values.get(key), "required (no default): set it in the preset or params.yaml")
+            out[key] = param.check(name, value) if key in values else value
         if self.relations is not None:
             self.relations(out)
         return out

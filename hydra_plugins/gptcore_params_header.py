@@ -1,12 +1,8 @@
-"""params.yaml's header comment, kept by `dvc exp run`.
+"""params.yaml's header comment, kept by `dvc exp run`, by wrapping `OmegaConf.to_yaml` for this project's params.
 
-DVC composes params.yaml with Hydra (dvc.utils.hydra.compose_and_dump) and writes `OmegaConf.to_yaml` of the result,
-which holds no comments. Before composing, DVC has Hydra scan the `hydra_plugins` package on `hydra.plugins_path`
-(the repo root by default), which imports this module; it wraps `OmegaConf.to_yaml` so that the dump of this
-project's composed params (the `preset` key and the six sections) starts with PARAMS_HEADER. Any other config dumps
-as before. Nothing here is a Hydra plugin class: the module only needs to be imported. Without it (another
-plugins_path, a DVC that writes params.yaml another way) params.yaml is the same, less the header;
-tests/test_params_header.py checks the header through DVC's own function.
+Why a wrapper: DVC writes params.yaml as `OmegaConf.to_yaml(cfg)` (dvc.utils.hydra.compose_and_dump), with no hook
+and no way for a config to hold a comment; Hydra's plugin scan of `hydra_plugins/` imports this module just before.
+Without it (another hydra.plugins_path, a DVC that writes the file otherwise) params.yaml is the same, less the header.
 """
 from __future__ import annotations
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from gptcore.atomic import write_json
 from gptcore.report.baselines import read_baselines
-from gptcore.report.compare import describe, measured_line, split_outputs, summarize
+from gptcore.report.compare import comparable_figures, describe, final_acc_norm, measured_line, split_outputs, summarize
 from gptcore.report.params import COMPARE
-from gptcore.report.plots import read_comparable, write_offline_page, write_plot_data
+from gptcore.report.plots import write_offline_page, write_plot_data
 from gptcore.report.speedrun import describe_speedrun, speedrun_summary
 from stages.common import stage
 
@@ -39,10 +39,8 @@ def main() -> None:
         metrics, comparison = split_outputs(summary)  # what the run measured; what it was set beside
         write_json(OUT, metrics)
         write_json(COMPARISON, comparison)
-        # the evaluate stage's final multiple-choice score, for the acc_norm plot (cloze runs have no curve)
-        final = {task: run[task]["acc_norm"] for task in ("hellaswag", "cloze")
-                 if isinstance(run.get(task), dict) and run[task].get("acc_norm") is not None}
-        write_plot_data(LIVE_DIR, baselines, PLOT_DATA, final, read_comparable())  # references: where comparable
+        # the final multiple-choice scores go on the acc_norm plot (cloze has no curve); references where comparable
+        write_plot_data(LIVE_DIR, baselines, PLOT_DATA, final_acc_norm(run), comparable_figures(summary["comparable"]))
         write_offline_page()  # plots/offline.html: .dvc/config has `dvc plots show` fill it, drawn offline
         s.say(*describe(summary, baselines), f"speedrun: {describe_speedrun(summary['speedrun'])}",
               measured_line(run, summary["speedrun"]))

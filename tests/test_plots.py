@@ -15,6 +15,7 @@ import yaml
 from gptcore.process import UserError
 from gptcore.report import plots
 from gptcore.report.baselines import baseline_values, read_baselines
+from gptcore.report.compare import comparable_figures
 from stages.compare import LIVE_DIR, PLOT_DATA
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -269,36 +270,29 @@ def test_smoothed_train_loss_follows_the_quick_start_curve(tmp_path):
 
 
 def summary_with(val_loss: bool, hellaswag: bool) -> dict:
-    """metrics/summary.json's `comparable` section as compare writes it (reasons where not comparable)."""
+    """summarize's `comparable` section as compare computes it (reasons where not comparable)."""
     def entry(name: str, ok: bool) -> dict:
         return {"baseline": name, "comparable": ok, **({} if ok else {"reason": "the run's val split differs"})}
-    return {"baseline": {}, "delta": {}, "comparable": {
-        "val_loss_vs_gpt2": entry("gpt2_124m", val_loss),
-        "hellaswag_acc_norm_vs_gpt2": entry("gpt2_124m", hellaswag),
-        "hellaswag_acc_norm_vs_gpt3": entry("gpt3_124m", hellaswag),
-        "lm_eval_hellaswag_acc_norm_vs_gpt2": entry("gpt2_124m", True)}}
+    return {"val_loss_vs_gpt2": entry("gpt2_124m", val_loss),
+            "hellaswag_acc_norm_vs_gpt2": entry("gpt2_124m", hellaswag),
+            "hellaswag_acc_norm_vs_gpt3": entry("gpt3_124m", hellaswag),
+            "lm_eval_hellaswag_acc_norm_vs_gpt2": entry("gpt2_124m", True)}
 
 
-def test_read_comparable_names_the_baselines_columns(tmp_path):
+def test_comparable_figures_names_the_baselines_columns(tmp_path):
     # the committed quick start (Shakespeare, cloze): compare calls nothing comparable (metrics/comparison.json)
-    assert plots.read_comparable([ROOT / p for p in plots.COMPARABLE_FROM]) == {
+    committed = json.loads((ROOT / "metrics" / "comparison.json").read_text(encoding="utf-8"))["comparable"]
+    assert comparable_figures(committed) == {
         "gpt2_124m_val_loss": False, "gpt2_124m_hellaswag_acc_norm": False, "gpt3_124m_hellaswag_acc_norm": False}
-    (tmp_path / "summary.json").write_text(json.dumps(summary_with(True, False)), encoding="utf-8")
-    judged = plots.read_comparable([tmp_path / "missing.json", tmp_path / "summary.json"])
+    judged = comparable_figures(summary_with(True, False))
     assert judged == {"gpt2_124m_val_loss": True, "gpt2_124m_hellaswag_acc_norm": False,
                       "gpt3_124m_hellaswag_acc_norm": False}
     fake_run(tmp_path / "train")
     plots.write_plot_data(tmp_path / "train", BASELINES, tmp_path / "plots", comparable=judged)
     assert read_tsv(tmp_path / "plots" / "baselines.tsv")[1][2:] == ["3.2924", "true", "0.2955", "false",
                                                                      "0.337", "false"]
-    # once compare keeps `comparable` out of the metrics (metrics/comparison.json), that file is the one read
-    (tmp_path / "summary.json").write_text('{"delta": {}}', encoding="utf-8")
-    (tmp_path / "comparison.json").write_text(json.dumps(summary_with(False, True)), encoding="utf-8")
-    assert plots.read_comparable([tmp_path / p.name for p in plots.COMPARABLE_FROM]) == {
+    assert comparable_figures(summary_with(False, True)) == {
         "gpt2_124m_val_loss": False, "gpt2_124m_hellaswag_acc_norm": True, "gpt3_124m_hellaswag_acc_norm": True}
-    (tmp_path / "metrics.json").write_text('{"delta": {}}', encoding="utf-8")
-    with pytest.raises(UserError, match=r"metrics\.json: no `comparable` section .*run the compare stage first"):
-        plots.read_comparable([tmp_path / "metrics.json"])
 
 
 # ---------------------------------------------------------------------------------------------

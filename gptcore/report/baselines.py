@@ -28,7 +28,7 @@ LM_EVAL_FACTS = ("task_from", "num_fewshot", "samples", "source")
 
 
 def read_baselines(path: str | Path) -> dict[str, dict[str, Any]]:
-    """conf/baselines.yaml, checked: each entry a mapping with a description and numeric figures; errors name the file."""
+    """conf/baselines.yaml, checked (check_baselines): errors name the file."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
@@ -41,7 +41,7 @@ def read_baselines(path: str | Path) -> dict[str, dict[str, Any]]:
 
 
 def check_baselines(data: dict[str, Any], where: str | Path = "baselines") -> None:
-    """Raise ValueError naming `where` unless every entry is a mapping whose figures are numbers."""
+    """A UserError naming `where` unless every entry is a mapping whose figures are numbers with a `_measured_on`."""
     for entry, need in REQUIRED.items():
         missing = [f for f in need if f not in (data.get(entry) or {})]
         if missing:
@@ -50,9 +50,8 @@ def check_baselines(data: dict[str, Any], where: str | Path = "baselines") -> No
         if not isinstance(body, dict):
             raise UserError(f"{where}: {entry} must be a mapping, got {body!r}")
         for figure in FIGURES:
-            value = body.get(figure)
-            if figure in body and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
-                raise UserError(f"{where}: {entry}.{figure} must be a number, got {value!r}")
+            if figure in body and not _is_number(body[figure]):
+                raise UserError(f"{where}: {entry}.{figure} must be a number, got {body[figure]!r}")
             measured = body.get(f"{figure}_measured_on")
             if figure in body and not (isinstance(measured, dict) and set(MEASURED_ON[figure]) <= set(measured)):
                 raise UserError(f"{where}: {entry}.{figure}_measured_on must say what {figure} was measured on "

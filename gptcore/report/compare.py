@@ -2,14 +2,9 @@
 
 A delta is written only when the run measured what the baseline measured, as evaluate's metrics/measured_on.json
 records it and conf/baselines.yaml's `<figure>_measured_on` states it: val loss on the same val split (GPT-2 BPE
-tokens of the same dataset and config, split by the same rule, e.g. FineWeb-Edu sample-10BT's first 100M tokens;
-or val shards whose sha256 the baseline lists), HellaSwag on the same file (its sha256) and the full example set;
-for lm-eval figures, lm-eval's own task (not an include folder's of the same name), the same metric, few-shot count
-and full example set (lm-eval scores text, so any tokenizer compares). Otherwise `comparable` says why not.
-
-The deltas are metrics (metrics/summary.json); the baselines and `comparable` go to metrics/comparison.json, which
-DVC shows no columns of (constants and sentences make a `dvc exp show` row hundreds of characters wide); the
-stage prints the reasons.
+tokens of the same dataset and config split by the same rule, or val shards whose sha256 the baseline lists),
+HellaSwag on the same file and all its examples, an lm-eval figure on lm-eval's own task with the same metric,
+few-shot count and all its examples (lm-eval scores text, so any tokenizer compares). Else `comparable` says why not.
 """
 from __future__ import annotations
 
@@ -109,10 +104,8 @@ def summarize(run: dict[str, Any], baselines: dict[str, Any], measured: dict[str
     Returns {"baseline": {"<entry>_<figure>": value}, "delta": {...}, "comparable": {...}}: each delta key names the
     baseline it subtracts (`_vs_gpt2`: OpenAI GPT-2 124M, `_vs_gpt3`: GPT-3 Small); `comparable[key]` is
     {"baseline": entry, "comparable": whether the delta was written, "reason": why not (or SAME)}."""
-    ours = {
-        "val_loss": run.get("eval", {}).get("val_loss"),
-        "hellaswag_acc_norm": run.get("hellaswag", {}).get("acc_norm"),
-    }
+    ours = {"val_loss": run.get("eval", {}).get("val_loss"),
+            "hellaswag_acc_norm": run.get("hellaswag", {}).get("acc_norm")}
     baseline = baseline_values(baselines)  # {"gpt2_124m_val_loss": ..., ...}: the names plots and README use
     delta: dict[str, float] = {}
     comparable: dict[str, dict[str, Any]] = {}
@@ -151,15 +144,27 @@ def describe(summary: dict[str, Any], baselines: dict[str, Any]) -> list[str]:
     return lines
 
 
+def comparable_figures(comparable: dict[str, Any]) -> dict[str, bool]:
+    """summarize's `comparable` as {reference figure, a baselines.tsv column (e.g. gpt2_124m_val_loss): whether the run
+    is comparable with it}: the plots draw only those."""
+    return {f"{name}_{figure}": comparable[key]["comparable"] for key, (_, name, figure) in DELTAS.items()
+            if key in comparable}
+
+
 CHANCE = 0.25  # HellaSwag and the cloze task both pick one of 4 endings
+
+
+def final_acc_norm(run: dict[str, Any]) -> dict[str, float]:
+    """{task: acc_norm} of the multiple-choice tasks (HellaSwag, cloze) evaluate scored."""
+    return {task: run[task]["acc_norm"] for task in ("hellaswag", "cloze")
+            if isinstance(run.get(task), dict) and run[task].get("acc_norm") is not None}
 
 
 def measured_line(run: dict[str, Any], speedrun: dict[str, Any]) -> str:
     """compare's last line: what the run measured, each figure beside what it is read against (chance, the target),
     and how to set it beside the committed run."""
     parts = [f"eval val_loss {run['eval']['val_loss']:.4f}"]
-    parts += [f"{task} acc_norm {run[task]['acc_norm']:.4f} (chance {CHANCE})" for task in ("hellaswag", "cloze")
-              if isinstance(run.get(task), dict) and run[task].get("acc_norm") is not None]
+    parts += [f"{task} acc_norm {value:.4f} (chance {CHANCE})" for task, value in final_acc_norm(run).items()]
     target = speedrun.get("target_val_loss")
     if target is not None:
         parts.append(f"the target val loss {target} " + (f"reached at step {speedrun['steps_to_target']}"
@@ -168,11 +173,10 @@ def measured_line(run: dict[str, Any], speedrun: dict[str, Any]) -> str:
 
 
 def split_outputs(summary: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """`summary` (summarize's, the stage's `speedrun` figures added) as compare writes it, in two files:
-    metrics/summary.json, a DVC metric, holds only what the run measured ({"delta": ..., "speedrun": its figures}),
-    so each `dvc exp show` column is a figure of that run; metrics/comparison.json, a plain out (no columns), what it
-    was set beside: {"baseline": the published figures, "comparable": `summary`'s, "target_val_loss": the
-    speedrun's target, the param compare.target_val_loss, a column already}."""
+    """`summary` (summarize's, the stage's `speedrun` figures added) in two: metrics/summary.json, a DVC metric, holds
+    only what the run measured ({"delta", "speedrun"}), so each `dvc exp show` column is a figure of that run;
+    metrics/comparison.json, a plain out (constants and sentences would make each row hundreds of characters wide),
+    what it was set beside ({"baseline", "comparable", "target_val_loss": the param compare.target_val_loss})."""
     speedrun = summary["speedrun"]
     measured = {k: v for k, v in speedrun.items() if k != "target_val_loss"}
     return ({"delta": summary["delta"], "speedrun": measured},

@@ -1,14 +1,5 @@
-"""Plot data beside the training curves, the offline page of `dvc plots show`, and rendering DVC's plots to files.
-
-Three jobs:
-  write_plot_data     the compare stage's share: reference lines (conf/baselines.yaml's figures, each flagged with
-                      whether compare called the run comparable with it: the plots draw only those) and the loss
-                      curves with a tokens_seen column and the train loss's centred moving average, so dvc.yaml's
-                      plots can draw them against step or against tokens seen.
-  write_offline_page  plots/offline.html, the HTML template .dvc/config gives `dvc plots show/diff`: Vega, Vega-Lite
-                      and vega-embed inlined from vl-convert, so DVC's page draws offline (its own loads a CDN).
-  render_plots        the JSON of `dvc plots show --json` (or `dvc plots diff REV... --json`) -> one file per plot,
-                      drawn with vl-convert (Vega-Lite compiled and rendered locally), no browser needed.
+"""The plots: the compare stage's data beside dvclive's curves, the offline page `dvc plots show` fills, and DVC's
+plots rendered to files with vl-convert (Vega-Lite compiled and drawn locally: no browser, no network).
 
 The library never runs DVC: you run it and pipe its JSON in (console script gptcore-render-plots):
     dvc plots show --json | gptcore-render-plots                       # the workspace's plots -> plots_png/*.png
@@ -18,19 +9,18 @@ The library never runs DVC: you run it and pipe its JSON in (console script gptc
 from __future__ import annotations
 
 import argparse
-import csv
 import hashlib
-import io
+import itertools
 import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from gptcore.atomic import atomic_write
 from gptcore.process import UserError
 from gptcore.report.baselines import baseline_values
-from gptcore.report.compare import DELTAS
+from gptcore.report.steplog import read_step_tsv, write_tsv
 
 PNG_DIR = Path("plots_png")
 
@@ -38,38 +28,7 @@ PNG_DIR = Path("plots_png")
 CURVES = ("train_loss", "val_loss", "hellaswag_acc_norm")
 
 
-# ---------------------------------------------------------------------------------------------
-# plot data (the compare stage)
-
-def read_step_tsv(path: str | Path) -> list[tuple[int, float]]:
-    """A dvclive step-metric TSV (header `step<TAB>name`) -> [(step, value)], in file order."""
-    path = Path(path)
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.reader(f, delimiter="\t"))
-    if not rows:
-        raise UserError(f"{path}: empty file, expected a header `step<TAB>{path.stem}`")
-    header = rows[0]
-    name = path.stem
-    if "step" not in header or name not in header:
-        raise UserError(f"{path}: header {header} lacks 'step' or {name!r}")
-    i, j = header.index("step"), header.index(name)
-    out = []
-    for lineno, row in enumerate(rows[1:], 2):
-        try:
-            out.append((int(row[i]), float(row[j])))
-        except (ValueError, IndexError):
-            raise UserError(f"{path}: line {lineno}: expected an integer step and a number, got {row}") from None
-    return out
-
-
-def _write_tsv(path: Path, header: list[str], rows: Iterable[Iterable[Any]]) -> None:
-    buf = io.StringIO()
-    w = csv.writer(buf, delimiter="\t", lineterminator="\n")
-    w.writerow(header)
-    w.writerows(rows)
-    with atomic_write(path, "wb") as f:  # bytes: the same "\n" line ends on every OS
-        f.write(buf.getvalue().encode("utf-8"))
-
+# --- plot data (the compare stage) ---
 
 def tokens_per_step(live_dir: str | Path) -> float:
     """Tokens per optimizer step, from dvclive's tokens_seen.tsv (tokens seen after step s = (s + 1) x this).
@@ -99,9 +58,7 @@ def smooth(values: list[float], half: int | None = None) -> list[float]:
     h = smooth_half_width(n) if half is None else half
     if h < 0:
         raise ValueError(f"half={h}: must be >= 0")
-    prefix = [0.0]
-    for x in values:
-        prefix.append(prefix[-1] + x)
+    prefix = [0.0, *itertools.accumulate(values)]
     out = []
     for i in range(n):
         k = min(h, i, n - 1 - i)
@@ -116,9 +73,8 @@ def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir:
     as report.baselines.read_baselines returns them); returns their paths.
 
     out_dir/baselines.tsv   step, tokens_seen, one column per reference figure and beside each `<figure>_comparable`
-                            (true or false: `comparable`, as read_comparable returns it, names the figures compare
-                            called comparable with this run; the plots draw only those); two rows: the run's first
-                            and last logged step
+                            (true where `comparable`, compare.comparable_figures' map, says so: the plots draw only
+                            those); two rows: the run's first and last logged step
     out_dir/<curve>.tsv     step, tokens_seen, <curve> for train_loss, val_loss and hellaswag_acc_norm (those
                             the run logged); an evaluation at step s has seen s steps of tokens, a training step s
                             has seen s + 1. train_loss.tsv also has train_loss_smooth (see `smooth`), the raw
@@ -132,74 +88,42 @@ def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir:
     metrics_dir = live_dir / "plots" / "metrics"
     per_step = tokens_per_step(live_dir)
     written: list[Path] = []
-    points: list[tuple[int, int]] = []  # (step, tokens_seen) of every row, for the reference lines' span
+    curves: dict[str, list[tuple[int, int, float]]] = {}  # name -> [(step, tokens_seen, value)]
     for name in CURVES:
-        src = metrics_dir / f"{name}.tsv"
+        src, dst = metrics_dir / f"{name}.tsv", out_dir / f"{name}.tsv"
         if not src.is_file():
+            dst.unlink(missing_ok=True)  # not logged this run (say, HellaSwag on the quick start): none may linger
             continue
         done = 1 if name == "train_loss" else 0  # train_loss at step s is logged after that step's update
-        rows = [(s, round((s + done) * per_step), v) for s, v in read_step_tsv(src)]
-        points += [(s, t) for s, t, _ in rows]
-        dst = out_dir / f"{name}.tsv"
+        rows = curves[name] = [(s, round((s + done) * per_step), v) for s, v in read_step_tsv(src)]
         if name == "train_loss":
             smoothed = smooth([v for _, _, v in rows])
-            _write_tsv(dst, ["step", "tokens_seen", name, f"{name}_smooth"],
-                       ((s, t, v, round(m, 6)) for (s, t, v), m in zip(rows, smoothed)))
+            write_tsv(dst, ["step", "tokens_seen", name, f"{name}_smooth"],
+                      ((s, t, v, round(m, 6)) for (s, t, v), m in zip(rows, smoothed)))
         else:
-            _write_tsv(dst, ["step", "tokens_seen", name], rows)
+            write_tsv(dst, ["step", "tokens_seen", name], rows)
         written.append(dst)
+    points = [(s, t) for rows in curves.values() for s, t, _ in rows]  # the reference lines' span
     if not points:
         raise UserError(f"{metrics_dir}: no train_loss.tsv or val_loss.tsv rows; run the train stage first")
-    span = [(min(s for s, _ in points), min(t for _, t in points)),
-            (max(s for s, _ in points), max(t for _, t in points))]
-    acc_rows = []
-    if (metrics_dir / "hellaswag_acc_norm.tsv").is_file():
-        acc_rows += [(s, round(s * per_step), "hellaswag", v)
-                     for s, v in read_step_tsv(metrics_dir / "hellaswag_acc_norm.tsv")]
-    for task, value in (final_acc_norm or {}).items():
-        acc_rows.append((span[1][0], span[1][1], task, value))
+    first = (min(s for s, _ in points), min(t for _, t in points))
+    last = (max(s for s, _ in points), max(t for _, t in points))
+    acc_rows = [(s, t, "hellaswag", v) for s, t, v in curves.get("hellaswag_acc_norm", [])]
+    acc_rows += [(*last, task, value) for task, value in (final_acc_norm or {}).items()]
     acc = out_dir / "acc_norm.tsv"
     if acc_rows:
-        _write_tsv(acc, ["step", "tokens_seen", "task", "acc_norm"], acc_rows)
+        write_tsv(acc, ["step", "tokens_seen", "task", "acc_norm"], acc_rows)
         written.append(acc)
     else:
         acc.unlink(missing_ok=True)
-    dst = out_dir / "baselines.tsv"
     judged = comparable or {}  # a figure compare did not call comparable is not drawn
     header = ["step", "tokens_seen", *(c for name in refs for c in (name, f"{name}_comparable"))]
     row = [c for name, value in refs.items() for c in (value, "true" if judged.get(name) else "false")]
-    _write_tsv(dst, header, ([s, t, *row] for s, t in span))
-    written.append(dst)
-    # a curve this run did not log (say, HellaSwag on the quick-start) must not linger from an earlier run
-    for name in CURVES:
-        stale = out_dir / f"{name}.tsv"
-        if stale not in written:
-            stale.unlink(missing_ok=True)
-    return written
+    write_tsv(out_dir / "baselines.tsv", header, ([s, t, *row] for s, t in (first, last)))
+    return [*written, out_dir / "baselines.tsv"]
 
 
-# Where compare records which reference figures a run is comparable with (its `comparable` section, one entry per
-# delta key of gptcore.report.compare.DELTAS): the first of these files that holds one. metrics/comparison.json
-# once the baselines and reasons leave the metrics (they made `dvc exp show` rows hundreds of characters wide),
-# metrics/summary.json before
-COMPARABLE_FROM = (Path("metrics/comparison.json"), Path("metrics/summary.json"))
-
-
-def read_comparable(paths: Iterable[str | Path] = COMPARABLE_FROM) -> dict[str, bool]:
-    """{reference figure (a baselines.tsv column, e.g. gpt2_124m_val_loss): whether compare called the run comparable
-    with it}, from the `comparable` section of the first of `paths` that holds one (compare writes it just before)."""
-    paths = [Path(p) for p in paths]
-    for path in paths:
-        section = json.loads(path.read_text(encoding="utf-8")).get("comparable") if path.is_file() else None
-        if isinstance(section, dict):
-            return {f"{name}_{figure}": section[key].get("comparable") is True
-                    for key, (_, name, figure) in DELTAS.items() if isinstance(section.get(key), dict)}
-    raise UserError(f"{' or '.join(map(str, paths))}: no `comparable` section (compare's record of which baselines "
-                    "the run matches); run the compare stage first")
-
-
-# ---------------------------------------------------------------------------------------------
-# offline rendering
+# --- rendering DVC's plots to files ---
 
 FORMATS = ("png", "svg", "html")
 
@@ -218,9 +142,8 @@ def _convert(spec: dict[str, Any], fmt: str, scale: float) -> bytes:
         return vlc.vegalite_to_png(spec, scale=scale)
     if fmt == "svg":
         return vlc.vegalite_to_svg(spec).encode("utf-8")
-    if fmt == "html":  # Vega's JavaScript inlined: opens offline, interactive like `dvc plots show`
-        return vlc.vegalite_to_html(spec, bundle=True).encode("utf-8")
-    raise UserError(f"format={fmt!r}: choose one of {', '.join(FORMATS)}")
+    # html, Vega's JavaScript inlined: opens offline, interactive like `dvc plots show` (render_plots checked fmt)
+    return vlc.vegalite_to_html(spec, bundle=True).encode("utf-8")
 
 
 def render_plots(plots: Mapping[str, Any], out_dir: str | Path = PNG_DIR, fmt: str = "png", scale: float = 2.0,
@@ -250,16 +173,14 @@ def render_plots(plots: Mapping[str, Any], out_dir: str | Path = PNG_DIR, fmt: s
                 continue
             # whole legend labels: DVC's series names are file::field and get cut at 160 px otherwise
             spec["config"] = {**spec.get("config", {}), "legend": {"labelLimit": 0}}
-            filename = plot_filename(name if i == 0 else f"{name}_{i}", fmt)
-            path = out_dir / filename
+            path = out_dir / plot_filename(name if i == 0 else f"{name}_{i}", fmt)
             with atomic_write(path, "wb") as f:
                 f.write(_convert(spec, fmt, scale))
             written.append(path)
     return written
 
 
-# ---------------------------------------------------------------------------------------------
-# the offline page of `dvc plots show`
+# --- the offline page of `dvc plots show` ---
 
 # .dvc/config's plots.html_template names this file (relative to .dvc/): DVC fills it with the plots instead of its
 # own page, whose <script> tags fetch Vega from a CDN
@@ -317,8 +238,7 @@ def offline_page() -> str:
         if placeholder in bundle:
             raise RuntimeError(f"vl-convert's bundle holds {placeholder}, which DVC replaces in the page")
     bundle = re.sub(r"</(script)", r"<\\/\1", bundle, flags=re.IGNORECASE)  # inline: only this ends the element
-    page = _PAGE.replace("@MARKER@", _page_marker()).replace("@QUEUE@", _QUEUE)
-    return page.replace("@BUNDLE@", bundle)
+    return _PAGE.replace("@MARKER@", _page_marker()).replace("@QUEUE@", _QUEUE).replace("@BUNDLE@", bundle)
 
 
 def _dvc_root(start: Path) -> Path:

@@ -1,17 +1,14 @@
-"""The speedrun metric: how many tokens (and how much time) a run took to reach a target val loss.
-
-The NanoGPT speedrun (KellerJordan/modded-nanogpt) ranks recipes by the time to reach GPT-2 124M's val loss; here
-the compare stage reads the training curves dvclive wrote and reports, for `compare.target_val_loss`:
-tokens_to_target (tokens seen at the first eval whose val loss is at or below the target), the training wall
-time to that point and in all (sums of step_ms: evals, checkpoints and startup left out), and GPU-hours (wall time
-x processes) when the run trained on GPUs.
+"""The speedrun metric, as the NanoGPT speedrun (KellerJordan/modded-nanogpt) ranks recipes: the tokens seen (and the
+time) up to the first eval whose val loss is at or below a target, e.g. GPT-2 124M's. Training time is the sum of
+step_ms (evals, checkpoints and startup left out); GPU-hours are that x processes, for runs on GPUs.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Mapping
 
-from gptcore.report.plots import read_step_tsv, tokens_per_step
+from gptcore.report.plots import tokens_per_step
+from gptcore.report.steplog import read_step_tsv
 
 
 def speedrun_summary(live_dir: str | Path, target: float | None, hardware: Mapping[str, Any] | None = None

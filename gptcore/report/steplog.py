@@ -1,17 +1,51 @@
-"""Step-wise training metrics through dvclive (rank 0 only), kept consistent across a kill and resume; with
-train.wandb_log (nanoGPT's), rank 0 also sends them to Weights & Biases (dvclive stays the source)."""
+"""Step-wise training metrics through dvclive (rank 0 only), kept consistent across a kill and resume, and its step
+TSVs read and written (the compare stage's plots and speedrun read them); with train.wandb_log (nanoGPT's), rank 0
+also sends them to Weights & Biases (dvclive stays the source)."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from gptcore.atomic import atomic_write, write_json
 from gptcore.process import UserError
+
+
+def _rows(tsv: Path) -> list[list[str]]:
+    with open(tsv, newline="", encoding="utf-8") as f:
+        return list(csv.reader(f, delimiter="\t"))
+
+
+def read_step_tsv(path: str | Path) -> list[tuple[int, float]]:
+    """A dvclive step-metric TSV (header `step<TAB>name`) -> [(step, value)], in file order."""
+    path = Path(path)
+    rows = _rows(path)
+    if not rows:
+        raise UserError(f"{path}: empty file, expected a header `step<TAB>{path.stem}`")
+    header, name = rows[0], path.stem
+    if "step" not in header or name not in header:
+        raise UserError(f"{path}: header {header} lacks 'step' or {name!r}")
+    i, j = header.index("step"), header.index(name)
+    out = []
+    for lineno, row in enumerate(rows[1:], 2):
+        try:
+            out.append((int(row[i]), float(row[j])))
+        except (ValueError, IndexError):
+            raise UserError(f"{path}: line {lineno}: expected an integer step and a number, got {row}") from None
+    return out
+
+
+def write_tsv(path: Path, header: list[str], rows: Iterable[Iterable[Any]]) -> None:
+    """Replace `path` with a TSV of `header` and `rows` atomically."""
+    buf = io.StringIO()
+    csv.writer(buf, delimiter="\t", lineterminator="\n").writerows([header, *rows])
+    with atomic_write(path, "wb") as f:  # bytes: the same "\n" line ends on every OS
+        f.write(buf.getvalue().encode("utf-8"))
 
 
 def truncate_step_metrics(live_dir: str | Path, from_step: int) -> None:
@@ -20,17 +54,14 @@ def truncate_step_metrics(live_dir: str | Path, from_step: int) -> None:
     if not plots.is_dir():
         return
     for tsv in plots.rglob("*.tsv"):
-        with open(tsv, newline="", encoding="utf-8") as f:
-            rows = list(csv.reader(f, delimiter="\t"))
+        rows = _rows(tsv)
         if not rows:
             continue
         header, body = rows[0], rows[1:]
         step_col = header.index("step")
         kept = [r for r in body if int(r[step_col]) < from_step]
-        if len(kept) == len(body):
-            continue
-        with atomic_write(tsv) as f:
-            csv.writer(f, delimiter="\t", lineterminator="\n").writerows([header, *kept])
+        if len(kept) != len(body):
+            write_tsv(tsv, header, kept)
 
 
 def repair_summary(live_dir: str | Path) -> None:
@@ -45,11 +76,11 @@ def repair_summary(live_dir: str | Path) -> None:
         pass
     summary: dict[str, float | int] = {}
     for tsv in sorted((Path(live_dir) / "plots" / "metrics").rglob("*.tsv")):
-        with open(tsv, newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f, delimiter="\t"))
-        if rows:
-            summary[tsv.stem] = float(rows[-1][tsv.stem])
-            summary["step"] = max(int(summary.get("step", 0)), int(rows[-1]["step"]))
+        rows = _rows(tsv)
+        if len(rows) > 1:
+            last = dict(zip(rows[0], rows[-1]))
+            summary[tsv.stem] = float(last[tsv.stem])
+            summary["step"] = max(int(summary.get("step", 0)), int(last["step"]))
     write_json(path, summary, indent=4)
 
 

@@ -62,8 +62,7 @@ def experiments(doc: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def group(rows: list[dict[str, Any]], ignore: Iterable[str] = IGNORED) -> tuple[list[str], list[list[dict]]]:
     """The param keys whose values differ across `rows` (minus `ignore`), and the rows grouped by those values,
     groups in order of first appearance."""
-    ignore = set(ignore)
-    keys = sorted({k for r in rows for k in r["params"]} - ignore)
+    keys = sorted({k for r in rows for k in r["params"]} - set(ignore))
     varying = [k for k in keys if len({json.dumps(r["params"].get(k)) for r in rows}) > 1]
     groups: dict[str, list[dict]] = {}
     for r in rows:
@@ -71,25 +70,18 @@ def group(rows: list[dict[str, Any]], ignore: Iterable[str] = IGNORED) -> tuple[
     return varying, list(groups.values())
 
 
-def mean_std(values: list[float]) -> tuple[float | None, float | None]:
-    """Mean and sample standard deviation (None for fewer than 2 values)."""
-    if not values:
-        return None, None
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
-
-
 def summarize(rows: list[dict[str, Any]], metrics: Iterable[str] = METRICS, ignore: Iterable[str] = IGNORED
               ) -> tuple[list[str], list[dict[str, Any]]]:
-    """The varying param keys and one entry per group: {"params": {key: value}, "n", "names", "metrics":
-    {metric: {"mean", "std", "count"}}} (count: seeds that have the metric)."""
+    """The varying param keys and one entry per group: {"params": {key: value}, "n", "names", "metrics": {metric:
+    {"mean", "std" (the sample standard deviation, None under two values), "count" (seeds that have the metric)}}}."""
     varying, groups = group(rows, ignore)
     out = []
     for g in groups:
         stats = {}
         for m in metrics:
             values = [float(r["metrics"][m]) for r in g if isinstance(r["metrics"].get(m), (int, float))]
-            mean, std = mean_std(values)
-            stats[m] = {"mean": mean, "std": std, "count": len(values)}
+            stats[m] = {"mean": statistics.fmean(values) if values else None,
+                        "std": statistics.stdev(values) if len(values) > 1 else None, "count": len(values)}
         out.append({"params": {k: g[0]["params"].get(k) for k in varying}, "n": len(g),
                     "names": [r["name"] for r in g], "metrics": stats})
     return varying, out
@@ -130,8 +122,6 @@ def _order(value: Any) -> tuple:
 def _fmt(x: float | None) -> str:
     if x is None:
         return "-"
-    if x == int(x) and abs(x) >= 1000:
-        return f"{int(x):,}"
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
 
 
@@ -190,8 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json-out", action="store_true", help="print the groups as JSON instead of a table")
     args = ap.parse_args(argv)
     try:
-        text = sys.stdin.read() if args.json == "-" else Path(args.json).read_text(encoding="utf-8")
-        doc = json.loads(text)
+        doc = json.loads(sys.stdin.read() if args.json == "-" else Path(args.json).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         sys.exit(f"gptcore-exp-table: {args.json}: not readable as dvc exp show --json output ({e})")
     rows = experiments(doc if isinstance(doc, list) else [])
