@@ -129,6 +129,7 @@ class Example:
 
     @property
     def name(self) -> str:
+        """Where the example came from, for a message."""
         return self.where or f"example {self.index}"
 
 
@@ -353,6 +354,7 @@ Transport = Callable[[str], Iterable[bytes]]  # a URL's bytes in chunks (tests p
 
 
 def urllib_transport(url: str, timeout: float = 60.0, chunk: int = 1 << 16) -> Iterable[bytes]:
+    """The body of `url` in blocks (the default transport; tests pass their own)."""
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         while block := resp.read(chunk):
             yield block

@@ -105,6 +105,7 @@ class RMSNorm(nn.RMSNorm):
     stays fp32, and torch then falls back from its fused kernel (with a warning) to a slower composite."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """RMS-normalised `x`, the weight cast to its dtype."""
         weight = self.weight.to(x.dtype) if self.weight is not None else None
         return F.rms_norm(x, self.normalized_shape, weight, self.eps)
 
@@ -198,6 +199,7 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The feed-forward block of one position."""
         h = self.c_fc(x)
         if self.kind == "gelu":
             h = self.gelu(h)
@@ -221,6 +223,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """One transformer block on the residual stream."""
         # pre-norm residual stream, as in GPT-2
         x = x + self.attn(self.ln_1(x), attn_mask, rope)
         x = x + self.mlp(self.ln_2(x))
