@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from gptcore.atomic import write_text
+from gptcore.model.load import atomic_torch_save
 from gptcore.params import ParamError
 from gptcore.process import FolderBusyError, UserError, disk_error, one_line, user_error
-from gptcore.train.checkpoint import atomic_torch_save
 
 
 def test_param_and_busy_folder_errors_are_user_errors_and_bugs_are_not():

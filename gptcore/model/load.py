@@ -342,6 +342,26 @@ def _load_hf_state(model: GPT, state: dict[str, torch.Tensor], model_dir: Path) 
         raise UserError(f"{model_dir}: lm_head.weight differs from wte.weight; GPT-2 ties them")
 
 
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    """torch.save through the atomic writer (a kill mid-save leaves the old file); a dict gets the format version."""
+    if isinstance(obj, dict):
+        obj = {FORMAT_KEY: CHECKPOINT_FORMAT, **obj}
+    with atomic_write(path, "wb", needed=_tensor_bytes(obj)) as f:
+        torch.save(obj, f)
+
+
+def _tensor_bytes(obj: Any) -> int:
+    """The bytes of the tensors in a (nested) checkpoint dict: about what torch.save writes."""
+    if isinstance(obj, torch.Tensor):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+
 # -- out: model/ and its Hugging Face export ---------------------------------------------------------------------------
 def export_model(model_dir: Path, model: GPT, tokenizer: Tokenizer | None, record: dict[str, Any],
                  hardware: dict[str, Any] | None = None, hf_vocab_size: int | None = None) -> list[str]:
@@ -354,10 +374,8 @@ def export_model(model_dir: Path, model: GPT, tokenizer: Tokenizer | None, recor
     data = tokenizer.record() if tokenizer is not None else None
     if tokenizer is not None and hf_vocab_size is None:
         hf_vocab_size = tokenizer.vocab_size
-    state = model.state_dict()  # saved as train/checkpoint.py's atomic_torch_save saves (that module imports this one)
-    with atomic_write(staged / MODEL_FILE, "wb", needed=sum(t.nbytes for t in state.values())) as f:
-        torch.save({FORMAT_KEY: CHECKPOINT_FORMAT, "model": state, "model_config": asdict(model.config),
-                    **({"data": data} if data else {}), **record}, f)
+    atomic_torch_save({"model": model.state_dict(), "model_config": asdict(model.config),
+                       **({"data": data} if data else {}), **record}, staged / MODEL_FILE)
     hf_dir = staged / "hf"  # the Hugging Face export and, where the tokenizer can write them, its HF tokenizer files
     try:
         arch = export_hf(model, hf_dir, vocab_size=hf_vocab_size, eot=None if tokenizer is None else tokenizer.eot)

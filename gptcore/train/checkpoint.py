@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from gptcore import distributed
-from gptcore.atomic import TMP_SUFFIX, atomic_write, json_sha256, write_text
+from gptcore.atomic import TMP_SUFFIX, json_sha256, write_text
 from gptcore.model.gpt import GPT
-from gptcore.model.load import CHECKPOINT_FORMAT, FORMAT_KEY, CheckpointRefused, CorruptCheckpoint
+from gptcore.model.load import CheckpointRefused, CorruptCheckpoint, atomic_torch_save
 from gptcore.model.load import read_checkpoint as load_checkpoint
 from gptcore.params import ParamError
 from gptcore.process import UserError
@@ -42,25 +42,6 @@ def param_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> li
         elif a != b:
             out.append(f"{name}: {a!r} -> {b!r}")
     return out
-
-
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    """torch.save through the atomic writer (a kill mid-save leaves the old file); a dict gets the format version."""
-    if isinstance(obj, dict):
-        obj = {FORMAT_KEY: CHECKPOINT_FORMAT, **obj}
-    with atomic_write(path, "wb", needed=_tensor_bytes(obj)) as f:
-        torch.save(obj, f)
-
-
-def _tensor_bytes(obj: Any) -> int:
-    """The bytes of the tensors in a (nested) checkpoint dict: about what torch.save writes."""
-    if isinstance(obj, torch.Tensor):
-        return obj.nbytes
-    if isinstance(obj, dict):
-        return sum(_tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in obj)
-    return 0
 
 
 def list_checkpoints(ckpt_dir: Path) -> list[Path]:
