@@ -37,8 +37,7 @@ from gptcore.model.gpt import (  # noqa: E402
     GPTConfig,
 )
 from gptcore.report.steplog import StepLogger  # noqa: E402
-from gptcore.train.loop import TrainConfig, Trainer  # noqa: E402
-from gptcore.train.params import TRAIN  # noqa: E402
+from gptcore.train.loop import TRAIN, TrainConfig, Trainer  # noqa: E402
 
 PRESETS = ROOT / "conf" / "preset"
 A100_PEAK = 312e12  # dense bf16

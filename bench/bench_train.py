@@ -53,8 +53,7 @@ from gptcore.distributed import resolve_dtype  # noqa: E402
 from gptcore.model.flops import flops_per_token  # noqa: E402
 from gptcore.model.gpt import GPT, LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_ENV, GPTConfig, lm_loss, loss_chunk_rows  # noqa: E402
 from gptcore.report.steplog import StepLogger  # noqa: E402
-from gptcore.train.loop import TrainConfig, Trainer  # noqa: E402
-from gptcore.train.params import TRAIN  # noqa: E402
+from gptcore.train.loop import TRAIN, TrainConfig, Trainer  # noqa: E402
 
 
 def shakespeare_shard(folder: Path, tokens: int) -> Path:

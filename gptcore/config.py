@@ -21,7 +21,7 @@ from gptcore.eval.params import EVAL
 from gptcore.model.gpt import MODEL
 from gptcore.params import REQUIRED, Section
 from gptcore.report.params import COMPARE
-from gptcore.train.params import TRAIN
+from gptcore.train.loop import TRAIN
 
 SECTIONS: tuple[Section, ...] = (FETCH, TOKENIZE, MODEL, TRAIN, EVAL, COMPARE)
 CONFIG = Path(__file__).resolve().parents[1] / "conf" / "config.yaml"
@@ -36,7 +36,7 @@ HEADER = """\
 # Here: the schema of params.yaml (key order included) and each key's default; `???` marks what each preset must
 # set itself. A key that is not in this file needs `+` on the command line (-S +train.foo=1).
 # `dvc exp run` rewrites params.yaml from here, so change values in conf/ or with -S, not in params.yaml.
-# Written by `python -m gptcore.config` from the schemas (gptcore/*/params.py, model/gpt.py): edit those.
+# Written by `python -m gptcore.config` from the schemas (gptcore/*/params.py, model/gpt.py, train/loop.py): edit those.
 defaults:
   - _self_
   - preset: quickstart

@@ -9,13 +9,19 @@ from tqdm import tqdm
 from gptcore import distributed
 from gptcore.data import shards, tokenizers
 from gptcore.data.loader import TokenLoader
-from gptcore.eval.hooks import samples_folder, training_evaluators
 from gptcore.model.gpt import MODEL
 from gptcore.model.load import init_model
 from gptcore.report import steplog
 from gptcore.train import checkpoint, export
-from gptcore.train.loop import TrainConfig, Trainer
-from gptcore.train.params import TRAIN, fingerprint_params, preflight
+from gptcore.train.loop import (
+    TRAIN,
+    TrainConfig,
+    Trainer,
+    fingerprint_params,
+    preflight,
+    samples_folder,
+    training_evaluators,
+)
 from stages.common import stage
 
 SHARDS, CKPT_DIR, MODEL_DIR, LIVE_DIR = Path("data/shards"), Path("checkpoints"), Path("model"), Path("metrics/train")

@@ -1,35 +1,119 @@
-"""The training loop: gradient accumulation, DDP, mixed precision, clipping, eval hooks, checkpoints, resume. It knows
-a model, a batch source (`next_batch`, `state_dict`), a checkpoint folder and a logger; not shards, not DVC."""
+"""One training run: the `train:` section's schema and every check it gets before any weights exist, the evaluators
+run at its eval cadence (val loss, HellaSwag, samples) and where they are built, and the loop itself (gradient
+accumulation, DDP, mixed precision, clipping, checkpoints, resume). The loop knows a model, a batch source
+(`next_batch`, `state_dict`), a checkpoint folder and a logger; not shards, not DVC."""
 from __future__ import annotations
 
 import math
+import os
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Protocol
 
+import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from gptcore import distributed
-from gptcore.distributed import DistEnv, autocast_context, resolve_dtype
-from gptcore.eval.hooks import Evaluator
+from gptcore.atomic import write_text
+from gptcore.data import shards
+from gptcore.data.tokenizers import Tokenizer
+from gptcore.distributed import DEVICES, DTYPES, DistEnv, autocast_context, resolve_dtype
+from gptcore.eval.hellaswag import hellaswag_examples
+from gptcore.eval.multichoice import Example, score_examples
+from gptcore.eval.sampling import sample
+from gptcore.eval.val_loss import val_loss, val_stream
 from gptcore.model.flops import estimate_mfu, model_sizes
 from gptcore.model.gpt import GPT
-from gptcore.model.load import strip_prefixes
-from gptcore.process import UserError
+from gptcore.model.load import model_vocab, strip_prefixes
+from gptcore.params import REQUIRED, Param, ParamError, Section, check_val_tokens
+from gptcore.process import UserError, under_torchrun
 from gptcore.report.steplog import StepLogger
-from gptcore.train import checkpoint, memory
-from gptcore.train.optim import LRSchedule, build_optimizers, set_lr
-from gptcore.train.params import TRAIN
+from gptcore.train import checkpoint
+from gptcore.train.optim import OPTIMIZERS, SCHEDULES, LRSchedule, build_optimizers, set_lr, wsd_decay_steps
 
-TIMINGS = ("tokens_per_sec", "step_ms", "mfu")  # vary between two runs of the same params: metrics/train only
+# -- the train: section ------------------------------------------------------------------------------------------
+# resume_ok=True marks what changes how a run executes or reports but not its weights: it may differ on resume
+EXPORTS = ("final", "best")
 
 
-class NonFiniteLoss(UserError):
-    """The training loss became NaN or infinite; the run stops without saving."""
+def _relations(p: dict[str, Any]) -> None:
+    if p["warmup_steps"] > p["max_steps"]:
+        raise ParamError("train.warmup_steps", p["warmup_steps"], f"must be <= train.max_steps={p['max_steps']}")
+    decay = wsd_decay_steps(p["max_steps"], p["decay_frac"])
+    if p["schedule"] == "wsd" and p["warmup_steps"] + decay > p["max_steps"]:
+        raise ParamError("train.warmup_steps", p["warmup_steps"],
+                         f"with train.schedule wsd, warmup plus the decay's {decay} steps (train.decay_frac="
+                         f"{p['decay_frac']} of {p['max_steps']}) must fit in train.max_steps")
+
+
+TRAIN = Section("train", {
+    "nproc": Param(int, 1, "processes (GPUs) torchrun starts on this machine", min=1, resume_ok=True),
+    "device": Param(str, "auto", "auto (cuda, else mps, else cpu) | cpu | cuda | cuda:N | mps", pattern=DEVICES,
+                    what="auto, cpu, cuda, cuda:N or mps", resume_ok=True),
+    "micro_batch": Param(int, REQUIRED, "sequences per forward pass on each process", min=1, resume_ok=True),
+    "total_batch_tokens": Param(int, REQUIRED, "tokens per optimizer step, over all processes and micro steps",
+                                min=1),
+    "max_steps": Param(int, REQUIRED, "optimizer steps (0: only evaluate and export the starting weights)", min=0),
+    "warmup_steps": Param(int, REQUIRED, "linear learning-rate warmup steps", min=0),
+    "max_lr": Param(float, REQUIRED, "AdamW's peak learning rate (the default of embed_lr, head_lr and scalar_lr; "
+                                     "with optimizer adamw also the hidden matrices')", above=0.0),
+    "embed_lr": Param(float, None, "AdamW's peak rate of the token and position tables (null: max_lr); modded-"
+                                   "nanogpt's record 2024-11-03 gave the untied token table its own rate",
+                      above=0.0, also=(None,)),
+    "head_lr": Param(float, None, "AdamW's peak rate of lm_head, or of the one tied matrix (null: max_lr); "
+                                  "modded-nanogpt record 2024-11-03", above=0.0, also=(None,)),
+    "scalar_lr": Param(float, None, "AdamW's peak rate of gains and biases (null: max_lr); modded-nanogpt gives "
+                                    "its scalars their own Adam rate", above=0.0, also=(None,)),
+    "optimizer": Param(str, "adamw", "adamw | muon (Muon for the blocks' 2-D weights, each fused q/k/v or gate/up "
+                                     "matrix orthogonalised per matrix; AdamW for the rest)", choices=OPTIMIZERS),
+    "muon_lr": Param(float, 0.02, "Muon's peak rate (optimizer muon); the schedule scales it with max_lr", above=0.0),
+    "muon_momentum": Param(float, 0.95, "Muon's Nesterov momentum (optimizer muon)", min=0.0, below=1.0),
+    "muon_clip": Param(bool, True, "the gradient-norm clip covers Muon's matrices too (false: AdamW's parameters "
+                                   "only, as modded-nanogpt, which clips nothing Muon updates)"),
+    "schedule": Param(str, "cosine", "cosine (warmup, cosine decay to min_lr) | wsd (warmup, max_lr held, linear "
+                                     "decay over the last decay_frac of max_steps: modded-nanogpt, nanochat)",
+                      choices=SCHEDULES),
+    "decay_frac": Param(float, 0.2, "schedule wsd: the fraction of max_steps spent decaying to min_lr",
+                        above=0.0, max=1.0),
+    "min_lr_ratio": Param(float, 0.1, "final learning rate of the decay, as a fraction of each group's peak",
+                          min=0.0, max=1.0),
+    "weight_decay": Param(float, 0.1, "AdamW weight decay of the 2-D weights", min=0.0),
+    "beta1": Param(float, 0.9, "AdamW beta1", min=0.0, below=1.0),
+    "beta2": Param(float, 0.95, "AdamW beta2", min=0.0, below=1.0),
+    "eps": Param(float, 1.0e-08, "AdamW epsilon", above=0.0),
+    "grad_clip": Param(float, 1.0, "clip the global gradient norm to this", above=0.0),
+    "dtype": Param(str, "bfloat16", "autocast precision (float32 turns it off)", choices=tuple(sorted(DTYPES))),
+    "compile": Param(bool, False, "torch.compile the model", resume_ok=True),
+    "seed": Param(int, 1337, "seed of the initial weights, dropout and shuffling", min=0),
+    "eval_every": Param(int, REQUIRED, "evaluate every this many steps (0: only at the end)", min=0, resume_ok=True),
+    "val_tokens": Param(int, REQUIRED, "val loss over the first val_tokens tokens of the val split", min=1,
+                        resume_ok=True),
+    "val_batch": Param(int, 32, "sequences per forward pass when evaluating", min=1, resume_ok=True),
+    "ckpt_every": Param(int, REQUIRED, "save a checkpoint every this many steps", min=1, resume_ok=True),
+    "keep_checkpoints": Param(int, 2, "newest checkpoints kept in checkpoints/", min=1, resume_ok=True),
+    "shuffle": Param(bool, True, "shuffle shard and window order each epoch"),
+    "log_every": Param(int, 1, "log train metrics every this many steps", min=1, resume_ok=True),
+    "hellaswag": Param(bool, False, "HellaSwag at every eval (GPT-2 BPE data only)", resume_ok=True),
+    "hellaswag_path": Param(str, None, "a local HellaSwag val jsonl (null: download it)", also=(None,),
+                            resume_ok=True),
+    "hellaswag_examples": Param(int, None, "score the first this many HellaSwag examples (null: all 10,042)", min=1,
+                                also=(None,), resume_ok=True),
+    "samples": Param(int, 0, "text samples at each eval, written to metrics/train/samples/", min=0, resume_ok=True),
+    "sample_prompt": Param(str, "", "prompt of those samples", resume_ok=True),
+    "sample_tokens": Param(int, 32, "tokens per sample", min=1, resume_ok=True),
+    "wandb_log": Param(bool, False, "also log the step metrics to Weights & Biases (rank 0; dvclive stays)",
+                       resume_ok=True),
+    "wandb_project": Param(str, "gptcore", "the W&B project of those runs (each named after the DVC experiment)",
+                           resume_ok=True),
+    "export": Param(str, "final", "what model/ gets: final (the last weights) | best (those of the lowest val loss)",
+                    choices=EXPORTS),
+}, _relations)
+
+RESUME_OK = frozenset(k for k, p in TRAIN.params.items() if p.resume_ok)
 
 
 @TRAIN.config(frozen=True)
@@ -37,27 +121,136 @@ class TrainConfig:
     """A `train:` section as TRAIN validated it, typed: what the loop reads."""
 
 
+def check_run(model: dict[str, Any], train: dict[str, Any], world_size: int,
+              val_split_tokens: int | None = None) -> None:
+    """Checks between validated `model:` and `train:` sections, the process count and the val split's size."""
+    block = model["block_size"]
+    per_step = train["micro_batch"] * block * world_size
+    if train["total_batch_tokens"] % per_step:
+        raise ParamError("train.total_batch_tokens", train["total_batch_tokens"],
+                         f"must be a multiple of train.micro_batch * model.block_size * processes = "
+                         f"{train['micro_batch']} * {block} * {world_size} = {per_step}")
+    check_val_tokens("train.val_tokens", train["val_tokens"], block, val_split_tokens)
+
+
+def fingerprint_params(model: dict[str, Any], train: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """The params that shape the weights of a run; a checkpoint resumes only into a run with the same ones."""
+    shaping = {k: v for k, v in train.items() if k not in RESUME_OK}
+    if train["optimizer"] == "adamw":  # Muon's settings do not touch an AdamW run
+        shaping = {k: v for k, v in shaping.items() if not k.startswith("muon_")}
+    if train["schedule"] == "cosine":
+        shaping.pop("decay_frac", None)
+    return {"model": dict(model), "train": shaping, "data": dict(data)}
+
+
+def preflight(model: dict[str, Any], train: dict[str, Any], shard_dir: Path) -> None:
+    """Every check of validated `model:` and `train:` sections against the processes, the data and the memory, before
+    any weights exist: the same in a torchrun launcher (which keeps off the GPUs: its ranks check theirs) and a rank."""
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else train["nproc"]
+    check_run(model, train, world, shards.split_tokens(shard_dir, "val"))
+    device = distributed.pick_device(train["device"], int(os.environ.get("LOCAL_RANK", "0")), key="train.device")
+    if device.type != "cuda" or world == 1 or under_torchrun():
+        vocab = model_vocab(model["vocab_size"], shards.read_manifest(shard_dir)["vocab_size"])
+        distributed.check_fits(model, train, vocab, device, world)
+
+
+# -- the evaluators: the loop knows only the `Evaluator` protocol, these know the tasks -------------------------
+class Evaluator(Protocol):
+    """Runs on every rank at the eval cadence; returns metrics (the same on every rank) for rank 0 to log."""
+
+    def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]: ...
+
+
+class ValLoss:
+    """`val_loss` over fixed val tokens (every rank calls it; all get the same value)."""
+
+    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, device: torch.device,
+                 dtype: torch.dtype | None, rank: int = 0, world_size: int = 1, progress: bool = False) -> None:
+        self.args = (tokens, block_size, batch_size, device, dtype, rank, world_size, progress)
+
+    def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]:
+        return {"val_loss": val_loss(model, *self.args)}
+
+
+class ChoiceTask:
+    """A multiple-choice task (HellaSwag): `<name>_acc_norm` and `<name>_acc`."""
+
+    def __init__(self, name: str, examples: list[Example], vocab_size: int, batch_size: int, device: torch.device,
+                 dtype: torch.dtype | None, progress: bool = False) -> None:
+        self.name, self.examples, self.vocab_size = name, examples, vocab_size
+        self.kwargs = dict(device=device, batch_size=batch_size, dtype=dtype, progress=progress)
+
+    def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]:
+        r = score_examples(model, self.examples, self.vocab_size, **self.kwargs)
+        return {f"{self.name}_acc_norm": r.acc_norm, f"{self.name}_acc": r.acc}
+
+
+class TrainingSamples:
+    """On rank 0, `num_samples` continuations of `prompt` to out_dir/step_NNNNNNN.txt and `echo`; no metrics. Their
+    generator is seeded by (seed, step), never the global RNG, so a run with samples resumes bit-exactly."""
+
+    def __init__(self, tokenizer: Tokenizer, out_dir: str | Path, prompt: str, num_samples: int, max_new_tokens: int,
+                 seed: int, device: torch.device, is_main: bool, dtype: torch.dtype | None = None,
+                 echo: Callable[[str], None] | None = None) -> None:
+        self.tokenizer, self.out_dir, self.prompt = tokenizer, Path(out_dir), prompt
+        self.num_samples, self.max_new_tokens, self.seed = num_samples, max_new_tokens, seed
+        self.device, self.is_main, self.dtype, self.echo = device, is_main, dtype, echo
+
+    def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]:
+        if self.is_main and self.num_samples > 0:
+            texts = sample(model, self.tokenizer, self.prompt, self.num_samples, self.max_new_tokens,
+                           seed=self.seed * 1_000_003 + step, device=self.device, dtype=self.dtype)
+            body = "".join(f"--- step {step}, sample {i} ---\n{self.prompt}{t}\n\n" for i, t in enumerate(texts))
+            write_text(self.out_dir / f"step_{step:07d}.txt", body)
+            if self.echo is not None:
+                self.echo(body.rstrip())
+        return {}
+
+
+def samples_folder(folder: Path, samples: int, is_main: bool) -> None:
+    """metrics/train/samples, a declared out: made even when train.samples is 0, and then never empty (DVC warns of
+    an empty out after every train)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if is_main and not samples:
+        write_text(folder / "README.txt", "train.samples is 0: no samples\n")
+
+
+def training_evaluators(train: dict[str, Any], tok: Tokenizer, shard_dir: Path, samples_dir: Path, block_size: int,
+                        device: torch.device, dtype: torch.dtype | None, rank: int, world_size: int,
+                        echo: Callable[[str], None] | None = None) -> list[Evaluator]:
+    """The evaluators a `train:` section asks for (val loss, HellaSwag, samples), their data read before training."""
+    is_main = rank == 0
+    tokens = val_stream(shard_dir, train["val_tokens"], tok.vocab_size)
+    out: list[Evaluator] = [ValLoss(tokens, block_size, train["val_batch"], device, dtype, rank, world_size, is_main)]
+    if train["hellaswag"]:
+        examples = hellaswag_examples(tok, train["hellaswag_path"], train["hellaswag_examples"],
+                                      "train.hellaswag_path", progress=is_main, block_size=block_size)
+        out.append(ChoiceTask("hellaswag", examples, tok.vocab_size, train["val_batch"], device, dtype, is_main))
+    if train["samples"] > 0:
+        out.append(TrainingSamples(tok, samples_dir, train["sample_prompt"], train["samples"], train["sample_tokens"],
+                                   train["seed"], device, is_main, dtype, echo))
+    return out
+
+
+# -- the loop ---------------------------------------------------------------------------------------------------
+TIMINGS = ("tokens_per_sec", "step_ms", "mfu")  # vary between two runs of the same params: metrics/train only
+
+
+class NonFiniteLoss(UserError):
+    """The training loss became NaN or infinite; the run stops without saving."""
+
+
 class Trainer:
     """The training loop over a GPT: DDP, gradient accumulation, mixed precision, clipping, evals, checkpoints."""
 
-    def __init__(
-        self,
-        model: GPT,
-        loader: Any,
-        cfg: TrainConfig,
-        env: DistEnv,
-        ckpt_dir: Path,
-        logger: StepLogger,
-        run_params: dict[str, Any],
-        evaluators: list[Evaluator] | None = None,
-        resume_from: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, model: GPT, loader: Any, cfg: TrainConfig, env: DistEnv, ckpt_dir: Path, logger: StepLogger,
+                 run_params: dict[str, Any], evaluators: list[Evaluator] | None = None,
+                 resume_from: dict[str, Any] | None = None) -> None:
         self.cfg, self.env, self.loader = cfg, env, loader
         self.ckpt_dir, self.logger = Path(ckpt_dir), logger
         self.run_params, self.fingerprint = run_params, checkpoint.run_fingerprint(run_params)
         self.evaluators = evaluators or []
-        self.device = env.device
-        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        self.device, self.dtype = env.device, resolve_dtype(cfg.dtype, env.device)
         self.autocast = autocast_context(self.device, self.dtype)
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -78,8 +271,7 @@ class Trainer:
         self._first_bad = torch.full((), -1, dtype=torch.long, device=self.device)  # see train_step
         if resume_from is not None:
             self._restore(resume_from)
-        # Dropout and any sampling differ per rank; weights start equal (DDP also broadcasts rank 0's).
-        if resume_from is None:
+        else:  # dropout and any sampling differ per rank; weights start equal (DDP also broadcasts rank 0's)
             torch.manual_seed(cfg.seed + env.rank)
 
         model_for_step: torch.nn.Module = self.raw_model
@@ -205,12 +397,12 @@ class Trainer:
 
     def measured_step(self) -> dict[str, Any]:
         """`train_step`, out of memory as one line naming train.micro_batch; the first two steps' peak (the second holds
-        the optimizer state) stops a run that nearly does not fit (gptcore.train.memory)."""
+        the optimizer state) stops a run that nearly does not fit (gptcore.distributed)."""
         cfg = self.cfg
         sequences = cfg.total_batch_tokens // (self.raw_model.config.block_size * self.env.world_size)
         if self.memory_probe is None and self.memory_steps == 0:
-            self.memory_probe = memory.FirstSteps(self.device, self.raw_model, self.optimizer)
-        with memory.out_of_memory_named(cfg.micro_batch, sequences, self.device):
+            self.memory_probe = distributed.FirstSteps(self.device, self.raw_model, self.optimizer)
+        with distributed.out_of_memory_named(cfg.micro_batch, sequences, self.device):
             out = self.train_step()
         self.memory_steps += 1
         if self.memory_probe is not None and (self.memory_steps == 2 or self.step == cfg.max_steps - 1):
