@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import re
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ContextManager, Iterable, Iterator
@@ -53,7 +53,7 @@ def pick_device(device: str = "auto", local_rank: int = 0, key: str = "device") 
         device = "cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu"
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
-            build = "a CPU build of torch" if torch.version.cuda is None else f"torch built for CUDA {torch.version.cuda}"
+            build = f"torch built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU build of torch"
             raise ParamError(key, device, f"no CUDA GPU is visible ({build}): set auto or cpu, or run where a GPU is")
         index = local_rank if device == "cuda" else int(device.split(":")[1])
         if index >= torch.cuda.device_count():
@@ -204,14 +204,13 @@ def check_fits(model: dict[str, Any], train: dict[str, Any], vocab_size: int, de
     need = train_bytes(model, train, vocab_size) * sharing
     if need <= free:
         return
-    n = matrix_params(model, vocab_size)
     on = f"{processes} processes on the cpu" if sharing > 1 else str(device)
     raise UserError(
         f"params.yaml model.n_layer={model['n_layer']}, model.n_embd={model['n_embd']}, "
         f"train.micro_batch={train['micro_batch']}, model.block_size={model['block_size']}: training needs at least "
-        f"{need / GIB:,.1f} GiB ({n / 1e6:,.0f}M weights with their gradients and optimizer state, and the "
-        f"activations of one micro-batch) and {on} has {free / GIB:,.1f} GiB free: make the model smaller or "
-        f"lower train.micro_batch")
+        f"{need / GIB:,.1f} GiB ({matrix_params(model, vocab_size) / 1e6:,.0f}M weights with their gradients and "
+        f"optimizer state, and the activations of one micro-batch) and {on} has {free / GIB:,.1f} GiB free: make the "
+        f"model smaller or lower train.micro_batch")
 
 
 def _proc_status_kib(field: str) -> int | None:
@@ -234,10 +233,8 @@ def reset_peak(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return
-    try:
+    with suppress(OSError):  # not Linux, or an old kernel: the peak since the start of the process (an upper bound)
         Path("/proc/self/clear_refs").write_text("5")
-    except OSError:  # not Linux, or an old kernel: the peak since the start of the process (an upper bound)
-        pass
 
 
 def peak_bytes(device: torch.device) -> int:

@@ -56,19 +56,14 @@ def _tensor_bytes(obj: Any) -> int:
     """The bytes of the tensors in a (nested) checkpoint dict: about what torch.save writes."""
     if isinstance(obj, torch.Tensor):
         return obj.nbytes
-    if isinstance(obj, dict):
-        return sum(_tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in obj)
-    return 0
+    parts = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    return sum(_tensor_bytes(v) for v in parts)
 
 
-def list_checkpoints(ckpt_dir: Path) -> list[Path]:
-    """Finished checkpoints, oldest first (temp files from an interrupted save never match)."""
+def list_checkpoints(ckpt_dir: Path, pattern: re.Pattern = CKPT_RE) -> list[Path]:
+    """Finished checkpoints (or other files `pattern` names), oldest first; temp files of a killed save never match."""
     ckpt_dir = Path(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        return []
-    return sorted(p for p in ckpt_dir.iterdir() if CKPT_RE.match(p.name))
+    return sorted(p for p in ckpt_dir.iterdir() if pattern.match(p.name)) if ckpt_dir.is_dir() else []
 
 
 def save_checkpoint(ckpt_dir: Path, step: int, state: dict[str, Any], keep: int) -> Path:
@@ -231,8 +226,7 @@ def move_aside(ckpt_dir: Path, also: list[Path] = ()) -> Path | None:
     if not ckpts and not others:
         return None
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    dest = ckpt_dir / PREVIOUS / stamp
-    n = 1
+    dest, n = ckpt_dir / PREVIOUS / stamp, 1
     while dest.exists():  # two fresh starts within one second
         n += 1
         dest = ckpt_dir / PREVIOUS / f"{stamp}-{n}"
@@ -304,16 +298,12 @@ def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, al
 # weights its checkpoint recorded, even if a later improvement was written before the kill
 
 def best_path(ckpt_dir: Path, step: int) -> Path:
-    """checkpoints/best_{step:07d}.pt"""
     return Path(ckpt_dir) / f"best_{step:07d}.pt"
 
 
 def list_best(ckpt_dir: Path) -> list[Path]:
     """Best-weights files, oldest first."""
-    ckpt_dir = Path(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        return []
-    return sorted(p for p in ckpt_dir.iterdir() if BEST_RE.match(p.name))
+    return list_checkpoints(ckpt_dir, BEST_RE)
 
 
 def save_best(ckpt_dir: Path, step: int, model: GPT, val_loss: float, run_fingerprint: str) -> Path:

@@ -1,7 +1,8 @@
-"""One training run: the `train:` section's schema and every check it gets before any weights exist, the evaluators
-run at its eval cadence (val loss, HellaSwag, samples) and where they are built, and the loop itself (gradient
-accumulation, DDP, mixed precision, clipping, checkpoints, resume). The loop knows a model, a batch source
-(`next_batch`, `state_dict`), a checkpoint folder and a logger; not shards, not DVC."""
+"""One training run, from its params to its last step: the `train:` section's schema (`TRAIN`, `TrainConfig`) and
+every check a run gets before any weights exist (`preflight`); the evaluators run at its eval cadence (val loss,
+HellaSwag, samples) and where they are built; and the loop (gradient accumulation, DDP, mixed precision, clipping,
+checkpoints, resume), which knows a model, a batch source (`next_batch`, `state_dict`, `grad_accum`), a checkpoint
+folder and a logger; not shards, not DVC."""
 from __future__ import annotations
 
 import math
@@ -10,7 +11,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -35,11 +36,8 @@ from gptcore.report.steplog import StepLogger
 from gptcore.train import checkpoint
 from gptcore.train.optim import OPTIMIZERS, SCHEDULES, LRSchedule, build_optimizers, set_lr, wsd_decay_steps
 
+
 # -- the train: section ------------------------------------------------------------------------------------------
-# resume_ok=True marks what changes how a run executes or reports but not its weights: it may differ on resume
-EXPORTS = ("final", "best")
-
-
 def _relations(p: dict[str, Any]) -> None:
     if p["warmup_steps"] > p["max_steps"]:
         raise ParamError("train.warmup_steps", p["warmup_steps"], f"must be <= train.max_steps={p['max_steps']}")
@@ -50,6 +48,7 @@ def _relations(p: dict[str, Any]) -> None:
                          f"{p['decay_frac']} of {p['max_steps']}) must fit in train.max_steps")
 
 
+# resume_ok=True marks what changes how a run executes or reports but not its weights: it may differ on resume
 TRAIN = Section("train", {
     "nproc": Param(int, 1, "processes (GPUs) torchrun starts on this machine", min=1, resume_ok=True),
     "device": Param(str, "auto", "auto (cuda, else mps, else cpu) | cpu | cuda | cuda:N | mps", pattern=DEVICES,
@@ -110,7 +109,7 @@ TRAIN = Section("train", {
     "wandb_project": Param(str, "gptcore", "the W&B project of those runs (each named after the DVC experiment)",
                            resume_ok=True),
     "export": Param(str, "final", "what model/ gets: final (the last weights) | best (those of the lowest val loss)",
-                    choices=EXPORTS),
+                    choices=("final", "best")),
 }, _relations)
 
 RESUME_OK = frozenset(k for k, p in TRAIN.params.items() if p.resume_ok)
@@ -155,10 +154,8 @@ def preflight(model: dict[str, Any], train: dict[str, Any], shard_dir: Path) -> 
 
 
 # -- the evaluators: the loop knows only the `Evaluator` protocol, these know the tasks -------------------------
-class Evaluator(Protocol):
-    """Runs on every rank at the eval cadence; returns metrics (the same on every rank) for rank 0 to log."""
-
-    def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]: ...
+# an evaluator runs on every rank at the eval cadence: (model, step) -> metrics, the same on every rank, for rank 0
+Evaluator = Callable[[torch.nn.Module, int], dict[str, float]]
 
 
 class ValLoss:
@@ -274,12 +271,9 @@ class Trainer:
         else:  # dropout and any sampling differ per rank; weights start equal (DDP also broadcasts rank 0's)
             torch.manual_seed(cfg.seed + env.rank)
 
-        model_for_step: torch.nn.Module = self.raw_model
-        if cfg.compile:
-            model_for_step = torch.compile(model_for_step)
+        self.model: torch.nn.Module = torch.compile(self.raw_model) if cfg.compile else self.raw_model
         if env.ddp:
-            model_for_step = DDP(model_for_step, device_ids=[env.local_rank] if self.device.type == "cuda" else None)
-        self.model = model_for_step
+            self.model = DDP(self.model, device_ids=[env.local_rank] if self.device.type == "cuda" else None)
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def _restore(self, ckpt: dict[str, Any]) -> None:
@@ -300,7 +294,8 @@ class Trainer:
             torch.manual_seed(self.cfg.seed + self.env.rank + 7919 * self.step)
 
     def save(self) -> Path | None:
-        """Collective (gathers every rank's RNG state); rank 0 writes."""
+        """After `check_finite`, collective (gathers every rank's RNG state); rank 0 writes."""
+        self.check_finite()
         rngs = distributed.all_gather_objects(checkpoint.capture_rng())
         if not self.env.is_main:
             return None
@@ -341,13 +336,16 @@ class Trainer:
         return self.raw_model, {**record, "step": self.best_step, "best_step": self.best_step,
                                 "best_val_loss": self.best_val_loss, "trained_steps": self.step}
 
-    # -- the loop ----------------------------------------------------------------------------------------------
+    # -- the steps ---------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """Run every evaluator on the raw model at this step; their metrics, merged."""
+        """After `check_finite`, every evaluator on the raw model at this step; their metrics, merged and logged."""
+        self.check_finite()
         out: dict[str, float] = {}
         for ev in self.evaluators:
             out.update(ev(self.raw_model, self.step))
         out.update(self._track_best(out.get("val_loss")))
+        self.logger.log(self.step, out)
+        self.final.update(out)
         return out
 
     def _track_best(self, val_loss: float | None) -> dict[str, float]:
@@ -370,9 +368,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(accum):
-            x, y = self.loader.next_batch()
-            x = x.to(self.device, non_blocking=True)
-            y = y.to(self.device, non_blocking=True)
+            x, y = (t.to(self.device, non_blocking=True) for t in self.loader.next_batch())
             # Only the last micro step all-reduces gradients.
             sync = nullcontext() if (not self.env.ddp or micro == accum - 1) else self.model.no_sync()
             with sync:
@@ -387,9 +383,8 @@ class Trainer:
         for opt in self.optimizer:  # GradScaler keeps per-optimizer state: unscale and step each
             self.scaler.unscale_(opt)
         # train.muon_clip false: the clip (and grad_norm) covers AdamW's parameters only
-        clipped = self.optimizer.clip_params
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters() if clipped is None else clipped,
-                                                   cfg.grad_clip)
+        clipped = self.raw_model.parameters() if self.optimizer.clip_params is None else self.optimizer.clip_params
+        grad_norm = torch.nn.utils.clip_grad_norm_(clipped, cfg.grad_clip)
         for opt in self.optimizer:
             self.scaler.step(opt)
         self.scaler.update()
@@ -400,7 +395,7 @@ class Trainer:
         the optimizer state) stops a run that nearly does not fit (gptcore.distributed)."""
         cfg = self.cfg
         sequences = cfg.total_batch_tokens // (self.raw_model.config.block_size * self.env.world_size)
-        if self.memory_probe is None and self.memory_steps == 0:
+        if self.memory_steps == 0:
             self.memory_probe = distributed.FirstSteps(self.device, self.raw_model, self.optimizer)
         with distributed.out_of_memory_named(cfg.micro_batch, sequences, self.device):
             out = self.train_step()
@@ -415,10 +410,9 @@ class Trainer:
         writes no weights."""
         bad = int(self._first_bad)
         if bad >= 0:
-            last = checkpoint.latest_checkpoint(self.ckpt_dir)
-            raise NonFiniteLoss(
-                f"non-finite training loss at step {bad}; last good checkpoint: {last or 'none'}. Lower "
-                f"train.max_lr or check the data; the run stopped without saving.")
+            raise NonFiniteLoss(f"non-finite training loss at step {bad}; last good checkpoint: "
+                                f"{checkpoint.latest_checkpoint(self.ckpt_dir) or 'none'}. Lower train.max_lr or "
+                                f"check the data; the run stopped without saving.")
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -443,18 +437,14 @@ class Trainer:
         while self.step < cfg.max_steps:
             if cfg.eval_every > 0 and self.step % cfg.eval_every == 0:
                 elapsed, started = pause(), None
-                self.check_finite()
-                metrics = self.evaluate()
-                self.logger.log(self.step, metrics)
-                final.update(metrics)
+                self.evaluate()
             if started is None:
                 self._sync()
                 started = time.perf_counter()
             out = self.measured_step()
             steps += 1
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps - 1:
-                dt, started, elapsed = pause() / steps, None, 0.0
-                steps = 0
+                dt, started, elapsed, steps = pause() / steps, None, 0.0, 0
                 self.check_finite()
                 stats = {"train_loss": float(out["train_loss"]), "lr": out["lr"],
                          "grad_norm": float(out["grad_norm"]), "tokens_per_sec": step_tokens / dt,
@@ -470,13 +460,9 @@ class Trainer:
             bar.update(1)
             if self.step % cfg.ckpt_every == 0 and self.step < cfg.max_steps:
                 elapsed, started = pause(), None
-                self.check_finite()
                 self.save()
         bar.close()
-        self.check_finite()
-        metrics = self.evaluate()
-        self.logger.log(self.step, metrics)
-        final.update(metrics)
+        self.evaluate()
         if self.step > 0:  # max_steps 0 (evaluate a starting point) leaves nothing worth resuming
             self.save()
         return {k: v for k, v in final.items() if k not in TIMINGS}
