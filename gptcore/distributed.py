@@ -167,11 +167,10 @@ def matrix_params(model: dict[str, Any], vocab_size: int) -> int:
 def train_bytes(model: dict[str, Any], train: dict[str, Any], vocab_size: int) -> int:
     """A lower bound of one training process's memory in bytes: the matrices with their gradients and optimizer state
     in fp32 (AdamW: 16 bytes a weight, Muon: 12) and the 10 n_embd values a token each block keeps for backward."""
-    n = matrix_params(model, vocab_size)
     state = 16 if train.get("optimizer", "adamw") == "adamw" else 12
     act_bytes = 4 if train.get("dtype") == "float32" else 2
     activations = train["micro_batch"] * model["block_size"] * model["n_layer"] * 10 * model["n_embd"] * act_bytes
-    return n * state + activations
+    return matrix_params(model, vocab_size) * state + activations
 
 
 def _cgroup_room() -> int | None:
@@ -241,12 +240,11 @@ def peak_bytes(device: torch.device) -> int:
     """The most this process held since `reset_peak` (or since it started, where that cannot be reset)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_reserved(device)
-    hwm = _proc_status_kib("VmHWM")
-    if hwm is None:
-        import resource
+    if (hwm := _proc_status_kib("VmHWM")) is not None:
+        return hwm
+    import resource  # Unix only: imported where /proc is missing
 
-        hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    return hwm
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 def budget_bytes(device: torch.device) -> int | None:
