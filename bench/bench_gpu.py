@@ -31,8 +31,7 @@ from gptcore.data.shards import TokenLoader  # noqa: E402
 from gptcore.eval.score import Example, score_examples, val_loss  # noqa: E402
 from gptcore.model.gpt import GPT, MODEL, GPTConfig, device_peak_flops, flops_per_token  # noqa: E402
 from gptcore.report.steplog import StepLogger  # noqa: E402
-from gptcore.train.loop import TrainConfig, Trainer  # noqa: E402
-from gptcore.train.params import TRAIN  # noqa: E402
+from gptcore.train.loop import TRAIN, TrainConfig, Trainer  # noqa: E402
 
 PRESETS = ROOT / "conf" / "preset"
 A100_PEAK = 312e12  # dense bf16

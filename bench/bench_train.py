@@ -60,8 +60,7 @@ from gptcore.model.gpt import (  # noqa: E402
     loss_chunk_rows,
 )
 from gptcore.report.steplog import StepLogger  # noqa: E402
-from gptcore.train.loop import TrainConfig, Trainer  # noqa: E402
-from gptcore.train.params import TRAIN  # noqa: E402
+from gptcore.train.loop import TRAIN, TrainConfig, Trainer  # noqa: E402
 
 
 def shakespeare_shard(folder: Path, tokens: int) -> Path:

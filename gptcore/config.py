@@ -22,7 +22,7 @@ from gptcore.eval.params import EVAL
 from gptcore.model.gpt import MODEL
 from gptcore.params import REQUIRED, Section
 from gptcore.report.params import COMPARE
-from gptcore.train.params import TRAIN
+from gptcore.train.loop import TRAIN
 
 SECTIONS: tuple[Section, ...] = (FETCH, TOKENIZE, MODEL, TRAIN, EVAL, COMPARE)
 CONFIG = Path(__file__).resolve().parents[1] / "conf" / "config.yaml"

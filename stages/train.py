@@ -9,13 +9,11 @@ from tqdm import tqdm
 from gptcore import distributed
 from gptcore.data import shards, tokenizers
 from gptcore.data.shards import TokenLoader
-from gptcore.eval.hooks import samples_folder, training_evaluators
 from gptcore.model.gpt import MODEL
 from gptcore.model.load import export_model, init_model
 from gptcore.report import steplog
-from gptcore.train import checkpoint
-from gptcore.train.loop import TrainConfig, Trainer
-from gptcore.train.params import TRAIN, fingerprint_params, preflight
+from gptcore.train import checkpoint, loop
+from gptcore.train.loop import TRAIN, TrainConfig, Trainer, preflight
 from stages.common import stage
 
 SHARDS, CKPT_DIR, MODEL_DIR, LIVE_DIR = Path("data/shards"), Path("checkpoints"), Path("model"), Path("metrics/train")
@@ -36,12 +34,12 @@ def main() -> None:
         loader = TokenLoader(shards.open_split(SHARDS, "train"), cfg.micro_batch, model.config.block_size,
                              cfg.total_batch_tokens, env.rank, env.world_size, shuffle=cfg.shuffle, seed=cfg.seed,
                              vocab_size=data["vocab_size"])
-        evaluators = training_evaluators(train, tok, SHARDS, LIVE_DIR / "samples", model.config.block_size, env.device,
+        evaluators = loop.training_evaluators(train, tok, SHARDS, LIVE_DIR / "samples", model.config.block_size, env.device,
                                          distributed.resolve_dtype(cfg.dtype, env.device), env.rank, env.world_size,
                                          echo=tqdm.write)
-        run_params = fingerprint_params(model_params, train, data)
+        run_params = loop.fingerprint_params(model_params, train, data)
         resume, notes = checkpoint.prepare_resume(CKPT_DIR, run_params, env.is_main, also=[LIVE_DIR])
-        samples_folder(LIVE_DIR / "samples", train["samples"], env.is_main)
+        loop.samples_folder(LIVE_DIR / "samples", train["samples"], env.is_main)
         sinks = steplog.wandb_sinks(train, {"model": model_params, "train": train}, env.is_main)
         logger = steplog.StepLogger(LIVE_DIR, enabled=env.is_main, resume_step=resume["step"] if resume else None,
                                     also=sinks)

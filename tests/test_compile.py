@@ -21,8 +21,7 @@ from gptcore.eval.score import val_loss
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.report.steplog import StepLogger
 from gptcore.train import checkpoint
-from gptcore.train.loop import TrainConfig, Trainer
-from gptcore.train.params import TRAIN
+from gptcore.train.loop import TRAIN, TrainConfig, Trainer
 
 GPT2 = {}
 MODERN = {"bias": False, "pos_encoding": "rotary", "norm": "rmsnorm", "qk_norm": True, "mlp": "relu2",

@@ -29,7 +29,7 @@ from gptcore.eval.params import EVAL
 from gptcore.model.gpt import GPT, MODEL, GPTConfig
 from gptcore.params import check_val_tokens
 from gptcore.report.params import COMPARE
-from gptcore.train.params import TRAIN, check_run
+from gptcore.train.loop import TRAIN, check_run
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

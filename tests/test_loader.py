@@ -94,7 +94,7 @@ def test_a_position_is_never_carried_into_other_shards(shard_dir):
 
 
 def test_indivisible_batch_is_an_assertion(shard_dir):
-    # train.params.check_run refuses it with one line (tests/test_params.py); reaching the loader is a bug
+    # train.loop.check_run refuses it with one line (tests/test_params.py); reaching the loader is a bug
     with pytest.raises(AssertionError):
         TokenLoader(paths(shard_dir), 2, 8, 100)
 

@@ -28,8 +28,7 @@ from gptcore.data import shards
 from gptcore.data.shards import TokenLoader
 from gptcore.distributed import DistEnv
 from gptcore.model.load import init_model
-from gptcore.train.loop import TrainConfig, Trainer
-from gptcore.train.params import TRAIN
+from gptcore.train.loop import TRAIN, TrainConfig, Trainer
 
 REF = Path(__file__).parent / "data" / "loss_curve_quickstart.json"
 STEPS, MICRO, TOKENS = 20, 2, 512

@@ -8,9 +8,8 @@ from gptcore.distributed import DistEnv
 from gptcore.model.gpt import GPT, MODEL, GPTConfig
 from gptcore.params import ParamError
 from gptcore.report.steplog import StepLogger
-from gptcore.train.loop import TrainConfig, Trainer
+from gptcore.train.loop import TRAIN, TrainConfig, Trainer
 from gptcore.train.optim import LRSchedule, Muon, adamw_groups, build_optimizers, lr_at
-from gptcore.train.params import TRAIN
 
 MAX, MIN, WARM, STEPS = 6e-4, 6e-5, 715, 19073
 

@@ -13,7 +13,7 @@ from gptcore.eval.params import EVAL
 from gptcore.model.gpt import MODEL
 from gptcore.params import REQUIRED, ParamError, check_val_tokens
 from gptcore.report.params import COMPARE
-from gptcore.train.params import RESUME_OK, TRAIN, check_run, fingerprint_params
+from gptcore.train.loop import RESUME_OK, TRAIN, check_run, fingerprint_params
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMAS = {s.name: s for s in (FETCH, TOKENIZE, MODEL, TRAIN, EVAL, COMPARE)}

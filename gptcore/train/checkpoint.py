@@ -44,12 +44,10 @@ def param_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> li
     return out
 
 
-def list_checkpoints(ckpt_dir: Path) -> list[Path]:
-    """Finished checkpoints, oldest first (temp files from an interrupted save never match)."""
+def list_checkpoints(ckpt_dir: Path, pattern: re.Pattern = CKPT_RE) -> list[Path]:
+    """Finished checkpoints (or other files `pattern` names), oldest first; temp files of a killed save never match."""
     ckpt_dir = Path(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        return []
-    return sorted(p for p in ckpt_dir.iterdir() if CKPT_RE.match(p.name))
+    return sorted(p for p in ckpt_dir.iterdir() if pattern.match(p.name)) if ckpt_dir.is_dir() else []
 
 
 def save_checkpoint(ckpt_dir: Path, step: int, state: dict[str, Any], keep: int) -> Path:
@@ -171,20 +169,30 @@ def _earlier_run(ckpt_dir: Path, run_params: dict[str, Any], also: list[Path] = 
             except CheckpointRefused as e:
                 skipped.append(f"{e} (so the run in {folder} was not considered for resuming)")
                 break
-            kept = [folder / (p.name if p.is_absolute() else p) for p in map(Path, also)]
+            kept = [_kept_in(folder, p) for p in map(Path, also)]
             if _same_run(ckpt, run_params) and _foreign_curves(kept, run_fingerprint(run_params)) is None:
                 return (path, ckpt), skipped
             break  # the folder's newest undamaged checkpoint says which run it holds
     return None, skipped
 
 
+def _run_file(p: Path) -> bool:
+    """A run's own file in a checkpoint folder: a checkpoint (set aside as corrupt or not) or best weights."""
+    return bool(CKPT_RE.match(p.name.removesuffix(".corrupt")) or BEST_RE.match(p.name))
+
+
+def _kept_in(folder: Path, p: Path) -> Path:
+    """Where move_aside keeps `also` folder `p` inside `folder`: its relative path there, or its name if absolute."""
+    return Path(folder) / (p.name if p.is_absolute() else p)
+
+
 def bring_back(folder: Path, ckpt_dir: Path, also: list[Path] = ()) -> None:
     """Move an earlier run's files back from `folder` in previous/, after move_aside (so nothing replaced is lost)."""
     for p in sorted(Path(folder).iterdir()):
-        if CKPT_RE.match(p.name.removesuffix(".corrupt")) or BEST_RE.match(p.name):
+        if _run_file(p):
             os.replace(p, Path(ckpt_dir) / p.name)
     for p in map(Path, also):
-        kept = Path(folder) / (p.name if p.is_absolute() else p)
+        kept = _kept_in(folder, p)
         if kept.exists():
             shutil.rmtree(p, ignore_errors=True)  # move_aside took whatever files it held: empty folders at most
             p.parent.mkdir(parents=True, exist_ok=True)
@@ -197,14 +205,12 @@ def move_aside(ckpt_dir: Path, also: list[Path] = ()) -> Path | None:
     """Move a previous run's checkpoints, best weights and `also` (its step metrics) into ckpt_dir/previous/<UTC
     time>/, which it returns (None: nothing to move); a fresh run never deletes the run before it."""
     ckpt_dir = Path(ckpt_dir)
-    ckpts = [p for p in ckpt_dir.iterdir() if CKPT_RE.match(p.name.removesuffix(".corrupt")) or BEST_RE.match(p.name)
-             ] if ckpt_dir.is_dir() else []
+    ckpts = [p for p in ckpt_dir.iterdir() if _run_file(p)] if ckpt_dir.is_dir() else []
     others = [Path(p) for p in also if Path(p).exists() and any(f.is_file() for f in Path(p).rglob("*"))]
     if not ckpts and not others:
         return None
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    dest = ckpt_dir / PREVIOUS / stamp
-    n = 1
+    dest, n = ckpt_dir / PREVIOUS / stamp, 1
     while dest.exists():  # two fresh starts within one second
         n += 1
         dest = ckpt_dir / PREVIOUS / f"{stamp}-{n}"
@@ -212,7 +218,7 @@ def move_aside(ckpt_dir: Path, also: list[Path] = ()) -> Path | None:
     for p in ckpts:
         os.replace(p, dest / p.name)
     for p in others:
-        target = dest / (p.name if p.is_absolute() else p)
+        target = _kept_in(dest, p)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(p), str(target))
     return dest
@@ -256,8 +262,7 @@ def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, al
         if resume is None or earlier:
             moved = move_aside(ckpt_dir, also=also)
             # a line only when a run's checkpoints moved: a fresh clone has just git's step metrics (kept there too)
-            if moved is not None and any(CKPT_RE.match(p.name.removesuffix(".corrupt")) or BEST_RE.match(p.name)
-                                         for p in moved.iterdir()):
+            if moved is not None and any(_run_file(p) for p in moved.iterdir()):
                 others = "".join(f" and {p}/" for p in also)
                 notes.append(f"the previous run's checkpoints{others} are kept in {moved}")
         if earlier:
@@ -277,16 +282,12 @@ def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, al
 # weights its checkpoint recorded, even if a later improvement was written before the kill
 
 def best_path(ckpt_dir: Path, step: int) -> Path:
-    """checkpoints/best_{step:07d}.pt"""
     return Path(ckpt_dir) / f"best_{step:07d}.pt"
 
 
 def list_best(ckpt_dir: Path) -> list[Path]:
     """Best-weights files, oldest first."""
-    ckpt_dir = Path(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        return []
-    return sorted(p for p in ckpt_dir.iterdir() if BEST_RE.match(p.name))
+    return list_checkpoints(ckpt_dir, BEST_RE)
 
 
 def save_best(ckpt_dir: Path, step: int, model: GPT, val_loss: float, run_fingerprint: str) -> Path:

@@ -2,7 +2,6 @@
 rest, as the NanoGPT speedrun), its parameter groups, and the cosine and WSD schedules (docs/modern-recipe.md)."""
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -52,7 +51,7 @@ class LRSchedule:
     decay_frac: float = 0.2
 
     def __post_init__(self) -> None:
-        # the train schema validated these (gptcore/train/params.py)
+        # the train schema validated these (TRAIN in gptcore/train/loop.py)
         assert 0 <= self.warmup_steps <= self.max_steps, (self.warmup_steps, self.max_steps)
         assert self.kind in SCHEDULES, self.kind
 
@@ -90,9 +89,8 @@ def adamw_groups(model: GPT, weight_decay: float, max_lr: float, embed_lr: float
 def adamw(groups: list[dict[str, Any]], max_lr: float, betas: tuple[float, float], eps: float,
           device_type: str) -> torch.optim.AdamW:
     """AdamW over `groups`, fused on CUDA and on the CPU, where it is faster than foreach too (docs/benchmarks.md)."""
-    use_fused = device_type in ("cuda", "cpu") and "fused" in inspect.signature(torch.optim.AdamW).parameters
-    extra = {"fused": True} if use_fused else {}
-    return torch.optim.AdamW(groups, lr=max_lr, betas=tuple(betas), eps=eps, **extra)
+    fused = True if device_type in ("cuda", "cpu") else None  # None: torch's choice (foreach, not fused=False's loop)
+    return torch.optim.AdamW(groups, lr=max_lr, betas=tuple(betas), eps=eps, fused=fused)
 
 
 class Muon(torch.optim.Muon):
@@ -139,8 +137,7 @@ class Optimizers:
     """{name: torch optimizer} on disjoint parameters, stepped and saved as one; `clip_params`: what the clip covers."""
 
     def __init__(self, optimizers: dict[str, torch.optim.Optimizer], clip_params: list[nn.Parameter] | None = None):
-        self.optimizers = dict(optimizers)
-        self.clip_params = clip_params
+        self.optimizers, self.clip_params = dict(optimizers), clip_params
 
     def __iter__(self) -> Iterator[torch.optim.Optimizer]:
         return iter(self.optimizers.values())
@@ -151,12 +148,10 @@ class Optimizers:
         return [g for opt in self for g in opt.param_groups]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear every optimizer's gradients."""
         for opt in self:
             opt.zero_grad(set_to_none=set_to_none)
 
     def step(self) -> None:
-        """One update of every optimizer."""
         for opt in self:
             opt.step()
 
