@@ -254,7 +254,7 @@ def test_unreachable_task_data_is_one_line(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def lm_evals_own_index_once():
-    """lm-eval indexes its thousands of built-in YAMLs (about 25 s here) whenever a TaskManager includes them: this
+    """lm-eval indexes its thousands of built-in YAMLs (4-5 s on 2 quiet cores) whenever a TaskManager includes them: this
     module's tests that need that index share one build of it (a folder of the package, the same for every test);
     a test's own folder is indexed afresh each time."""
     from lm_eval.tasks import _index
@@ -406,7 +406,7 @@ def test_an_include_task_named_like_lm_evals_own_is_recorded_as_the_folders(tmp_
     assert "lm-eval task hellaswag: the YAML" in line and "not lm-eval's own" in line
 
 
-@pytest.mark.slow  # indexes lm-eval's built-in tasks (about 25 s; once with test_unknown_task_is_one_line)
+@pytest.mark.slow  # indexes lm-eval's built-in tasks (4-5 s; once with test_unknown_task_is_one_line)
 def test_task_source_tells_lm_evals_own_from_the_folders_of_the_same_name(tmp_path, lm_evals_own_index_once):
     from types import SimpleNamespace
 
