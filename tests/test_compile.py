@@ -10,8 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-import torch._dynamo
+import torch  # torch._dynamo loads on first use (torch's lazy module): not at every worker's collection
 from stagekit import make_project, run_stage, tsv, write_gpt2_shards
 
 from gptcore import distributed

@@ -1,13 +1,15 @@
-"""The DVC experience: Hydra presets, `dvc exp run -S`, `dvc exp show`, `dvc metrics diff`,
-`dvc plots diff` and the offline renderer, the Chinese path.
+"""The DVC experience: a fresh clone's `dvc repro`, Hydra presets, `dvc exp run -S`, `dvc exp show`,
+`dvc metrics diff`, `dvc plots diff`, `dvc plots show` and the offline renderer, the Chinese path.
 
 The fast tests compose the presets exactly as `dvc exp run` does. The slow ones run real `dvc` commands in a temp
-clone of the committed HEAD on a micro budget (a 1-layer, 32-wide model, a few steps)."""
+clone of the committed HEAD on a micro budget (a 1-layer, 32-wide model, a few steps): the session's one clone
+(tests/conftest.py's micro_repro), used by this module alone, so that `--dist loadfile` builds it once."""
 from __future__ import annotations
 
 import csv
 import functools
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -22,6 +24,7 @@ import yaml
 from conftest import clone_env as env
 from conftest import run_in
 from dvc.utils.hydra import compose_and_dump
+from test_plots import check_offline_page, read_tsv
 
 from gptcore.data.sources import FETCH
 from gptcore.data.tokenize import TOKENIZE
@@ -206,6 +209,30 @@ HLM_MICRO = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32, "model.b
 run = functools.partial(run_in, timeout=600)
 
 
+def finite_numbers(d):
+    for v in d.values():
+        if isinstance(v, dict):
+            yield from finite_numbers(v)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            yield v
+
+
+@pytest.mark.slow
+def test_fresh_clone_dvc_repro_micro(micro_repro):
+    """A fresh clone of the repository runs the whole stage graph with `dvc repro` on a micro budget."""
+    for stage in ("fetch", "tokenize", "train", "evaluate", "compare"):
+        assert f"Running stage '{stage}'" in micro_repro.repro
+    for name, data in micro_repro.metrics.items():
+        values = list(finite_numbers(data))
+        assert values and all(math.isfinite(v) for v in values), (name, data)
+    assert micro_repro.metrics["metrics/eval.json"]["cloze"]["count"] == 20
+    assert micro_repro.metrics["metrics/train/metrics.json"]["step"] == 6
+    assert all(micro_repro.files.values()), micro_repro.files
+    assert "metrics/eval.json" in micro_repro.shown and "metrics/summary.json" in micro_repro.shown
+    # Nothing changed: a second repro reruns nothing.
+    assert "Running stage" not in micro_repro.again
+
+
 @pytest.fixture(scope="module")
 def clone(micro_repro) -> Path:
     """The session's one temp clone (tests/conftest.py): the micro preset committed and already reproduced."""
@@ -380,10 +407,20 @@ def test_plots_diff_overlays_runs_and_renders_offline(two_runs, tmp_path):
 
 
 @pytest.mark.slow
-def test_plots_show_workspace(two_runs):
-    """`dvc plots show` writes its HTML page (blank offline: Vega comes from a CDN); the renderer writes PNGs."""
+def test_plots_show_draws_offline_and_the_renderer_writes_pngs(two_runs):
+    """The compare stage has written the offline page; plain `dvc plots show` fills it (Vega inlined, nothing
+    fetched), and the baselines the micro run (Shakespeare) is not comparable with are flagged not to be drawn; the
+    renderer writes PNGs from `dvc plots show --json`."""
+    from gptcore.report import plots
+
+    assert (two_runs / plots.OFFLINE_PAGE).is_file(), "the compare stage wrote no plots/offline.html"
     run(two_runs, "dvc", "plots", "show")
-    assert "vega" in (two_runs / "dvc_plots" / "index.html").read_text(encoding="utf-8")
+    page = (two_runs / "dvc_plots" / "index.html").read_text(encoding="utf-8")
+    check_offline_page(page, ["loss", "loss_vs_tokens", "val_loss_vs_tokens_log", "acc_norm"])
+    flags = dict(zip(*read_tsv(two_runs / "metrics" / "plots" / "baselines.tsv")[:2]))
+    assert flags["gpt2_124m_val_loss_comparable"] == "false"
+    assert flags["gpt3_124m_hellaswag_acc_norm_comparable"] == "false"
+    assert "plots/offline.html" not in run(two_runs, "git", "status", "--porcelain")
     out = run(two_runs, "sh", "-c", "dvc plots show --json | gptcore-render-plots")
     assert "plots_png/loss.png" in out.splitlines()
     assert (two_runs / "plots_png" / "loss.png").read_bytes().startswith(PNG_MAGIC)

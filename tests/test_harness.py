@@ -252,8 +252,33 @@ def test_unreachable_task_data_is_one_line(tmp_path, monkeypatch):
         harness.load_tasks(["far_away"], include=tmp_path / "missing")
 
 
+@pytest.fixture(scope="module")
+def lm_evals_own_index_once():
+    """lm-eval indexes its thousands of built-in YAMLs (4-5 s on 2 quiet cores) whenever a TaskManager includes them: this
+    module's tests that need that index share one build of it (a folder of the package, the same for every test);
+    a test's own folder is indexed afresh each time."""
+    from lm_eval.tasks import _index
+
+    build, own, cache = _index.TaskIndex.build, Path(_index.__file__).parent, {}
+
+    def build_once(paths, **kwargs):
+        index = {}
+        for root in paths:
+            if Path(root) == own:
+                if own not in cache:
+                    cache[own] = build([root], **kwargs)
+                index.update(cache[own])
+            else:
+                index.update(build([root], **kwargs))  # later paths override earlier ones, as in build
+        return index
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_index.TaskIndex, "build", staticmethod(build_once))
+        yield
+
+
 @pytest.mark.slow  # a name not in the user's folder makes lm-eval index its thousands of YAMLs (~30 s here)
-def test_unknown_task_is_one_line(tmp_path):
+def test_unknown_task_is_one_line(tmp_path, lm_evals_own_index_once):
     with pytest.raises(UserError, match="no lm-eval task 'nope' among lm-eval's tasks or in"):
         harness.load_tasks(["nope"], include=tmp_path)
 
@@ -381,8 +406,8 @@ def test_an_include_task_named_like_lm_evals_own_is_recorded_as_the_folders(tmp_
     assert "lm-eval task hellaswag: the YAML" in line and "not lm-eval's own" in line
 
 
-@pytest.mark.slow  # indexes lm-eval's built-in tasks (about 25 s)
-def test_task_source_tells_lm_evals_own_from_the_folders_of_the_same_name(tmp_path):
+@pytest.mark.slow  # indexes lm-eval's built-in tasks (4-5 s; once with test_unknown_task_is_one_line)
+def test_task_source_tells_lm_evals_own_from_the_folders_of_the_same_name(tmp_path, lm_evals_own_index_once):
     from types import SimpleNamespace
 
     from lm_eval.tasks import TaskManager

@@ -506,24 +506,6 @@ def browser_draws(page: Path, plot_ids: Iterable[str]) -> None:
         assert "role-mark" in body or "<canvas" in body, f"{plot_id}: no marks drawn"
 
 
-@pytest.mark.slow
-def test_fresh_clone_dvc_repro_then_plots_show_draws_offline(micro_repro):
-    """The shared clone (conftest): after `dvc repro` the compare stage has written the page; plain `dvc plots show`
-    fills it, and the baselines the micro run (Shakespeare) is not comparable with are flagged not to be drawn."""
-    from conftest import run_in
-
-    clone = micro_repro.path
-    assert (clone / plots.OFFLINE_PAGE).is_file(), "the compare stage wrote no plots/offline.html"
-    run_in(clone, "dvc", "plots", "show")
-    page = clone / "dvc_plots" / "index.html"
-    check_offline_page(page.read_text(encoding="utf-8"), ["loss", "loss_vs_tokens", "val_loss_vs_tokens_log", "acc_norm"])
-    flags = dict(zip(*read_tsv(clone / "metrics" / "plots" / "baselines.tsv")[:2]))
-    assert flags["gpt2_124m_val_loss_comparable"] == "false"
-    assert flags["gpt3_124m_hellaswag_acc_norm_comparable"] == "false"
-    assert "plots/offline.html" not in run_in(clone, "git", "status", "--porcelain")
-
-
-
 # ---------------------------------------------------------------------------------------------
 # the speedrun metric (compare stage)
 
