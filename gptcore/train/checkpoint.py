@@ -282,6 +282,7 @@ def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, al
 # weights its checkpoint recorded, even if a later improvement was written before the kill
 
 def best_path(ckpt_dir: Path, step: int) -> Path:
+    """The best-weights file of `step` (zero-padded, so names sort by step)."""
     return Path(ckpt_dir) / f"best_{step:07d}.pt"
 
 

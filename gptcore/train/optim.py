@@ -148,10 +148,12 @@ class Optimizers:
         return [g for opt in self for g in opt.param_groups]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Every optimizer's zero_grad (None frees the gradients' memory until the next backward)."""
         for opt in self:
             opt.zero_grad(set_to_none=set_to_none)
 
     def step(self) -> None:
+        """One step of every optimizer, each with its own groups' learning rates."""
         for opt in self:
             opt.step()
 
