@@ -23,6 +23,8 @@ medians: the stage in fp32 at >= 90% of the matmul rate and >= 1.1x nanoGPT-styl
 
     python bench/bench_train.py                  # GPT-2 124M shape at block 256 (a CPU-sized step), 5 rounds
     python bench/bench_train.py --tiny           # a seconds-long smoke run (CI), 2 rounds
+    python bench/bench_train.py --profile        # then where the stage's fp32 step spends its time, by op kind
+    python bench/bench_train.py --head-widths 128 256 512 768 --rounds 9  # the LM head alone, plain vs chunked
     python bench/bench_train.py --n-layer 4 --n-head 4 --n-embd 128 --block-size 128 --micro-batch 32  # quick-start
 """
 from __future__ import annotations
@@ -168,6 +170,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--steps-per-round", type=int, default=1, help="train steps each trainer takes per round")
     ap.add_argument("--compile", action="store_true", help="also time the stage default with torch.compile")
     ap.add_argument("--device", default="auto")
+    ap.add_argument("--head-widths", type=int, nargs="+", default=None, metavar="N_EMBD",
+                    help="time only the LM head + cross-entropy, plain against chunked, at these widths")
+    ap.add_argument("--profile", action="store_true", help="then profile the stage fp32 step: where its time goes")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer 64-wide model, 2 rounds: checks the script runs")
     args = ap.parse_args(argv)
     if args.tiny:
@@ -214,6 +219,29 @@ def build_variants(args: argparse.Namespace, base: GPT, shard: Path, ckpt: Path,
 
 NANO = "nanoGPT-style fp32 eager"
 
+# torch op name fragments -> the part of a train step they are (first match wins; the rest is "other elementwise")
+OP_KINDS = (("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")),
+            ("attention", ("scaled_dot_product", "flash_attention")),
+            ("layer norm", ("layer_norm", "rms_norm")),
+            ("optimizer and clip", ("adam", "_foreach", "vector_norm")),
+            ("softmax + cross-entropy", ("softmax", "nll_loss", "logsumexp", "cross_entropy")),
+            ("copies and fills", ("copy_", "fill_", "zero_", "clone", "_to_copy", "empty", "cat", "index")))
+
+
+def profile_step(step: Callable[[], Any], steps: int) -> None:
+    """Print where `steps` calls of a trainer spend their time, by op kind (self CPU time of torch's ops)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    spent: dict[str, float] = {}
+    for ev in prof.key_averages():
+        kind = next((k for k, frags in OP_KINDS if any(f in ev.key for f in frags)), "other elementwise")
+        spent[kind] = spent.get(kind, 0.0) + ev.self_cpu_time_total
+    total = sum(spent.values())
+    print(f"profile, stage fp32, {steps} steps (self CPU time of torch ops): " + ", ".join(
+        f"{k} {100 * v / total:.1f}%" for k, v in sorted(spent.items(), key=lambda kv: -kv[1])))
+
 
 def print_trainers(timed: Timed, work: dict[str, float], dtypes: dict[str, str], fpt: float) -> dict[str, list[float]]:
     """The trainer rows (median (range) over rounds); returns each trainer's per-round share of its matmul rate."""
@@ -257,8 +285,28 @@ def print_head(timed: Timed, chunks: dict[str, int], rows: int, n_embd: int, voc
               f"every round (now: {now}; {LOSS_CHUNK_ENV}={best * vocab} sets it)")
 
 
+def head_sweep(args: argparse.Namespace, device: torch.device) -> None:
+    """The LM head + cross-entropy alone at each of --head-widths: plain against the default chunk, in turns."""
+    rows = args.micro_batch * args.block_size
+    variants, pairs = {}, {}
+    for width in args.head_widths:
+        heads = head_variants(rows, width, 50304, device)
+        chunked = next(name for name, (r, _) in heads.items() if r)
+        variants[f"{width} plain"], variants[f"{width} chunked"] = heads[PLAIN_HEAD][1], heads[chunked][1]
+        pairs[width] = heads[chunked][0]
+    timed = time_rounds(variants, args.rounds, sync=lambda: sync(device), progress=not args.tiny)
+    print(f"LM head + cross-entropy alone, {rows} rows x n_embd x 50,304, fp32, forward and backward, {device}:")
+    for width, chunk in pairs.items():
+        speed = ratios(timed.seconds[f"{width} plain"], timed.seconds[f"{width} chunked"])
+        print(f"  n_embd {width:5}: plain {fmt(timed.seconds[f'{width} plain'], '.1f', 1e3, ' ms')}, {chunk}-row "
+              f"chunks {fmt(timed.seconds[f'{width} chunked'], '.1f', 1e3, ' ms')}: chunked "
+              f"{fmt(speed, '.2f', unit='x')} the plain path ({'' if beats(speed) else 'not '}ahead in every round)")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.head_widths:
+        return head_sweep(args, distributed.setup(args.device).device)
     torch.manual_seed(1337)
     base = GPT(GPTConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=args.block_size,
                          vocab_size=50304))
@@ -266,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     device = distributed.setup(args.device).device
     native = resolve_dtype("bfloat16", device)
     fpt = flops_per_token(base)
-    steps = (1 + args.rounds) * args.steps_per_round
+    steps = (1 + args.rounds + 3 * args.profile) * args.steps_per_round
     print(f"model {args.n_layer}L/{args.n_head}H/{args.n_embd}d, block {args.block_size}, "
           f"{sum(p.numel() for p in base.parameters()) / 1e6:.1f}M params, {fpt / 1e6:.1f} MFLOP/token, "
           f"{step_tokens} tokens/step, 1 warm-up + {args.rounds} rounds of {args.steps_per_round} step(s), {device}, "
@@ -276,6 +324,8 @@ def main(argv: list[str] | None = None) -> None:
         shard = shakespeare_shard(Path(d), step_tokens * steps + 1)
         variants, work, dtypes, chunks = build_variants(args, base, shard, Path(d), device, native)
         timed = time_rounds(variants, args.rounds, sync=lambda: sync(device), progress=not args.tiny)
+        if args.profile:
+            profile_step(variants["stage fp32"], 3)
     for name in (n for n in variants if n.startswith("matmul")):
         print(f"{name} {step_tokens}x{args.n_embd} @ {args.n_embd}x{4 * args.n_embd}: "
               f"{fmt(timed.rate(name, work[name]), '.1f', 1e-9)} GFLOP/s")

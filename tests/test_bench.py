@@ -1,5 +1,6 @@
 """Every bench script runs end to end at a tiny shape (--tiny), so none can rot; the figures are not checked. The
 round-robin timing they share (bench/rounds.py) is checked on its own, against figures worked out by hand."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -48,10 +49,14 @@ def run_bench(script: str, *args: str) -> str:
 
 @pytest.mark.slow
 def test_bench_train_tiny():
-    out = run_bench("bench_train.py", "--tiny")
+    out = run_bench("bench_train.py", "--tiny", "--profile")
     for row in ("matmul", "nanoGPT-style fp32 eager", "stage fp32", "stage default", "target: stage fp32",
                 "head: plain", "decision: ", "median (min-max) over rounds"):
         assert row in out
+    shares = re.search(r"profile, stage fp32, 3 steps .*: (.*)", out)
+    assert shares and abs(sum(float(x) for x in re.findall(r"([\d.]+)%", shares.group(1))) - 100) < 0.5
+    sweep = run_bench("bench_train.py", "--tiny", "--head-widths", "64", "96")
+    assert re.search(r"n_embd +64: plain .* ms, \d+-row chunks .*x the plain path", sweep) and "n_embd    96" in sweep
 
 
 @pytest.mark.slow
