@@ -20,8 +20,7 @@ FETCH_RECORD = "fetch.json"
 TASK_BYTES = 64 << 20
 
 
-# ---------------------------------------------------------------------------------------------
-# checks shared with fetch, which reads local parquet files the same way
+# -- checks shared with fetch, which reads local parquet files the same way -------------------
 
 def column_texts(column: pa.Array | pa.ChunkedArray, path: Path, first_row: int) -> list[str]:
     """A parquet text column's values as str; UserError naming the file and row for a null or invalid UTF-8."""
@@ -70,8 +69,7 @@ def open_parquet(path: Path, text_column: str, fix: str = "") -> pq.ParquetFile:
     return pf
 
 
-# ---------------------------------------------------------------------------------------------
-# reading fetched documents back (the tokenize stage)
+# -- reading fetched documents back (the tokenize stage) --------------------------------------
 
 @dataclass
 class Corpus:

