@@ -244,9 +244,8 @@ def verify(shard_dir: str | Path) -> list[str]:
 
 
 def open_split(shard_dir: str | Path, split: str) -> list[Path]:
-    """The shards of one split for train and evaluate, after the cheap checks of the whole folder (manifest complete,
-    every listed shard at its size and dtype, none unlisted); a folder without a manifest (build-nanogpt's shards)
-    gets only load_tokens' checks."""
+    """One split's shards for train and evaluate, after cheap checks of the whole folder (manifest complete, every
+    listed shard at its size and dtype, none unlisted; build-nanogpt's shards, with no manifest: load_tokens')."""
     shard_dir = Path(shard_dir)
     if not (shard_dir / MANIFEST).exists():
         paths = list_shards(shard_dir, split)
@@ -329,9 +328,8 @@ def piece_path(shard_dir: str | Path, first_doc: int) -> Path:
 
 def assemble_shard(shard_dir: str, name: str, dtype: str, n_tokens: int, segments: list[tuple[str, int, int]],
                    drop: tuple[str, ...] = ()) -> tuple[str, str]:
-    """Write shard `name` to a temp file from token ranges [start, stop) of piece files, hashing as it goes, fsync it,
-    then delete the spent pieces in `drop`; returns (temp path, sha256). Runs in a tokenize worker, so the bytes
-    never pass through the parent, which publishes the file in order (ShardWriter)."""
+    """Write shard `name` to a temp file from token ranges [start, stop) of piece files, hashing and fsyncing it, then
+    delete the spent pieces `drop`; returns (temp path, sha256). In a worker, so the bytes never reach the parent."""
     dt = np.dtype(dtype)
     header = npy_header(dt, n_tokens)
     h = hashlib.sha256(header)

@@ -137,9 +137,8 @@ class Tokenizer(ABC):
         raise NotRepresentable(f"tokenizer {self.name}: no Hugging Face form")
 
     def save_hf(self, folder: str | Path, max_length: int | None = None) -> bool:
-        """Write tokenizer.json and tokenizer_config.json into `folder` (transformers' AutoTokenizer then gives this
-        tokenizer's ids, end-of-text as bos and eos; `max_length`: model_max_length), or HF_NOT_SUPPORTED with the
-        reason in one line where transformers cannot represent it. Returns whether the tokenizer was written."""
+        """Write tokenizer.json and tokenizer_config.json into `folder` (AutoTokenizer then gives these ids, end-of-text
+        as bos and eos, `max_length` as model_max_length), else HF_NOT_SUPPORTED with the reason; True if written."""
         folder = Path(folder)
         try:
             hf = self.hf_tokenizer()
@@ -202,9 +201,8 @@ def gigatoken_gpt2(ranks: dict[bytes, int]):
 
 
 def ranks_to_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
-    """The BPE merges that tiktoken-style ranks imply, in rank order: each token of two or more bytes, encoded with
-    only the ranks below its own, ends as exactly two parts, and those are its merge. NotRepresentable if a token
-    does not (ranks no merge list reproduces)."""
+    """The BPE merges tiktoken-style ranks imply, in rank order: each token of 2+ bytes, encoded with only the ranks
+    below its own, ends as exactly two parts, its merge; NotRepresentable if one does not."""
     merges = []
     for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
         if len(token) < 2:
@@ -428,7 +426,6 @@ class CharTokenizer(Tokenizer):
             if len(c) != 1:
                 raise UserError(f"char vocabulary entry {c!r} is not a single character")
         self.chars = chars
-        self.stoi = {c: i for i, c in enumerate(chars)}
         # code point -> id lookup table for vectorised encoding (-1 = not in the vocabulary)
         self._lut = np.full(max(map(ord, chars), default=0) + 1, -1, dtype=np.int64)
         self._lut[[ord(c) for c in chars]] = np.arange(len(chars))
@@ -490,7 +487,7 @@ class CharTokenizer(Tokenizer):
         from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
         from tokenizers import Tokenizer as _HF
 
-        tok = _HF(models.WordLevel(vocab=dict(self.stoi)))
+        tok = _HF(models.WordLevel(vocab={c: i for i, c in enumerate(self.chars)}))
         tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
         tok.decoder = decoders.Fuse()
         tok.add_special_tokens([AddedToken(EOT_TEXT, special=True, normalized=False)])
