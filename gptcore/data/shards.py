@@ -113,8 +113,7 @@ def _is_count(v: object) -> bool:
 
 
 def _manifest_problem(m: dict) -> str | None:
-    """What is wrong with a manifest field that is present (None: nothing), so that a hand-edited or damaged manifest
-    is refused naming the field rather than failing deep in the reader."""
+    """What is wrong with a present manifest field (None: nothing): a damaged manifest is refused naming the field."""
     if "shards" in m and m.get("format") != FORMAT:  # a model folder's manifest has no shards and its own fields
         return f"format {m.get('format')!r}: this gptcore reads shard format {FORMAT} (another gptcore wrote it)"
     if "dtype" in m and m["dtype"] not in ("uint16", "uint32"):
@@ -146,8 +145,7 @@ def _manifest_problem(m: dict) -> str | None:
 
 
 def list_shards(shard_dir: str | Path, split: str) -> list[Path]:
-    """The shards of one split in order: {split}_NNNNNN.npy, and without a manifest also build-nanogpt names such as
-    edufineweb_{split}_NNNNNN.npy."""
+    """One split's shards in order: {split}_NNNNNN.npy (no manifest: also build-nanogpt's *_{split}_NNNNNN.npy)."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r}: choose from {', '.join(SPLITS)}")
     shard_dir = Path(shard_dir)
@@ -677,8 +675,7 @@ class TokenLoader:
                 "shards": self._shards()}
 
     def load_state_dict(self, d: dict) -> None:
-        """Resume at a position saved by state_dict: same tokens per step, same shards (a position in other shards
-        would point at other tokens)."""
+        """Resume at a position saved by state_dict, for the same tokens per step and the same shards only."""
         if d.get("step_tokens", self.step_tokens) != self.step_tokens:
             raise ValueError(f"loader state is for {d['step_tokens']} tokens per step, this run uses {self.step_tokens}")
         if "shards" in d and [list(s) for s in d["shards"]] != self._shards():

@@ -307,12 +307,10 @@ def hub_file_mismatch(path: Path, listed: dict) -> str | None:
     size = listed.get("size")
     if size is not None and path.stat().st_size != size:
         return f"{path.stat().st_size:,} bytes, the hub lists {size:,}"
-    if listed.get("sha256"):
-        got = file_sha256(path)
-        return None if got == listed["sha256"] else f"sha256 {got}, the hub lists {listed['sha256']}"
-    if listed.get("git_sha1"):
-        got = git_blob_sha1(path)
-        return None if got == listed["git_sha1"] else f"git blob id {got}, the hub lists {listed['git_sha1']}"
+    for key, digest, what in (("sha256", file_sha256, "sha256"), ("git_sha1", git_blob_sha1, "git blob id")):
+        if listed.get(key):
+            got = digest(path)
+            return None if got == listed[key] else f"{what} {got}, the hub lists {listed[key]}"
     return None  # the listing gives no hash: the size is all there is to check
 
 

@@ -110,8 +110,7 @@ class Tokenizer(ABC):
     @abstractmethod
     def from_params(cls, p: dict[str, Any], folder: Path | None = None,
                     texts: Callable[[], Iterable[str]] | None = None, reuse: bool = False) -> Tokenizer:
-        """The tokenizer of tokenize params `p`. A kind built from the corpus reads `texts()`, or reloads its file
-        from `folder` when `reuse` (a resumed run keeps its ids)."""
+        """The tokenizer of params `p`; a kind built from the corpus reads `texts()` (`reuse`: its file in `folder`)."""
 
     def record(self) -> dict[str, Any]:
         """What manifest.json stores so that load_tokenizer can rebuild this tokenizer."""
@@ -255,8 +254,7 @@ class GPT2Tokenizer(Tokenizer):
         # gigatoken works on UTF-8: handed a str it encodes one first (about a fifth of its time on FineWeb-Edu text)
         self.takes_utf8 = self._fast is not None
         self.name = "gpt2"
-        self.vocab_size = self._enc.n_vocab  # 50257
-        self.eot = self._enc.eot_token
+        self.vocab_size, self.eot = self._enc.n_vocab, self._enc.eot_token  # 50257, 50256
 
     @classmethod
     def from_params(cls, p, folder=None, texts=None, reuse=False) -> GPT2Tokenizer:
@@ -341,8 +339,7 @@ class TiktokenFileTokenizer(Tokenizer):
         regex, self.nfc = TIKTOKEN_PATTERNS[pattern]
         self._enc = tiktoken.Encoding(self.name, pat_str=regex, mergeable_ranks=ranks,
                                       special_tokens={t: len(ranks) + i for i, t in enumerate(self.specials)})
-        self.vocab_size = self._enc.n_vocab
-        self.eot = len(ranks)
+        self.vocab_size, self.eot = self._enc.n_vocab, len(ranks)
 
     @classmethod
     def identity(cls, p):
@@ -429,10 +426,8 @@ class CharTokenizer(Tokenizer):
         # code point -> id lookup table for vectorised encoding (-1 = not in the vocabulary)
         self._lut = np.full(max(map(ord, chars), default=0) + 1, -1, dtype=np.int64)
         self._lut[[ord(c) for c in chars]] = np.arange(len(chars))
-        self.name = "char"
-        self.encoder = "numpy"
-        self.eot = len(chars)
-        self.vocab_size = len(chars) + 1
+        self.name, self.encoder = "char", "numpy"
+        self.eot, self.vocab_size = len(chars), len(chars) + 1
 
     @classmethod
     def build(cls, texts: Iterable[str]) -> CharTokenizer:
@@ -465,12 +460,11 @@ class CharTokenizer(Tokenizer):
 
     def decode(self, ids: list[int]) -> str:
         """The characters of ids (the end-of-text id as <|endoftext|>)."""
-        out = []
-        for i in map(int, ids):
-            if not 0 <= i <= self.eot:
-                raise UserError(f"token id {i} is outside the char vocabulary (size {self.vocab_size})")
-            out.append(EOT_TEXT if i == self.eot else self.chars[i])
-        return "".join(out)
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i <= self.eot]
+        if bad:
+            raise UserError(f"token id {bad[0]} is outside the char vocabulary (size {self.vocab_size})")
+        return "".join(EOT_TEXT if i == self.eot else self.chars[i] for i in ids)
 
     def save(self, folder):
         """Write the vocabulary as folder/vocab.json (atomic)."""
