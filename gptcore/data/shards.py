@@ -294,9 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("shard_dir", nargs="?", default="data/shards")
     args = ap.parse_args(argv)
     problems = verify(args.shard_dir)
-    for p in problems:
-        print(p)
     if problems:
+        print("\n".join(problems))
         print(f"{len(problems)} problem(s) in {args.shard_dir}", file=sys.stderr)
         return 1
     m = read_manifest(args.shard_dir)

@@ -203,8 +203,7 @@ def _row_groups(batches: Iterable[list[str]], max_docs: int | None, docs_per_fil
 
 def write_documents(batches: Iterable[list[str]], out_dir: str | Path, max_docs: int | None = None,
                     docs_per_file: int = DOCS_PER_FILE, progress: bool = False) -> list[dict]:
-    """Stream document batches into out_dir/documents_NNNNNN.parquet (column 'text', row groups of _row_groups);
-    returns the file records."""
+    """Stream document batches into out_dir/documents_NNNNNN.parquet (column 'text'); returns the file records."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     records: list[dict] = []
@@ -386,7 +385,6 @@ def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_col
         total += rows
     if total == 0:
         raise UserError(f"fetch produced no documents (hub {repo_id}): the corpus is empty")
-    out_dir.mkdir(parents=True, exist_ok=True)
     record = {"source": "hub", "name": repo_id, "config": config, "revision": commit, "revision_requested": revision,
               "text_column": text_column, "documents": total, "files": files}
     write_json(out_dir / FETCH_RECORD, record)
@@ -397,8 +395,7 @@ def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_col
 
 def fetch(p: dict[str, Any], out_dir: str | Path, transport: HfHubTransport | None = None,
           progress: bool = False) -> dict:
-    """The fetch stage by `p` (params.yaml's `fetch:` section as FETCH.validate returns it); returns the fetch.json
-    record."""
+    """The fetch stage by `p` (the `fetch:` section as FETCH.validate returns it); returns the fetch.json record."""
     out_dir = Path(out_dir)
     if p["source"] == "hub":
         return fetch_hub(p["name"], p["config"], out_dir, text_column=p["text_column"], max_files=p["max_files"],

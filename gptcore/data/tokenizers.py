@@ -513,8 +513,7 @@ class HFTokenizer(Tokenizer):
     def __init__(self, path: str | Path, name: str | None = None, eot_token: str | None = None) -> None:
         from tokenizers import Tokenizer as _HF
 
-        self.path = Path(path)
-        self.eot_token = eot_token
+        self.path, self.eot_token = Path(path), eot_token
         try:
             self._tok = _HF.from_file(str(self.path))
         except Exception as e:  # tokenizers raises a bare Exception on bad JSON
@@ -581,9 +580,7 @@ class HFTokenizer(Tokenizer):
 
     def hf_tokenizer(self):
         """The tokenizer.json as it was given (or trained)."""
-        from tokenizers import Tokenizer as _HF
-
-        return _HF.from_file(str(self.path))
+        return type(self._tok).from_file(str(self.path))
 
     def __reduce__(self):
         return (type(self), (self.path, self.name, self.eot_token))
@@ -630,9 +627,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, path: str | Path) -> BPETok
     if first is None:
         raise UserError("cannot train a BPE tokenizer on an empty corpus")
     tok.train_from_iterator(itertools.chain([first], texts), trainer=trainer)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(path, tok.to_str())
+    write_text(path, tok.to_str())  # creates the folder
     return BPETokenizer(path)
 
 
