@@ -222,9 +222,8 @@ def check_files(shard_dir: str | Path, m: dict, full: bool = True, map_fn: Calla
     problems = [p for p in found if p is not None]
     listed = {s["name"] for s in m["shards"]}
     if shard_dir.is_dir():
-        for p in sorted(shard_dir.iterdir()):
-            if _NAME.match(p.name) and p.name not in listed:
-                problems.append(f"{p}: shard file not listed in the manifest")
+        problems += [f"{p}: shard file not listed in the manifest" for p in sorted(shard_dir.iterdir())
+                     if _NAME.match(p.name) and p.name not in listed]
     return problems
 
 
@@ -388,8 +387,7 @@ class ShardWriter:
             p.unlink()
         self.pool: Executor = pool or InlineExecutor()  # may be replaced before the first add
         self._open = False  # whether a shard is being filled (_start_shard)
-        self._expect_doc = self.resume_point[0]
-        self._drop = self.resume_point[1]
+        self._expect_doc, self._drop = self.resume_point
         self._closed = 0  # shards handed to assembly; the next one to close has this number
         self._closing: deque = deque()  # (future of assemble_shard, record), in shard order
         self._pieces: deque = deque()  # (piece path, number of the last shard that reads it)
@@ -608,10 +606,9 @@ class TokenLoader:
         # windows per shard from the header alone: the mmap costs no memory until a window is read
         self._windows = [(len(load_tokens(p)) - 1) // step_tokens for p in self.paths]
         if not any(self._windows):
-            raise UserError(
-                f"no training shard holds one step of train.total_batch_tokens={step_tokens} (+1) tokens; largest has "
-                f"{max(len(load_tokens(p)) for p in self.paths)} tokens: lower total_batch_tokens or add data"
-            )
+            raise UserError(f"no training shard holds one step of train.total_batch_tokens={step_tokens} (+1) tokens; "
+                            f"largest has {max(len(load_tokens(p)) for p in self.paths)} tokens: lower "
+                            f"total_batch_tokens or add data")
         self.state = LoaderState()
         self._open: tuple[int, np.ndarray] | None = None
 
@@ -623,8 +620,7 @@ class TokenLoader:
     def _shard_order(self, epoch: int) -> list[int]:
         order = [i for i, n in enumerate(self._windows) if n > 0]
         if self.shuffle:
-            rng = np.random.default_rng([self.seed, epoch])
-            order = [order[i] for i in rng.permutation(len(order))]
+            order = [order[i] for i in np.random.default_rng([self.seed, epoch]).permutation(len(order))]
         return order
 
     def _window_order(self, epoch: int, shard_index: int) -> np.ndarray:
