@@ -142,19 +142,16 @@ class Corpus:
                     text = sizes[rg] * (rows - skip) / rg_rows
                     if group is not None and group_bytes + text > task_bytes:
                         yield group
-                        group = None
+                        group, group_bytes = None, 0.0
                     if text > task_bytes:
                         per = math.ceil((rows - skip) / math.ceil(text / task_bytes))
                         for off in range(skip, rows, per):
                             yield ReadTask(doc + off, str(path), self.text_column, (rg,), off, min(per, rows - off),
                                            file_row + off)
-                    elif group is not None:
-                        group = group._replace(row_groups=group.row_groups + (rg,), rows=group.rows + rows)
+                    else:  # joins the group (skip is 0 but in its first row group)
+                        group = group or ReadTask(doc + skip, str(path), self.text_column, (), skip, 0, file_row + skip)
+                        group = group._replace(row_groups=group.row_groups + (rg,), rows=group.rows + rows - skip)
                         group_bytes += text
-                    else:
-                        group = ReadTask(doc + skip, str(path), self.text_column, (rg,), skip, rows - skip,
-                                         file_row + skip)
-                        group_bytes = text
                 doc += rows
                 file_row += rg_rows
                 left -= rows

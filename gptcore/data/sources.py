@@ -184,20 +184,16 @@ def _row_groups(batches: Iterable[list[str]], max_docs: int | None, docs_per_fil
     text, ROW_GROUP_DOCS documents or the end of a file of docs_per_file."""
     group: list[str] = []
     size = total = 0
-    for batch in batches:
-        if max_docs is not None:
-            batch = batch[: max(0, max_docs - total)]
-        bar.update(len(batch))
-        for d in batch:
-            group.append(d)
-            size += len(d)
-            total += 1
-            if size >= ROW_GROUP_BYTES or len(group) == ROW_GROUP_DOCS or total % docs_per_file == 0:
-                yield group
-                group, size = [], 0
-        if max_docs is not None and total >= max_docs:
-            break
+    for d in itertools.islice(itertools.chain.from_iterable(batches), max_docs):
+        group.append(d)
+        size += len(d)
+        total += 1
+        if size >= ROW_GROUP_BYTES or len(group) == ROW_GROUP_DOCS or total % docs_per_file == 0:
+            bar.update(len(group))
+            yield group
+            group, size = [], 0
     if group:
+        bar.update(len(group))
         yield group
 
 
