@@ -274,11 +274,9 @@ class HfHubTransport:
         from huggingface_hub import HfApi
         from huggingface_hub.hf_api import RepoFile
 
-        out = {}
-        for f in HfApi().list_repo_tree(repo_id, repo_type="dataset", recursive=True, revision=revision):
-            if isinstance(f, RepoFile):
-                out[f.path] = {"size": f.size, "sha256": f.lfs.sha256 if f.lfs else None, "git_sha1": f.blob_id}
-        return out
+        return {f.path: {"size": f.size, "sha256": f.lfs.sha256 if f.lfs else None, "git_sha1": f.blob_id}
+                for f in HfApi().list_repo_tree(repo_id, repo_type="dataset", recursive=True, revision=revision)
+                if isinstance(f, RepoFile)}
 
     def download(self, repo_id: str, filename: str, local_dir: Path, revision: str) -> Path:
         """Download one file at commit `revision` to local_dir/filename (resuming a partial download); its path."""
@@ -338,9 +336,8 @@ def select_config_files(files: Iterable[str], config: str | None) -> list[str]:
 def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_column: str = "text",
               max_files: int | None = None, max_docs: int | None = None, revision: str = "main",
               transport: HfHubTransport | None = None) -> dict:
-    """Download a hub dataset's parquet files (as they are) under out_dir/hub/ and write fetch.json. `revision` is
-    resolved to a commit sha, which every file is listed and downloaded at, checked against the listing before use,
-    and fetch.json records; with max_docs only the files needed are downloaded and the last one's rows capped."""
+    """Download a hub dataset's parquet files as they are under out_dir/hub/ at the commit `revision` names now
+    (each checked against its listing; the sha in fetch.json); max_docs: only the files needed, the last one capped."""
     out_dir = Path(out_dir)
     transport = transport or HfHubTransport()
     try:

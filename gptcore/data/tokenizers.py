@@ -519,8 +519,7 @@ class HFTokenizer(Tokenizer):
         except Exception as e:  # tokenizers raises a bare Exception on bad JSON
             raise UserError(f"{self.path}: cannot load as a HF tokenizer.json ({e})") from None
         self._tok.encode_special_tokens = True
-        self.name = name or f"{self.kind}:{self.path}"
-        self.encoder = "tokenizers"
+        self.name, self.encoder = name or f"{self.kind}:{self.path}", "tokenizers"
         # ids may have holes (e.g. Qwen2's added tokens), so the size is the largest id + 1
         ids = self._tok.get_vocab(with_added_tokens=True).values()
         self.vocab_size = max(self._tok.get_vocab_size(with_added_tokens=True), max(ids, default=-1) + 1)
