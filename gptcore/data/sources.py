@@ -401,8 +401,7 @@ def fetch(p: dict[str, Any], out_dir: str | Path, transport: HfHubTransport | No
         batches = (b for f in files for b in read_local_file(f, p["text_column"]))
         name, label = p["path"], "local"
     # rewrite this source's folder from scratch into a folder aside, then swap it in whole
-    final = out_dir / label
-    tmp_dir = out_dir / f".{label}.next"
+    final, tmp_dir = out_dir / label, out_dir / f".{label}.next"
     refuse_link(final, "fetch")  # before fetch.json goes: swap_dir would refuse it only after
     shutil.rmtree(tmp_dir, ignore_errors=True)
     try:

@@ -271,9 +271,7 @@ def check_val_fits(corpus: Corpus, p: dict) -> None:
 
 
 def tokenize(raw_dir: str | Path, shard_dir: str | Path, p: dict[str, Any], progress: bool = True) -> dict:
-    """The tokenize stage: documents listed by raw_dir/fetch.json -> shard_dir, by `p` (the tokenize section as
-    TOKENIZE.validate returns it). Returns the manifest.
-
+    """The tokenize stage: documents of raw_dir/fetch.json -> shard_dir by `p` (TOKENIZE.validate's); the manifest.
     A finished run with the same params fingerprint is left as it is, an unfinished one resumed. A finished run of
     other params stays in place while the new one is written beside it (staged_dir, resumed there) and is replaced
     only once the new run is complete; an unfinished run of other params is cleared first."""

@@ -249,11 +249,10 @@ class GPT2Tokenizer(Tokenizer):
         if encoder == "auto":
             encoder = "gigatoken" if importlib.util.find_spec("gigatoken") is not None else "tiktoken"
         self._enc = gpt2_encoding()
-        self.encoder = encoder
+        self.name, self.encoder = "gpt2", encoder
         self._fast = gigatoken_gpt2(self._enc._mergeable_ranks) if encoder == "gigatoken" else None
         # gigatoken works on UTF-8: handed a str it encodes one first (about a fifth of its time on FineWeb-Edu text)
         self.takes_utf8 = self._fast is not None
-        self.name = "gpt2"
         self.vocab_size, self.eot = self._enc.n_vocab, self._enc.eot_token  # 50257, 50256
 
     @classmethod
@@ -331,10 +330,9 @@ class TiktokenFileTokenizer(Tokenizer):
         import tiktoken
 
         self.path, self.pattern, self.specials = Path(path), pattern, tuple(specials)
-        self.name = name or f"{self.kind}:{self.path}"
+        self.name, self.encoder = name or f"{self.kind}:{self.path}", "tiktoken"
         if sha256 is not None and file_sha256(self.path) != sha256:  # load(): the file the manifest recorded
             raise UserError(f"tokenizer {self.name} was made from a ranks file with another sha256 than {self.path}")
-        self.encoder = "tiktoken"
         ranks = read_tiktoken_ranks(self.path)
         regex, self.nfc = TIKTOKEN_PATTERNS[pattern]
         self._enc = tiktoken.Encoding(self.name, pat_str=regex, mergeable_ranks=ranks,
