@@ -147,14 +147,11 @@ def _refusal(path: Path, e: Exception) -> CheckpointRefused | None:
 def _from_checkpoint(path: Path) -> GPT:
     ckpt = read_checkpoint(path)
     # this project: model_config; nanoGPT: model_args; build-nanogpt: config
-    for key in ("model_config", "model_args", "config"):
-        if isinstance(ckpt.get(key), dict) and "model" in ckpt:
-            args = ckpt[key]
-            break
-    else:
+    key = next((k for k in ("model_config", "model_args", "config") if isinstance(ckpt.get(k), dict)), None)
+    if key is None or "model" not in ckpt:
         raise UserError(f"{path}: not a GPT checkpoint (no model with model_config, model_args or config; "
                          f"keys: {sorted(ckpt)})")
-    config = file_config(args, path)
+    config = file_config(ckpt[key], path)
     model = GPT(config)
     # nanoGPT without flash attention keeps a causal-mask buffer `attn.bias`; it is not a weight
     state = {k: v for k, v in strip_prefixes(ckpt["model"]).items() if not k.endswith(".attn.bias")}
@@ -304,16 +301,10 @@ def _read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 def _load_hf_state(model: GPT, state: dict[str, torch.Tensor], model_dir: Path) -> None:
     """Copy a Hugging Face GPT-2 state dict into `model`, transposing Conv1D weights."""
-    ours = model.state_dict()
-    expected = set(ours) - {"lm_head.weight"}  # tied: filled through wte
-    seen: set[str] = set()
-    lm_head = None
+    ours, seen, lm_head = model.state_dict(), set(), state.get("lm_head.weight")
     for key, tensor in state.items():
-        if key.endswith((".attn.bias", ".attn.masked_bias")):
-            continue  # Hugging Face's causal-mask buffers, not parameters
-        if key == "lm_head.weight":
-            lm_head = tensor
-            continue
+        if key == "lm_head.weight" or key.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # the tied head (checked below) and Hugging Face's causal-mask buffers, not parameters
         if not key.startswith("transformer."):
             key = "transformer." + key  # GPT2Model (no LM head) checkpoints lack the prefix
         if key not in ours:
@@ -326,7 +317,7 @@ def _load_hf_state(model: GPT, state: dict[str, torch.Tensor], model_dir: Path) 
         with torch.no_grad():
             ours[key].copy_(tensor)
         seen.add(key)
-    missing = sorted(expected - seen)
+    missing = sorted(set(ours) - {"lm_head.weight"} - seen)  # tied: filled through wte
     if missing:
         raise UserError(f"{model_dir}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
     if lm_head is not None and not torch.equal(lm_head.to(ours["transformer.wte.weight"].dtype),
