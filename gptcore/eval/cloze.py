@@ -33,8 +33,6 @@ def build_cloze(tokens: np.ndarray, eot: int, n_examples: int, context_len: int,
     for name, value in (("n_examples", n_examples), ("context_len", context_len), ("ending_len", ending_len)):
         if value < 1:
             raise ValueError(f"{name}={value}: must be >= 1")
-    if n_choices < 2:
-        raise ValueError(f"n_choices={n_choices}: must be >= 2")
     window = context_len + ending_len
     if len(tokens) < window + ending_len:
         raise UserError(f"tokens: {len(tokens):,} tokens are too few for windows of {window} "

@@ -1,9 +1,7 @@
 """EleutherAI's lm-evaluation-harness (`lm_eval` 0.4.x) on gptcore's own model, whatever its recipe.
 
-`make_lm` is an lm-eval `LM` over a GPT and the run's tokenizer: lm-eval builds the requests and aggregates the
-metrics; the log-likelihoods come from the one scorer, gptcore.eval.score.score_rows. `load_tasks` reads the
-task data before any model is loaded; `score_tasks` scores it; `task_metrics` names the results as lm-eval does, under
-`lm_eval.<task>` in metrics/eval.json (apart from the completion-style `hellaswag.*` of `eval.task`).
+lm-eval builds the requests and aggregates the metrics; the log-likelihoods come from the one scorer, score_rows.
+Results keep lm-eval's names, under `lm_eval.<task>` in metrics/eval.json (apart from `eval.task`'s `hellaswag.*`).
 """
 from __future__ import annotations
 
@@ -27,10 +25,14 @@ from gptcore.process import UserError
 SCORED_OUTPUTS = ("loglikelihood", "loglikelihood_rolling", "multiple_choice")  # generate_until would need sampling
 
 
-def plan_rows(pairs: Sequence[tuple[list[int], list[int]]], block_size: int) -> list[Row]:
-    """(context, continuation) pairs as rows: one context's pairs share a row when it fits block_size uncut, else each
-    is a row of its own cut as lm-eval's `hf` model cuts it (the last block_size + 1 tokens), so both score alike."""
-    groups: dict[tuple[int, ...], list[int]] = {}
+def score_pairs(model: nn.Module, pairs: Sequence[tuple[list[int], list[int]]], vocab_size: int, *,
+                device: torch.device, dtype: torch.dtype | None = None, batch_size: int = 32,
+                progress: bool = False) -> list[tuple[float, bool]]:
+    """Per (context, continuation) in token ids, in input order: log P(continuation | context) over the tokenizer's
+    `vocab_size` ids and whether every continuation token is the argmax (lm-eval's `is_greedy`). One context's pairs
+    share a row when it fits block_size uncut, else each is a row of its own cut as lm-eval's `hf` model cuts it (the
+    last block_size + 1 tokens), so both score alike."""
+    block_size, groups = model.config.block_size, {}
     for i, (context, continuation) in enumerate(pairs):
         if not context or not continuation:
             raise ValueError(f"request {i}: empty context or continuation (lm-eval gives at least one token each)")
@@ -43,15 +45,6 @@ def plan_rows(pairs: Sequence[tuple[list[int], list[int]]], block_size: int) -> 
         row = Row(list(context), [pairs[i][1] for i in members], members)
         rows += [row] if len(row) <= block_size else [
             Row(list(context)[-(block_size + 1 - len(pairs[i][1])):], [pairs[i][1]], [i]) for i in members]
-    return rows
-
-
-def score_pairs(model: nn.Module, pairs: Sequence[tuple[list[int], list[int]]], vocab_size: int, *,
-                device: torch.device, dtype: torch.dtype | None = None, batch_size: int = 32,
-                progress: bool = False) -> list[tuple[float, bool]]:
-    """Per (context, continuation) in token ids, in input order: log P(continuation | context) over the tokenizer's
-    `vocab_size` ids and whether every continuation token is the argmax (lm-eval's `is_greedy`)."""
-    rows = plan_rows(pairs, model.config.block_size)
     logprob, greedy = score_rows(model, rows, vocab_size, device=device, dtype=dtype, batch_size=batch_size,
                                  greedy=True, progress=progress)
     return [(float(lp), bool(g)) for lp, g in zip(logprob, greedy)]
@@ -187,7 +180,19 @@ def load_tasks(names: Sequence[str], include: str | Path | None = None, num_fews
              f"{', '.join(str(f) for f in python)}")
     loaded, sources = [], {}
     for name in names:
-        out = _load_task(manager, name, include)
+        if name not in manager.all_tasks:
+            where = f" or in {include}" if include is not None else " (eval.lm_eval_include adds a folder of yours)"
+            raise UserError(f"eval.lm_eval_tasks: no lm-eval task {name!r} among lm-eval's tasks{where}")
+        try:
+            out = manager.load([name])
+        except OSError as e:  # datasets: ConnectionError (no hub, offline cache miss), FileNotFoundError (local files)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            fix = ("check the data files its task YAML names (dataset_kwargs: data_files)"
+                   if isinstance(e, FileNotFoundError) and not isinstance(e, ConnectionError) else
+                   "run where the Hugging Face hub is reachable (once fills the cache; then HF_DATASETS_OFFLINE=1 "
+                   "works offline), or write a task YAML over local files into eval.lm_eval_include")
+            raise UserError(f"eval.lm_eval_tasks: the data of lm-eval task {name!r} cannot be read "
+                            f"({type(e).__name__}: {first[:200]}): {fix}") from None
         for task in out["tasks"].values():
             kind = task.get_config("output_type")
             if kind not in SCORED_OUTPUTS:
@@ -200,23 +205,6 @@ def load_tasks(names: Sequence[str], include: str | Path | None = None, num_fews
                      f"own (compare sets only lm-eval's own beside a published figure)")
         loaded.append(out["groups"].get(name) or out["tasks"].get(name) or next(iter(out["tasks"].values())))
     return Tasks(manager, loaded, sources, python)
-
-
-def _load_task(manager: Any, name: str, include: str | Path | None) -> dict:
-    """manager.load([name]), an unknown name or unreadable data as one line."""
-    if name not in manager.all_tasks:
-        where = f" or in {include}" if include is not None else " (eval.lm_eval_include adds a folder of yours)"
-        raise UserError(f"eval.lm_eval_tasks: no lm-eval task {name!r} among lm-eval's tasks{where}")
-    try:
-        return manager.load([name])
-    except OSError as e:  # datasets: ConnectionError (no hub, offline cache miss), FileNotFoundError (local files)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        fix = ("check the data files its task YAML names (dataset_kwargs: data_files)"
-               if isinstance(e, FileNotFoundError) and not isinstance(e, ConnectionError) else
-               "run where the Hugging Face hub is reachable (once fills the cache; then HF_DATASETS_OFFLINE=1 "
-               "works offline), or write a task YAML over local files into eval.lm_eval_include")
-        raise UserError(f"eval.lm_eval_tasks: the data of lm-eval task {name!r} cannot be read "
-                        f"({type(e).__name__}: {first[:200]}): {fix}") from None
 
 
 def score_tasks(model: nn.Module, tokenizer: Tokenizer, tasks: Tasks, num_fewshot: int, limit: int | None, *,

@@ -1,8 +1,7 @@
 """How a model is scored on text: summed next-token log-probabilities, over a split's first `val_tokens` targets
 (`val_loss`) or over the continuations of a context (`score_rows`, the one scorer that HellaSwag, cloze and lm-eval's
-loglikelihood requests all go through), with the multiple-choice picks built on it and HellaSwag's rows (download,
-checks, rendering). Log-probabilities of the scorer are over the tokenizer's `vocab_size` ids: a padded head's extra
-ids are no token, and the Hugging Face export drops them.
+loglikelihood requests all go through, over the tokenizer's ids), with the multiple-choice picks built on it and
+HellaSwag's rows (download, checks, rendering).
 """
 from __future__ import annotations
 
@@ -51,8 +50,6 @@ def first_tokens(paths: Sequence[Path], n: int, vocab_size: int | None = None) -
 def val_stream(shard_dir: Path, val_tokens: int, vocab_size: int | None = None) -> np.ndarray:
     """The `val_tokens + 1` tokens val_loss scores: the val split, then, when it holds exactly val_tokens, the train
     split's first token (which the loader only uses as an input); ids are checked against `vocab_size`."""
-    if val_tokens < 1:
-        raise ValueError(f"val_tokens={val_tokens}: must be at least 1")
     val = shards.open_split(shard_dir, "val")
     have = sum(len(shards.load_tokens(p)) for p in val)
     if have < val_tokens:
@@ -159,26 +156,14 @@ class Row:
         return len(self.context) + sum(len(c) - 1 for c in self.continuations)  # a last token is only a target
 
 
-@dataclass
-class _Batch:
-    """Rows packed: idx/pos [B, T]; attn_mask [B, 1, T, T] (True: may attend); head [P] flat positions through the
-    head, each once; per target token: pair_head (index into head), target, owner (index into ids)."""
-    idx: torch.Tensor
-    pos: torch.Tensor
-    attn_mask: torch.Tensor
-    head: torch.Tensor
-    pair_head: torch.Tensor
-    target: torch.Tensor
-    owner: torch.Tensor
-    ids: list[int]
-
-
-def _pack(rows: Sequence[Row]) -> _Batch:
-    """Segments -1 padding, 0 context, j+1 continuation j; a continuation's last token is a target, never an input."""
+def _pack(rows: Sequence[Row]) -> tuple[torch.Tensor, ...]:
+    """Rows packed: idx, pos [B, T]; attn_mask [B, 1, T, T] (True: may attend); head [P], flat positions through the
+    head, each once; per target token (continuation by continuation) pair_head, its index into head, and target.
+    Segments -1 padding, 0 context, j+1 continuation j; a continuation's last token is a target, never an input."""
     B, T = len(rows), max(len(r) for r in rows)
     idx, pos = torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T, dtype=torch.long)
     seg = torch.full((B, T), -1, dtype=torch.long)
-    head, pair_head, target, owner, ids = [], [], [], [], []
+    head, pair_head, target = [], [], []
     for b, row in enumerate(rows):
         C = len(row.context)
         idx[b, :C], pos[b, :C], seg[b, :C] = torch.tensor(row.context, dtype=torch.long), torch.arange(C), 0
@@ -192,28 +177,25 @@ def _pack(rows: Sequence[Row]) -> _Batch:
             pair_head += [shared, *range(len(head), len(head) + n)]
             head += range(b * T + start, b * T + start + n)
             target += cont
-            owner += [len(ids)] * len(cont)
-            ids.append(row.ids[j])
             start += n
     ar = torch.arange(T)
     mask = (ar[None, :] <= ar[:, None]) & ((seg[:, :, None] == seg[:, None, :]) | (seg[:, None, :] == 0))
     mask |= torch.eye(T, dtype=torch.bool)  # padding attends to itself: no all-masked softmax row
-    return _Batch(idx, pos, mask[:, None], torch.tensor(head), torch.tensor(pair_head), torch.tensor(target),
-                  torch.tensor(owner), ids)
+    return idx, pos, mask[:, None], torch.tensor(head), torch.tensor(pair_head), torch.tensor(target)
 
 
-def _batch_scores(model: nn.Module, batch: _Batch, vocab_size: int, device: torch.device, dtype: torch.dtype | None,
-                  greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per continuation of the batch: summed log-probability (float32) and whether each token is the argmax, on CPU.
+def _batch_scores(model: nn.Module, rows: Sequence[Row], vocab_size: int, device: torch.device,
+                  dtype: torch.dtype | None, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per continuation of the rows: summed log-probability (float32) and whether each token is the argmax, on CPU.
     The head runs only where a continuation token is predicted."""
+    idx, pos, attn_mask, head, pair_head, target = _pack(rows)
     with autocast_context(device, dtype):
-        hidden = model.hidden_states(batch.idx.to(device), pos=batch.pos.to(device),
-                                     attn_mask=batch.attn_mask.to(device))
-    hidden = hidden.flatten(0, 1)[batch.head.to(device)]
-    by_head = torch.argsort(batch.pair_head, stable=True)  # then each chunk of head positions owns a run of pairs
-    pair_head = batch.pair_head[by_head]
+        hidden = model.hidden_states(idx.to(device), pos=pos.to(device), attn_mask=attn_mask.to(device))
+    hidden = hidden.flatten(0, 1)[head.to(device)]
+    by_head = torch.argsort(pair_head, stable=True)  # then each chunk of head positions owns a run of pairs
+    pair_head = pair_head[by_head]
     bounds = torch.searchsorted(pair_head, torch.arange(0, len(hidden) + HEAD_CHUNK, HEAD_CHUNK)).tolist()
-    pair_head, target = pair_head.to(device), batch.target[by_head].to(device)
+    pair_head, target = pair_head.to(device), target[by_head].to(device)
     lp = torch.empty(len(by_head), device=device)
     hit = torch.ones(len(by_head), dtype=torch.bool, device=device)
     for c, start in enumerate(range(0, len(hidden), HEAD_CHUNK)):
@@ -225,17 +207,11 @@ def _batch_scores(model: nn.Module, batch: _Batch, vocab_size: int, device: torc
         lp[lo:hi] = logits[local, t] - logits.logsumexp(dim=-1)[local]
         if greedy:  # an argmax pass over the logits: only lm-eval's is_greedy asks for it
             hit[lo:hi] = logits.argmax(dim=-1)[local] == t
-    owner, R = batch.owner[by_head].to(device), len(batch.ids)
+    lengths = torch.tensor([len(c) for row in rows for c in row.continuations])  # the targets, in order
+    owner, R = torch.repeat_interleave(torch.arange(len(lengths)), lengths)[by_head].to(device), len(lengths)
     sums = torch.zeros(R, device=device).index_add_(0, owner, lp)
     misses = torch.zeros(R, dtype=torch.long, device=device).index_add_(0, owner, (~hit).long())
     return sums.cpu(), (misses == 0).cpu()
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    """The plain module under torch.compile (`._orig_mod`) and DDP (`.module`) wrappers."""
-    while hasattr(model, "_orig_mod") or isinstance(model, nn.parallel.DistributedDataParallel):
-        model = model._orig_mod if hasattr(model, "_orig_mod") else model.module
-    return model
 
 
 @torch.no_grad()
@@ -245,9 +221,7 @@ def score_rows(model: nn.Module, rows: Sequence[Row], vocab_size: int, *, device
     """log P(continuation | context) per continuation id (float64 [n], n the rows' ids) and, with `greedy`, whether
     every token is the argmax. `model` needs `hidden_states(idx, pos=, attn_mask=)`, `logits` and `config`;
     `vocab_size` is the tokenizer's; `dtype` bf16/fp16 runs under autocast; the train/eval mode is restored."""
-    device, model = torch.device(device), _unwrap(model)
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size}: must be >= 1")
+    device = torch.device(device)
     if not 0 < vocab_size <= model.config.vocab_size:
         raise ValueError(f"vocab_size={vocab_size}: must be in 1..{model.config.vocab_size}, the model's head")
     n = sum(len(r.ids) for r in rows)
@@ -257,9 +231,10 @@ def score_rows(model: nn.Module, rows: Sequence[Row], vocab_size: int, *, device
     model.eval()
     try:
         for b in tqdm(range(0, len(rows), batch_size), desc="scoring", unit="batch", disable=not progress):
-            batch = _pack(rows[b:b + batch_size])
-            sums, hits = _batch_scores(model, batch, vocab_size, device, dtype, greedy)
-            logprob[batch.ids], is_greedy[batch.ids] = sums.double(), hits
+            chunk = rows[b:b + batch_size]
+            sums, hits = _batch_scores(model, chunk, vocab_size, device, dtype, greedy)
+            ids = [i for row in chunk for i in row.ids]
+            logprob[ids], is_greedy[ids] = sums.double(), hits
     finally:
         model.train(was_training)
     return logprob, is_greedy
@@ -267,8 +242,6 @@ def score_rows(model: nn.Module, rows: Sequence[Row], vocab_size: int, *, device
 
 def fit_example(example: Example, block_size: int) -> tuple[list[int], list[list[int]]]:
     """The context (cut from the left) and endings such that every context+ending row fits block_size."""
-    if not example.endings:
-        raise UserError(f"{example.name}: no endings")
     if not 0 <= example.label < len(example.endings):
         raise UserError(f"{example.name}: label {example.label} is not in 0..{len(example.endings) - 1}")
     if not example.context:
@@ -290,27 +263,22 @@ def _prediction(example: Example, sums: list[float], lengths: list[int]) -> dict
             "sum_losses": sums, "mean_losses": means}
 
 
-@torch.no_grad()
 def score_examples(model: nn.Module, examples: Sequence[Example], vocab_size: int, *, device: str | torch.device,
                    batch_size: int = 32, dtype: torch.dtype | None = None, rank: int | None = None,
                    world_size: int | None = None, progress: bool = True) -> ChoiceResult:
     """Multiple-choice examples, one row each through `score_rows`: the pick is the ending of least summed loss (acc)
     and of least mean loss per token (acc_norm); contexts longer than the block are cut from the left, endings never.
-
     rank/world_size default to torch.distributed's (else 0/1): this rank scores examples[rank::world_size] and every
     rank gets all predictions back in input order, so every rank must call this."""
     joined = dist.is_available() and dist.is_initialized()
     rank = (dist.get_rank() if joined else 0) if rank is None else rank
     world_size = (dist.get_world_size() if joined else 1) if world_size is None else world_size
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank={rank} is not in 0..{world_size - 1} (world_size={world_size})")
     if world_size > 1 and not joined:
         raise ValueError(f"world_size={world_size} but torch.distributed is not initialised: counts could not be "
                          "combined across ranks")
-    block_size = _unwrap(model).config.block_size
     positions, rows, n = list(range(rank, len(examples), world_size)), [], 0
     for i in positions:
-        context, endings = fit_example(examples[i], block_size)
+        context, endings = fit_example(examples[i], model.config.block_size)
         rows.append(Row(context, endings, list(range(n, n + len(endings)))))
         n += len(endings)
     t0 = time.perf_counter()
@@ -441,8 +409,6 @@ def read_hellaswag(path: str | Path, limit: int | None = None) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: HellaSwag file not found; {_place_hint(path)}")
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit={limit}: must be >= 0 or None")
     items: list[dict] = []
     with open(path, "rb") as f:  # bytes: a non-UTF-8 line is reported with its number, not as a codec error
         for lineno, raw in enumerate(f, start=1):

@@ -161,8 +161,7 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """(B, T, C) -> (B, T, C); causal unless `attn_mask` (True = may attend) is given; `rope` is
-        Rotary's (cos, sin) when positions are rotary."""
+        """(B, T, C) -> (B, T, C); causal unless `attn_mask` (True = may attend); `rope`: Rotary's (cos, sin)."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         # (B, T, C) -> (B, n_head, T, head_size)
@@ -173,8 +172,7 @@ class CausalSelfAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        # flash / memory-efficient kernels where available; the causal mask is implicit, so no mask buffer.
-        # An explicit boolean mask (True = may attend) replaces it, e.g. for packed multiple-choice rows.
+        # flash / memory-efficient kernels where available; causal without a mask buffer, or the packed rows' mask
         p = self.attn_dropout.p if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=attn_mask is None)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
@@ -190,8 +188,7 @@ class MLP(nn.Module):
         self.kind = config.mlp
         hidden = config.swiglu_hidden if self.kind == "swiglu" else 4 * config.n_embd
         # swiglu: c_fc computes the gate and the value side by side, [gate; up] in its output rows
-        width = 2 * hidden if self.kind == "swiglu" else hidden
-        self.c_fc = nn.Linear(config.n_embd, width, bias=config.bias)
+        self.c_fc = nn.Linear(config.n_embd, 2 * hidden if self.kind == "swiglu" else hidden, bias=config.bias)
         if self.kind == "gelu":
             self.gelu = nn.GELU(approximate="tanh")  # GPT-2's "gelu_new"
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
@@ -223,8 +220,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """One transformer block on the residual stream."""
-        # pre-norm residual stream, as in GPT-2
+        """One transformer block on the pre-norm residual stream, as in GPT-2."""
         x = x + self.attn(self.ln_1(x), attn_mask, rope)
         x = x + self.mlp(self.ln_2(x))
         return x
@@ -243,17 +239,14 @@ def loss_chunk_rows(device_type: str, vocab_size: int, n_embd: int) -> int:
         raise UserError(f"{LOSS_CHUNK_ENV}={raw!r}: expected a whole number of logits per chunk, or 0 for the plain "
                         f"full-logits path (or unset it)")
     budget = int(raw) if raw is not None else LOSS_CHUNK_ELEMENTS["cuda" if device_type == "cuda" else "cpu"]
-    if budget == 0:
-        return 0
     # at least n_embd rows: each chunk also reads and writes the (vocab, n_embd) weight gradient, which should cost
     # no more memory traffic than the chunk's own (rows, vocab) logits
-    return max(budget // vocab_size, n_embd, 1)
+    return max(budget // vocab_size, n_embd, 1) if budget else 0
 
 
 def without_padding(t: torch.Tensor, vocab_size: int, dim: int = -1) -> torch.Tensor:
-    """`t` cut to a tokenizer's first `vocab_size` ids along `dim` (logits: the last; an embedding or a head: dim 0).
-    The ids a padded vocabulary adds (GPT-2 BPE's 50,257 -> 50,304) are no token: nothing scores, samples or exports
-    them. The one place that drops them; `model.load.padded_vocab` is the one that adds them."""
+    """`t` cut to a tokenizer's first `vocab_size` ids along `dim` (logits: the last; an embedding or a head: dim 0):
+    the one place that drops the ids `model.load.padded_vocab` adds, which no tokenizer has."""
     return t.narrow(dim, 0, vocab_size)
 
 
@@ -361,8 +354,7 @@ class GPT(nn.Module):
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
             std = 0.02
-            # residual projections are scaled down so the residual stream's variance does not grow with
-            # depth (2 residual additions per layer)
+            # scaled down so the residual stream's variance does not grow with depth (2 additions per layer)
             if getattr(module, "_is_residual_proj", False):
                 std = 0.0 if self.config.zero_init_proj else 0.02 / math.sqrt(2 * self.config.n_layer)
             nn.init.normal_(module.weight, mean=0.0, std=std)
@@ -385,11 +377,9 @@ class GPT(nn.Module):
         elif int(pos.max()) >= self.config.block_size:
             raise ValueError(f"position id {int(pos.max())} exceeds the model's block_size {self.config.block_size}")
         x = self.transformer.wte(idx)
-        rope = None
-        if self.config.pos_encoding == "learned":
+        rope = self.rotary(pos) if self.config.pos_encoding == "rotary" else None
+        if rope is None:
             x = x + self.transformer.wpe(pos)
-        else:
-            rope = self.rotary(pos)
         x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x, attn_mask, rope)
@@ -414,9 +404,8 @@ class GPT(nn.Module):
         return None, lm_loss(hidden, self.lm_head.weight, targets, self.config.logit_softcap, reduction)
 
     def get_num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count, the tied wte/lm_head matrix once. With non_embedding, the lookup tables are left
-        out: the position embeddings, and the token embeddings when untied (tied, they are lm_head too and do
-        real compute)."""
+        """Parameter count, the tied wte/lm_head matrix once; non_embedding leaves out the lookup tables: wpe, and wte
+        when untied (tied, it is lm_head too and does real compute)."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             if "wpe" in self.transformer:
@@ -426,8 +415,7 @@ class GPT(nn.Module):
         return n
 
     def crop_block_size(self, block_size: int) -> None:
-        """Shrink the context length, e.g. to run GPT-2 (1024) at 256. There is no causal-mask buffer to
-        crop: attention takes causality from scaled_dot_product_attention(is_causal=True)."""
+        """Shrink the context length, e.g. to run GPT-2 (1024) at 256 (there is no causal-mask buffer to crop)."""
         if not 0 < block_size <= self.config.block_size:
             raise ValueError(f"block_size must be in [1, {self.config.block_size}], got {block_size}")
         self.config.block_size = block_size
@@ -516,8 +504,7 @@ def model_sizes(model: GPT) -> dict[str, int]:
 
 
 def estimate_mfu(model: GPT, tokens_per_sec: float, device: torch.device | str) -> float | None:
-    """Model FLOPs utilisation of ONE device's `tokens_per_sec`: a fraction of the table's peak for `device`; None
-    when that is unknown, e.g. on CPU."""
+    """Model FLOPs utilisation of ONE device's `tokens_per_sec` (a fraction of its peak); None if unknown, e.g. CPU."""
     peak_flops = device_peak_flops(device)
     return None if peak_flops is None else flops_per_token(model) * tokens_per_sec / peak_flops
 

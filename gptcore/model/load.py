@@ -34,6 +34,10 @@ _PICKLED_CONFIGS = ("__main__.GPTConfig", "model.GPTConfig", "train_gpt2.GPTConf
 # Hugging Face keeps these as Conv1D ([in, out]), i.e. transposed relative to nn.Linear: transposed in and out.
 _CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 GENERATION_CONFIG = "generation_config.json"
+# a block's weights Llama (and Qwen3: the QK-norms) keep as they are under other names
+_LLAMA_NAMES = {"attn.c_proj": "self_attn.o_proj", "mlp.c_proj": "mlp.down_proj", "ln_1": "input_layernorm",
+                "ln_2": "post_attention_layernorm", "attn.q_norm": "self_attn.q_norm",
+                "attn.k_norm": "self_attn.k_norm"}
 
 
 def strip_prefixes(state_dict: dict[str, Any]) -> dict[str, Any]:
@@ -143,14 +147,11 @@ def _refusal(path: Path, e: Exception) -> CheckpointRefused | None:
 def _from_checkpoint(path: Path) -> GPT:
     ckpt = read_checkpoint(path)
     # this project: model_config; nanoGPT: model_args; build-nanogpt: config
-    for key in ("model_config", "model_args", "config"):
-        if isinstance(ckpt.get(key), dict) and "model" in ckpt:
-            args = ckpt[key]
-            break
-    else:
+    key = next((k for k in ("model_config", "model_args", "config") if isinstance(ckpt.get(k), dict)), None)
+    if key is None or "model" not in ckpt:
         raise UserError(f"{path}: not a GPT checkpoint (no model with model_config, model_args or config; "
                          f"keys: {sorted(ckpt)})")
-    config = file_config(args, path)
+    config = file_config(ckpt[key], path)
     model = GPT(config)
     # nanoGPT without flash attention keeps a causal-mask buffer `attn.bias`; it is not a weight
     state = {k: v for k, v in strip_prefixes(ckpt["model"]).items() if not k.endswith(".attn.bias")}
@@ -224,14 +225,24 @@ def init_model(model_params: dict[str, Any], data_vocab_size: int, seed: int = 1
 # -- in: OpenAI's weights or any Hugging Face GPT-2 folder -------------------------------------------------------------
 def load_hf_gpt2(name_or_dir: str | os.PathLike) -> GPT:
     """OpenAI's GPT-2 by name (from the Hub or its cache) or a local Hugging Face GPT-2 folder, without dropout."""
-    path = Path(name_or_dir)
-    if path.is_dir():
-        model_dir = path
-    elif str(name_or_dir) in HF_GPT2_NAMES:
-        model_dir = _download_gpt2(str(name_or_dir))
-    else:
-        raise UserError(f"{str(name_or_dir)!r} is neither a local Hugging Face GPT-2 directory nor one of "
-                        f"{', '.join(HF_GPT2_NAMES)}")
+    model_dir, name = Path(name_or_dir), str(name_or_dir)
+    if not model_dir.is_dir():
+        if name not in HF_GPT2_NAMES:
+            raise UserError(f"{name!r} is neither a local Hugging Face GPT-2 directory nor one of "
+                            f"{', '.join(HF_GPT2_NAMES)}")
+        repo = HF_GPT2_NAMES[name]
+        try:
+            from huggingface_hub import snapshot_download
+
+            # snapshot_download falls back to the local cache when the Hub cannot be reached
+            model_dir = Path(snapshot_download(repo_id=repo, allow_patterns=["config.json", "model.safetensors"]))
+        except Exception as e:
+            if user_error(e) is not None:  # a full or forbidden cache folder: not the network's fault
+                raise user_error(e) from e
+            raise UserError(
+                f"model {name!r}: cannot fetch {repo} from the Hugging Face hub or its cache ({cause(e)}); "
+                f"on a machine with internet run `hf download {repo} config.json model.safetensors --local-dir <dir>`, "
+                f"copy <dir> here and give that folder instead of {name!r}") from e
     config = _config_from_hf(model_dir)
     state = _read_hf_weights(model_dir)
     # build on the meta device (no wasted init of up to 1.5B weights), then give it real storage
@@ -241,23 +252,6 @@ def load_hf_gpt2(name_or_dir: str | os.PathLike) -> GPT:
     model.lm_head.weight = model.transformer.wte.weight  # to_empty may untie; tie again
     _load_hf_state(model, state, model_dir)
     return model
-
-
-def _download_gpt2(name: str) -> Path:
-    """Local directory holding OpenAI's `name` checkpoint, from the Hub or the Hugging Face cache."""
-    repo = HF_GPT2_NAMES[name]
-    try:
-        from huggingface_hub import snapshot_download
-
-        # snapshot_download falls back to the local cache when the Hub cannot be reached
-        return Path(snapshot_download(repo_id=repo, allow_patterns=["config.json", "model.safetensors"]))
-    except Exception as e:
-        if user_error(e) is not None:  # a full or forbidden cache folder: not the network's fault
-            raise user_error(e) from e
-        raise UserError(
-            f"model {name!r}: cannot fetch {repo} from the Hugging Face hub or its cache ({cause(e)}); "
-            f"on a machine with internet run `hf download {repo} config.json model.safetensors --local-dir <dir>`, "
-            f"copy <dir> here and give that folder instead of {name!r}") from e
 
 
 def _config_from_hf(model_dir: Path) -> GPTConfig:
@@ -287,41 +281,30 @@ def _config_from_hf(model_dir: Path) -> GPTConfig:
 
 def _read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a Hugging Face checkpoint directory, read directly (no transformers)."""
-    single = model_dir / "model.safetensors"
-    index = model_dir / "model.safetensors.index.json"
-    bin_file = model_dir / "pytorch_model.bin"
+    single, index = model_dir / "model.safetensors", model_dir / "model.safetensors.index.json"
     try:
-        if single.is_file():
-            return safetensors.torch.load_file(str(single), device="cpu")
-        if index.is_file():
-            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-            state: dict[str, torch.Tensor] = {}
-            for shard in shards:
-                state.update(safetensors.torch.load_file(str(model_dir / shard), device="cpu"))
-            return state
+        if single.is_file() or index.is_file():
+            shards = {single.name} if single.is_file() else set(
+                json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+            return {key: t for shard in sorted(shards)
+                    for key, t in safetensors.torch.load_file(str(model_dir / shard), device="cpu").items()}
     except FileNotFoundError as e:  # a shard the index lists is not there
         raise UserError(f"{model_dir}: a weights file is missing ({cause(e)}); copy the folder again") from e
     except OSError as e:  # the disk's fault, not the folder's
         raise UserError(read_failure(e.filename or model_dir, e)) from e
     except (SafetensorError, ValueError, KeyError, TypeError, AttributeError) as e:  # a damaged header or index
         raise UserError(f"{model_dir}: cannot read its safetensors weights ({cause(e)}); copy the folder again") from e
-    if bin_file.is_file():
-        return read_checkpoint(bin_file)
+    if (model_dir / "pytorch_model.bin").is_file():
+        return read_checkpoint(model_dir / "pytorch_model.bin")
     raise UserError(f"{model_dir}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin found")
 
 
 def _load_hf_state(model: GPT, state: dict[str, torch.Tensor], model_dir: Path) -> None:
     """Copy a Hugging Face GPT-2 state dict into `model`, transposing Conv1D weights."""
-    ours = model.state_dict()
-    expected = set(ours) - {"lm_head.weight"}  # tied: filled through wte
-    seen: set[str] = set()
-    lm_head = None
+    ours, seen, lm_head = model.state_dict(), set(), state.get("lm_head.weight")
     for key, tensor in state.items():
-        if key.endswith((".attn.bias", ".attn.masked_bias")):
-            continue  # Hugging Face's causal-mask buffers, not parameters
-        if key == "lm_head.weight":
-            lm_head = tensor
-            continue
+        if key == "lm_head.weight" or key.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # the tied head (checked below) and Hugging Face's causal-mask buffers, not parameters
         if not key.startswith("transformer."):
             key = "transformer." + key  # GPT2Model (no LM head) checkpoints lack the prefix
         if key not in ours:
@@ -334,7 +317,7 @@ def _load_hf_state(model: GPT, state: dict[str, torch.Tensor], model_dir: Path) 
         with torch.no_grad():
             ours[key].copy_(tensor)
         seen.add(key)
-    missing = sorted(expected - seen)
+    missing = sorted(set(ours) - {"lm_head.weight"} - seen)  # tied: filled through wte
     if missing:
         raise UserError(f"{model_dir}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
     if lm_head is not None and not torch.equal(lm_head.to(ours["transformer.wte.weight"].dtype),
@@ -354,12 +337,8 @@ def _tensor_bytes(obj: Any) -> int:
     """The bytes of the tensors in a (nested) checkpoint dict: about what torch.save writes."""
     if isinstance(obj, torch.Tensor):
         return obj.nbytes
-    if isinstance(obj, dict):
-        return sum(_tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in obj)
-    return 0
-
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    return sum(_tensor_bytes(v) for v in items)
 
 
 # -- out: model/ and its Hugging Face export ---------------------------------------------------------------------------
@@ -434,10 +413,8 @@ def export_hf(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None = 
         raise ValueError(f"vocab_size must be an int in [1, {cfg.vocab_size}], got {vocab_size!r}")
     assert eot is None or 0 <= eot < vocab_size, (eot, vocab_size)  # the tokenizer's own id, inside its vocabulary
     sd = {k: v.detach().to(device="cpu", dtype=torch.float32) for k, v in model.state_dict().items()}
-    if arch == "gpt2":
-        tensors, hf_config = _gpt2_export(sd, cfg, vocab_size)
-    else:
-        tensors, hf_config = _llama_export(sd, cfg, arch, vocab_size)
+    tensors, hf_config = (_gpt2_export(sd, cfg, vocab_size) if arch == "gpt2" else
+                          _llama_export(sd, cfg, arch, vocab_size))
     blob = safetensors.torch.save({k: t.contiguous().clone() for k, t in tensors.items()}, metadata={"format": "pt"})
     out = Path(save_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -464,16 +441,11 @@ def save_hf_gpt2(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None
     export_hf(model, save_dir, vocab_size, eot)
 
 
-def _gpt2_export(sd: dict[str, torch.Tensor], cfg: GPTConfig,
-                 vocab_size: int) -> tuple[dict[str, torch.Tensor], dict]:
-    """GPT2LMHeadModel's tensors (our names are its own) and config.json."""
-    tensors = {}
-    for name, t in sd.items():
-        if name == "lm_head.weight":
-            continue  # tied to wte; Hugging Face re-ties it from tie_word_embeddings
-        if name == "transformer.wte.weight":
-            t = without_padding(t, vocab_size, dim=0)
-        tensors[name] = t.t() if name.endswith(_CONV1D_SUFFIXES) else t
+def _gpt2_export(sd: dict[str, torch.Tensor], cfg: GPTConfig, vocab_size: int) -> tuple[dict[str, torch.Tensor], dict]:
+    """GPT2LMHeadModel's tensors (our names are its own; the tied lm_head is left out) and config.json."""
+    tensors = {name: t.t() if name.endswith(_CONV1D_SUFFIXES) else t for name, t in sd.items()
+               if name != "lm_head.weight"}  # Hugging Face re-ties it from tie_word_embeddings
+    tensors["transformer.wte.weight"] = without_padding(sd["transformer.wte.weight"], vocab_size, dim=0)
     return tensors, {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
         "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_embd": cfg.n_embd, "n_inner": None,
@@ -490,9 +462,8 @@ def _gpt2_export(sd: dict[str, torch.Tensor], cfg: GPTConfig,
 
 def _llama_export(sd: dict[str, torch.Tensor], cfg: GPTConfig, arch: str,
                   vocab_size: int) -> tuple[dict[str, torch.Tensor], dict]:
-    """Llama's (or Qwen3's) tensors and config.json. Our names -> Llama's: c_attn's rows [q; k; v] and c_fc's
-    [gate; up] split, c_proj -> o_proj / down_proj, the norms renamed. Our rotary pairs channel i with i + head_size/2,
-    as rotate_half does: q and k need no permutation."""
+    """Llama's (or Qwen3's) tensors and config.json: c_attn's rows [q; k; v] and c_fc's [gate; up] split. Our rotary
+    pairs channel i with i + head_size/2, as rotate_half does: q and k need no permutation."""
     tensors = {"model.embed_tokens.weight": without_padding(sd["transformer.wte.weight"], vocab_size, dim=0),
                "model.norm.weight": sd["transformer.ln_f.weight"]}
     if not cfg.tie_embeddings:
@@ -501,17 +472,10 @@ def _llama_export(sd: dict[str, torch.Tensor], cfg: GPTConfig, arch: str,
         ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
         q, k, v = sd[ours + "attn.c_attn.weight"].split(cfg.n_embd, dim=0)
         gate, up = sd[ours + "mlp.c_fc.weight"].split(cfg.swiglu_hidden, dim=0)
-        tensors.update({
-            theirs + "self_attn.q_proj.weight": q, theirs + "self_attn.k_proj.weight": k,
-            theirs + "self_attn.v_proj.weight": v, theirs + "self_attn.o_proj.weight": sd[ours + "attn.c_proj.weight"],
-            theirs + "mlp.gate_proj.weight": gate, theirs + "mlp.up_proj.weight": up,
-            theirs + "mlp.down_proj.weight": sd[ours + "mlp.c_proj.weight"],
-            theirs + "input_layernorm.weight": sd[ours + "ln_1.weight"],
-            theirs + "post_attention_layernorm.weight": sd[ours + "ln_2.weight"],
-        })
-        if cfg.qk_norm:
-            tensors[theirs + "self_attn.q_norm.weight"] = sd[ours + "attn.q_norm.weight"]
-            tensors[theirs + "self_attn.k_norm.weight"] = sd[ours + "attn.k_norm.weight"]
+        parts = {"self_attn.q_proj": q, "self_attn.k_proj": k, "self_attn.v_proj": v, "mlp.gate_proj": gate,
+                 "mlp.up_proj": up, **{new: sd[f"{ours}{old}.weight"] for old, new in _LLAMA_NAMES.items()
+                                       if f"{ours}{old}.weight" in sd}}
+        tensors.update({f"{theirs}{name}.weight": t for name, t in parts.items()})
     hf_config = {
         "architectures": ["Qwen3ForCausalLM" if arch == "qwen3" else "LlamaForCausalLM"], "model_type": arch,
         "hidden_size": cfg.n_embd, "intermediate_size": cfg.swiglu_hidden, "head_dim": cfg.n_embd // cfg.n_head,
