@@ -54,28 +54,23 @@ def publish(tmp: str | Path, path: str | Path, synced: bool = False) -> None:
 def atomic_path(path: str | Path, needed: int | None = None) -> Iterator[Path]:
     """Yield a temp path beside `path`, published over it on a clean exit and removed on an error; a full disk (torch's
     report of one included) or an unwritable folder is a UserError naming `path` and the bytes `needed`."""
+    tmp = written = free = None
     try:
         tmp = temp_beside(path)
-    except OSError as e:
-        err = disk_error(e, path, needed)
-        if err is e:
-            raise
-        raise err from e
-    try:
         yield tmp
         publish(tmp, path)
     except (OSError, RuntimeError) as e:
-        try:  # measured before the temp file goes: a disk that filled is still full now
-            written, free = tmp.stat().st_size, shutil.disk_usage(tmp.parent).free
-        except OSError:
-            written = free = None
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            with contextlib.suppress(OSError):  # measured before the temp file goes: a full disk is still full now
+                written, free = tmp.stat().st_size, shutil.disk_usage(tmp.parent).free
+            tmp.unlink(missing_ok=True)
         err = disk_error(e, path, needed, written, free)
         if err is e:
             raise
         raise err from e
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         raise
 
 
@@ -83,14 +78,10 @@ def atomic_path(path: str | Path, needed: int | None = None) -> Iterator[Path]:
 def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-8",
                  needed: int | None = None) -> Iterator[IO]:
     """atomic_path with the temp file open: raise inside the block to abandon the write (`path` stays as it was)."""
-    with atomic_path(path, needed) as tmp:
-        with open(tmp, mode, encoding=None if "b" in mode else encoding, opener=no_follow) as f:
+    with atomic_path(path, needed) as tmp:  # O_NOFOLLOW: a link put in its place meanwhile is refused, not written to
+        with open(tmp, mode, encoding=None if "b" in mode else encoding,
+                  opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW, 0o666)) as f:
             yield f
-
-
-def no_follow(path: str, flags: int) -> int:
-    """open()'s opener for temp_beside's file: a link put in its place meanwhile is refused, not written through."""
-    return os.open(path, flags | os.O_NOFOLLOW, 0o666)
 
 
 def write_text(path: str | Path, text: str) -> None:

@@ -75,16 +75,12 @@ class Param:
                     or len(set(value)) != len(value)):
                 raise bad
             return list(value)
-        if self.kind is bool:
-            if not isinstance(value, bool):
-                raise bad
-            return value
         if self.kind is str:
             if (not isinstance(value, str) or (self.choices and value not in self.choices)
                     or (self.pattern and not re.fullmatch(self.pattern, value))):
                 raise bad
             return value
-        if isinstance(value, bool):
+        if isinstance(value, bool) != (self.kind is bool):  # a bool is never an int or a float here
             raise bad
         if self.kind is int:
             if not isinstance(value, int):

@@ -72,9 +72,8 @@ def disk_error(e: BaseException, path: str | Path, needed: int | None = None, wr
     path = Path(path)
     code = e.errno if isinstance(e, OSError) else None
     if code in FULL_ERRNOS or (code is None and free is not None and free < 1 << 20):
-        amounts = [f"{needed:,} bytes needed" if needed else "", f"{written:,} written" if written else ""]
-        amounts = [a for a in amounts if a]
-        size = f" ({', '.join(amounts)})" if amounts else ""
+        amounts = ", ".join(a for a in (needed and f"{needed:,} bytes needed", written and f"{written:,} written") if a)
+        size = f" ({amounts})" if amounts else ""
         return UserError(f"{path}: no space left on {_mount_point(path)}{size}: free some space there (or point the "
                          f"folder at a larger disk) and run again")
     if code == errno.EROFS:

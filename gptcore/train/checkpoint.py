@@ -26,9 +26,7 @@ PREVIOUS = "previous"  # checkpoints/previous/<UTC time>/: what a fresh run move
 CURVES_STAMP = ".run_fingerprint"  # in metrics/train/: the run whose curves the folder holds
 
 
-def run_fingerprint(params: dict[str, Any]) -> str:
-    """The hash of the params that shape a run's weights (atomic.json_sha256, as the shards' fingerprint)."""
-    return json_sha256(params)
+run_fingerprint = json_sha256  # the hash of the params that shape a run's weights (as the shards' fingerprint)
 
 
 def param_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -61,8 +59,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, state: dict[str, Any], keep: int)
 
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     """The newest finished checkpoint in ckpt_dir, or None."""
-    found = list_checkpoints(ckpt_dir)
-    return found[-1] if found else None
+    return (list_checkpoints(ckpt_dir) or [None])[-1]
 
 
 def capture_rng() -> dict[str, Any]:
@@ -233,9 +230,8 @@ def remove_temp_files(ckpt_dir: Path) -> list[str]:
     size = sum(p.stat().st_size for p in found)
     for p in found:
         p.unlink(missing_ok=True)
-    if not found:
-        return []
-    return [f"removed {len(found)} temp file(s) of interrupted saves ({size / 1e6:,.1f} MB) from {ckpt_dir}"]
+    return [f"removed {len(found)} temp file(s) of interrupted saves ({size / 1e6:,.1f} MB) from {ckpt_dir}"
+            ] if found else []
 
 
 def check_init_from(init_from: str | None, ckpt_dir: Path) -> None:
@@ -291,12 +287,10 @@ def list_best(ckpt_dir: Path) -> list[Path]:
     return list_checkpoints(ckpt_dir, BEST_RE)
 
 
-def save_best(ckpt_dir: Path, step: int, model: GPT, val_loss: float, run_fingerprint: str) -> Path:
+def save_best(ckpt_dir: Path, step: int, model: GPT, val_loss: float, run_fingerprint: str) -> None:
     """The weights of a new lowest val loss, atomically, with their step, val loss and the run's fingerprint."""
-    path = best_path(ckpt_dir, step)
     atomic_torch_save({"model": model.state_dict(), "model_config": asdict(model.config), "step": step,
-                       "val_loss": val_loss, "fingerprint": run_fingerprint}, path)
-    return path
+                       "val_loss": val_loss, "fingerprint": run_fingerprint}, best_path(ckpt_dir, step))
 
 
 def prune_best(ckpt_dir: Path, keep_step: int | None) -> None:
