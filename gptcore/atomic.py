@@ -97,14 +97,6 @@ def write_json(path: str | Path, data: Any, indent: int = 2) -> None:
         f.write("\n")
 
 
-def _sync_tree(folder: Path) -> None:
-    for root, _, files in os.walk(folder):
-        for name in files:
-            with open(os.path.join(root, name), "rb") as f:
-                os.fsync(f.fileno())
-        fsync_dir(root)
-
-
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
@@ -154,7 +146,11 @@ def swap_dir(staged: str | Path, final: str | Path) -> None:
     is moved aside first), then delete the old one. A `final` that is a symbolic link is refused (LinkedFolder)."""
     staged, final = Path(staged), Path(final)
     refuse_link(final, "gptcore")
-    _sync_tree(staged)
+    for root, _, files in os.walk(staged):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(root)
     if final.exists() and _exchange(staged, final):
         old = staged  # the exchange put the old folder where the staged one was
     else:

@@ -124,10 +124,8 @@ def describe(summary: dict[str, Any], baselines: dict[str, Any]) -> list[str]:
     lines = []
     for key, c in summary["comparable"].items():
         desc = baselines.get(c["baseline"], {}).get("description", c["baseline"])
-        if c["comparable"]:
-            lines.append(f"{key}: run - {desc} = {summary['delta'][key]:+.4f}")
-        else:
-            lines.append(f"{key}: not comparable with {desc}: {c['reason']}")
+        lines.append(f"{key}: run - {desc} = {summary['delta'][key]:+.4f}" if c["comparable"]
+                     else f"{key}: not comparable with {desc}: {c['reason']}")
     return lines
 
 

@@ -128,10 +128,9 @@ def plot_filename(name: str, fmt: str) -> str:
 
 def render_plots(plots: Mapping[str, Any], out_dir: str | Path = PNG_DIR, fmt: str = "png", scale: float = 2.0,
                  log=print) -> list[Path]:  # noqa: ANN001
-    """Render the Vega-Lite specs of `dvc plots show/diff --json` output to files in out_dir; returns them.
-
-    DVC's load errors (a plot file missing in a revision) are reported through `log`, as `dvc plots show` does,
-    and the rest of that plot is still drawn; a plot with no data at all is skipped."""
+    """Render the Vega-Lite specs of `dvc plots show/diff --json` output to files in out_dir; returns them. DVC's load
+    errors (a plot file missing in a revision) go to `log`, as `dvc plots show` does, and the rest of that plot is
+    still drawn; a plot with no data at all is skipped."""
     if fmt not in FORMATS:
         raise UserError(f"format={fmt!r}: choose one of {', '.join(FORMATS)}")
     out_dir = Path(out_dir)
@@ -226,14 +225,6 @@ def offline_page() -> str:
     return _PAGE.replace("@MARKER@", _page_marker()).replace("@QUEUE@", _QUEUE).replace("@BUNDLE@", bundle)
 
 
-def _dvc_root(start: Path) -> Path:
-    """The DVC repository holding `start`: the first folder from it upwards with a .dvc/ folder."""
-    for folder in (start, *start.parents):
-        if (folder / ".dvc").is_dir():
-            return folder
-    raise UserError(f"{start}: not in a DVC repository (no .dvc/ folder here or above); run it in the gptcore checkout")
-
-
 def write_offline_page(path: str | Path = OFFLINE_PAGE) -> Path:
     """Write the page `dvc plots show` fills (see offline_page) unless `path` holds this very page already."""
     path = Path(path)
@@ -282,8 +273,12 @@ def main(argv: list[str] | None = None) -> None:
                          "inlined, drawn offline; the compare stage writes it too) and print its path")
     args = ap.parse_args(argv)
     try:
-        if args.page:
-            print(write_offline_page(_dvc_root(Path.cwd()) / OFFLINE_PAGE))
+        if args.page:  # into the DVC repository holding the current folder: the first one upwards with a .dvc/
+            root = next((f for f in (Path.cwd(), *Path.cwd().parents) if (f / ".dvc").is_dir()), None)
+            if root is None:
+                raise UserError(f"{Path.cwd()}: not in a DVC repository (no .dvc/ folder here or above); run it in "
+                                "the gptcore checkout")
+            print(write_offline_page(root / OFFLINE_PAGE))
             return
         plots = read_plots_json(args.json)
         files = render_plots(plots, args.out, args.format, args.scale, log=lambda m: print(m, file=sys.stderr))

@@ -52,24 +52,18 @@ def experiments(doc: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def group(rows: list[dict[str, Any]], ignore: Iterable[str] = IGNORED) -> tuple[list[str], list[list[dict]]]:
-    """The param keys whose values differ across `rows` (minus `ignore`), and the rows grouped by those values,
-    groups in order of first appearance."""
+def summarize(rows: list[dict[str, Any]], metrics: Iterable[str] = METRICS, ignore: Iterable[str] = IGNORED
+              ) -> tuple[list[str], list[dict[str, Any]]]:
+    """The param keys whose values differ across `rows` (minus `ignore`) and one entry per group of rows with the same
+    values of those, in order of first appearance: {"params": {key: value}, "n", "names", "metrics": {metric: {"mean",
+    "std" (the sample standard deviation, None under two values), "count" (seeds that have the metric)}}}."""
     keys = sorted({k for r in rows for k in r["params"]} - set(ignore))
     varying = [k for k in keys if len({json.dumps(r["params"].get(k)) for r in rows}) > 1]
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(json.dumps([r["params"].get(k) for k in varying]), []).append(r)
-    return varying, list(groups.values())
-
-
-def summarize(rows: list[dict[str, Any]], metrics: Iterable[str] = METRICS, ignore: Iterable[str] = IGNORED
-              ) -> tuple[list[str], list[dict[str, Any]]]:
-    """The varying param keys and one entry per group: {"params": {key: value}, "n", "names", "metrics": {metric:
-    {"mean", "std" (the sample standard deviation, None under two values), "count" (seeds that have the metric)}}}."""
-    varying, groups = group(rows, ignore)
     out = []
-    for g in groups:
+    for g in groups.values():
         stats = {}
         for m in metrics:
             values = [float(r["metrics"][m]) for r in g if isinstance(r["metrics"].get(m), (int, float))]

@@ -77,27 +77,22 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def newest_readable(ckpt_dir: Path) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
-    """The newest checkpoint that loads, and a note for each newer one set aside as `<name>.corrupt` (CorruptCheckpoint
-    only); any other failure propagates with every file in place, so the rerun after the fault resumes."""
-    notes = []
+def find_resume(ckpt_dir: Path, run_params: dict[str, Any], also: list[Path] = ()
+                ) -> tuple[Path | None, dict[str, Any] | None, str]:
+    """(path, loaded checkpoint, what was decided, naming the params that differ): the newest readable checkpoint if
+    a run with these params wrote it, else an earlier run of theirs in ckpt_dir/previous/ (see `bring_back`) or None
+    (see `move_aside`): another run's is never resumed. Call on one process only: it renames damaged ones."""
+    notes: list[str] = []
     for path in reversed(list_checkpoints(ckpt_dir)):
         try:
-            return path, load_checkpoint(path), notes
-        except CorruptCheckpoint as e:
+            ckpt = load_checkpoint(path)
+            break
+        except CorruptCheckpoint as e:  # set aside; any other failure leaves every file in place for the rerun
             aside = path.with_name(path.name + ".corrupt")
             os.replace(path, aside)
             notes.append(f"{e}; set aside as {aside}")
-    return None, None, notes
-
-
-def find_resume(ckpt_dir: Path, run_params: dict[str, Any], also: list[Path] = ()
-                ) -> tuple[Path | None, dict[str, Any] | None, str]:
-    """(path, loaded checkpoint, what was decided): the newest readable checkpoint, if a run with these params wrote it.
-    Call on one process only (it renames damaged ones); another run's is never resumed: the path is then an earlier
-    run of these params in ckpt_dir/previous/ (see `bring_back`), or None (see `move_aside`); the sentence says which
-    params differ."""
-    path, ckpt, notes = newest_readable(ckpt_dir)
+    else:
+        path = ckpt = None
     diff: list[str] = []
     if path is not None and _same_run(ckpt, run_params):
         foreign = _foreign_curves(also, run_fingerprint(run_params))
@@ -133,13 +128,6 @@ def retrain_note(ckpt: dict[str, Any], diff: list[str]) -> str:
 def _same_run(ckpt: dict[str, Any], run_params: dict[str, Any]) -> bool:
     # equal params also resume a checkpoint whose fingerprint was written in an older (16-hex) form
     return ckpt.get("fingerprint") == run_fingerprint(run_params) or ckpt.get("params") == run_params
-
-
-def stamp_curves(also: list[Path], run_params: dict[str, Any]) -> None:
-    """Mark each `also` folder (the step metrics) as this run's, so a resume never continues another run's curves."""
-    for folder in map(Path, also):
-        folder.mkdir(parents=True, exist_ok=True)
-        write_text(folder / CURVES_STAMP, run_fingerprint(run_params) + "\n")
 
 
 def _foreign_curves(also: list[Path], fingerprint: str) -> Path | None:
@@ -265,7 +253,9 @@ def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, al
             bring_back(path.parent, ckpt_dir, also)
             resume = load_checkpoint(Path(ckpt_dir) / path.name)
             notes.append(f"resuming from {Path(ckpt_dir) / path.name} (step {resume['step']})")
-        stamp_curves(also, run_params)
+        for folder in map(Path, also):  # the step metrics are this run's: a resume never continues another run's
+            folder.mkdir(parents=True, exist_ok=True)
+            write_text(folder / CURVES_STAMP, run_fingerprint(run_params) + "\n")
     distributed.barrier()
     if not is_main:
         last = latest_checkpoint(ckpt_dir)

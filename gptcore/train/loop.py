@@ -305,25 +305,21 @@ class Trainer:
 
     # -- the steps ---------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """After `check_finite`, every evaluator on the raw model at this step; their metrics, merged and logged."""
+        """After `check_finite`, every evaluator on the raw model at this step; their metrics, merged and logged. With
+        export=best, rank 0 keeps a new lowest val loss's weights (checkpoints/best_<step>.pt survives a kill)."""
         self.check_finite()
         out: dict[str, float] = {}
         for ev in self.evaluators:
             out.update(ev(self.raw_model, self.step))
-        out.update(self._track_best(out.get("val_loss")))
+        if self.cfg.export == "best" and (val_loss := out.get("val_loss")) is not None:
+            if val_loss < self.best_val_loss:  # NaN never counts as better
+                self.best_val_loss, self.best_step = val_loss, self.step
+                if self.env.is_main:
+                    checkpoint.save_best(self.ckpt_dir, self.step, self.raw_model, val_loss, self.fingerprint)
+            out.update(best_val_loss=self.best_val_loss, best_step=self.best_step)
         self.logger.log(self.step, out)
         self.final.update(out)
         return out
-
-    def _track_best(self, val_loss: float | None) -> dict[str, float]:
-        """export=best: rank 0 keeps a new lowest val loss's weights (checkpoints/best_<step>.pt survives a kill)."""
-        if self.cfg.export != "best" or val_loss is None:
-            return {}
-        if val_loss < self.best_val_loss:  # NaN never counts as better
-            self.best_val_loss, self.best_step = val_loss, self.step
-            if self.env.is_main:
-                checkpoint.save_best(self.ckpt_dir, self.step, self.raw_model, val_loss, self.fingerprint)
-        return {"best_val_loss": self.best_val_loss, "best_step": self.best_step}
 
     def train_step(self) -> dict[str, Any]:
         """One optimizer update over total_batch_tokens tokens: the rank-averaged loss and grad norm stay on the device
@@ -381,10 +377,6 @@ class Trainer:
                                 f"{checkpoint.latest_checkpoint(self.ckpt_dir) or 'none'}. Lower train.max_lr or "
                                 f"check the data; the run stopped without saving.")
 
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-
     def fit(self) -> dict[str, float]:
         """Train to max_steps, evaluating, logging and checkpointing; the last value of each metric but TIMINGS (the
         same for a rerun: checkpoints carry them). The host waits for the device only at train.log_every and around
@@ -394,11 +386,12 @@ class Trainer:
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", disable=not env.is_main,
                    dynamic_ncols=True)
         started, elapsed, steps = None, 0.0, 0  # the timer: wall time of the steps since the last log
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else lambda: None
         # beside the curves: what makes runs of other shapes comparable (dvc exp show lists them)
         self.logger.log_constants(model_sizes(self.raw_model))
 
         def pause() -> float:
-            self._sync()
+            sync()
             return elapsed + (time.perf_counter() - started if started is not None else 0.0)
 
         while self.step < cfg.max_steps:
@@ -406,7 +399,7 @@ class Trainer:
                 elapsed, started = pause(), None
                 self.evaluate()
             if started is None:
-                self._sync()
+                sync()
                 started = time.perf_counter()
             out = self.measured_step()
             steps += 1
