@@ -1,8 +1,7 @@
 """One training run, from its params to its last step: the `train:` section's schema (`TRAIN`, `TrainConfig`) and
-every check a run gets before any weights exist (`preflight`); the evaluators run at its eval cadence (val loss,
-HellaSwag, samples) and where they are built; and the loop (gradient accumulation, DDP, mixed precision, clipping,
-checkpoints, resume), which knows a model, a batch source (`next_batch`, `state_dict`, `grad_accum`), a checkpoint
-folder and a logger; not shards, not DVC."""
+every check before any weights exist (`preflight`); the evaluators of its eval cadence (val loss, HellaSwag, samples);
+and the loop (gradient accumulation, DDP, mixed precision, clipping, checkpoints, resume), which knows a model, a
+batch source (`next_batch`, `state_dict`, `grad_accum`), a checkpoint folder and a logger; not shards, not DVC."""
 from __future__ import annotations
 
 import math
