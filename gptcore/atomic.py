@@ -54,28 +54,23 @@ def publish(tmp: str | Path, path: str | Path, synced: bool = False) -> None:
 def atomic_path(path: str | Path, needed: int | None = None) -> Iterator[Path]:
     """Yield a temp path beside `path`, published over it on a clean exit and removed on an error; a full disk (torch's
     report of one included) or an unwritable folder is a UserError naming `path` and the bytes `needed`."""
+    tmp = written = free = None
     try:
         tmp = temp_beside(path)
-    except OSError as e:
-        err = disk_error(e, path, needed)
-        if err is e:
-            raise
-        raise err from e
-    try:
         yield tmp
         publish(tmp, path)
     except (OSError, RuntimeError) as e:
-        try:  # measured before the temp file goes: a disk that filled is still full now
-            written, free = tmp.stat().st_size, shutil.disk_usage(tmp.parent).free
-        except OSError:
-            written = free = None
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            with contextlib.suppress(OSError):  # measured before the temp file goes: a full disk is still full now
+                written, free = tmp.stat().st_size, shutil.disk_usage(tmp.parent).free
+            tmp.unlink(missing_ok=True)
         err = disk_error(e, path, needed, written, free)
         if err is e:
             raise
         raise err from e
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         raise
 
 
@@ -83,14 +78,10 @@ def atomic_path(path: str | Path, needed: int | None = None) -> Iterator[Path]:
 def atomic_write(path: str | Path, mode: str = "w", encoding: str | None = "utf-8",
                  needed: int | None = None) -> Iterator[IO]:
     """atomic_path with the temp file open: raise inside the block to abandon the write (`path` stays as it was)."""
-    with atomic_path(path, needed) as tmp:
-        with open(tmp, mode, encoding=None if "b" in mode else encoding, opener=no_follow) as f:
+    with atomic_path(path, needed) as tmp:  # O_NOFOLLOW: a link put in its place meanwhile is refused, not written to
+        with open(tmp, mode, encoding=None if "b" in mode else encoding,
+                  opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW, 0o666)) as f:
             yield f
-
-
-def no_follow(path: str, flags: int) -> int:
-    """open()'s opener for temp_beside's file: a link put in its place meanwhile is refused, not written through."""
-    return os.open(path, flags | os.O_NOFOLLOW, 0o666)
 
 
 def write_text(path: str | Path, text: str) -> None:
@@ -104,14 +95,6 @@ def write_json(path: str | Path, data: Any, indent: int = 2) -> None:
     with atomic_write(path) as f:
         json.dump(data, f, indent=indent, ensure_ascii=False)
         f.write("\n")
-
-
-def _sync_tree(folder: Path) -> None:
-    for root, _, files in os.walk(folder):
-        for name in files:
-            with open(os.path.join(root, name), "rb") as f:
-                os.fsync(f.fileno())
-        fsync_dir(root)
 
 
 _RENAME_EXCHANGE = 2
@@ -163,7 +146,11 @@ def swap_dir(staged: str | Path, final: str | Path) -> None:
     is moved aside first), then delete the old one. A `final` that is a symbolic link is refused (LinkedFolder)."""
     staged, final = Path(staged), Path(final)
     refuse_link(final, "gptcore")
-    _sync_tree(staged)
+    for root, _, files in os.walk(staged):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(root)
     if final.exists() and _exchange(staged, final):
         old = staged  # the exchange put the old folder where the staged one was
     else:

@@ -59,7 +59,7 @@ class Param:
             what = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
                     list: "a list of distinct strings"}[self.kind]
             limits = ((">=", self.min), (">", self.above), ("<=", self.max), ("<", self.below))
-            bounds = [f"{op} {_num(bound)}" for op, bound in limits if bound is not None]
+            bounds = [f"{op} {int(b) if float(b).is_integer() else repr(b)}" for op, b in limits if b is not None]
             if bounds:
                 what += " " + " and ".join(bounds)
         extra = ["null" if a is None else str(a) for a in self.also]
@@ -75,16 +75,12 @@ class Param:
                     or len(set(value)) != len(value)):
                 raise bad
             return list(value)
-        if self.kind is bool:
-            if not isinstance(value, bool):
-                raise bad
-            return value
         if self.kind is str:
             if (not isinstance(value, str) or (self.choices and value not in self.choices)
                     or (self.pattern and not re.fullmatch(self.pattern, value))):
                 raise bad
             return value
-        if isinstance(value, bool):
+        if isinstance(value, bool) != (self.kind is bool):  # a bool is never an int or a float here
             raise bad
         if self.kind is int:
             if not isinstance(value, int):
@@ -105,10 +101,6 @@ class Param:
                 or (self.above is not None and value <= self.above) or (self.below is not None and value >= self.below)):
             raise bad
         return value
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else repr(x)
 
 
 class Section:

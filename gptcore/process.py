@@ -72,10 +72,12 @@ def disk_error(e: BaseException, path: str | Path, needed: int | None = None, wr
     path = Path(path)
     code = e.errno if isinstance(e, OSError) else None
     if code in FULL_ERRNOS or (code is None and free is not None and free < 1 << 20):
-        amounts = [f"{needed:,} bytes needed" if needed else "", f"{written:,} written" if written else ""]
-        amounts = [a for a in amounts if a]
-        size = f" ({', '.join(amounts)})" if amounts else ""
-        return UserError(f"{path}: no space left on {_mount_point(path)}{size}: free some space there (or point the "
+        mount = _existing(path)
+        while not os.path.ismount(mount) and mount != mount.parent:
+            mount = mount.parent
+        amounts = ", ".join(a for a in (needed and f"{needed:,} bytes needed", written and f"{written:,} written") if a)
+        size = f" ({amounts})" if amounts else ""
+        return UserError(f"{path}: no space left on {mount}{size}: free some space there (or point the "
                          f"folder at a larger disk) and run again")
     if code == errno.EROFS:
         return UserError(f"{path}: cannot write (read-only file system): make {_existing(path.parent)} writable, or "
@@ -91,13 +93,6 @@ def _existing(path: Path) -> Path:
     while not p.exists() and p != p.parent:
         p = p.parent
     return p
-
-
-def _mount_point(path: Path) -> str:
-    p = _existing(path)
-    while not os.path.ismount(p) and p != p.parent:
-        p = p.parent
-    return str(p)
 
 
 LOCK_NAME = ".lock"
@@ -155,7 +150,14 @@ class FolderLock:
         if not got:
             holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "a process that has not written its pid yet"
             os.close(fd)
-            raise self._busy(holder)
+            if self.shared:
+                raise FolderBusyError(f"{self.folder} is being written by another run ({holder}); {self.what} cannot "
+                                      f"read it meanwhile: wait for it to finish or stop it")
+            if " reading " in holder:
+                raise FolderBusyError(f"{self.folder} is being read by another run ({holder}); {self.what} would "
+                                      f"change it under that run: wait for it to finish or stop it")
+            raise FolderBusyError(f"{self.folder} is in use by another run ({holder}); only one {self.what} may write "
+                                  f"there at a time: wait for it to finish or stop it")
         self._fd, self._key = fd, key
         self._held[key] = self.shared
         return self
@@ -173,16 +175,6 @@ class FolderLock:
         kind = "a symbolic link" if self.path.is_symlink() else "a folder" if self.path.is_dir() else "not a file"
         raise NotALockFile(f"{self.path} is {kind}, not a lock file: a run never opens its lock through it (it "
                            f"could overwrite what it points at); move it away and run again")
-
-    def _busy(self, holder: str) -> FolderBusyError:
-        if self.shared:
-            return FolderBusyError(f"{self.folder} is being written by another run ({holder}); {self.what} cannot "
-                                   f"read it meanwhile: wait for it to finish or stop it")
-        if " reading " in holder:
-            return FolderBusyError(f"{self.folder} is being read by another run ({holder}); {self.what} would "
-                                   f"change it under that run: wait for it to finish or stop it")
-        return FolderBusyError(f"{self.folder} is in use by another run ({holder}); only one {self.what} may write "
-                               f"there at a time: wait for it to finish or stop it")
 
     def release(self) -> None:
         """Give the lock up (the kernel does it anyway when this process exits)."""

@@ -1,11 +1,10 @@
 """Published reference figures (conf/baselines.yaml), read and named one way for compare, plots and README.
 
-An entry such as `gpt2_124m` holds a `description` and figures (`val_loss`, `hellaswag_acc_norm`, each with a
-`<figure>_source`); each figure's one name everywhere is `<entry>_<figure>`, e.g. `gpt2_124m_val_loss`.
-Each figure also states what it was measured on, `<figure>_measured_on` (the keys of MEASURED_ON), which compare
-matches against the run's metrics/measured_on.json.
-An entry may also hold published lm-evaluation-harness figures, `lm_eval: {<task>: {task_from, num_fewshot, samples,
-source, <metric>: value, ...}}`, named `<entry>_lm_eval_<task>_<metric>`, e.g. `gpt2_124m_lm_eval_hellaswag_acc_norm`.
+An entry such as `gpt2_124m` holds a `description` and figures (`val_loss`, `hellaswag_acc_norm`), each with a
+`<figure>_source` and a `<figure>_measured_on` (the keys of MEASURED_ON, which compare matches against the run's
+metrics/measured_on.json); a figure's one name everywhere is `<entry>_<figure>`, e.g. `gpt2_124m_val_loss`. An entry
+may also hold published lm-evaluation-harness figures, `lm_eval: {<task>: {task_from, num_fewshot, samples, source,
+<metric>: value, ...}}`, named `<entry>_lm_eval_<task>_<metric>`, e.g. `gpt2_124m_lm_eval_hellaswag_acc_norm`.
 """
 from __future__ import annotations
 
@@ -101,7 +100,6 @@ def baseline_values(data: dict[str, Any]) -> dict[str, float]:
 
 def lm_eval_values(data: dict[str, Any]) -> dict[str, float]:
     """Every published lm-eval figure as {"<entry>_lm_eval_<task>_<metric>": value}, in file order."""
-    check_baselines(data)
     return {f"{entry}_lm_eval_{task}_{metric}": float(value)
             for entry, body in data.items() for task, figures in (body.get("lm_eval") or {}).items()
             for metric, value in lm_eval_metrics(figures).items()}

@@ -1,11 +1,6 @@
-"""Set a run's evaluation metrics beside published reference figures: baseline values and run - baseline deltas.
-
-A delta is written only when the run measured what the baseline measured, as evaluate's metrics/measured_on.json
-records it and conf/baselines.yaml's `<figure>_measured_on` states it: val loss on the same val split (GPT-2 BPE
-tokens of the same dataset and config split by the same rule, or val shards whose sha256 the baseline lists),
-HellaSwag on the same file and all its examples, an lm-eval figure on lm-eval's own task with the same metric,
-few-shot count and all its examples (lm-eval scores text, so any tokenizer compares). Else `comparable` says why not.
-"""
+"""Set a run's evaluation metrics beside published reference figures: baseline values and run - baseline deltas,
+each written only when the run measured what the baseline measured (metrics/measured_on.json against
+conf/baselines.yaml's `<figure>_measured_on`; docs/evaluation.md gives the rules); else `comparable` says why not."""
 from __future__ import annotations
 
 from typing import Any
@@ -97,39 +92,31 @@ def why_lm_eval_not_comparable(ours: dict[str, Any] | None, task: str, metric: s
 
 
 def summarize(run: dict[str, Any], baselines: dict[str, Any], measured: dict[str, Any] | None) -> dict[str, Any]:
-    """The run beside the baselines. `run` is evaluate's eval.json ({"eval": {"val_loss"}, "hellaswag": {"acc_norm",
-    "count"}, ...}); `measured` its measured_on.json (gptcore.eval.measured), what the run was evaluated on ({}
-    or None when evaluate wrote none: no delta).
-
-    Returns {"baseline": {"<entry>_<figure>": value}, "delta": {...}, "comparable": {...}}: each delta key names the
-    baseline it subtracts (`_vs_gpt2`: OpenAI GPT-2 124M, `_vs_gpt3`: GPT-3 Small); `comparable[key]` is
-    {"baseline": entry, "comparable": whether the delta was written, "reason": why not (or SAME)}."""
+    """The run beside the baselines: `run` is evaluate's eval.json, `measured` its measured_on.json ({} or None when
+    evaluate wrote none: no delta). Returns {"baseline": {"<entry>_<figure>": value}, "delta": {...}, "comparable":
+    {...}}: each delta key names the baseline it subtracts (`_vs_gpt2`: OpenAI GPT-2 124M, `_vs_gpt3`: GPT-3 Small);
+    `comparable[key]` is {"baseline": entry, "comparable": whether the delta was written, "reason": why not (or SAME)}."""
     ours = {"val_loss": run.get("eval", {}).get("val_loss"),
             "hellaswag_acc_norm": run.get("hellaswag", {}).get("acc_norm")}
-    baseline = baseline_values(baselines)  # {"gpt2_124m_val_loss": ..., ...}: the names plots and README use
-    delta: dict[str, float] = {}
-    comparable: dict[str, dict[str, Any]] = {}
+    baseline = {**baseline_values(baselines), **lm_eval_values(baselines)}  # the names plots and README use
+    judged = []  # (delta key, baseline entry, why it is not comparable or None, the run's figure, the baseline's)
     for key, (figure, name, base_figure) in DELTAS.items():
-        if base_figure not in baselines.get(name, {}):
-            continue
-        reason = why_not_comparable(figure, run, measured or {}, baselines[name][f"{base_figure}_measured_on"])
-        comparable[key] = {"baseline": name, "comparable": reason is None, "reason": reason or SAME}
-        if reason is None:
-            delta[key] = ours[figure] - baselines[name][base_figure]
-    baseline.update(lm_eval_values(baselines))
+        if base_figure in baselines.get(name, {}):
+            reason = why_not_comparable(figure, run, measured or {}, baselines[name][f"{base_figure}_measured_on"])
+            judged.append((key, name, reason, ours[figure], baselines[name][base_figure]))
     scored = run.get("lm_eval") or {}
     sources = ((measured or {}).get("lm_eval") or {}).get("tasks") or {}
     if scored:  # lm-eval deltas are explained only for runs that scored lm-eval tasks at all
         for name, body in baselines.items():
             for task, published in (body.get("lm_eval") or {}).items():
                 for metric, value in lm_eval_metrics(published).items():
-                    key = f"lm_eval_{task}_{metric}_vs_{name.split('_')[0]}"
                     reason = why_lm_eval_not_comparable(scored.get(task), task, metric, published,
                                                         sources.get(task, {}) if measured else None)
-                    comparable[key] = {"baseline": name, "comparable": reason is None, "reason": reason or SAME}
-                    if reason is None:
-                        delta[key] = scored[task][metric] - value
-    return {"baseline": baseline, "delta": delta, "comparable": comparable}
+                    judged.append((f"lm_eval_{task}_{metric}_vs_{name.split('_')[0]}", name, reason,
+                                   (scored.get(task) or {}).get(metric), value))
+    return {"baseline": baseline, "delta": {key: mine - theirs for key, _, why, mine, theirs in judged if why is None},
+            "comparable": {key: {"baseline": name, "comparable": why is None, "reason": why or SAME}
+                           for key, name, why, _, _ in judged}}
 
 
 def describe(summary: dict[str, Any], baselines: dict[str, Any]) -> list[str]:
@@ -137,10 +124,8 @@ def describe(summary: dict[str, Any], baselines: dict[str, Any]) -> list[str]:
     lines = []
     for key, c in summary["comparable"].items():
         desc = baselines.get(c["baseline"], {}).get("description", c["baseline"])
-        if c["comparable"]:
-            lines.append(f"{key}: run - {desc} = {summary['delta'][key]:+.4f}")
-        else:
-            lines.append(f"{key}: not comparable with {desc}: {c['reason']}")
+        lines.append(f"{key}: run - {desc} = {summary['delta'][key]:+.4f}" if c["comparable"]
+                     else f"{key}: not comparable with {desc}: {c['reason']}")
     return lines
 
 

@@ -31,9 +31,8 @@ CURVES = ("train_loss", "val_loss", "hellaswag_acc_norm")
 # --- plot data (the compare stage) ---
 
 def tokens_per_step(live_dir: str | Path) -> float:
-    """Tokens per optimizer step, from dvclive's tokens_seen.tsv (tokens seen after step s = (s + 1) x this).
-
-    0 when the run took no step (train.max_steps 0): everything it logged is at zero tokens."""
+    """Tokens per optimizer step, from dvclive's tokens_seen.tsv (tokens seen after step s = (s + 1) x this); 0 when
+    the run took no step (train.max_steps 0): everything it logged is at zero tokens."""
     path = Path(live_dir) / "plots" / "metrics" / "tokens_seen.tsv"
     rows = read_step_tsv(path) if path.is_file() else []
     if not rows:
@@ -50,10 +49,9 @@ def smooth_half_width(n: int) -> int:
 
 
 def smooth(values: list[float], half: int | None = None) -> list[float]:
-    """Centred moving average: point i is the mean of the points i - h .. i + h, with h = `half` (default
-    smooth_half_width) shrunk near either end so the window stays symmetric. So the curve starts and ends at the data
-    (point 0 is the first value itself) and a straight stretch is left where it is; a trailing average, debiased or
-    not, lags a falling loss and starts above it."""
+    """Centred moving average: point i is the mean of points i - h .. i + h, h = `half` (default smooth_half_width)
+    shrunk near either end to keep the window symmetric: the curve starts and ends at the data and a straight stretch
+    stays put (a trailing average, debiased or not, lags a falling loss and starts above it)."""
     n = len(values)
     h = smooth_half_width(n) if half is None else half
     if h < 0:
@@ -69,20 +67,14 @@ def smooth(values: list[float], half: int | None = None) -> list[float]:
 def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir: str | Path,
                     final_acc_norm: Mapping[str, float] | None = None,
                     comparable: Mapping[str, bool] | None = None) -> list[Path]:
-    """Write the files dvc.yaml's top-level plots read besides dvclive's (live_dir: dvclive's folder; baselines:
-    as report.baselines.read_baselines returns them); returns their paths.
-
-    out_dir/baselines.tsv   step, tokens_seen, one column per reference figure and beside each `<figure>_comparable`
-                            (true where `comparable`, compare.comparable_figures' map, says so: the plots draw only
-                            those); two rows: the run's first and last logged step
-    out_dir/<curve>.tsv     step, tokens_seen, <curve> for train_loss, val_loss and hellaswag_acc_norm (those
-                            the run logged); an evaluation at step s has seen s steps of tokens, a training step s
-                            has seen s + 1. train_loss.tsv also has train_loss_smooth (see `smooth`), the raw
-                            column kept beside it
-    out_dir/acc_norm.tsv    step, tokens_seen, task, acc_norm: the HellaSwag curve logged in training, then
-                            `final_acc_norm` ({task: acc_norm} of the evaluate stage, HellaSwag or cloze) at the
-                            run's last step; absent when there is neither
-    """
+    """Write the files dvc.yaml's top-level plots read besides dvclive's (`live_dir`: dvclive's folder; `baselines`
+    as read_baselines returns them); returns their paths. out_dir/baselines.tsv: step, tokens_seen, one column per
+    reference figure and beside each `<figure>_comparable` (true where `comparable`, compare.comparable_figures' map,
+    says so: the plots draw only those), at the run's first and last logged step. out_dir/<curve>.tsv: step,
+    tokens_seen, <curve> for each of CURVES the run logged (an evaluation at step s has seen s steps of tokens, a
+    training step s + 1); train_loss.tsv also has train_loss_smooth (`smooth`) beside the raw column.
+    out_dir/acc_norm.tsv: step, tokens_seen, task, acc_norm: the HellaSwag curve logged in training, then
+    `final_acc_norm` ({task: acc_norm} of evaluate, HellaSwag or cloze) at the last step; absent if there is neither."""
     live_dir, out_dir = Path(live_dir), Path(out_dir)
     refs = baseline_values(dict(baselines))
     metrics_dir = live_dir / "plots" / "metrics"
@@ -106,8 +98,7 @@ def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir:
     points = [(s, t) for rows in curves.values() for s, t, _ in rows]  # the reference lines' span
     if not points:
         raise UserError(f"{metrics_dir}: no train_loss.tsv or val_loss.tsv rows; run the train stage first")
-    first = (min(s for s, _ in points), min(t for _, t in points))
-    last = (max(s for s, _ in points), max(t for _, t in points))
+    first, last = min(points), max(points)  # tokens_seen grows with the step
     acc_rows = [(s, t, "hellaswag", v) for s, t, v in curves.get("hellaswag_acc_norm", [])]
     acc_rows += [(*last, task, value) for task, value in (final_acc_norm or {}).items()]
     acc = out_dir / "acc_norm.tsv"
@@ -135,23 +126,11 @@ def plot_filename(name: str, fmt: str) -> str:
     return f"{stem}.{fmt}"
 
 
-def _convert(spec: dict[str, Any], fmt: str, scale: float) -> bytes:
-    import vl_convert as vlc
-
-    if fmt == "png":
-        return vlc.vegalite_to_png(spec, scale=scale)
-    if fmt == "svg":
-        return vlc.vegalite_to_svg(spec).encode("utf-8")
-    # html, Vega's JavaScript inlined: opens offline, interactive like `dvc plots show` (render_plots checked fmt)
-    return vlc.vegalite_to_html(spec, bundle=True).encode("utf-8")
-
-
 def render_plots(plots: Mapping[str, Any], out_dir: str | Path = PNG_DIR, fmt: str = "png", scale: float = 2.0,
                  log=print) -> list[Path]:  # noqa: ANN001
-    """Render the Vega-Lite specs of `dvc plots show/diff --json` output to files in out_dir; returns them.
-
-    DVC's load errors (a plot file missing in a revision) are reported through `log`, as `dvc plots show` does,
-    and the rest of that plot is still drawn; a plot with no data at all is skipped."""
+    """Render the Vega-Lite specs of `dvc plots show/diff --json` output to files in out_dir; returns them. DVC's load
+    errors (a plot file missing in a revision) go to `log`, as `dvc plots show` does, and the rest of that plot is
+    still drawn; a plot with no data at all is skipped."""
     if fmt not in FORMATS:
         raise UserError(f"format={fmt!r}: choose one of {', '.join(FORMATS)}")
     out_dir = Path(out_dir)
@@ -161,6 +140,11 @@ def render_plots(plots: Mapping[str, Any], out_dir: str | Path = PNG_DIR, fmt: s
     data = plots.get("data", {})
     if not data:
         raise UserError("no plots: dvc.yaml declares none, or DVC found none of their files")
+    import vl_convert as vlc
+
+    # html: Vega's JavaScript inlined, so the page opens offline, interactive like `dvc plots show`
+    convert = {"png": lambda s: vlc.vegalite_to_png(s, scale=scale), "svg": lambda s: vlc.vegalite_to_svg(s).encode(),
+               "html": lambda s: vlc.vegalite_to_html(s, bundle=True).encode()}
     written = []
     for name, renderers in data.items():
         for i, r in enumerate(renderers):
@@ -175,7 +159,7 @@ def render_plots(plots: Mapping[str, Any], out_dir: str | Path = PNG_DIR, fmt: s
             spec["config"] = {**spec.get("config", {}), "legend": {"labelLimit": 0}}
             path = out_dir / plot_filename(name if i == 0 else f"{name}_{i}", fmt)
             with atomic_write(path, "wb") as f:
-                f.write(_convert(spec, fmt, scale))
+                f.write(convert[fmt](spec))
             written.append(path)
     return written
 
@@ -241,14 +225,6 @@ def offline_page() -> str:
     return _PAGE.replace("@MARKER@", _page_marker()).replace("@QUEUE@", _QUEUE).replace("@BUNDLE@", bundle)
 
 
-def _dvc_root(start: Path) -> Path:
-    """The DVC repository holding `start`: the first folder from it upwards with a .dvc/ folder."""
-    for folder in (start, *start.parents):
-        if (folder / ".dvc").is_dir():
-            return folder
-    raise UserError(f"{start}: not in a DVC repository (no .dvc/ folder here or above); run it in the gptcore checkout")
-
-
 def write_offline_page(path: str | Path = OFFLINE_PAGE) -> Path:
     """Write the page `dvc plots show` fills (see offline_page) unless `path` holds this very page already."""
     path = Path(path)
@@ -297,8 +273,12 @@ def main(argv: list[str] | None = None) -> None:
                          "inlined, drawn offline; the compare stage writes it too) and print its path")
     args = ap.parse_args(argv)
     try:
-        if args.page:
-            print(write_offline_page(_dvc_root(Path.cwd()) / OFFLINE_PAGE))
+        if args.page:  # into the DVC repository holding the current folder: the first one upwards with a .dvc/
+            root = next((f for f in (Path.cwd(), *Path.cwd().parents) if (f / ".dvc").is_dir()), None)
+            if root is None:
+                raise UserError(f"{Path.cwd()}: not in a DVC repository (no .dvc/ folder here or above); run it in "
+                                "the gptcore checkout")
+            print(write_offline_page(root / OFFLINE_PAGE))
             return
         plots = read_plots_json(args.json)
         files = render_plots(plots, args.out, args.format, args.scale, log=lambda m: print(m, file=sys.stderr))

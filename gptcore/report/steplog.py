@@ -50,10 +50,7 @@ def write_tsv(path: Path, header: list[str], rows: Iterable[Iterable[Any]]) -> N
 
 def truncate_step_metrics(live_dir: str | Path, from_step: int) -> None:
     """Drop rows with step >= from_step from dvclive's TSVs, so a resumed run neither loses nor repeats steps."""
-    plots = Path(live_dir) / "plots" / "metrics"
-    if not plots.is_dir():
-        return
-    for tsv in plots.rglob("*.tsv"):
+    for tsv in (Path(live_dir) / "plots" / "metrics").rglob("*.tsv"):  # none when the folder is missing
         rows = _rows(tsv)
         if not rows:
             continue

@@ -3,14 +3,7 @@
 
     dvc exp show --json > exps.json && python -m gptcore.report.table exps.json
 
-A group is every experiment with the same params apart from `train.seed` (and the keys `--ignore` names); the
-table shows the params that differ between groups, the number of seeds, and for each metric its mean and sample
-standard deviation (n - 1). A metric some seeds lack (say, tokens_to_target of a run that never reached the
-target) is averaged over the seeds that have it, and the count is shown beside it.
-
-`--baseline REGEX` names one group (say the all-switches-on recipe of an ablation); every other group then shows its
-difference from it in the first metric, with that difference's standard deviation and whether it exceeds twice the
-seed-to-seed standard deviation (pooled over the two groups), the bar an ablation's effect must clear.
+docs/modern-recipe.md says what the groups, columns and `--baseline`'s difference mean.
 """
 from __future__ import annotations
 
@@ -59,24 +52,18 @@ def experiments(doc: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def group(rows: list[dict[str, Any]], ignore: Iterable[str] = IGNORED) -> tuple[list[str], list[list[dict]]]:
-    """The param keys whose values differ across `rows` (minus `ignore`), and the rows grouped by those values,
-    groups in order of first appearance."""
+def summarize(rows: list[dict[str, Any]], metrics: Iterable[str] = METRICS, ignore: Iterable[str] = IGNORED
+              ) -> tuple[list[str], list[dict[str, Any]]]:
+    """The param keys whose values differ across `rows` (minus `ignore`) and one entry per group of rows with the same
+    values of those, in order of first appearance: {"params": {key: value}, "n", "names", "metrics": {metric: {"mean",
+    "std" (the sample standard deviation, None under two values), "count" (seeds that have the metric)}}}."""
     keys = sorted({k for r in rows for k in r["params"]} - set(ignore))
     varying = [k for k in keys if len({json.dumps(r["params"].get(k)) for r in rows}) > 1]
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(json.dumps([r["params"].get(k) for k in varying]), []).append(r)
-    return varying, list(groups.values())
-
-
-def summarize(rows: list[dict[str, Any]], metrics: Iterable[str] = METRICS, ignore: Iterable[str] = IGNORED
-              ) -> tuple[list[str], list[dict[str, Any]]]:
-    """The varying param keys and one entry per group: {"params": {key: value}, "n", "names", "metrics": {metric:
-    {"mean", "std" (the sample standard deviation, None under two values), "count" (seeds that have the metric)}}}."""
-    varying, groups = group(rows, ignore)
     out = []
-    for g in groups:
+    for g in groups.values():
         stats = {}
         for m in metrics:
             values = [float(r["metrics"][m]) for r in g if isinstance(r["metrics"].get(m), (int, float))]
@@ -88,12 +75,9 @@ def summarize(rows: list[dict[str, Any]], metrics: Iterable[str] = METRICS, igno
 
 
 def versus(groups: list[dict[str, Any]], base: dict[str, Any], metric: str) -> list[dict[str, Any] | None]:
-    """Each group's difference from `base` in `metric`: {"diff": mean - base mean, "sd_diff": the standard deviation
-    of that difference of means, "sd": the pooled seed-to-seed standard deviation, "beyond_2sd": |diff| > 2 sd}.
-
-    The two groups' seed-to-seed variances are pooled (weights n - 1), so a one-seed row (an ablation run) borrows
-    the baseline's spread: sd_diff = sd * sqrt(1/n_a + 1/n_b). None where a mean is missing or neither group has two
-    seeds of the metric."""
+    """Each group's difference from `base` in `metric`: {"diff": mean - base mean, "sd_diff": sd * sqrt(1/n_a + 1/n_b),
+    "sd": the seed-to-seed standard deviation pooled over both groups (weights n - 1: a one-seed row borrows the
+    baseline's spread), "beyond_2sd": |diff| > 2 sd}; None where a mean is missing or neither group has two seeds."""
     b = base["metrics"][metric]
     out: list[dict[str, Any] | None] = []
     for g in groups:

@@ -26,9 +26,7 @@ PREVIOUS = "previous"  # checkpoints/previous/<UTC time>/: what a fresh run move
 CURVES_STAMP = ".run_fingerprint"  # in metrics/train/: the run whose curves the folder holds
 
 
-def run_fingerprint(params: dict[str, Any]) -> str:
-    """The hash of the params that shape a run's weights (atomic.json_sha256, as the shards' fingerprint)."""
-    return json_sha256(params)
+run_fingerprint = json_sha256  # the hash of the params that shape a run's weights (as the shards' fingerprint)
 
 
 def param_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -61,8 +59,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, state: dict[str, Any], keep: int)
 
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     """The newest finished checkpoint in ckpt_dir, or None."""
-    found = list_checkpoints(ckpt_dir)
-    return found[-1] if found else None
+    return (list_checkpoints(ckpt_dir) or [None])[-1]
 
 
 def capture_rng() -> dict[str, Any]:
@@ -80,27 +77,22 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def newest_readable(ckpt_dir: Path) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
-    """The newest checkpoint that loads, and a note for each newer one set aside as `<name>.corrupt` (CorruptCheckpoint
-    only); any other failure propagates with every file in place, so the rerun after the fault resumes."""
-    notes = []
+def find_resume(ckpt_dir: Path, run_params: dict[str, Any], also: list[Path] = ()
+                ) -> tuple[Path | None, dict[str, Any] | None, str]:
+    """(path, loaded checkpoint, what was decided, naming the params that differ): the newest readable checkpoint if
+    a run with these params wrote it, else an earlier run of theirs in ckpt_dir/previous/ (see `bring_back`) or None
+    (see `move_aside`): another run's is never resumed. Call on one process only: it renames damaged ones."""
+    notes: list[str] = []
     for path in reversed(list_checkpoints(ckpt_dir)):
         try:
-            return path, load_checkpoint(path), notes
-        except CorruptCheckpoint as e:
+            ckpt = load_checkpoint(path)
+            break
+        except CorruptCheckpoint as e:  # set aside; any other failure leaves every file in place for the rerun
             aside = path.with_name(path.name + ".corrupt")
             os.replace(path, aside)
             notes.append(f"{e}; set aside as {aside}")
-    return None, None, notes
-
-
-def find_resume(ckpt_dir: Path, run_params: dict[str, Any], also: list[Path] = ()
-                ) -> tuple[Path | None, dict[str, Any] | None, str]:
-    """(path, loaded checkpoint, what was decided): the newest readable checkpoint, if a run with these params wrote it.
-    Call on one process only (it renames damaged ones); another run's is never resumed: the path is then an earlier
-    run of these params in ckpt_dir/previous/ (see `bring_back`), or None (see `move_aside`); the sentence says which
-    params differ."""
-    path, ckpt, notes = newest_readable(ckpt_dir)
+    else:
+        path = ckpt = None
     diff: list[str] = []
     if path is not None and _same_run(ckpt, run_params):
         foreign = _foreign_curves(also, run_fingerprint(run_params))
@@ -136,13 +128,6 @@ def retrain_note(ckpt: dict[str, Any], diff: list[str]) -> str:
 def _same_run(ckpt: dict[str, Any], run_params: dict[str, Any]) -> bool:
     # equal params also resume a checkpoint whose fingerprint was written in an older (16-hex) form
     return ckpt.get("fingerprint") == run_fingerprint(run_params) or ckpt.get("params") == run_params
-
-
-def stamp_curves(also: list[Path], run_params: dict[str, Any]) -> None:
-    """Mark each `also` folder (the step metrics) as this run's, so a resume never continues another run's curves."""
-    for folder in map(Path, also):
-        folder.mkdir(parents=True, exist_ok=True)
-        write_text(folder / CURVES_STAMP, run_fingerprint(run_params) + "\n")
 
 
 def _foreign_curves(also: list[Path], fingerprint: str) -> Path | None:
@@ -233,9 +218,8 @@ def remove_temp_files(ckpt_dir: Path) -> list[str]:
     size = sum(p.stat().st_size for p in found)
     for p in found:
         p.unlink(missing_ok=True)
-    if not found:
-        return []
-    return [f"removed {len(found)} temp file(s) of interrupted saves ({size / 1e6:,.1f} MB) from {ckpt_dir}"]
+    return [f"removed {len(found)} temp file(s) of interrupted saves ({size / 1e6:,.1f} MB) from {ckpt_dir}"
+            ] if found else []
 
 
 def check_init_from(init_from: str | None, ckpt_dir: Path) -> None:
@@ -269,7 +253,9 @@ def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, al
             bring_back(path.parent, ckpt_dir, also)
             resume = load_checkpoint(Path(ckpt_dir) / path.name)
             notes.append(f"resuming from {Path(ckpt_dir) / path.name} (step {resume['step']})")
-        stamp_curves(also, run_params)
+        for folder in map(Path, also):  # the step metrics are this run's: a resume never continues another run's
+            folder.mkdir(parents=True, exist_ok=True)
+            write_text(folder / CURVES_STAMP, run_fingerprint(run_params) + "\n")
     distributed.barrier()
     if not is_main:
         last = latest_checkpoint(ckpt_dir)
@@ -291,12 +277,10 @@ def list_best(ckpt_dir: Path) -> list[Path]:
     return list_checkpoints(ckpt_dir, BEST_RE)
 
 
-def save_best(ckpt_dir: Path, step: int, model: GPT, val_loss: float, run_fingerprint: str) -> Path:
+def save_best(ckpt_dir: Path, step: int, model: GPT, val_loss: float, run_fingerprint: str) -> None:
     """The weights of a new lowest val loss, atomically, with their step, val loss and the run's fingerprint."""
-    path = best_path(ckpt_dir, step)
     atomic_torch_save({"model": model.state_dict(), "model_config": asdict(model.config), "step": step,
-                       "val_loss": val_loss, "fingerprint": run_fingerprint}, path)
-    return path
+                       "val_loss": val_loss, "fingerprint": run_fingerprint}, best_path(ckpt_dir, step))
 
 
 def prune_best(ckpt_dir: Path, keep_step: int | None) -> None:

@@ -1,8 +1,7 @@
 """One training run, from its params to its last step: the `train:` section's schema (`TRAIN`, `TrainConfig`) and
-every check a run gets before any weights exist (`preflight`); the evaluators run at its eval cadence (val loss,
-HellaSwag, samples) and where they are built; and the loop (gradient accumulation, DDP, mixed precision, clipping,
-checkpoints, resume), which knows a model, a batch source (`next_batch`, `state_dict`, `grad_accum`), a checkpoint
-folder and a logger; not shards, not DVC."""
+every check before any weights exist (`preflight`); the evaluators of its eval cadence (val loss, HellaSwag, samples);
+and the loop (gradient accumulation, DDP, mixed precision, clipping, checkpoints, resume), which knows a model, a
+batch source (`next_batch`, `state_dict`, `grad_accum`), a checkpoint folder and a logger; not shards, not DVC."""
 from __future__ import annotations
 
 import math
@@ -13,7 +12,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
@@ -23,7 +21,7 @@ from gptcore.atomic import write_text
 from gptcore.data import shards
 from gptcore.data.tokenizers import Tokenizer
 from gptcore.distributed import DEVICES, DTYPES, DistEnv, autocast_context, resolve_dtype
-from gptcore.eval.score import Example, hellaswag_examples, score_examples, val_loss, val_stream
+from gptcore.eval.score import hellaswag_examples, score_examples, val_loss, val_stream
 from gptcore.model.gpt import GPT, estimate_mfu, model_sizes, sample
 from gptcore.model.load import model_vocab, strip_prefixes
 from gptcore.params import REQUIRED, Param, ParamError, Section, check_val_tokens
@@ -154,52 +152,6 @@ def preflight(model: dict[str, Any], train: dict[str, Any], shard_dir: Path) -> 
 Evaluator = Callable[[torch.nn.Module, int], dict[str, float]]
 
 
-class ValLoss:
-    """`val_loss` over fixed val tokens (every rank calls it; all get the same value)."""
-
-    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, device: torch.device,
-                 dtype: torch.dtype | None, rank: int = 0, world_size: int = 1, progress: bool = False) -> None:
-        self.args = (tokens, block_size, batch_size, device, dtype, rank, world_size, progress)
-
-    def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]:
-        return {"val_loss": val_loss(model, *self.args)}
-
-
-class ChoiceTask:
-    """A multiple-choice task (HellaSwag): `<name>_acc_norm` and `<name>_acc`."""
-
-    def __init__(self, name: str, examples: list[Example], vocab_size: int, batch_size: int, device: torch.device,
-                 dtype: torch.dtype | None, progress: bool = False) -> None:
-        self.name, self.examples, self.vocab_size = name, examples, vocab_size
-        self.kwargs = dict(device=device, batch_size=batch_size, dtype=dtype, progress=progress)
-
-    def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]:
-        r = score_examples(model, self.examples, self.vocab_size, **self.kwargs)
-        return {f"{self.name}_acc_norm": r.acc_norm, f"{self.name}_acc": r.acc}
-
-
-class TrainingSamples:
-    """On rank 0, `num_samples` continuations of `prompt` to out_dir/step_NNNNNNN.txt and `echo`; no metrics. Their
-    generator is seeded by (seed, step), never the global RNG, so a run with samples resumes bit-exactly."""
-
-    def __init__(self, tokenizer: Tokenizer, out_dir: str | Path, prompt: str, num_samples: int, max_new_tokens: int,
-                 seed: int, device: torch.device, is_main: bool, dtype: torch.dtype | None = None,
-                 echo: Callable[[str], None] | None = None) -> None:
-        self.tokenizer, self.out_dir, self.prompt = tokenizer, Path(out_dir), prompt
-        self.num_samples, self.max_new_tokens, self.seed = num_samples, max_new_tokens, seed
-        self.device, self.is_main, self.dtype, self.echo = device, is_main, dtype, echo
-
-    def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]:
-        if self.is_main and self.num_samples > 0:
-            texts = sample(model, self.tokenizer, self.prompt, self.num_samples, self.max_new_tokens,
-                           seed=self.seed * 1_000_003 + step, device=self.device, dtype=self.dtype)
-            body = "".join(f"--- step {step}, sample {i} ---\n{self.prompt}{t}\n\n" for i, t in enumerate(texts))
-            write_text(self.out_dir / f"step_{step:07d}.txt", body)
-            if self.echo is not None:
-                self.echo(body.rstrip())
-        return {}
-
-
 def samples_folder(folder: Path, samples: int, is_main: bool) -> None:
     """metrics/train/samples, a declared out: made even when train.samples is 0, and then never empty (DVC warns of
     an empty out after every train)."""
@@ -212,16 +164,34 @@ def training_evaluators(train: dict[str, Any], tok: Tokenizer, shard_dir: Path, 
                         device: torch.device, dtype: torch.dtype | None, rank: int, world_size: int,
                         echo: Callable[[str], None] | None = None) -> list[Evaluator]:
     """The evaluators a `train:` section asks for (val loss, HellaSwag, samples), their data read before training."""
-    is_main = rank == 0
+    is_main, batch = rank == 0, train["val_batch"]
     tokens = val_stream(shard_dir, train["val_tokens"], tok.vocab_size)
-    out: list[Evaluator] = [ValLoss(tokens, block_size, train["val_batch"], device, dtype, rank, world_size, is_main)]
+    out: list[Evaluator] = [lambda model, step: {"val_loss": val_loss(model, tokens, block_size, batch, device, dtype,
+                                                                      rank, world_size, is_main)}]
     if train["hellaswag"]:
         examples = hellaswag_examples(tok, train["hellaswag_path"], train["hellaswag_examples"],
                                       "train.hellaswag_path", progress=is_main, block_size=block_size)
-        out.append(ChoiceTask("hellaswag", examples, tok.vocab_size, train["val_batch"], device, dtype, is_main))
+
+        def hellaswag(model: torch.nn.Module, step: int) -> dict[str, float]:
+            r = score_examples(model, examples, tok.vocab_size, device=device, batch_size=batch, dtype=dtype,
+                               progress=is_main)
+            return {"hellaswag_acc_norm": r.acc_norm, "hellaswag_acc": r.acc}
+        out.append(hellaswag)
     if train["samples"] > 0:
-        out.append(TrainingSamples(tok, samples_dir, train["sample_prompt"], train["samples"], train["sample_tokens"],
-                                   train["seed"], device, is_main, dtype, echo))
+        prompt = train["sample_prompt"]
+
+        def samples(model: torch.nn.Module, step: int) -> dict[str, float]:
+            """Rank 0 writes samples_dir/step_NNNNNNN.txt; seeded by (seed, step), never the global RNG, so a run
+            with samples resumes bit-exactly."""
+            if is_main:
+                texts = sample(model, tok, prompt, train["samples"], train["sample_tokens"],
+                               seed=train["seed"] * 1_000_003 + step, device=device, dtype=dtype)
+                body = "".join(f"--- step {step}, sample {i} ---\n{prompt}{t}\n\n" for i, t in enumerate(texts))
+                write_text(samples_dir / f"step_{step:07d}.txt", body)
+                if echo is not None:
+                    echo(body.rstrip())
+            return {}
+        out.append(samples)
     return out
 
 
@@ -334,25 +304,21 @@ class Trainer:
 
     # -- the steps ---------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """After `check_finite`, every evaluator on the raw model at this step; their metrics, merged and logged."""
+        """After `check_finite`, every evaluator on the raw model at this step; their metrics, merged and logged. With
+        export=best, rank 0 keeps a new lowest val loss's weights (checkpoints/best_<step>.pt survives a kill)."""
         self.check_finite()
         out: dict[str, float] = {}
         for ev in self.evaluators:
             out.update(ev(self.raw_model, self.step))
-        out.update(self._track_best(out.get("val_loss")))
+        if self.cfg.export == "best" and (val_loss := out.get("val_loss")) is not None:
+            if val_loss < self.best_val_loss:  # NaN never counts as better
+                self.best_val_loss, self.best_step = val_loss, self.step
+                if self.env.is_main:
+                    checkpoint.save_best(self.ckpt_dir, self.step, self.raw_model, val_loss, self.fingerprint)
+            out.update(best_val_loss=self.best_val_loss, best_step=self.best_step)
         self.logger.log(self.step, out)
         self.final.update(out)
         return out
-
-    def _track_best(self, val_loss: float | None) -> dict[str, float]:
-        """export=best: rank 0 keeps a new lowest val loss's weights (checkpoints/best_<step>.pt survives a kill)."""
-        if self.cfg.export != "best" or val_loss is None:
-            return {}
-        if val_loss < self.best_val_loss:  # NaN never counts as better
-            self.best_val_loss, self.best_step = val_loss, self.step
-            if self.env.is_main:
-                checkpoint.save_best(self.ckpt_dir, self.step, self.raw_model, val_loss, self.fingerprint)
-        return {"best_val_loss": self.best_val_loss, "best_step": self.best_step}
 
     def train_step(self) -> dict[str, Any]:
         """One optimizer update over total_batch_tokens tokens: the rank-averaged loss and grad norm stay on the device
@@ -410,10 +376,6 @@ class Trainer:
                                 f"{checkpoint.latest_checkpoint(self.ckpt_dir) or 'none'}. Lower train.max_lr or "
                                 f"check the data; the run stopped without saving.")
 
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-
     def fit(self) -> dict[str, float]:
         """Train to max_steps, evaluating, logging and checkpointing; the last value of each metric but TIMINGS (the
         same for a rerun: checkpoints carry them). The host waits for the device only at train.log_every and around
@@ -423,11 +385,12 @@ class Trainer:
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", disable=not env.is_main,
                    dynamic_ncols=True)
         started, elapsed, steps = None, 0.0, 0  # the timer: wall time of the steps since the last log
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else lambda: None
         # beside the curves: what makes runs of other shapes comparable (dvc exp show lists them)
         self.logger.log_constants(model_sizes(self.raw_model))
 
         def pause() -> float:
-            self._sync()
+            sync()
             return elapsed + (time.perf_counter() - started if started is not None else 0.0)
 
         while self.step < cfg.max_steps:
@@ -435,7 +398,7 @@ class Trainer:
                 elapsed, started = pause(), None
                 self.evaluate()
             if started is None:
-                self._sync()
+                sync()
                 started = time.perf_counter()
             out = self.measured_step()
             steps += 1
