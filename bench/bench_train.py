@@ -278,8 +278,8 @@ def print_head(timed: Timed, chunks: dict[str, int], rows: int, n_embd: int, voc
     chosen = loss_chunk_rows(device.type, vocab, n_embd)
     now = "the plain path" if chosen == 0 else f"{chosen}-row chunks"
     if not best:
-        print(f"decision: plain (no chunk size beat the plain path in every round): set {LOSS_CHUNK_ENV}=0 on this "
-              f"machine (now: {now})")
+        todo = "the built-in choice here already" if chosen == 0 else f"set {LOSS_CHUNK_ENV}=0 on this machine"
+        print(f"decision: plain (no chunk size beat the plain path in every round): {todo} (now: {now})")
     else:
         print(f"decision: chunked, {best}-row chunks, {best_ratio:.2f}x the plain path in the median and ahead in "
               f"every round (now: {now}; {LOSS_CHUNK_ENV}={best * vocab} sets it)")

@@ -111,7 +111,9 @@ def test_chunk_rows_follow_the_switch(monkeypatch):
     monkeypatch.delenv(gpt.LOSS_CHUNK_ENV, raising=False)
     assert gpt.loss_chunk_rows("cpu", 50304, 128) == 166  # 2^23 logits: the built-in CPU budget
     assert gpt.loss_chunk_rows("cuda", 50304, 128) == 1334  # 2^26 on a GPU
-    assert gpt.loss_chunk_rows("cpu", 50304, 768) == 768  # never fewer rows than n_embd
+    assert gpt.loss_chunk_rows("cpu", 50304, 256) == 256  # never fewer rows than n_embd
+    assert gpt.loss_chunk_rows("cpu", 50304, 257) == 0  # a wider head off a GPU: the plain path is as fast
+    assert gpt.loss_chunk_rows("mps", 50304, 768) == 0 and gpt.loss_chunk_rows("cuda", 50304, 768) == 1334
     monkeypatch.setenv(gpt.LOSS_CHUNK_ENV, "0")
     assert gpt.loss_chunk_rows("cpu", 50304, 768) == 0 and gpt.loss_chunk_rows("cuda", 50304, 768) == 0
     monkeypatch.setenv(gpt.LOSS_CHUNK_ENV, str(1000 * 50304))

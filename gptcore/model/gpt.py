@@ -230,6 +230,9 @@ class Block(nn.Module):
 # path. An explicit switch, never a timing taken at run time (docs/benchmarks.md has the measurements).
 LOSS_CHUNK_ELEMENTS = {"cpu": 1 << 23, "cuda": 1 << 26}
 LOSS_CHUNK_ENV = "GPTCORE_LOSS_CHUNK_ELEMENTS"
+# off a GPU, chunks beat the plain path beyond the spread only for narrow heads (1.28x at n_embd 128, 1.03x at 256,
+# within the spread from 512 up: docs/benchmarks.md), so wider heads take the plain path; a GPU chunks for memory
+CHUNKED_MAX_EMBD_OFF_GPU = 256
 
 
 def loss_chunk_rows(device_type: str, vocab_size: int, n_embd: int) -> int:
@@ -238,6 +241,8 @@ def loss_chunk_rows(device_type: str, vocab_size: int, n_embd: int) -> int:
     if raw is not None and not raw.strip().isdigit():
         raise UserError(f"{LOSS_CHUNK_ENV}={raw!r}: expected a whole number of logits per chunk, or 0 for the plain "
                         f"full-logits path (or unset it)")
+    if raw is None and device_type != "cuda" and n_embd > CHUNKED_MAX_EMBD_OFF_GPU:
+        return 0
     budget = int(raw) if raw is not None else LOSS_CHUNK_ELEMENTS["cuda" if device_type == "cuda" else "cpu"]
     # at least n_embd rows: each chunk also reads and writes the (vocab, n_embd) weight gradient, which should cost
     # no more memory traffic than the chunk's own (rows, vocab) logits
