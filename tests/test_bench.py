@@ -93,3 +93,11 @@ def test_bench_tokenize_tiny():
 def test_bench_tokenize_help_says_how_to_run_it():
     out = run_bench("bench_tokenize.py", "--help")
     assert "quiet" in out and "--tiny" in out and "Amdahl" in out
+
+
+def test_the_device_check_parses_and_runs_files_that_exist():
+    """bench/device_check.sh runs only where a GPU is lent: here, its syntax and every file it names."""
+    script = ROOT / "bench" / "device_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    named = re.findall(r"((?:bench|tests)/[\w/]+\.py)", script.read_text())
+    assert "bench/bench_gpu.py" in named and all((ROOT / f).is_file() for f in named)

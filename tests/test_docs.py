@@ -271,6 +271,9 @@ def check(cmd: Command) -> None:
         check_lm_eval(argv)
     elif tool == "pip":
         check_pip(argv)
+    elif tool == "bash" and len(argv) == 2:  # a script of the repository: there, and it parses
+        assert (ROOT / argv[1]).is_file(), f"no file {argv[1]}"
+        assert subprocess.run(["bash", "-n", str(ROOT / argv[1])]).returncode == 0, f"{argv[1]} does not parse"
     else:
         pytest.fail(f"{tool}: a command this test does not know; check it here or list it in NOT_CHECKED")
 
