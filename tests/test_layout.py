@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from stages.deps import ROOT, closure
+from stages.deps import ROOT, closure, imported_modules, module_file
 
 RECIPES = ("fetch", "tokenize", "train", "evaluate", "compare")
 FLOORS = {"data": 1, "model": 2, "eval": 3, "report": 3, "train": 4}  # a module at the top of gptcore/: 0
@@ -19,20 +19,13 @@ def floor(module: str) -> int:
 
 
 def import_graph(root: Path) -> dict[str, set[str]]:
-    """gptcore module -> the gptcore modules it imports (at the top or inside a function), from the source."""
+    """gptcore module -> the gptcore modules it imports (at the top or inside a function), as stages.deps reads them."""
     graph = {}
     for f in root.glob("gptcore/**/*.py"):
         name = ".".join(f.relative_to(root).with_suffix("").parts)
-        if name.endswith("__init__"):
-            continue
-        deps = set()
-        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gptcore"):
-                is_package = (root / node.module.replace(".", "/") / "__init__.py").is_file()
-                deps |= {f"{node.module}.{a.name}" for a in node.names} if is_package else {node.module}
-            elif isinstance(node, ast.Import):
-                deps |= {a.name for a in node.names if a.name.startswith("gptcore")}
-        graph[name] = deps - {name}
+        if not name.endswith("__init__"):  # a package's own file runs no code of ours
+            graph[name] = {m for m in imported_modules(f, root) if m.startswith("gptcore.") and m != name
+                           and (dep := module_file(m, root)) is not None and dep.name != "__init__.py"}
     return graph
 
 
