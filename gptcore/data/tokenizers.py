@@ -387,9 +387,11 @@ class Qwen2Tokenizer(TiktokenFileTokenizer):
     kind = "qwen2"
     file = None
 
-    def __init__(self, path: str | Path | None = None, pattern: str = "qwen2", name: str = "qwen2",
-                 specials: tuple[str, ...] = QWEN2_SPECIALS, sha256: str | None = None) -> None:
-        super().__init__(path or qwen2_ranks_path(), pattern, name, specials, sha256)
+    def __init__(self, sha256: str | None = None) -> None:
+        super().__init__(qwen2_ranks_path(), "qwen2", "qwen2", QWEN2_SPECIALS, sha256)
+
+    def __reduce__(self):  # every part is fixed: a worker rebuilds it from the package
+        return (Qwen2Tokenizer, ())
 
     @classmethod
     def identity(cls, p):
