@@ -181,7 +181,7 @@ def build_optimizers(model: GPT, optimizer: str, max_lr: float, weight_decay: fl
     for opt in opts.values():
         for group in opt.param_groups:
             group["peak_lr"] = group["lr"]  # what the schedule scales; saved with the optimizer state
-    return Optimizers(opts, [p for g in groups for p in g["params"]] if hidden and not muon_clip else None)
+    return Optimizers(opts, [p for g in groups for p in g["params"]] if optimizer == "muon" and not muon_clip else None)
 
 
 def set_lr(optimizer: Optimizers | torch.optim.Optimizer, lr: float, max_lr: float) -> None:
