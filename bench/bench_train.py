@@ -219,6 +219,7 @@ def build_variants(args: argparse.Namespace, base: GPT, shard: Path, ckpt: Path,
 
 NANO = "nanoGPT-style fp32 eager"
 
+PROFILED_CALLS = 3  # --profile: stage fp32 calls profiled after the timed rounds
 # torch op name fragments -> the part of a train step they are (first match wins; the rest is "other elementwise")
 OP_KINDS = (("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")),
             ("attention", ("scaled_dot_product", "flash_attention")),
@@ -228,18 +229,18 @@ OP_KINDS = (("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
             ("copies and fills", ("copy_", "fill_", "zero_", "clone", "_to_copy", "empty", "cat", "index")))
 
 
-def profile_step(step: Callable[[], Any], steps: int) -> None:
-    """Print where `steps` calls of a trainer spend their time, by op kind (self CPU time of torch's ops)."""
+def profile_step(step: Callable[[], Any], steps_per_call: int) -> None:
+    """Print where PROFILED_CALLS calls of a trainer spend their time, by op kind (self CPU time of torch's ops)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
+        for _ in range(PROFILED_CALLS):
             step()
     spent: dict[str, float] = {}
     for ev in prof.key_averages():
         kind = next((k for k, frags in OP_KINDS if any(f in ev.key for f in frags)), "other elementwise")
         spent[kind] = spent.get(kind, 0.0) + ev.self_cpu_time_total
     total = sum(spent.values())
-    print(f"profile, stage fp32, {steps} steps (self CPU time of torch ops): " + ", ".join(
+    print(f"profile, stage fp32, {PROFILED_CALLS * steps_per_call} steps (self CPU time of torch ops): " + ", ".join(
         f"{k} {100 * v / total:.1f}%" for k, v in sorted(spent.items(), key=lambda kv: -kv[1])))
 
 
@@ -314,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     device = distributed.setup(args.device).device
     native = resolve_dtype("bfloat16", device)
     fpt = flops_per_token(base)
-    steps = (1 + args.rounds + 3 * args.profile) * args.steps_per_round
+    steps = (1 + args.rounds + PROFILED_CALLS * args.profile) * args.steps_per_round
     print(f"model {args.n_layer}L/{args.n_head}H/{args.n_embd}d, block {args.block_size}, "
           f"{sum(p.numel() for p in base.parameters()) / 1e6:.1f}M params, {fpt / 1e6:.1f} MFLOP/token, "
           f"{step_tokens} tokens/step, 1 warm-up + {args.rounds} rounds of {args.steps_per_round} step(s), {device}, "
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         variants, work, dtypes, chunks = build_variants(args, base, shard, Path(d), device, native)
         timed = time_rounds(variants, args.rounds, sync=lambda: sync(device), progress=not args.tiny)
         if args.profile:
-            profile_step(variants["stage fp32"], 3)
+            profile_step(variants["stage fp32"], args.steps_per_round)
     for name in (n for n in variants if n.startswith("matmul")):
         print(f"{name} {step_tokens}x{args.n_embd} @ {args.n_embd}x{4 * args.n_embd}: "
               f"{fmt(timed.rate(name, work[name]), '.1f', 1e-9)} GFLOP/s")
