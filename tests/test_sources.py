@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from itertools import accumulate
 from pathlib import Path
 
 import pyarrow as pa
@@ -115,6 +116,11 @@ def test_fetch_writes_row_groups_and_files_in_streaming_batches(tmp_path):
     assert all(1 << 20 <= s < (1 << 20) + 20_000 for s in sizes[:-1])
 
 
+def starts(first: int, sizes: list[int]) -> list[int]:
+    """The first document of each of consecutive runs of these sizes, the first run starting at `first`."""
+    return list(accumulate(sizes, initial=first))[:-1]
+
+
 def test_corpus_batches_by_size_and_skips_to_a_document(tmp_path):
     docs = [f"doc {i} " + "x" * (i * 37 % 500) for i in range(3000)]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs), encoding="utf-8")
@@ -123,7 +129,7 @@ def test_corpus_batches_by_size_and_skips_to_a_document(tmp_path):
     batches = list(corpus.batches(target_bytes=20_000))
     assert [d for _, b in batches for d in b] == docs
     assert all(sum(map(len, b)) < 20_000 + 600 for _, b in batches) and len(batches) > 20
-    assert [first for first, _ in batches] == [sum(len(b) for _, b in batches[:i]) for i in range(len(batches))]
+    assert [first for first, _ in batches] == starts(0, [len(b) for _, b in batches])
     for start in (0, 1, 1023, 1024, 2999):  # row-group boundaries are at multiples of 1024
         got = list(corpus.batches(start_doc=start, target_bytes=50_000))
         assert got[0][0] == start and [d for _, b in got for d in b] == docs[start:]
@@ -143,8 +149,8 @@ def test_read_tasks_cover_the_corpus_from_any_document(tmp_path):
             for chunk_bytes in (1, 2_000, 1 << 30):
                 runs = [run for t in tasks for run in corpus_mod.read_task_chunks(t, chunk_bytes, utf8=True)]
                 assert [d.decode() for _, r in runs for d in r] == docs[start:2400], (task_bytes, start, chunk_bytes)
-                assert [first for first, _ in runs] == [start + sum(len(r) for _, r in runs[:i]) for i in range(len(runs))]
-            assert [t.first_doc for t in tasks] == [start + sum(t.rows for t in tasks[:i]) for i in range(len(tasks))]
+                assert [first for first, _ in runs] == starts(start, [len(r) for _, r in runs])
+            assert [t.first_doc for t in tasks] == starts(start, [t.rows for t in tasks])
     assert len(list(corpus.tasks(task_bytes=5_000))) > 3 * len(list(corpus.tasks()))
 
 
