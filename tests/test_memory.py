@@ -89,7 +89,7 @@ class Log:
     def log_constants(self, metrics): pass
 
 torch.manual_seed(0)
-model = GPT(GPTConfig(n_layer=16, n_head=4, n_embd=64, block_size=256, vocab_size=512))
+model = GPT(GPTConfig(n_layer=8, n_head=4, n_embd=64, block_size=256, vocab_size=512))
 cfg = TRAIN.validate(dict(micro_batch=micro, total_batch_tokens=16 * 256, max_steps=2, warmup_steps=0, max_lr=1e-3,
                           dtype="float32", eval_every=0, val_tokens=256, ckpt_every=100, keep_checkpoints=2))
 t = Trainer(model, Batches(), TrainConfig(**cfg), DistEnv(0, 0, 1, torch.device("cpu")), ckpt, Log(), {})
