@@ -103,8 +103,7 @@ def list_presets(folder: Path = PRESETS) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Write conf/config.yaml from the schemas, or with --check say whether it is up to date; --presets lists the
-    presets."""
+    """Write conf/config.yaml from the schemas (--check: say whether it is up to date; --presets: list the presets)."""
     ap = argparse.ArgumentParser(prog="python -m gptcore.config", description=main.__doc__)
     ap.add_argument("--check", action="store_true", help="exit 1 if the file differs from what the schemas give")
     ap.add_argument("--presets", action="store_true", help="list the presets of conf/preset/ with their descriptions")
