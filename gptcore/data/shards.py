@@ -503,8 +503,7 @@ class ShardWriter:
         record["sha256"] = sha
         final = self.dir / record["name"]
         if final.exists():
-            # a kill between rename and manifest update leaves a finished shard the manifest does not list:
-            # keep it untouched if it is what we just produced
+            # a kill between rename and manifest update left this shard unlisted: keep it if it is what we produced
             tmp.unlink()
             if file_sha256(final) != sha:
                 raise UserError(f"{final}: a finished shard with different content is in the way; "

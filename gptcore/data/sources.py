@@ -218,8 +218,7 @@ def write_documents(batches: Iterable[list[str]], out_dir: str | Path, max_docs:
         for group in _row_groups(batches, max_docs, docs_per_file, bar):
             if writer is None:
                 tmp = temp_beside(out_dir / f"documents_{len(records):06d}.parquet")
-                # zstd without dictionary: unique documents gain nothing from one, and zstd decompresses text about
-                # twice as fast as snappy
+                # zstd, no dictionary: unique documents gain nothing from one; zstd decompresses faster than snappy
                 writer = pq.ParquetWriter(tmp, pa.schema([("text", pa.large_string())]), compression="zstd",
                                           use_dictionary=False)
             writer.write_table(pa.table({"text": pa.array(group, pa.large_string())}), row_group_size=len(group))

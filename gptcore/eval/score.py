@@ -1,8 +1,7 @@
 """How a model is scored on text: summed next-token log-probabilities, over a split's first `val_tokens` targets
 (`val_loss`) or over the continuations of a context (`score_rows`, the one scorer that HellaSwag, cloze and lm-eval's
 loglikelihood requests all go through, over the tokenizer's ids), with the multiple-choice picks built on it and
-HellaSwag's rows (download, checks, rendering).
-"""
+HellaSwag's rows (download, checks, rendering)."""
 from __future__ import annotations
 
 import hashlib
