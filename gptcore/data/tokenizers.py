@@ -92,8 +92,7 @@ class Tokenizer(ABC):
         """encode() as a uint32 array, without building a Python list of ints."""
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """encode() of each text."""
-        # a plain loop: the caller parallelises over processes, an encoder's own thread pool would oversubscribe
+        """encode() of each text, one by one: the caller runs processes in parallel (threads would oversubscribe)."""
         return [self.encode(t) for t in texts]
 
     @abstractmethod

@@ -386,9 +386,8 @@ def parse_hellaswag_line(raw: bytes, where: str, default_ind: int) -> dict:
         raise UserError(f"{where}: not valid JSON ({e.msg})") from None
     if not isinstance(item, dict):
         raise UserError(f"{where}: a JSON {type(item).__name__}, expected an object with ctx, endings, label")
-    for key in ("ctx", "endings", "label"):
-        if key not in item:
-            raise UserError(f"{where}: missing field {key!r}")
+    if missing := [key for key in ("ctx", "endings", "label") if key not in item]:
+        raise UserError(f"{where}: missing field {missing[0]!r}")
     if not isinstance(item["ctx"], str):
         raise UserError(f"{where}: 'ctx' is {type(item['ctx']).__name__}, not a string")
     endings = item["endings"]

@@ -450,8 +450,7 @@ class GPT(nn.Module):
                     if top_k is not None:
                         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
                         logits = logits.masked_fill(logits < kth, float("-inf"))
-                    probs = F.softmax(logits, dim=-1)
-                    idx_next = torch.multinomial(probs, num_samples=1, generator=generator)
+                    idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
                 idx = torch.cat((idx, idx_next), dim=1)
         finally:
             self.train(was_training)
