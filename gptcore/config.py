@@ -10,6 +10,7 @@ Unlike the ground floor (gptcore/params.py holds the mechanics), this module imp
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 from typing import Any
@@ -80,12 +81,8 @@ def preset_descriptions(folder: Path = PRESETS) -> dict[str, str]:
     that opens the file, after Hydra's `# @package` line ('' if the file opens with none)."""
     out = {}
     for path in sorted(Path(folder).glob("*.yaml")):
-        words = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if not line.startswith("#"):
-                break
-            if not line.lstrip("# ").startswith("@package"):
-                words.append(line.lstrip("#").strip())
+        opening = itertools.takewhile(lambda line: line.startswith("#"), path.read_text(encoding="utf-8").splitlines())
+        words = [line.lstrip("#").strip() for line in opening if not line.lstrip("# ").startswith("@package")]
         out[path.stem] = _first_sentence(" ".join(w for w in words if w))
     return out
 
@@ -103,8 +100,7 @@ def list_presets(folder: Path = PRESETS) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Write conf/config.yaml from the schemas, or with --check say whether it is up to date; --presets lists the
-    presets."""
+    """Write conf/config.yaml from the schemas (--check: say whether it is up to date; --presets: list the presets)."""
     ap = argparse.ArgumentParser(prog="python -m gptcore.config", description=main.__doc__)
     ap.add_argument("--check", action="store_true", help="exit 1 if the file differs from what the schemas give")
     ap.add_argument("--presets", action="store_true", help="list the presets of conf/preset/ with their descriptions")

@@ -120,8 +120,7 @@ class Section:
             raise ParamError(self.name, values, f"must be a mapping of {', '.join(self.params)}")
         for key in values:
             if key not in self.params:
-                raise ParamError(f"{self.name}.{key}", values[key],
-                                 f"unknown param (known: {', '.join(self.params)})")
+                raise ParamError(f"{self.name}.{key}", values[key], f"unknown param (known: {', '.join(self.params)})")
         out: dict[str, Any] = {}
         for key, param in self.params.items():
             name, value = f"{self.name}.{key}", values.get(key, param.default)

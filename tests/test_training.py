@@ -251,7 +251,8 @@ def test_export_best_keeps_the_lowest_val_loss_weights(tmp_path, tiny_shards):
     toks = val_stream(tiny_shards, 1024)
     assert val_loss(model, toks, 32, 8, torch.device("cpu"), torch.float32) == pytest.approx(best_loss, abs=1e-5)
     # only the best file the last checkpoint points at is kept
-    assert [p.name for p in checkpoint.list_best(project / "checkpoints")] == [f"best_{best_step:07d}.pt"]
+    best_files = checkpoint.list_checkpoints(project / "checkpoints", checkpoint.BEST_RE)
+    assert [p.name for p in best_files] == [f"best_{best_step:07d}.pt"]
 
 
 def test_export_best_survives_a_kill_exactly(tmp_path, tiny_shards):

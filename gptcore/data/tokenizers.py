@@ -93,8 +93,7 @@ class Tokenizer(ABC):
         """encode() as a uint32 array, without building a Python list of ints."""
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """encode() of each text."""
-        # a plain loop: the caller parallelises over processes, an encoder's own thread pool would oversubscribe
+        """encode() of each text, one by one: the caller runs processes in parallel (threads would oversubscribe)."""
         return [self.encode(t) for t in texts]
 
     @abstractmethod
@@ -428,9 +427,8 @@ class CharTokenizer(Tokenizer):
 
     def __init__(self, chars: Iterable[str]) -> None:
         chars = sorted(set(chars))
-        for c in chars:
-            if len(c) != 1:
-                raise UserError(f"char vocabulary entry {c!r} is not a single character")
+        if bad := [c for c in chars if len(c) != 1]:
+            raise UserError(f"char vocabulary entry {bad[0]!r} is not a single character")
         self.chars = chars
         # code point -> id lookup table for vectorised encoding (-1 = not in the vocabulary)
         self._lut = np.full(max(map(ord, chars), default=0) + 1, -1, dtype=np.int64)
@@ -441,9 +439,7 @@ class CharTokenizer(Tokenizer):
     @classmethod
     def build(cls, texts: Iterable[str]) -> CharTokenizer:
         """The vocabulary of every character in `texts`."""
-        seen: set[str] = set()
-        for t in texts:
-            seen.update(t)
+        seen = set(itertools.chain.from_iterable(texts))
         if not seen:
             raise UserError("cannot build a char vocabulary from an empty corpus")
         return cls(seen)

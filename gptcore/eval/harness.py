@@ -224,8 +224,7 @@ def score_tasks(model: nn.Module, tokenizer: Tokenizer, tasks: Tasks, num_fewsho
                               task_manager=tasks.manager, fewshot_random_seed=seed)
         for key in ("results", "n-shot", "n-samples", "versions"):
             merged.setdefault(key, {}).update(out.get(key, {}))
-        for name in out.get("results", {}):
-            seconds[name] = time.perf_counter() - t0
+        seconds.update(dict.fromkeys(out.get("results", {}), time.perf_counter() - t0))
     return task_metrics(merged), seconds
 
 

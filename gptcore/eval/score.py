@@ -1,8 +1,7 @@
 """How a model is scored on text: summed next-token log-probabilities, over a split's first `val_tokens` targets
 (`val_loss`) or over the continuations of a context (`score_rows`, the one scorer that HellaSwag, cloze and lm-eval's
 loglikelihood requests all go through, over the tokenizer's ids), with the multiple-choice picks built on it and
-HellaSwag's rows (download, checks, rendering).
-"""
+HellaSwag's rows (download, checks, rendering)."""
 from __future__ import annotations
 
 import hashlib
@@ -387,9 +386,8 @@ def parse_hellaswag_line(raw: bytes, where: str, default_ind: int) -> dict:
         raise UserError(f"{where}: not valid JSON ({e.msg})") from None
     if not isinstance(item, dict):
         raise UserError(f"{where}: a JSON {type(item).__name__}, expected an object with ctx, endings, label")
-    for key in ("ctx", "endings", "label"):
-        if key not in item:
-            raise UserError(f"{where}: missing field {key!r}")
+    if missing := [key for key in ("ctx", "endings", "label") if key not in item]:
+        raise UserError(f"{where}: missing field {missing[0]!r}")
     if not isinstance(item["ctx"], str):
         raise UserError(f"{where}: 'ctx' is {type(item['ctx']).__name__}, not a string")
     endings = item["endings"]

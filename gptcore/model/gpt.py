@@ -163,11 +163,9 @@ class CausalSelfAttention(nn.Module):
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """(B, T, C) -> (B, T, C); causal unless `attn_mask` (True = may attend); `rope`: Rotary's (cos, sin)."""
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        # (B, T, C) -> (B, n_head, T, head_size)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        # each (B, T, C) -> (B, n_head, T, head_size)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+                   for t in self.c_attn(x).split(self.n_embd, dim=2))
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
@@ -222,16 +220,14 @@ class Block(nn.Module):
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """One transformer block on the pre-norm residual stream, as in GPT-2."""
         x = x + self.attn(self.ln_1(x), attn_mask, rope)
-        x = x + self.mlp(self.ln_2(x))
-        return x
+        return x + self.mlp(self.ln_2(x))
 
 
-# Logits lm_loss holds at once: about a server L3 of fp32 on the CPU, more on a GPU (launch cost); 0 takes the plain
-# path. An explicit switch, never a timing taken at run time (docs/benchmarks.md has the measurements).
+# Logits lm_loss holds at once (about a server L3 of fp32 on the CPU; more on a GPU, for launch cost): a fixed switch,
+# never a timing taken at run time. Off a GPU only heads up to CHUNKED_MAX_EMBD_OFF_GPU wide gain from chunking; a
+# GPU always chunks, for memory (the measurements: docs/benchmarks.md).
 LOSS_CHUNK_ELEMENTS = {"cpu": 1 << 23, "cuda": 1 << 26}
 LOSS_CHUNK_ENV = "GPTCORE_LOSS_CHUNK_ELEMENTS"
-# off a GPU, chunks beat the plain path beyond the spread only for narrow heads (1.28x at n_embd 128, 1.03x at 256,
-# within the spread from 512 up: docs/benchmarks.md), so wider heads take the plain path; a GPU chunks for memory
 CHUNKED_MAX_EMBD_OFF_GPU = 256
 
 
@@ -257,11 +253,10 @@ def without_padding(t: torch.Tensor, vocab_size: int, dim: int = -1) -> torch.Te
 
 def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, softcap: float | None = None,
             reduction: str = "mean", chunk_rows: int | None = None) -> torch.Tensor:
-    """Cross-entropy of the LM head `weight` (vocab, n_embd) over trunk outputs `hidden` (..., n_embd) against
-    `targets` (...; -1 = ignored), equal to F.cross_entropy(cap-softcapped hidden @ weight.T, targets) within float
-    rounding, without ever holding all the logits: rows go through in chunks of `chunk_rows` (default:
-    `loss_chunk_rows`; 0: that plain computation), and when a gradient is wanted each chunk's gradients are made
-    while its logits are in cache (as fused linear-cross-entropy kernels do)."""
+    """F.cross_entropy(softcapped hidden @ weight.T, targets) (-1 = ignored) within float rounding, for trunk outputs
+    `hidden` (..., n_embd) and LM head `weight` (vocab, n_embd), without ever holding all the logits: rows go in chunks
+    of `chunk_rows` (default: `loss_chunk_rows`; 0: the plain computation), each chunk's gradients made while its
+    logits are in cache (as fused linear-cross-entropy kernels do)."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     h = hidden.reshape(-1, hidden.size(-1))
@@ -455,8 +450,7 @@ class GPT(nn.Module):
                     if top_k is not None:
                         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
                         logits = logits.masked_fill(logits < kth, float("-inf"))
-                    probs = F.softmax(logits, dim=-1)
-                    idx_next = torch.multinomial(probs, num_samples=1, generator=generator)
+                    idx_next = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1, generator=generator)
                 idx = torch.cat((idx, idx_next), dim=1)
         finally:
             self.train(was_training)

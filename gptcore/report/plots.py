@@ -57,11 +57,8 @@ def smooth(values: list[float], half: int | None = None) -> list[float]:
     if h < 0:
         raise ValueError(f"half={h}: must be >= 0")
     prefix = [0.0, *itertools.accumulate(values)]
-    out = []
-    for i in range(n):
-        k = min(h, i, n - 1 - i)
-        out.append((prefix[i + k + 1] - prefix[i - k]) / (2 * k + 1))
-    return out
+    halves = (min(h, i, n - 1 - i) for i in range(n))  # the window's half-width at point i
+    return [(prefix[i + k + 1] - prefix[i - k]) / (2 * k + 1) for i, k in enumerate(halves)]
 
 
 def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir: str | Path,

@@ -1,7 +1,6 @@
 """The speedrun metric, as the NanoGPT speedrun (KellerJordan/modded-nanogpt) ranks recipes: the tokens seen (and the
 time) up to the first eval whose val loss is at or below a target, e.g. GPT-2 124M's. Training time is the sum of
-step_ms (evals, checkpoints and startup left out); GPU-hours are that x processes, for runs on GPUs.
-"""
+step_ms (evals, checkpoints and startup left out); GPU-hours are that x processes, for runs on GPUs."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,16 +25,11 @@ def speedrun_summary(live_dir: str | Path, target: float | None, hardware: Mappi
     # an eval at step s follows s updates: steps 0..s-1
     hours_to = sum(ms for s, ms in step_ms.items() if s < hit) / 3.6e6 if step_ms and hit is not None else None
     gpus = int(hardware["processes"]) if hardware and hardware.get("device") == "cuda" else None
-    return {
-        "target_val_loss": target,
-        "reached": hit is not None,
-        "tokens_to_target": round(hit * per_step) if hit is not None else None,
-        "steps_to_target": hit,
-        "train_hours": hours,
-        "hours_to_target": hours_to,
-        "gpu_hours": hours * gpus if gpus and hours is not None else None,
-        "gpu_hours_to_target": hours_to * gpus if gpus and hours_to is not None else None,
-    }
+    return {"target_val_loss": target, "reached": hit is not None,
+            "tokens_to_target": round(hit * per_step) if hit is not None else None, "steps_to_target": hit,
+            "train_hours": hours, "hours_to_target": hours_to,
+            "gpu_hours": hours * gpus if gpus and hours is not None else None,
+            "gpu_hours_to_target": hours_to * gpus if gpus and hours_to is not None else None}
 
 
 def describe_speedrun(s: Mapping[str, Any]) -> str:

@@ -272,11 +272,6 @@ def best_path(ckpt_dir: Path, step: int) -> Path:
     return Path(ckpt_dir) / f"best_{step:07d}.pt"
 
 
-def list_best(ckpt_dir: Path) -> list[Path]:
-    """Best-weights files, oldest first."""
-    return list_checkpoints(ckpt_dir, BEST_RE)
-
-
 def save_best(ckpt_dir: Path, step: int, model: GPT, val_loss: float, run_fingerprint: str) -> None:
     """The weights of a new lowest val loss, atomically, with their step, val loss and the run's fingerprint."""
     atomic_torch_save({"model": model.state_dict(), "model_config": asdict(model.config), "step": step,
@@ -285,7 +280,7 @@ def save_best(ckpt_dir: Path, step: int, model: GPT, val_loss: float, run_finger
 
 def prune_best(ckpt_dir: Path, keep_step: int | None) -> None:
     """Delete the best-weights files other than that of `keep_step` (called right after a checkpoint is saved)."""
-    for p in list_best(ckpt_dir):
+    for p in list_checkpoints(ckpt_dir, BEST_RE):
         if keep_step is None or p != best_path(ckpt_dir, keep_step):
             p.unlink(missing_ok=True)
 

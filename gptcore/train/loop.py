@@ -265,19 +265,12 @@ class Trainer:
         rngs = distributed.all_gather_objects(checkpoint.capture_rng())
         if not self.env.is_main:
             return None
-        state = {
-            "model": self.raw_model.state_dict(),
-            "model_config": asdict(self.raw_model.config),
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-            "loader": self.loader.state_dict(),
-            "rng": rngs,
-            "step": self.step,
-            "params": self.run_params,
-            "fingerprint": self.fingerprint,
-            "best": {"val_loss": self.best_val_loss, "step": self.best_step},
-            "final": dict(self.final),
-        }
+        state = {"model": self.raw_model.state_dict(), "model_config": asdict(self.raw_model.config),
+                 "optimizer": self.optimizer.state_dict(),
+                 "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+                 "loader": self.loader.state_dict(), "rng": rngs, "step": self.step,
+                 "params": self.run_params, "fingerprint": self.fingerprint,
+                 "best": {"val_loss": self.best_val_loss, "step": self.best_step}, "final": dict(self.final)}
         path = checkpoint.save_checkpoint(self.ckpt_dir, self.step, state, self.cfg.keep_checkpoints)
         # best weights of steps before this checkpoint that it does not point at can go (newer ones never exist here)
         checkpoint.prune_best(self.ckpt_dir, keep_step=self.best_step)
