@@ -9,6 +9,7 @@ The library never runs DVC: you run it and pipe its JSON in (console script gptc
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import itertools
 import json
@@ -210,6 +211,7 @@ def _page_marker() -> str:
             f"gptcore-render-plots --page")
 
 
+@functools.cache  # bundling takes over a second, the same bundle each time for the vl-convert installed
 def offline_page() -> str:
     """DVC's HTML template with Vega, Vega-Lite and vega-embed inlined (vl-convert's bundle): no network needed."""
     import vl_convert as vlc
