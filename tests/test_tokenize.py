@@ -304,9 +304,9 @@ def test_interrupted_run_resumes_byte_identical(tmp_path, corpus_docs, monkeypat
 
 
 def test_kill_9_then_rerun_is_byte_identical(tmp_path):
-    docs = synthetic_docs(12_000, seed=7, max_words=400)  # ~10 MB of text: a few seconds on one worker
+    docs = synthetic_docs(6_000, seed=7, max_words=400)  # ~6 MB of text: a few seconds on one worker
     raw = make_raw(tmp_path, docs)
-    # ~50 shards; tiktoken (not the faster default encoder) so the run is still going when the kill comes
+    # ~25 shards; tiktoken (not the faster default encoder) so the run is still going when the kill comes
     cfg = {"tokenizer": "gpt2", "encoder": "tiktoken", "shard_tokens": 50_000, "val_tokens": 150_000, "workers": 1}
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from gptcore.data.tokenize import tokenize; "
             f"tokenize({str(raw)!r}, {str(tmp_path / 'shards')!r}, {TOKENIZE.validate(cfg)!r}, progress=False)")
