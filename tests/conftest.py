@@ -51,20 +51,6 @@ eval:
 """
 
 
-# The files that take longest (--durations=0), longest first: of the whole suite, then of the unit subset. With
-# --dist loadfile xdist hands files out in collection order (pyproject's --no-loadscope-reorder), so these go first
-# and the short ones fill in at the end; a long file handed out last would end the run alone. Stale costs time only.
-LONGEST_FIRST = ["test_training", "test_lifetime", "test_dvc_experience", "test_compile", "test_bad_params",
-                 "test_harness", "test_stages", "test_bench", "test_tokenize", "test_plots", "test_memory",
-                 "test_lm_eval_local", "test_modern", "test_multichoice", "test_tokenize_interrupt", "test_loss_curve",
-                 "test_hf_export", "test_multinode", "test_shard_checks", "test_wandb_log"]
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: each file's own order is kept
-
-
 def clone_env(clone: Path) -> dict[str, str]:
     """The environment the clone's commands run in: its own code first, the venv's dvc/torchrun/gptcore-* on PATH."""
     # COLUMNS: `dvc exp show` fits its table to the terminal and would cut columns
