@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -15,6 +16,9 @@ from gptcore.params import ParamError, Section, read_params_file
 from gptcore.process import UserError, mortal, one_line, reading, run_torchrun, under_torchrun, user_error, writer_lock
 
 PARAMS = Path("params.yaml")
+# how long a rank other than 0 that fails waits for rank 0, which meets the same mistakes, to say it (torchrun then
+# ends this rank): starting a moment sooner, it would exit first and torchrun's SIGTERM would be all rank 0 said
+QUIET_RANK_GRACE_S = 10.0
 
 
 class ParamsChanged(UserError):
@@ -103,6 +107,10 @@ def stage(name: str, reads: Sequence[str | Path] = (), writes: Sequence[str | Pa
 
 
 def _fail(s: Stage, line: str, status: int) -> None:
+    if s.quiet and status == 1:
+        time.sleep(QUIET_RANK_GRACE_S)
+        s.quiet = False  # still here: a mistake of this rank's alone, said naming it
+        line = line.replace(f"[{s.name}] ", f"[{s.name}] rank {os.environ['RANK']}: ", 1)
     if not s.quiet:
         # on a line of its own where a progress bar may be half drawn on the current one (an interrupt: also a rank's)
         bar = status == 130 or "tqdm" in sys.modules and len(getattr(sys.modules["tqdm"].tqdm, "_instances", ())) > 0

@@ -5,12 +5,17 @@ from __future__ import annotations
 import importlib
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from gptcore.process import FolderLock, NotALockFile, holder_pid
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # every lock a stage takes, as the stage declares it (readers of a folder that does not exist take nothing)
 LOCKS = [("fetch", "data/raw"), ("tokenize", "data/raw"), ("tokenize", "data/shards"), ("train", "data/shards"),
@@ -138,3 +143,34 @@ def test_the_atomic_writer_never_writes_through_a_symlink(tmp_path, monkeypatch)
     with pytest.raises(OSError):
         atomic.write_text(tmp_path / "out" / "summary.json", "ours\n")
     assert victim.read_text() == "someone's file\n" and not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_a_failing_rank_other_than_0_leaves_the_line_to_rank_0_and_says_its_own_mistake(project, capsys, monkeypatch):
+    """Both ranks meet a bad param; rank 1, a moment sooner, must not exit first (torchrun would SIGTERM rank 0, whose
+    one line would then be "interrupted"): it waits for rank 0 to say it. A mistake rank 0 never meets is said by
+    rank 1 after that wait, naming the rank."""
+    from stages import common
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(common, "QUIET_RANK_GRACE_S", 0.3)
+    (project / "params.yaml").write_text("train: {}\n", encoding="utf-8")
+    started = time.monotonic()
+    status, lines = run_main("train", capsys)
+    assert time.monotonic() - started >= 0.3 and status == 1
+    assert lines == ["[train] rank 1: params.yaml model=None: missing section (found: train)"]
+
+
+def test_a_rank_other_than_0_ended_by_torchrun_while_it_waits_says_nothing(project):
+    # rank 1 of two, as torchrun starts it; it says when it begins the wait
+    code = ("import time; real = time.sleep\n"
+            "def sleep(s): print('waiting', s, flush=True); real(s)\n"
+            "time.sleep = sleep\nfrom stages import train; train.main()")
+    env = {**os.environ, "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "PYTHONPATH": str(ROOT)}
+    (project / "params.yaml").write_text("train: {}\n", encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=project, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    while (line := proc.stdout.readline()) and line != "waiting 10.0\n":
+        pass
+    assert line == "waiting 10.0\n", proc.stderr.read()
+    proc.send_signal(signal.SIGTERM)  # what torchrun sends this rank once rank 0 has failed
+    assert proc.wait(timeout=30) == -signal.SIGTERM and proc.stderr.read() == ""
