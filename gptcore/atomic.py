@@ -59,15 +59,19 @@ def atomic_path(path: str | Path, needed: int | None = None) -> Iterator[Path]:
         tmp = temp_beside(path)
         yield tmp
         publish(tmp, path)
-    except BaseException as e:
+    except (OSError, RuntimeError) as e:
         if tmp is not None:
             with contextlib.suppress(OSError):  # measured before the temp file goes: a full disk is still full now
                 written, free = tmp.stat().st_size, shutil.disk_usage(tmp.parent).free
             tmp.unlink(missing_ok=True)
-        err = disk_error(e, path, needed, written, free) if isinstance(e, (OSError, RuntimeError)) else e
+        err = disk_error(e, path, needed, written, free)
         if err is e:
             raise
         raise err from e
+    except BaseException:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 @contextmanager
