@@ -99,7 +99,11 @@ def stage(name: str, reads: Sequence[str | Path] = (), writes: Sequence[str | Pa
         err = user_error(e)
         if err is None:
             raise
-        _fail(s, one_line(name, err), 1)
+        who = name
+        if s.quiet:  # a rank other than 0 (QUIET_RANK_GRACE_S)
+            time.sleep(QUIET_RANK_GRACE_S)
+            s.quiet, who = False, f"{name} rank {os.environ['RANK']}"  # still here: a mistake of this rank's alone
+        _fail(s, one_line(who, err), 1)
     except KeyboardInterrupt as e:
         _fail(s, f"[{name}] interrupted ({str(e) or 'SIGINT'}); finished work is kept, rerun to resume", 130)
     if s.status:
@@ -107,10 +111,6 @@ def stage(name: str, reads: Sequence[str | Path] = (), writes: Sequence[str | Pa
 
 
 def _fail(s: Stage, line: str, status: int) -> None:
-    if s.quiet and status == 1:
-        time.sleep(QUIET_RANK_GRACE_S)
-        s.quiet = False  # still here: a mistake of this rank's alone, said naming it
-        line = line.replace(f"[{s.name}] ", f"[{s.name}] rank {os.environ['RANK']}: ", 1)
     if not s.quiet:
         # on a line of its own where a progress bar may be half drawn on the current one (an interrupt: also a rank's)
         bar = status == 130 or "tqdm" in sys.modules and len(getattr(sys.modules["tqdm"].tqdm, "_instances", ())) > 0
