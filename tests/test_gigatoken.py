@@ -84,6 +84,7 @@ def test_shards_byte_identical_with_either_encoder(tmp_path):
 
 def test_missing_gigatoken_is_one_line_with_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "gigatoken", None)  # import gigatoken -> ImportError
+    T.gigatoken_gpt2.cache_clear()  # as in a process where it was never built
     with pytest.raises(T.MissingPackage) as e:
         T.GPT2Tokenizer("gigatoken")
     msg = str(e.value)

