@@ -608,11 +608,6 @@ class TokenLoader:
         self.state = LoaderState()
         self._open: tuple[int, np.ndarray] | None = None
 
-    @property
-    def windows_per_epoch(self) -> int:
-        """Optimizer steps (windows of step_tokens + 1 tokens) in one pass over the shards."""
-        return sum(self._windows)
-
     def _shard_order(self, epoch: int) -> list[int]:
         order = [i for i, n in enumerate(self._windows) if n > 0]
         if self.shuffle:

@@ -38,8 +38,7 @@ def why_val_split_differs(split: dict[str, Any], base: dict[str, Any]) -> str | 
     return None
 
 
-def why_not_comparable(figure: str, run: dict[str, Any], measured: dict[str, Any],
-                       base: dict[str, Any]) -> str | None:
+def why_not_comparable(figure: str, run: dict[str, Any], measured: dict[str, Any], base: dict[str, Any]) -> str | None:
     """None when the run's `figure` was measured on what the baseline's was (`base`: its `_measured_on`), as the
     run's `measured` (measured_on.json) says; else the reason, in words."""
     if not measured:

@@ -163,16 +163,18 @@ def main(argv: list[str] | None = None) -> None:
                          "difference from it in the first metric and whether it exceeds twice the seed-to-seed sd")
     ap.add_argument("--json-out", action="store_true", help="print the groups as JSON instead of a table")
     args = ap.parse_args(argv)
+    for flag, pattern in (("--only", args.only), ("--baseline", args.baseline)):
+        try:
+            re.compile(pattern or "")
+        except re.error as e:
+            sys.exit(f"gptcore-exp-table: {flag} {pattern!r}: not a regular expression ({e})")
     try:
         doc = json.loads(sys.stdin.read() if args.json == "-" else Path(args.json).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         sys.exit(f"gptcore-exp-table: {args.json}: not readable as dvc exp show --json output ({e})")
     rows = experiments(doc if isinstance(doc, list) else [])
     if args.only:
-        try:
-            rows = [r for r in rows if re.search(args.only, str(r["name"]))]
-        except re.error as e:
-            sys.exit(f"gptcore-exp-table: --only {args.only!r}: not a regular expression ({e})")
+        rows = [r for r in rows if re.search(args.only, str(r["name"]))]
     if not rows:
         sys.exit(f"gptcore-exp-table: {args.json}: no finished experiment (run `dvc exp show --json` in the repo "
                  f"where the experiments ran)")
@@ -181,10 +183,7 @@ def main(argv: list[str] | None = None) -> None:
         groups.sort(key=lambda g: [_order(g["params"].get(k)) for k in args.sort])
     base = None
     if args.baseline:
-        try:
-            hits = [g for g in groups if any(re.search(args.baseline, str(n)) for n in g["names"])]
-        except re.error as e:
-            sys.exit(f"gptcore-exp-table: --baseline {args.baseline!r}: not a regular expression ({e})")
+        hits = [g for g in groups if any(re.search(args.baseline, str(n)) for n in g["names"])]
         if len(hits) != 1:
             sys.exit(f"gptcore-exp-table: --baseline {args.baseline!r}: names experiments of {len(hits)} groups "
                      f"({', '.join(str(g['names'][0]) for g in hits) or 'none'}); it must name one group")
