@@ -8,14 +8,12 @@ README's preset table is checked against conf/preset/ both ways."""
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import re
 import shlex
 import subprocess
 import sys
-import tempfile
 import warnings
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
@@ -26,7 +24,7 @@ from unittest import mock
 
 import pytest
 import yaml
-from dvc.utils.hydra import compose_and_dump
+from test_dvc_experience import composed
 
 from gptcore.config import SECTIONS
 
@@ -305,14 +303,6 @@ def test_the_checks_catch_a_renamed_param_flag_script_or_preset():
 
 # ---------------------------------------------------------------------------------------------
 # which commands need a GPU or the hub: what the params they compose ask for
-
-@functools.cache
-def composed(overrides: tuple[str, ...]) -> str:
-    """params.yaml as `dvc exp run -S ...` composes it (DVC's own Hydra call), as text."""
-    with tempfile.TemporaryDirectory() as tmp:
-        compose_and_dump(Path(tmp) / "params.yaml", str(ROOT / "conf"), None, "config", "", list(overrides))
-        return (Path(tmp) / "params.yaml").read_text(encoding="utf-8")
-
 
 def needs_of(argv: list[str]) -> set[str]:
     """What a `dvc exp run` needs beyond a CPU and the packages: a GPU (more than one process or a CUDA device) or

