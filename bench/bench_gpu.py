@@ -27,11 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gptcore import distributed  # noqa: E402
-from gptcore.data.shards import TokenLoader  # noqa: E402
-from gptcore.eval.score import Example, score_examples, val_loss  # noqa: E402
-from gptcore.model.gpt import GPT, MODEL, GPTConfig, device_peak_flops, flops_per_token  # noqa: E402
+from gptcore.data.loader import TokenLoader  # noqa: E402
+from gptcore.eval.scorer import Example, score_examples  # noqa: E402
+from gptcore.eval.val_loss import val_loss  # noqa: E402
+from gptcore.model.gpt import GPT, MODEL, GPTConfig  # noqa: E402
+from gptcore.report.flops import device_peak_flops, flops_per_token  # noqa: E402
 from gptcore.report.steplog import StepLogger  # noqa: E402
-from gptcore.train.loop import TRAIN, TrainConfig, Trainer  # noqa: E402
+from gptcore.train.config import TRAIN, TrainConfig  # noqa: E402
+from gptcore.train.trainer import Trainer  # noqa: E402
 
 PRESETS = ROOT / "conf" / "preset"
 A100_PEAK = 312e12  # dense bf16

@@ -44,15 +44,9 @@ from reference_scorer import score_examples_reference  # noqa: E402
 
 from bench.rounds import DEFAULT_ROUNDS, Timed, fmt, ratios, time_rounds  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
-from gptcore.distributed import DTYPES  # noqa: E402
-from gptcore.eval.score import (  # noqa: E402
-    HELLASWAG_VAL_EXAMPLES,
-    ChoiceResult,
-    Example,
-    fit_example,
-    load_hellaswag,
-    score_examples,
-)
+from gptcore.device import DTYPES  # noqa: E402
+from gptcore.eval.hellaswag import HELLASWAG_VAL_EXAMPLES, load_hellaswag
+from gptcore.eval.scorer import ChoiceResult, Example, fit_example, score_examples
 from gptcore.model.gpt import GPT, GPTConfig  # noqa: E402
 from gptcore.model.load import load_model  # noqa: E402
 
@@ -125,7 +119,7 @@ def lm_eval_peers(model: GPT, folder: Path, requests: list, batch_size: int, dev
 
     from gptcore.data.tokenizers import GPT2Tokenizer
     from gptcore.eval import harness
-    from gptcore.model.load import export_hf
+    from gptcore.model.hf import export_hf
 
     tok = GPT2Tokenizer()
     export = folder / "hf"

@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.rounds import DEFAULT_ROUNDS, fmt, ratios, time_rounds  # noqa: E402
-from gptcore.data import shards as S  # noqa: E402
+from gptcore.data import shard_writer
 from gptcore.data.corpus import open_corpus, read_task, read_task_chunks  # noqa: E402
 from gptcore.data.sources import FETCH, fetch, package_documents  # noqa: E402
 from gptcore.data.tokenize import CHUNK_BYTES, cpu_count, encode_documents, task_size  # noqa: E402
@@ -388,7 +388,7 @@ def stage_breakdown(raw: Path, out: Path, encoder: str, shard_tokens: int, val_t
     n = sum(len(tokens) for _, tokens, _ in encoded)
     head = {"tokenizer": {"name": "gpt2"}, "vocab_size": tok.vocab_size, "eot": tok.eot, "dtype": "uint16"}
     t0 = time.perf_counter()
-    writer = S.ShardWriter(out, head, shard_tokens, val_tokens)
+    writer = shard_writer.ShardWriter(out, head, shard_tokens, val_tokens)
     for first, tokens, starts in encoded:
         writer.add(first, tokens, starts)
     writer.finish(corpus.documents)

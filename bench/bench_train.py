@@ -48,21 +48,16 @@ sys.path.insert(0, str(ROOT))
 
 from bench.rounds import DEFAULT_ROUNDS, Timed, beats, fmt, ratios, time_rounds  # noqa: E402
 from gptcore import distributed  # noqa: E402
-from gptcore.data.shards import TokenLoader  # noqa: E402
+from gptcore.data.loader import TokenLoader  # noqa: E402
 from gptcore.data.sources import package_documents  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
-from gptcore.distributed import resolve_dtype  # noqa: E402
-from gptcore.model.gpt import (  # noqa: E402
-    GPT,
-    LOSS_CHUNK_ELEMENTS,
-    LOSS_CHUNK_ENV,
-    GPTConfig,
-    flops_per_token,
-    lm_loss,
-    loss_chunk_rows,
-)
+from gptcore.device import resolve_dtype  # noqa: E402
+from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.model.lm_loss import LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_ENV, lm_loss, loss_chunk_rows
+from gptcore.report.flops import flops_per_token
 from gptcore.report.steplog import StepLogger  # noqa: E402
-from gptcore.train.loop import TRAIN, TrainConfig, Trainer  # noqa: E402
+from gptcore.train.config import TRAIN, TrainConfig  # noqa: E402
+from gptcore.train.trainer import Trainer  # noqa: E402
 
 
 def shakespeare_shard(folder: Path, tokens: int) -> Path:

@@ -19,11 +19,11 @@ import yaml
 
 from gptcore.data.sources import FETCH
 from gptcore.data.tokenize import TOKENIZE
-from gptcore.eval.params import EVAL
+from gptcore.eval.config import EVAL
 from gptcore.model.gpt import MODEL
 from gptcore.params import REQUIRED, Section
 from gptcore.report.params import COMPARE
-from gptcore.train.loop import TRAIN
+from gptcore.train.config import TRAIN
 
 SECTIONS: tuple[Section, ...] = (FETCH, TOKENIZE, MODEL, TRAIN, EVAL, COMPARE)
 CONFIG = Path(__file__).resolve().parents[1] / "conf" / "config.yaml"

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import yaml
 
-from gptcore.process import UserError
+from gptcore.errors import UserError
 
 REQUIRED: Any = "???"  # no default: conf/config.yaml shows `???` and every preset sets the key
 INT_LIMIT = 2**63 - 1  # the largest integer torch and numpy take as an int64 (a seed, a count)

@@ -12,7 +12,7 @@ from gptcore.report.compare import comparable_figures, describe, final_acc_norm,
 from gptcore.report.params import COMPARE
 from gptcore.report.plots import write_offline_page, write_plot_data
 from gptcore.report.speedrun import describe_speedrun, speedrun_summary
-from stages.common import stage
+from stages.boundary import stage
 
 EVAL = Path("metrics/eval.json")
 MEASURED = Path("metrics/measured_on.json")

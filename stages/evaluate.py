@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gptcore import distributed
+from gptcore import device, distributed
 from gptcore.atomic import write_json
 from gptcore.data import shards, tokenizers
-from gptcore.eval import cloze, harness, measured, sampling, score
-from gptcore.eval.params import EVAL
+from gptcore.eval import cloze, harness, hellaswag, measured, sampling, scorer, val_loss
+from gptcore.eval.config import EVAL
 from gptcore.params import check_val_tokens
-from stages.common import stage
+from stages.boundary import stage
 
 # model/ is train's output, under train's lock on checkpoints/; metrics/'s lock covers evaluate's and compare's files
 SHARDS, MODEL, TRAINED, OUT = Path("data/shards"), Path("model"), Path("checkpoints"), Path("metrics")
@@ -28,26 +28,26 @@ def main() -> None:
         model = sampling.model_for_shards(spec, tok, SHARDS)
         block = model.config.block_size
         check_val_tokens("eval.val_tokens", p["val_tokens"], block, shards.split_tokens(SHARDS, "val"))
-        tokens = score.val_stream(SHARDS, p["val_tokens"], tok.vocab_size)
-        examples = (score.hellaswag_examples(tok, p["hellaswag_path"], p["max_examples"], "eval.hellaswag_path",
+        tokens = val_loss.val_stream(SHARDS, p["val_tokens"], tok.vocab_size)
+        examples = (hellaswag.hellaswag_examples(tok, p["hellaswag_path"], p["max_examples"], "eval.hellaswag_path",
                                              progress=env.is_main, block_size=block) if p["task"] == "hellaswag"
                     else cloze.build_cloze(tokens[:p["val_tokens"]], tok.eot, p["cloze_examples"], p["cloze_context"],
                                            p["cloze_ending"], p["seed"], key="eval.cloze_examples"))
         record = measured.measured_on(p, SHARDS, lm_tasks)  # what the figures are measured on, read before any pass
         model.to(env.device).eval()
-        dtype = distributed.resolve_dtype(p["dtype"], env.device)
+        dtype = device.resolve_dtype(p["dtype"], env.device)
         run = dict(device=env.device, dtype=dtype, batch_size=p["batch_size"])
-        loss = score.val_loss(model, tokens, block, p["batch_size"], env.device, dtype, env.rank, env.world_size,
+        loss = val_loss.val_loss(model, tokens, block, p["batch_size"], env.device, dtype, env.rank, env.world_size,
                               progress=env.is_main)
-        bpc = score.bits_per_char(loss, tokens, tok)  # comparable across tokenizers, unlike val_loss
-        result = score.score_examples(model, examples, tok.vocab_size, progress=env.is_main, **run)
+        bpc = val_loss.bits_per_char(loss, tokens, tok)  # comparable across tokenizers, unlike val_loss
+        result = scorer.score_examples(model, examples, tok.vocab_size, progress=env.is_main, **run)
         if env.is_main:
             texts = sampling.sample(model, tok, p["sample_prompt"], p["samples"], p["sample_tokens"], p["temperature"],
                                     p["top_k"], p["seed"], env.device, dtype) if p["samples"] else []
             lm_eval, seconds = harness.score_tasks(model, tok, lm_tasks, p["lm_eval_fewshot"], p["lm_eval_limit"],
                                                    **run) if lm_tasks else ({}, {})
-            score.write_predictions(OUT / "predictions.jsonl", result)
-            score.write_samples(OUT / "samples.txt", p["sample_prompt"], texts, spec)
+            scorer.write_predictions(OUT / "predictions.jsonl", result)
+            sampling.write_samples(OUT / "samples.txt", p["sample_prompt"], texts, spec)
             write_json(OUT / "measured_on.json", record)
             task = {"acc": result.acc, "acc_norm": result.acc_norm, "count": result.count}
             write_json(OUT / "eval.json", {"eval": {"val_loss": loss, "bits_per_char": bpc}, p["task"]: task,

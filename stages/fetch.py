@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gptcore.data.sources import FETCH, fetch
-from stages.common import stage
+from stages.boundary import stage
 
 RAW = Path("data/raw")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gptcore.data.tokenize import TOKENIZE, tokenize
-from stages.common import stage
+from stages.boundary import stage
 
 RAW = Path("data/raw")
 SHARDS = Path("data/shards")

@@ -6,15 +6,17 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from gptcore import distributed
+from gptcore import device, distributed
 from gptcore.data import shards, tokenizers
-from gptcore.data.shards import TokenLoader
+from gptcore.data.loader import TokenLoader
+from gptcore.model.export import export_model
 from gptcore.model.gpt import MODEL
-from gptcore.model.load import export_model, init_model
+from gptcore.model.load import init_model
 from gptcore.report import steplog
-from gptcore.train import checkpoint, loop
-from gptcore.train.loop import TRAIN, TrainConfig, Trainer, preflight
-from stages.common import stage
+from gptcore.train import checkpoints, config, evaluators
+from gptcore.train.config import TRAIN, TrainConfig, preflight
+from gptcore.train.trainer import Trainer
+from stages.boundary import stage
 
 SHARDS, CKPT_DIR, MODEL_DIR, LIVE_DIR = Path("data/shards"), Path("checkpoints"), Path("model"), Path("metrics/train")
 
@@ -34,16 +36,16 @@ def main() -> None:
         loader = TokenLoader(shards.open_split(SHARDS, "train"), cfg.micro_batch, model.config.block_size,
                              cfg.total_batch_tokens, env.rank, env.world_size, shuffle=cfg.shuffle, seed=cfg.seed,
                              vocab_size=data["vocab_size"])
-        evaluators = loop.training_evaluators(train, tok, SHARDS, LIVE_DIR / "samples", model.config.block_size, env.device,
-                                         distributed.resolve_dtype(cfg.dtype, env.device), env.rank, env.world_size,
+        evals = evaluators.training_evaluators(train, tok, SHARDS, LIVE_DIR / "samples", model.config.block_size, env.device,
+                                         device.resolve_dtype(cfg.dtype, env.device), env.rank, env.world_size,
                                          echo=tqdm.write)
-        run_params = loop.fingerprint_params(model_params, train, data)
-        resume, notes = checkpoint.prepare_resume(CKPT_DIR, run_params, env.is_main, also=[LIVE_DIR])
-        loop.samples_folder(LIVE_DIR / "samples", train["samples"], env.is_main)
+        run_params = config.fingerprint_params(model_params, train, data)
+        resume, notes = checkpoints.prepare_resume(CKPT_DIR, run_params, env.is_main, also=[LIVE_DIR])
+        evaluators.samples_folder(LIVE_DIR / "samples", train["samples"], env.is_main)
         sinks = steplog.wandb_sinks(train, {"model": model_params, "train": train}, env.is_main)
         logger = steplog.StepLogger(LIVE_DIR, enabled=env.is_main, resume_step=resume["step"] if resume else None,
                                     also=sinks)
-        trainer = Trainer(model, loader, cfg, env, CKPT_DIR, logger, run_params, evaluators, resume_from=resume)
+        trainer = Trainer(model, loader, cfg, env, CKPT_DIR, logger, run_params, evals, resume_from=resume)
         s.say(*notes, trainer.describe())
         final = trainer.fit()
         logger.close()

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from gptcore.distributed import autocast_context
-from gptcore.eval.score import ChoiceResult, Example, fit_example
+from gptcore.device import autocast_context
+from gptcore.eval.scorer import ChoiceResult, Example, fit_example
 
 
 def render_rows(example: Example, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,7 +29,7 @@ EVAL = {"model": "checkpoint", "task": "cloze", "hellaswag_path": None, "max_exa
 def write_gpt2_shards(d: Path, n_plays: int = 2, val_tokens: int = 4096) -> Path:
     """GPT-2 tokens of real plays as one val and one train shard, written by the tokenize stage's own ShardWriter
     (so the manifest is the real one: sha256, token counts, complete)."""
-    from gptcore.data.shards import ShardWriter
+    from gptcore.data.shard_writer import ShardWriter
     from gptcore.data.tokenizers import get_tokenizer
 
     tok = get_tokenizer("gpt2")

@@ -1,4 +1,4 @@
-"""The one stage boundary (stages/common.py): the locks each stage declares, never opened through a symlink; the
+"""The one stage boundary (stages/boundary.py): the locks each stage declares, never opened through a symlink; the
 params it read still being params.yaml's when it ends; and a launcher that does no rank's work."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gptcore.process import FolderLock, NotALockFile, holder_pid
+from gptcore.locks import FolderLock, NotALockFile, holder_pid
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,7 +66,7 @@ def test_a_fifo_or_a_folder_at_a_lock_path_is_refused(tmp_path):
 
 def test_params_changed_while_a_stage_ran_fail_it_naming_the_keys_and_keep_its_outputs(project, capsys):
     from gptcore.report.params import COMPARE
-    from stages.common import stage
+    from stages.boundary import stage
 
     params = {"compare": {"target_val_loss": 3.3}, "train": {"max_lr": 0.002}}
     Path("params.yaml").write_text(yaml.safe_dump(params))
@@ -94,8 +94,8 @@ def test_the_launcher_holds_the_locks_and_builds_no_model(project, monkeypatch, 
     import stagekit
     import torch
 
+    import gptcore.lifetime
     import gptcore.model.load
-    import gptcore.process
     import stages.train
     from gptcore.model.gpt import GPT
 
@@ -110,7 +110,7 @@ def test_the_launcher_holds_the_locks_and_builds_no_model(project, monkeypatch, 
     def rank_work(*args, **kwargs):
         raise AssertionError("the launcher did a rank's work")
 
-    monkeypatch.setattr(gptcore.process, "run_child", fake_torchrun)
+    monkeypatch.setattr(gptcore.lifetime, "run_child", fake_torchrun)
     for owner, name in ((GPT, "__init__"), (torch, "load"), (gptcore.model.load, "load_hf_gpt2")):
         monkeypatch.setattr(owner, name, rank_work)
     stages.train.main()
@@ -149,10 +149,10 @@ def test_a_failing_rank_other_than_0_leaves_the_line_to_rank_0_and_says_its_own_
     """Both ranks meet a bad param; rank 1, a moment sooner, must not exit first (torchrun would SIGTERM rank 0, whose
     one line would then be "interrupted"): it waits for rank 0 to say it. A mistake rank 0 never meets is said by
     rank 1 after that wait, naming the rank."""
-    from stages import common
+    from stages import boundary
 
     monkeypatch.setenv("RANK", "1")
-    monkeypatch.setattr(common, "QUIET_RANK_GRACE_S", 0.3)
+    monkeypatch.setattr(boundary, "QUIET_RANK_GRACE_S", 0.3)
     (project / "params.yaml").write_text("train: {}\n", encoding="utf-8")
     started = time.monotonic()
     status, lines = run_main("train", capsys)
@@ -169,7 +169,7 @@ def test_a_rank_other_than_0_ended_by_torchrun_while_it_waits_says_nothing(proje
     (project / "params.yaml").write_text("train: {}\n", encoding="utf-8")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=project, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    from stages.common import QUIET_RANK_GRACE_S
+    from stages.boundary import QUIET_RANK_GRACE_S
 
     waiting = f"waiting {QUIET_RANK_GRACE_S}\n"
     while (line := proc.stdout.readline()) and line != waiting:

@@ -9,48 +9,42 @@ import textwrap
 import pytest
 import torch
 
+from gptcore.errors import UserError
+from gptcore.model.checkpoint_file import CHECKPOINT_FORMAT, FORMAT_KEY, CheckpointRefused, CorruptCheckpoint
+from gptcore.model.export import export_model
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.model.load import (
-    CHECKPOINT_FORMAT,
-    FORMAT_KEY,
-    CheckpointRefused,
-    CorruptCheckpoint,
-    export_model,
-    init_model,
-    load_model,
-)
-from gptcore.process import UserError
-from gptcore.train import checkpoint
+from gptcore.model.load import init_model, load_model
+from gptcore.train import checkpoints
 
 TINY = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64)
 
 
 def test_save_keeps_last_k_and_ignores_temp_files(tmp_path):
     for step in (10, 20, 30, 40):
-        checkpoint.save_checkpoint(tmp_path, step, {"step": step}, keep=2)
+        checkpoints.save_checkpoint(tmp_path, step, {"step": step}, keep=2)
     (tmp_path / ".ckpt_0000050.pt.abc.tmp").write_bytes(b"half a file")
-    names = [p.name for p in checkpoint.list_checkpoints(tmp_path)]
+    names = [p.name for p in checkpoints.list_checkpoints(tmp_path)]
     assert names == ["ckpt_0000030.pt", "ckpt_0000040.pt"]
-    assert checkpoint.load_checkpoint(checkpoint.latest_checkpoint(tmp_path))["step"] == 40
+    assert checkpoints.load_checkpoint(checkpoints.latest_checkpoint(tmp_path))["step"] == 40
 
 
 def test_kill_during_save_leaves_previous_checkpoint_intact(tmp_path):
-    checkpoint.save_checkpoint(tmp_path, 1, {"w": torch.ones(4)}, keep=3)
+    checkpoints.save_checkpoint(tmp_path, 1, {"w": torch.ones(4)}, keep=3)
     # A child process starts a big save and is SIGKILLed half way.
     code = textwrap.dedent(f"""
         import os, signal, torch
-        from gptcore.train import checkpoint
+        from gptcore.train import checkpoints
         real_save = torch.save
         def dying_save(obj, f):
             f.write(b"x" * 1000); f.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         torch.save = dying_save
-        checkpoint.save_checkpoint({str(tmp_path)!r}, 2, {{"w": torch.zeros(4)}}, keep=3)
+        checkpoints.save_checkpoint({str(tmp_path)!r}, 2, {{"w": torch.zeros(4)}}, keep=3)
     """)
     proc = subprocess.run([sys.executable, "-c", code], cwd=os.getcwd())
     assert proc.returncode == -signal.SIGKILL
-    assert [p.name for p in checkpoint.list_checkpoints(tmp_path)] == ["ckpt_0000001.pt"]
-    assert torch.equal(checkpoint.load_checkpoint(checkpoint.latest_checkpoint(tmp_path))["w"], torch.ones(4))
+    assert [p.name for p in checkpoints.list_checkpoints(tmp_path)] == ["ckpt_0000001.pt"]
+    assert torch.equal(checkpoints.load_checkpoint(checkpoints.latest_checkpoint(tmp_path))["w"], torch.ones(4))
 
 
 def torch_zip(tmp_path, obj) -> bytes:
@@ -69,15 +63,15 @@ def test_damage_is_recognised_by_the_file_s_own_bytes(tmp_path, damage, named):
     path = tmp_path / "ckpt_0000001.pt"
     path.write_bytes(damage(torch_zip(tmp_path, {"w": torch.ones(1000)})))
     with pytest.raises(CorruptCheckpoint, match=f"ckpt_0000001.pt: cannot read checkpoint: {named}"):
-        checkpoint.load_checkpoint(path)
+        checkpoints.load_checkpoint(path)
 
 
 def test_a_legacy_format_file_cut_short_is_named_and_a_whole_one_loads(tmp_path):
     torch.save({"step": 3}, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
-    assert checkpoint.load_checkpoint(tmp_path / "old.pt")["step"] == 3
+    assert checkpoints.load_checkpoint(tmp_path / "old.pt")["step"] == 3
     (tmp_path / "cut.pt").write_bytes((tmp_path / "old.pt").read_bytes()[:40])
     with pytest.raises(CorruptCheckpoint, match="cut.pt: cannot read checkpoint: torch's legacy format, cut short"):
-        checkpoint.load_checkpoint(tmp_path / "cut.pt")
+        checkpoints.load_checkpoint(tmp_path / "cut.pt")
 
 
 def test_a_zip_that_torch_did_not_write_is_foreign(tmp_path):
@@ -86,14 +80,14 @@ def test_a_zip_that_torch_did_not_write_is_foreign(tmp_path):
     with zipfile.ZipFile(tmp_path / "ckpt_0000001.pt", "w") as z:
         z.writestr("notes.txt", "hello")
     with pytest.raises(CorruptCheckpoint, match="a zip archive but not a torch.save file"):
-        checkpoint.load_checkpoint(tmp_path / "ckpt_0000001.pt")
+        checkpoints.load_checkpoint(tmp_path / "ckpt_0000001.pt")
 
 
 def three_checkpoints(ckpt_dir):
     params = {"model": {"init_from": "scratch"}, "train": {"max_lr": 6e-4}}
-    state = {"params": params, "fingerprint": checkpoint.run_fingerprint(params), "w": torch.arange(8.0)}
+    state = {"params": params, "fingerprint": checkpoints.run_fingerprint(params), "w": torch.arange(8.0)}
     for step in (3, 6, 9):
-        checkpoint.save_checkpoint(ckpt_dir, step, {**state, "step": step}, keep=3)
+        checkpoints.save_checkpoint(ckpt_dir, step, {**state, "step": step}, keep=3)
     return params, tree(ckpt_dir)
 
 
@@ -115,10 +109,10 @@ def test_a_fault_while_reading_good_checkpoints_stops_with_every_file_in_place(t
 
     monkeypatch.setattr(torch, "load", failing_load)
     with pytest.raises(CheckpointRefused, match="ckpt_0000009.pt: " + line):
-        checkpoint.prepare_resume(tmp_path, params, is_main=True)
+        checkpoints.prepare_resume(tmp_path, params, is_main=True)
     assert tree(tmp_path) == before
     monkeypatch.setattr(torch, "load", real_load)
-    resume, notes = checkpoint.prepare_resume(tmp_path, params, is_main=True)
+    resume, notes = checkpoints.prepare_resume(tmp_path, params, is_main=True)
     assert resume["step"] == 9 and notes == [f"resuming from {tmp_path / 'ckpt_0000009.pt'} (step 9)"]
 
 
@@ -126,7 +120,7 @@ def test_a_bug_while_loading_keeps_its_traceback_and_the_files(tmp_path, monkeyp
     params, before = three_checkpoints(tmp_path)
     monkeypatch.setattr(torch, "load", lambda *a, **k: {}["missing"])
     with pytest.raises(KeyError):
-        checkpoint.prepare_resume(tmp_path, params, is_main=True)
+        checkpoints.prepare_resume(tmp_path, params, is_main=True)
     assert tree(tmp_path) == before
 
 
@@ -138,46 +132,46 @@ def test_a_global_the_weights_only_loader_refuses_stops_the_run_and_keeps_the_fi
     before = tree(tmp_path)
     with pytest.raises(CheckpointRefused, match=r"ckpt_0000009.pt: not loadable as plain tensors by torch .* "
                                                 r"\(Unsupported global: GLOBAL datetime.date\); the file is kept"):
-        checkpoint.find_resume(tmp_path, params)
+        checkpoints.find_resume(tmp_path, params)
     assert tree(tmp_path) == before
 
 
 def test_a_checkpoint_of_another_format_version_is_refused_not_guessed_at(tmp_path):
     params, _ = three_checkpoints(tmp_path)
-    assert checkpoint.load_checkpoint(tmp_path / "ckpt_0000003.pt")[FORMAT_KEY] == CHECKPOINT_FORMAT
+    assert checkpoints.load_checkpoint(tmp_path / "ckpt_0000003.pt")[FORMAT_KEY] == CHECKPOINT_FORMAT
     newest = tmp_path / "ckpt_0000009.pt"
-    newest.write_bytes(torch_zip(tmp_path, {**checkpoint.load_checkpoint(newest), FORMAT_KEY: CHECKPOINT_FORMAT + 1}))
+    newest.write_bytes(torch_zip(tmp_path, {**checkpoints.load_checkpoint(newest), FORMAT_KEY: CHECKPOINT_FORMAT + 1}))
     before = tree(tmp_path)
     with pytest.raises(CheckpointRefused, match=f"ckpt_0000009.pt: checkpoint format {CHECKPOINT_FORMAT + 1}, but "
                                                 f"this gptcore reads format {CHECKPOINT_FORMAT}; the file is kept"):
-        checkpoint.prepare_resume(tmp_path, params, is_main=True)
+        checkpoints.prepare_resume(tmp_path, params, is_main=True)
     assert tree(tmp_path) == before
 
 
 def test_fingerprint_and_diff():
     a = {"train": {"max_lr": 6e-4, "seed": 1}, "model": {"n_layer": 2}}
     b = {"train": {"max_lr": 1e-3, "seed": 1}, "model": {"n_layer": 2}}
-    assert checkpoint.run_fingerprint(a) == checkpoint.run_fingerprint({"model": {"n_layer": 2}, "train": {"seed": 1, "max_lr": 6e-4}})
-    assert checkpoint.run_fingerprint(a) != checkpoint.run_fingerprint(b)
-    assert checkpoint.param_diff(a, b) == ["train.max_lr: 0.0006 -> 0.001"]
+    assert checkpoints.run_fingerprint(a) == checkpoints.run_fingerprint({"model": {"n_layer": 2}, "train": {"seed": 1, "max_lr": 6e-4}})
+    assert checkpoints.run_fingerprint(a) != checkpoints.run_fingerprint(b)
+    assert checkpoints.param_diff(a, b) == ["train.max_lr: 0.0006 -> 0.001"]
 
 
 def test_find_resume_refuses_other_params(tmp_path):
     params = {"train": {"max_lr": 6e-4}}
-    checkpoint.save_checkpoint(tmp_path, 5, {"step": 5, "params": params, "fingerprint": checkpoint.run_fingerprint(params)}, 2)
-    path, ckpt, why = checkpoint.find_resume(tmp_path, params)
+    checkpoints.save_checkpoint(tmp_path, 5, {"step": 5, "params": params, "fingerprint": checkpoints.run_fingerprint(params)}, 2)
+    path, ckpt, why = checkpoints.find_resume(tmp_path, params)
     assert path is not None and ckpt["step"] == 5 and "resuming" in why
-    path, ckpt, why = checkpoint.find_resume(tmp_path, {"train": {"max_lr": 1e-3}})
+    path, ckpt, why = checkpoints.find_resume(tmp_path, {"train": {"max_lr": 1e-3}})
     assert path is None and ckpt is None and "train.max_lr: 0.0006 -> 0.001" in why
 
 
 def test_unreadable_newest_checkpoint_is_set_aside_and_the_older_one_resumes(tmp_path):
     params = {"train": {"max_lr": 6e-4}}
-    state = {"params": params, "fingerprint": checkpoint.run_fingerprint(params)}
-    checkpoint.save_checkpoint(tmp_path, 3, {**state, "step": 3}, 2)
-    newest = checkpoint.save_checkpoint(tmp_path, 6, {**state, "step": 6}, 2)
+    state = {"params": params, "fingerprint": checkpoints.run_fingerprint(params)}
+    checkpoints.save_checkpoint(tmp_path, 3, {**state, "step": 3}, 2)
+    newest = checkpoints.save_checkpoint(tmp_path, 6, {**state, "step": 6}, 2)
     newest.write_bytes(newest.read_bytes()[:100])  # truncated, as a full disk or a kill during a copy leaves it
-    path, ckpt, why = checkpoint.find_resume(tmp_path, params)
+    path, ckpt, why = checkpoints.find_resume(tmp_path, params)
     assert path == tmp_path / "ckpt_0000003.pt" and ckpt["step"] == 3
     assert "ckpt_0000006.pt: cannot read checkpoint: a zip archive cut short" in why and "resuming from" in why
     assert not newest.exists() and (tmp_path / "ckpt_0000006.pt.corrupt").stat().st_size == 100
@@ -185,16 +179,16 @@ def test_unreadable_newest_checkpoint_is_set_aside_and_the_older_one_resumes(tmp
 
 def test_move_aside_keeps_the_previous_run(tmp_path):
     ckpts, live = tmp_path / "checkpoints", tmp_path / "metrics" / "train"
-    a = checkpoint.save_checkpoint(ckpts, 3, {"step": 3}, 2)
+    a = checkpoints.save_checkpoint(ckpts, 3, {"step": 3}, 2)
     (live / "plots").mkdir(parents=True)
     (live / "plots" / "loss.tsv").write_text("step\tloss\n0\t1.0\n")
     content = a.read_bytes()
-    dest = checkpoint.move_aside(ckpts, also=[live])
-    assert dest.parent == ckpts / checkpoint.PREVIOUS
-    assert checkpoint.list_checkpoints(ckpts) == [] and not live.exists()
+    dest = checkpoints.move_aside(ckpts, also=[live])
+    assert dest.parent == ckpts / checkpoints.PREVIOUS
+    assert checkpoints.list_checkpoints(ckpts) == [] and not live.exists()
     assert (dest / a.name).read_bytes() == content
     assert (dest / "train" / "plots" / "loss.tsv").read_text().startswith("step")
-    assert checkpoint.move_aside(ckpts, also=[live]) is None  # nothing left to move
+    assert checkpoints.move_aside(ckpts, also=[live]) is None  # nothing left to move
 
 
 def test_init_model_pads_vocab_and_checks_it():
@@ -232,7 +226,7 @@ def test_a_kill_during_the_export_leaves_the_previous_model_whole(tmp_path):
     assert {"model.pt", "manifest.json", "hf/config.json"} <= set(before)
     code = textwrap.dedent(f"""
         import os, signal, torch
-        import gptcore.model.load as export
+        import gptcore.model.export as export
         from gptcore.data.tokenizers import CharTokenizer
         from gptcore.model.gpt import GPT, GPTConfig
         def dying_export(*args, **kwargs):  # model.pt of the new run is written by now
@@ -255,11 +249,11 @@ def test_a_kill_during_the_export_leaves_the_previous_model_whole(tmp_path):
 
 
 def test_a_new_run_removes_the_temp_files_of_killed_saves(tmp_path):
-    checkpoint.save_checkpoint(tmp_path, 4, {"step": 4}, keep=2)
+    checkpoints.save_checkpoint(tmp_path, 4, {"step": 4}, keep=2)
     (tmp_path / ".ckpt_0000006.pt.123.abcd.tmp").write_bytes(b"x" * 1000)
     (tmp_path / ".best_0000005.pt.9f2e.tmp").write_bytes(b"x" * 10)
     (tmp_path / "notes.tmp").write_bytes(b"not ours")
-    resume, notes = checkpoint.prepare_resume(tmp_path, {"model": {"init_from": "scratch"}}, is_main=True)
+    resume, notes = checkpoints.prepare_resume(tmp_path, {"model": {"init_from": "scratch"}}, is_main=True)
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["notes.tmp"]
     assert resume is None and "removed 2 temp file(s) of interrupted saves" in notes[0]
 
@@ -271,9 +265,9 @@ def test_a_start_from_a_file_the_run_would_move_aside_is_refused(tmp_path, monke
     (tmp_path / "checkpoints" / "previous" / "old").mkdir(parents=True)
     for spec in ("checkpoints/ckpt_0000030.pt", "./checkpoints/best_0000020.pt", str(tmp_path / "checkpoints/x.pt")):
         with pytest.raises(ParamError, match="model.init_from=.*copy it out first"):
-            checkpoint.check_init_from(spec, tmp_path / "checkpoints")
+            checkpoints.check_init_from(spec, tmp_path / "checkpoints")
     for spec in ("scratch", "gpt2", "model", "init.pt", "checkpoints/previous/old/ckpt_0000030.pt"):
-        checkpoint.check_init_from(spec, tmp_path / "checkpoints")
+        checkpoints.check_init_from(spec, tmp_path / "checkpoints")
 
 
 def test_an_earlier_run_with_the_same_params_is_brought_back_not_retrained(tmp_path):
@@ -284,40 +278,40 @@ def test_an_earlier_run_with_the_same_params_is_brought_back_not_retrained(tmp_p
     b = {"model": {"init_from": "scratch"}, "train": {"max_lr": 1e-3}}
 
     def run(params, tag):  # what a finished train leaves: its checkpoints and its step metrics
-        resume, notes = checkpoint.prepare_resume(ckpts, params, is_main=True, also=[live])
+        resume, notes = checkpoints.prepare_resume(ckpts, params, is_main=True, also=[live])
         for step in (3, 6):
-            checkpoint.save_checkpoint(ckpts, step, {"step": step, "params": params, "tag": tag,
-                                                     "fingerprint": checkpoint.run_fingerprint(params)}, keep=2)
+            checkpoints.save_checkpoint(ckpts, step, {"step": step, "params": params, "tag": tag,
+                                                     "fingerprint": checkpoints.run_fingerprint(params)}, keep=2)
         live.mkdir(parents=True, exist_ok=True)
         (live / "train_loss.tsv").write_text(f"run {tag}\n")
         return resume, notes
 
     assert run(a, "A")[0] is None
     assert run(b, "B")[0] is None
-    resume, notes = checkpoint.prepare_resume(ckpts, a, is_main=True, also=[live])
+    resume, notes = checkpoints.prepare_resume(ckpts, a, is_main=True, also=[live])
     assert resume["tag"] == "A" and resume["step"] == 6
     assert "holds a run with these params (step 6): bringing it back" in notes[0]
     assert notes[-1] == f"resuming from {ckpts / 'ckpt_0000006.pt'} (step 6)"
-    assert [checkpoint.load_checkpoint(p)["tag"] for p in checkpoint.list_checkpoints(ckpts)] == ["A", "A"]
+    assert [checkpoints.load_checkpoint(p)["tag"] for p in checkpoints.list_checkpoints(ckpts)] == ["A", "A"]
     assert (live / "train_loss.tsv").read_text() == "run A\n"
-    kept = sorted((ckpts / checkpoint.PREVIOUS).iterdir())  # nothing lost: B waits there as A did
+    kept = sorted((ckpts / checkpoints.PREVIOUS).iterdir())  # nothing lost: B waits there as A did
     assert len(kept) == 1 and (kept[0] / "train" / "train_loss.tsv").read_text() == "run B\n"
-    assert [checkpoint.load_checkpoint(p)["tag"] for p in checkpoint.list_checkpoints(kept[0])] == ["B", "B"]
-    assert checkpoint.prepare_resume(ckpts, a, is_main=True, also=[live])[0]["tag"] == "A"  # and stays resumed
+    assert [checkpoints.load_checkpoint(p)["tag"] for p in checkpoints.list_checkpoints(kept[0])] == ["B", "B"]
+    assert checkpoints.prepare_resume(ckpts, a, is_main=True, also=[live])[0]["tag"] == "A"  # and stays resumed
 
 
 def test_earlier_runs_of_other_params_stay_where_they_are_and_an_unreadable_one_stops_nothing(tmp_path):
     a, b, c = ({"model": {"init_from": "scratch"}, "train": {"max_lr": lr}} for lr in (1e-4, 2e-4, 3e-4))
     for params in (a, b):
-        checkpoint.prepare_resume(tmp_path, params, is_main=True)
-        checkpoint.save_checkpoint(tmp_path, 3, {"step": 3, "params": params,
-                                                 "fingerprint": checkpoint.run_fingerprint(params)}, keep=2)
-    kept = next((tmp_path / checkpoint.PREVIOUS).iterdir()) / "ckpt_0000003.pt"  # a's run
-    resume, notes = checkpoint.prepare_resume(tmp_path, c, is_main=True)
+        checkpoints.prepare_resume(tmp_path, params, is_main=True)
+        checkpoints.save_checkpoint(tmp_path, 3, {"step": 3, "params": params,
+                                                 "fingerprint": checkpoints.run_fingerprint(params)}, keep=2)
+    kept = next((tmp_path / checkpoints.PREVIOUS).iterdir()) / "ckpt_0000003.pt"  # a's run
+    resume, notes = checkpoints.prepare_resume(tmp_path, c, is_main=True)
     assert resume is None and notes[0].endswith("starting fresh (train.max_lr: 0.0002 -> 0.0003)")
-    assert len(list((tmp_path / checkpoint.PREVIOUS).iterdir())) == 2 and kept.is_file()
-    kept.write_bytes(torch_zip(tmp_path, {**checkpoint.load_checkpoint(kept), FORMAT_KEY: CHECKPOINT_FORMAT + 1}))
-    resume, notes = checkpoint.prepare_resume(tmp_path, a, is_main=True)  # an archive never stops a run
+    assert len(list((tmp_path / checkpoints.PREVIOUS).iterdir())) == 2 and kept.is_file()
+    kept.write_bytes(torch_zip(tmp_path, {**checkpoints.load_checkpoint(kept), FORMAT_KEY: CHECKPOINT_FORMAT + 1}))
+    resume, notes = checkpoints.prepare_resume(tmp_path, a, is_main=True)  # an archive never stops a run
     assert resume is None and f"checkpoint format {CHECKPOINT_FORMAT + 1}" in notes[0]
     assert f"(so the run in {kept.parent} was not considered for resuming)" in notes[0]
     assert kept.is_file() and notes[0].endswith("starting from step 0")
@@ -330,19 +324,19 @@ def test_a_run_is_never_resumed_onto_another_run_s_curves(tmp_path):
     ckpts, live = tmp_path / "checkpoints", tmp_path / "metrics" / "train"
     a = {"model": {"init_from": "scratch"}, "train": {"max_lr": 6e-4}}
     b = {"model": {"init_from": "scratch"}, "train": {"max_lr": 1e-3}}
-    assert checkpoint.prepare_resume(ckpts, b, is_main=True, also=[live])[0] is None
-    checkpoint.save_checkpoint(ckpts, 6, {"step": 6, "params": b, "fingerprint": checkpoint.run_fingerprint(b)}, keep=2)
-    assert (live / checkpoint.CURVES_STAMP).read_text().strip() == checkpoint.run_fingerprint(b)
-    assert checkpoint.prepare_resume(ckpts, b, is_main=True, also=[live])[0]["step"] == 6  # its own curves: resumed
-    (live / checkpoint.CURVES_STAMP).write_text(checkpoint.run_fingerprint(a) + "\n")  # what exp apply A leaves
+    assert checkpoints.prepare_resume(ckpts, b, is_main=True, also=[live])[0] is None
+    checkpoints.save_checkpoint(ckpts, 6, {"step": 6, "params": b, "fingerprint": checkpoints.run_fingerprint(b)}, keep=2)
+    assert (live / checkpoints.CURVES_STAMP).read_text().strip() == checkpoints.run_fingerprint(b)
+    assert checkpoints.prepare_resume(ckpts, b, is_main=True, also=[live])[0]["step"] == 6  # its own curves: resumed
+    (live / checkpoints.CURVES_STAMP).write_text(checkpoints.run_fingerprint(a) + "\n")  # what exp apply A leaves
     (live / "train_loss.tsv").write_text("run A\n")
 
-    resume, notes = checkpoint.prepare_resume(ckpts, b, is_main=True, also=[live])
+    resume, notes = checkpoints.prepare_resume(ckpts, b, is_main=True, also=[live])
     assert resume is None
     assert f"{live}/ holds another run's step metrics" in notes[0] and notes[0].endswith("starting from step 0")
-    kept = next((ckpts / checkpoint.PREVIOUS).iterdir())  # nothing lost: B's weights and A's curves, side by side
+    kept = next((ckpts / checkpoints.PREVIOUS).iterdir())  # nothing lost: B's weights and A's curves, side by side
     assert (kept / "ckpt_0000006.pt").is_file() and (kept / "train" / "train_loss.tsv").read_text() == "run A\n"
     assert not (live / "train_loss.tsv").exists()
-    assert (live / checkpoint.CURVES_STAMP).read_text().strip() == checkpoint.run_fingerprint(b)
-    resume, notes = checkpoint.prepare_resume(ckpts, b, is_main=True, also=[live])  # nor is that pair brought back
+    assert (live / checkpoints.CURVES_STAMP).read_text().strip() == checkpoints.run_fingerprint(b)
+    resume, notes = checkpoints.prepare_resume(ckpts, b, is_main=True, also=[live])  # nor is that pair brought back
     assert resume is None and (kept / "ckpt_0000006.pt").is_file()

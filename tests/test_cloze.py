@@ -8,10 +8,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gptcore.errors import UserError
 from gptcore.eval.cloze import build_cloze, clean_windows
-from gptcore.eval.score import score_examples
+from gptcore.eval.scorer import score_examples
 from gptcore.params import ParamError
-from gptcore.process import UserError
 
 EOT = 50
 

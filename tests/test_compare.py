@@ -5,7 +5,7 @@ import pytest
 import yaml
 from stagekit import ROOT
 
-from gptcore.eval.score import HELLASWAG_VAL_SHA256
+from gptcore.eval.hellaswag import HELLASWAG_VAL_SHA256
 from gptcore.report.compare import SAME, describe, split_outputs, summarize
 
 BASELINES = yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text(encoding="utf-8"))
@@ -117,7 +117,7 @@ def test_no_lm_eval_run_no_lm_eval_lines():
 
 
 def test_lm_eval_baseline_without_source_is_refused(tmp_path):
-    from gptcore.process import UserError
+    from gptcore.errors import UserError
     from gptcore.report.baselines import read_baselines
 
     bad = yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text(encoding="utf-8"))
@@ -135,7 +135,7 @@ REF = ROOT.parent / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"  
 def test_hellaswag_from_another_file_of_10042_rows_gets_no_delta(tmp_path):
     """A copy that is not the official file (here the preprocessed copy: 10,042 rows, other text) scores all
     10,042 examples, but its sha256 is not the official one: no delta, and the line names the file and its hash."""
-    from gptcore.eval.score import hellaswag_file
+    from gptcore.eval.hellaswag import hellaswag_file
 
     copy_file = REF if REF.is_file() else tmp_path / "hellaswag_copy.jsonl"
     if not REF.is_file():
@@ -202,7 +202,7 @@ def test_no_record_of_what_was_measured_no_delta():
 
 
 def test_every_baseline_figure_states_what_it_was_measured_on(tmp_path):
-    from gptcore.process import UserError
+    from gptcore.errors import UserError
     from gptcore.report.baselines import read_baselines
 
     assert BASELINES["gpt2_124m"]["hellaswag_acc_norm_measured_on"]["sha256"] == HELLASWAG_VAL_SHA256

@@ -15,12 +15,13 @@ from stagekit import make_project, run_stage, tsv, write_gpt2_shards
 
 from gptcore import distributed
 from gptcore.data import shards as shard_io
-from gptcore.data.shards import TokenLoader
-from gptcore.eval.score import val_loss
+from gptcore.data.loader import TokenLoader
+from gptcore.eval.val_loss import val_loss
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.report.steplog import StepLogger
-from gptcore.train import checkpoint
-from gptcore.train.loop import TRAIN, TrainConfig, Trainer
+from gptcore.train import checkpoints
+from gptcore.train.config import TRAIN, TrainConfig
+from gptcore.train.trainer import Trainer
 
 GPT2 = {}
 MODERN = {"bias": False, "pos_encoding": "rotary", "norm": "rmsnorm", "qk_norm": True, "mlp": "relu2",
@@ -112,7 +113,7 @@ def test_compiled_training_equals_eager_without_recompiling(recipe, shard_dir):
         compiled, trainer, path = train(tiny(switches), shard_dir, replace(cfg, compile=True), 4, evaluate_and_sample)
     assert trainer.model is not trainer.raw_model  # the step really ran compiled
     np.testing.assert_allclose(compiled, eager, **TOL)
-    saved = checkpoint.load_checkpoint(path)["model"]
+    saved = checkpoints.load_checkpoint(path)["model"]
     assert not [k for k in saved if "_orig_mod" in k]
     assert list(saved) == list(tiny(switches).state_dict())
 
@@ -130,6 +131,6 @@ def test_compiled_two_gloo_ranks_equal_eager_one_rank_through_the_stage(tmp_path
     assert [s for s, _ in a] == [s for s, _ in b] == list(range(4))
     np.testing.assert_allclose([v for _, v in b], [v for _, v in a], **TOL)
     np.testing.assert_allclose([v for _, v in tsv(two, "val_loss")], [v for _, v in tsv(one, "val_loss")], **TOL)
-    for saved in (checkpoint.load_checkpoint(two / "model" / "model.pt")["model"],
-                  checkpoint.load_checkpoint(checkpoint.latest_checkpoint(two / "checkpoints"))["model"]):
+    for saved in (checkpoints.load_checkpoint(two / "model" / "model.pt")["model"],
+                  checkpoints.load_checkpoint(checkpoints.latest_checkpoint(two / "checkpoints"))["model"]):
         assert saved and not [k for k in saved if "_orig_mod" in k]

@@ -27,7 +27,7 @@ def test_every_stage_lists_exactly_the_code_it_imports(capsys):
 def test_the_deps_command_repairs_a_missing_and_a_stale_dep(tmp_path):
     text = (ROOT / "dvc.yaml").read_text(encoding="utf-8")
     broken = text.replace("      - gptcore/atomic.py\n", "", 1).replace(
-        "      - stages/compare.py\n", "      - stages/compare.py\n      - gptcore/train/loop.py\n", 1)
+        "      - stages/compare.py\n", "      - stages/compare.py\n      - gptcore/train/trainer.py\n", 1)
     assert broken != text
     (tmp_path / "dvc.yaml").write_text(broken, encoding="utf-8")
     fixed, changed = regenerate(tmp_path / "dvc.yaml", ROOT)

@@ -29,11 +29,11 @@ from test_plots import check_offline_page, read_tsv
 
 from gptcore.data.sources import FETCH
 from gptcore.data.tokenize import TOKENIZE
-from gptcore.eval.params import EVAL
+from gptcore.eval.config import EVAL
 from gptcore.model.gpt import GPT, MODEL, GPTConfig
 from gptcore.params import check_val_tokens
 from gptcore.report.params import COMPARE
-from gptcore.train.loop import TRAIN, check_run
+from gptcore.train.config import TRAIN, check_run
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from gptcore.atomic import write_text
-from gptcore.model.load import atomic_torch_save
+from gptcore.errors import UserError, disk_error, one_line, user_error
+from gptcore.locks import FolderBusyError
+from gptcore.model.checkpoint_file import atomic_torch_save
 from gptcore.params import ParamError
-from gptcore.process import FolderBusyError, UserError, disk_error, one_line, user_error
 
 
 def test_param_and_busy_folder_errors_are_user_errors_and_bugs_are_not():

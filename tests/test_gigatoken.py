@@ -13,7 +13,7 @@ from test_tokenize import fetch, tokenize
 
 from gptcore.data import tokenizers as T
 from gptcore.data.tokenize import TOKENIZE
-from gptcore.process import UserError
+from gptcore.errors import UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data" / "fineweb_edu_sample.jsonl"
 needs_gigatoken = pytest.mark.skipif(importlib.util.find_spec("gigatoken") is None,

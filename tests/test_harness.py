@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from gptcore.data.tokenizers import GPT2Tokenizer
+from gptcore.errors import UserError
 from gptcore.eval import harness
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.model.load import save_hf_gpt2
-from gptcore.process import UserError
+from gptcore.model.hf import save_hf_gpt2
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"
 BLOCK = 64
@@ -209,15 +209,15 @@ def test_eval_task_hellaswag_and_an_lm_eval_task_over_the_same_file_score_alike(
         pytest.skip(f"reference data absent: {REF} (a clone without ../shared/ref-data)")
     from lm_eval import simple_evaluate
 
-    from gptcore.eval import score
+    from gptcore.eval import hellaswag, scorer
 
     rows = [json.loads(line) for line, _ in zip(REF.open(encoding="utf-8"), range(40))]
     write_task(tmp_path, "hs_same", rows, "output_type: multiple_choice\ndoc_to_text: '{{ctx}}'\n"
                "doc_to_choice: '{{endings}}'\ndoc_to_target: '{{label}}'\nmetric_list:\n  - metric: acc\n")
     model, tok = tiny_model(block_size=256), GPT2Tokenizer()  # a block that cuts no row: both score whole rows
-    examples = score.hellaswag_examples(tok, tmp_path / "hs_same.jsonl", None, "eval.hellaswag_path",
+    examples = hellaswag.hellaswag_examples(tok, tmp_path / "hs_same.jsonl", None, "eval.hellaswag_path",
                                         progress=False, block_size=256)
-    ours = score.score_examples(model, examples, tok.vocab_size, device="cpu", batch_size=8, progress=False)
+    ours = scorer.score_examples(model, examples, tok.vocab_size, device="cpu", batch_size=8, progress=False)
     lm = harness.make_lm(model, tok, device=torch.device("cpu"), batch_size=8, progress=False)
     tasks = harness.load_tasks(["hs_same"], include=tmp_path)
     out = simple_evaluate(model=lm, tasks=tasks.items, task_manager=tasks.manager, num_fewshot=0, log_samples=True,
@@ -354,7 +354,7 @@ def test_evaluate_stage_lm_eval_tasks(tmp_path):
 
 
 def test_lm_eval_params():
-    from gptcore.eval.params import EVAL
+    from gptcore.eval.config import EVAL
     from gptcore.params import ParamError
 
     base = {"task": "cloze", "val_tokens": 1024, "sample_prompt": "x"}
@@ -441,7 +441,7 @@ def test_python_the_include_folder_runs_is_listed_before_scoring(tmp_path):
 
 def test_the_include_folder_must_be_under_conf_lm_eval():
     """dvc.yaml lists conf/lm_eval among evaluate's deps: a folder elsewhere would change nothing DVC sees."""
-    from gptcore.eval.params import EVAL
+    from gptcore.eval.config import EVAL
     from gptcore.params import ParamError
 
     base = {"task": "cloze", "val_tokens": 1024, "sample_prompt": "x"}

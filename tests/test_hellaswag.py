@@ -9,10 +9,11 @@ import pytest
 import torch
 from reference_scorer import score_examples_reference
 
-import gptcore.eval.score as hs
-from gptcore.eval.score import fetch_hellaswag, load_hellaswag, read_hellaswag, score_examples
+import gptcore.eval.hellaswag as hs
+from gptcore.errors import UserError
+from gptcore.eval.hellaswag import fetch_hellaswag, load_hellaswag, read_hellaswag
+from gptcore.eval.scorer import score_examples
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.process import UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from gptcore.data import tokenizers as T
+from gptcore.model.export import export_model
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.model.load import export_model
 
 transformers = pytest.importorskip("transformers")
 needs_qwen2 = pytest.mark.skipif(importlib.util.find_spec("dashscope") is None,

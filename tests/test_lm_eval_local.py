@@ -62,7 +62,7 @@ def test_the_docs_run_the_shipped_folder_and_show_its_yaml():
 def test_the_documented_overrides_are_eval_params_the_stage_accepts(tmp_path):
     from dvc.utils.hydra import compose_and_dump
 
-    from gptcore.eval.params import EVAL
+    from gptcore.eval.config import EVAL
 
     for run in documented_runs():
         out = tmp_path / "params.yaml"

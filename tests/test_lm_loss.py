@@ -1,10 +1,11 @@
-"""The chunked LM-head cross-entropy (gpt.lm_loss) against the plain F.cross_entropy(lm_head(h)): loss and gradients."""
+"""The chunked LM-head cross-entropy (lm_loss) against the plain F.cross_entropy(lm_head(h)): loss and gradients."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from gptcore.model import gpt
-from gptcore.model.gpt import GPT, GPTConfig, lm_loss
+from gptcore.model import lm_loss as L
+from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.model.lm_loss import lm_loss
 
 
 def plain_loss(model: GPT, idx: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -34,7 +35,7 @@ def test_loss_and_gradients_equal_the_plain_computation(tie, softcap, reduction,
     targets[0, :5] = -1  # ignored positions (padding)
     targets[2, -3:] = -1
     # 96 rows in chunks of 40: several chunks and a short last one
-    monkeypatch.setitem(gpt.LOSS_CHUNK_ELEMENTS, "cpu", 40 * 300)
+    monkeypatch.setitem(L.LOSS_CHUNK_ELEMENTS, "cpu", 40 * 300)
     _, chunked = model(idx, targets, reduction=reduction)
     expected = plain_loss(model, idx, targets, reduction)
     torch.testing.assert_close(chunked, expected, rtol=1e-5, atol=1e-5)
@@ -108,26 +109,26 @@ def test_without_grad_mode_only_the_loss_is_computed():
 # the chunk size, and the switch to the plain path (GPTCORE_LOSS_CHUNK_ELEMENTS)
 
 def test_chunk_rows_follow_the_switch(monkeypatch):
-    monkeypatch.delenv(gpt.LOSS_CHUNK_ENV, raising=False)
-    assert gpt.loss_chunk_rows("cpu", 50304, 128) == 166  # 2^23 logits: the built-in CPU budget
-    assert gpt.loss_chunk_rows("cuda", 50304, 128) == 1334  # 2^26 on a GPU
-    assert gpt.loss_chunk_rows("cpu", 50304, 256) == 256  # never fewer rows than n_embd
-    assert gpt.loss_chunk_rows("cpu", 50304, 257) == 0  # a wider head off a GPU: the plain path is as fast
-    assert gpt.loss_chunk_rows("mps", 50304, 768) == 0 and gpt.loss_chunk_rows("cuda", 50304, 768) == 1334
-    monkeypatch.setenv(gpt.LOSS_CHUNK_ENV, "0")
-    assert gpt.loss_chunk_rows("cpu", 50304, 768) == 0 and gpt.loss_chunk_rows("cuda", 50304, 768) == 0
-    monkeypatch.setenv(gpt.LOSS_CHUNK_ENV, str(1000 * 50304))
-    assert gpt.loss_chunk_rows("cpu", 50304, 768) == 1000
+    monkeypatch.delenv(L.LOSS_CHUNK_ENV, raising=False)
+    assert L.loss_chunk_rows("cpu", 50304, 128) == 166  # 2^23 logits: the built-in CPU budget
+    assert L.loss_chunk_rows("cuda", 50304, 128) == 1334  # 2^26 on a GPU
+    assert L.loss_chunk_rows("cpu", 50304, 256) == 256  # never fewer rows than n_embd
+    assert L.loss_chunk_rows("cpu", 50304, 257) == 0  # a wider head off a GPU: the plain path is as fast
+    assert L.loss_chunk_rows("mps", 50304, 768) == 0 and L.loss_chunk_rows("cuda", 50304, 768) == 1334
+    monkeypatch.setenv(L.LOSS_CHUNK_ENV, "0")
+    assert L.loss_chunk_rows("cpu", 50304, 768) == 0 and L.loss_chunk_rows("cuda", 50304, 768) == 0
+    monkeypatch.setenv(L.LOSS_CHUNK_ENV, str(1000 * 50304))
+    assert L.loss_chunk_rows("cpu", 50304, 768) == 1000
 
 
 @pytest.mark.parametrize("value", ["-1", "lots", "1e6", ""])
 def test_a_bad_switch_is_one_line_naming_it(value, monkeypatch):
-    from gptcore.process import UserError
+    from gptcore.errors import UserError
 
-    monkeypatch.setenv(gpt.LOSS_CHUNK_ENV, value)
+    monkeypatch.setenv(L.LOSS_CHUNK_ENV, value)
     with pytest.raises(UserError) as e:
         lm_loss(torch.randn(4, 8), torch.randn(10, 8), torch.zeros(4, dtype=torch.long))
-    assert "\n" not in str(e.value) and gpt.LOSS_CHUNK_ENV in str(e.value) and repr(value) in str(e.value)
+    assert "\n" not in str(e.value) and L.LOSS_CHUNK_ENV in str(e.value) and repr(value) in str(e.value)
 
 
 @pytest.mark.parametrize("softcap", [None, 5.0], ids=["no-cap", "softcap"])
@@ -139,11 +140,11 @@ def test_switched_off_the_model_takes_the_plain_path(softcap, reduction, monkeyp
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=300, logit_softcap=softcap))
     idx, targets = torch.randint(0, 300, (3, 16)), torch.randint(0, 300, (3, 16))
     targets[1, :4] = -1
-    monkeypatch.setenv(gpt.LOSS_CHUNK_ENV, "0")
+    monkeypatch.setenv(L.LOSS_CHUNK_ENV, "0")
     _, plain = model(idx, targets, reduction=reduction)
     assert "ChunkedLMLoss" not in type(plain.grad_fn).__name__
     torch.testing.assert_close(plain, plain_loss(model, idx, targets, reduction), rtol=1e-6, atol=1e-6)
-    monkeypatch.setenv(gpt.LOSS_CHUNK_ENV, str(10 * 300))  # 32 rows a chunk (n_embd's floor): two chunks
+    monkeypatch.setenv(L.LOSS_CHUNK_ENV, str(10 * 300))  # 32 rows a chunk (n_embd's floor): two chunks
     _, chunked = model(idx, targets, reduction=reduction)
     assert "ChunkedLMLoss" in type(chunked.grad_fn).__name__
     torch.testing.assert_close(chunked, plain, rtol=1e-5, atol=1e-5)

@@ -10,12 +10,14 @@ import pytest
 import torch
 
 from gptcore.data.tokenizers import CharTokenizer
+from gptcore.errors import UserError
 from gptcore.eval.sampling import main as sample_main
 from gptcore.eval.sampling import tokenizer_for
+from gptcore.model.checkpoint_file import read_checkpoint
+from gptcore.model.export import export_model
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.model.load import MODEL_FILE, export_model, init_model, load_model, read_checkpoint
-from gptcore.process import UserError
-from gptcore.train import checkpoint
+from gptcore.model.load import MODEL_FILE, init_model, load_model
+from gptcore.train import checkpoints
 
 TINY = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64)
 
@@ -97,7 +99,7 @@ def test_every_spec_loads_the_same_weights_everywhere(tmp_path):
     model = tiny()
     folder = tmp_path / "model"
     export_model(folder, model, None, {"step": 3}, hf_vocab_size=64)
-    ckpt = checkpoint.save_checkpoint(tmp_path / "ckpts", 3, {"model": model.state_dict(),
+    ckpt = checkpoints.save_checkpoint(tmp_path / "ckpts", 3, {"model": model.state_dict(),
                                                               "model_config": dict(TINY), "step": 3}, keep=1)
     for spec in (folder, folder / MODEL_FILE, folder / "hf", ckpt):
         assert same_weights(load_model(spec), model), spec

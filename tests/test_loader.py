@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from gptcore.data.shards import TokenLoader
-from gptcore.process import UserError
+from gptcore.data.loader import TokenLoader
+from gptcore.errors import UserError
 
 
 @pytest.fixture

@@ -2,10 +2,12 @@
 import pytest
 import torch
 
-from gptcore import distributed
-from gptcore.distributed import DistEnv, StepMemory
+from gptcore.distributed import DistEnv
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.train.loop import TRAIN, NonFiniteLoss, TrainConfig, Trainer
+from gptcore.train import memory
+from gptcore.train.config import TRAIN, TrainConfig
+from gptcore.train.memory import StepMemory
+from gptcore.train.trainer import NonFiniteLoss, Trainer
 
 CFG = dict(micro_batch=4, total_batch_tokens=64, max_steps=10, warmup_steps=2, max_lr=1e-2, dtype="float32", seed=1,
            eval_every=0, val_tokens=16, ckpt_every=1000, keep_checkpoints=1)
@@ -140,7 +142,7 @@ def test_out_of_memory_at_micro_batch_1_says_make_the_model_smaller(tmp_path, mo
 
 
 def test_no_micro_batch_that_fits_stops_after_the_second_step_before_its_save(tmp_path, monkeypatch):
-    monkeypatch.setattr(distributed, "budget_bytes", lambda device: 1)  # one byte: not even micro_batch=1
+    monkeypatch.setattr(memory, "budget_bytes", lambda device: 1)  # one byte: not even micro_batch=1
     t, log = trainer(tmp_path, ckpt_every=1)
     with pytest.raises(StepMemory, match=r"^train.micro_batch=4: the first training steps peaked at [\d.]+ GiB of "
                                          r"the 0.00 GiB this process may use on cpu .* even train.micro_batch=1 "
@@ -151,7 +153,7 @@ def test_no_micro_batch_that_fits_stops_after_the_second_step_before_its_save(tm
 
 def test_the_memory_check_runs_once_and_not_where_the_budget_is_unknown(tmp_path, monkeypatch):
     budgets: list[torch.device] = []
-    monkeypatch.setattr(distributed, "budget_bytes", lambda device: budgets.append(device))  # None: cannot be told
+    monkeypatch.setattr(memory, "budget_bytes", lambda device: budgets.append(device))  # None: cannot be told
     t, _ = trainer(tmp_path)
     t.fit()
     assert budgets == [torch.device("cpu")] and t.step == 10

@@ -25,10 +25,11 @@ from stagekit import write_gpt2_shards
 from test_memory import preset
 
 from gptcore.data import shards
-from gptcore.data.shards import TokenLoader
+from gptcore.data.loader import TokenLoader
 from gptcore.distributed import DistEnv
 from gptcore.model.load import init_model
-from gptcore.train.loop import TRAIN, TrainConfig, Trainer
+from gptcore.train.config import TRAIN, TrainConfig
+from gptcore.train.trainer import Trainer
 
 REF = Path(__file__).parent / "data" / "loss_curve_quickstart.json"
 STEPS, MICRO, TOKENS = 10, 2, 512  # the warmup and the whole cosine decay, as in 20 steps

@@ -13,8 +13,8 @@ import yaml
 from stagekit import ROOT
 from test_tokenize import fetch, tokenize
 
+from gptcore.eval.config import EVAL
 from gptcore.eval.measured import measured_on, val_split
-from gptcore.eval.params import EVAL
 from gptcore.report.compare import summarize
 
 FINEWEB = ROOT.parent / "shared" / "ref-data" / "fineweb_edu_sample.jsonl"

@@ -13,10 +13,10 @@ import pytest
 import torch
 import yaml
 
-from gptcore import distributed
+from gptcore.errors import UserError
 from gptcore.model.gpt import MODEL
-from gptcore.process import UserError
-from gptcore.train.loop import TRAIN
+from gptcore.train import memory
+from gptcore.train.config import TRAIN
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
@@ -38,20 +38,20 @@ def preset(name: str) -> tuple[dict, dict]:
 
 def test_quick_start_fits_this_machine_and_a_million_layers_do_not():
     model, train = preset("quickstart")
-    assert distributed.train_bytes(model, train, 50304) < 1 * GIB
-    distributed.check_fits(model, train, 50304, torch.device("cpu"))  # refuses nothing here
+    assert memory.train_bytes(model, train, 50304) < 1 * GIB
+    memory.check_fits(model, train, 50304, torch.device("cpu"))  # refuses nothing here
     huge = {**model, "n_layer": 1_000_000}
     with pytest.raises(UserError, match=r"model.n_layer=1000000, .* training needs at least [\d,.]+ GiB"):
-        distributed.check_fits(huge, train, 50304, torch.device("cpu"))
+        memory.check_fits(huge, train, 50304, torch.device("cpu"))
     # four CPU processes share the RAM: the bound is four times one process's
-    free = distributed.available_bytes(torch.device("cpu"))
+    free = memory.available_bytes(torch.device("cpu"))
     big = dict(model)
-    while distributed.train_bytes(big, train, 50304) < free / 3:  # one process fits, four do not
+    while memory.train_bytes(big, train, 50304) < free / 3:  # one process fits, four do not
         big["n_layer"] *= 2
-    if distributed.train_bytes(big, train, 50304) < free * 0.9:
-        distributed.check_fits(big, train, 50304, torch.device("cpu"), processes=1)
+    if memory.train_bytes(big, train, 50304) < free * 0.9:
+        memory.check_fits(big, train, 50304, torch.device("cpu"), processes=1)
         with pytest.raises(UserError, match="4 processes on the cpu"):
-            distributed.check_fits(big, train, 50304, torch.device("cpu"), processes=4)
+            memory.check_fits(big, train, 50304, torch.device("cpu"), processes=4)
 
 
 # One run of the real loop in a fresh process (so that no memory an earlier run freed is reused unseen), one
@@ -60,21 +60,22 @@ def test_quick_start_fits_this_machine_and_a_million_layers_do_not():
 RUN = r"""
 import json, sys, torch
 torch.set_num_threads(1)
-from gptcore import distributed
+from gptcore.train import memory
 from gptcore.distributed import DistEnv
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.train.loop import TRAIN, TrainConfig, Trainer
+from gptcore.train.config import TRAIN, TrainConfig
+from gptcore.train.trainer import Trainer
 
 micro, ckpt = int(sys.argv[1]), sys.argv[2]
-check, peaks = distributed.FirstSteps.check, []
+check, peaks = memory.FirstSteps.check, []
 
 def check_against_the_given_budget(self, *args):
-    peaks.append(distributed.peak_bytes(self.device))
+    peaks.append(memory.peak_bytes(self.device))
     print("peak", peaks[0], flush=True)
     self.budget = int(sys.stdin.readline())
     check(self, *args)
 
-distributed.FirstSteps.check = check_against_the_given_budget
+memory.FirstSteps.check = check_against_the_given_budget
 
 class Batches:
     grad_accum = 16 // micro
@@ -96,7 +97,7 @@ t = Trainer(model, Batches(), TrainConfig(**cfg), DistEnv(0, 0, 1, torch.device(
 try:
     t.fit()
     print(json.dumps({"peak": peaks[0], "step": t.step}))
-except distributed.StepMemory as e:
+except memory.StepMemory as e:
     print(json.dumps({"peak": peaks[0], "step": t.step, "error": str(e)}))
 """
 
@@ -141,15 +142,15 @@ def test_a_first_step_over_the_budget_stops_the_run_naming_a_micro_batch_that_fi
     r16, r8 = Run(16, tmp_path / "a"), Run(8, tmp_path / "b")
     p16, p8 = r16.peak(), r8.peak()
     assert p16 - p8 > 40e6, (p16, p8)  # the activations of 8 sequences, far above the measurement's noise
-    budget = int((p16 + p8) / 2 / distributed.FILL)
+    budget = int((p16 + p8) / 2 / memory.FILL)
     stopped, fits = r16.end(budget), r8.end(budget)
     assert stopped["step"] == 1  # stopped in step 1, the second
     assert "error" in stopped and stopped["error"].startswith("train.micro_batch=16: the first training steps peaked")
     assert "set train.micro_batch=8 (gradient accumulation keeps train.total_batch_tokens=4,096)" in stopped["error"]
     assert "error" not in fits and fits["step"] == 2, fits
-    assert fits["peak"] <= distributed.FILL * budget
+    assert fits["peak"] <= memory.FILL * budget
 
 
 def test_a_cgroup_limit_lowers_the_cpu_memory_available(monkeypatch):
-    monkeypatch.setattr(distributed, "_cgroup_room", lambda: 12345)
-    assert distributed.available_bytes(torch.device("cpu")) == 12345
+    monkeypatch.setattr(memory, "_cgroup_room", lambda: 12345)
+    assert memory.available_bytes(torch.device("cpu")) == 12345

@@ -7,10 +7,13 @@ import re
 import pytest
 import torch
 
-from gptcore.model.gpt import GPT, MODEL, BadModelConfig, GPTConfig, file_config, flops_per_token, peak_flops_for_name
-from gptcore.model.gpt import device_peak_flops as peak_flops
-from gptcore.model.load import load_hf_gpt2, load_model, save_hf_gpt2, strip_prefixes
-from gptcore.process import UserError
+from gptcore.errors import UserError
+from gptcore.model.checkpoint_file import strip_prefixes
+from gptcore.model.gpt import GPT, MODEL, BadModelConfig, GPTConfig, file_config
+from gptcore.model.hf import load_hf_gpt2, save_hf_gpt2
+from gptcore.model.load import load_model
+from gptcore.report.flops import device_peak_flops as peak_flops
+from gptcore.report.flops import flops_per_token, peak_flops_for_name
 from gptcore.train.optim import build_optimizers
 
 TINY = dict(block_size=64, vocab_size=100, n_layer=2, n_head=2, n_embd=64)

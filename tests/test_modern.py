@@ -6,8 +6,9 @@ import math
 import pytest
 import torch
 
-from gptcore.model.gpt import GPT, MODEL, GPTConfig, Rotary, apply_rotary, flops_per_token
+from gptcore.model.gpt import GPT, MODEL, GPTConfig, Rotary, apply_rotary
 from gptcore.params import ParamError
+from gptcore.report.flops import flops_per_token
 from gptcore.train.optim import Optimizers, build_optimizers, set_lr
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64)
@@ -229,7 +230,7 @@ def test_optimizers_state_round_trip():
 ], ids=["llama_untied", "llama_tied", "qwen3"])
 def test_export_loads_in_transformers_with_the_same_logits(tmp_path, switches, arch):
     transformers = pytest.importorskip("transformers")
-    from gptcore.model.load import export_hf
+    from gptcore.model.hf import export_hf
 
     model = tiny(**{**MODERN, "logit_softcap": None, "zero_init_proj": False, "rope_base": 500.0, **switches})
     with torch.no_grad():  # trained-looking norm gains, so a swapped or missing gain would show
@@ -254,8 +255,10 @@ def test_export_loads_in_transformers_with_the_same_logits(tmp_path, switches, a
     (dict(logit_softcap=None, pos_encoding="learned"), "learned positions"),
 ])
 def test_export_refuses_what_no_architecture_represents(tmp_path, switches, reason):
-    from gptcore.model.load import NOT_EXPORTED, export_hf, export_model, load_model
-    from gptcore.process import NotRepresentable
+    from gptcore.errors import NotRepresentable
+    from gptcore.model.export import NOT_EXPORTED, export_model
+    from gptcore.model.hf import export_hf
+    from gptcore.model.load import load_model
 
     model = tiny(**{**MODERN, **switches})
     with pytest.raises(NotRepresentable, match=reason) as e:
@@ -278,7 +281,7 @@ def test_multiple_choice_fast_path_scores_a_modern_model_as_one_forward_per_exam
     from reference_scorer import score_examples_reference
     from test_multichoice import assert_same, random_examples
 
-    from gptcore.eval.score import score_examples
+    from gptcore.eval.scorer import score_examples
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=64, vocab_size=128, n_layer=2, n_head=2, n_embd=32,

@@ -13,9 +13,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from reference_scorer import render_rows, score_examples_reference
 
-from gptcore.eval.score import ChoiceResult, Example, fit_example, score_examples, write_predictions
+from gptcore.errors import UserError
+from gptcore.eval.scorer import ChoiceResult, Example, fit_example, score_examples, write_predictions
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.process import UserError
 
 # Next-token distributions of a bigram "model": P[a][b] = p(next = b | current = a).
 P = [[0.1, 0.2, 0.3, 0.4],
@@ -202,7 +202,7 @@ def test_scores_are_normalised_over_the_tokenizers_vocabulary_not_the_padded_hea
 def test_log_likelihoods_equal_the_hugging_face_exports_under_transformers(tmp_path):
     """The export keeps the tokenizer's 50,257 rows of a 50,304-wide head: gptcore scores as transformers does on it."""
     transformers = pytest.importorskip("transformers")
-    from gptcore.model.load import save_hf_gpt2
+    from gptcore.model.hf import save_hf_gpt2
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=64, vocab_size=50304, n_layer=2, n_head=2, n_embd=32)).eval()

@@ -9,7 +9,7 @@ import pytest
 import torch
 from stagekit import ROOT, env, make_project, run_stage, write_gpt2_shards
 
-from gptcore.train import checkpoint
+from gptcore.train import checkpoints
 
 
 def readme_node_commands() -> list[list[str]]:
@@ -65,8 +65,8 @@ def test_readme_two_node_recipe_equals_one_node_with_two_processes(tmp_path_fact
     assert "2 x cpu" in "".join(outs)
     one_node = make_project(root / "one_node", shards, nproc=2)
     run_stage(one_node, "train", 2)
-    a = checkpoint.load_checkpoint(writers[0] / "model" / "model.pt")["model"]
-    b = checkpoint.load_checkpoint(one_node / "model" / "model.pt")["model"]
+    a = checkpoints.load_checkpoint(writers[0] / "model" / "model.pt")["model"]
+    b = checkpoints.load_checkpoint(one_node / "model" / "model.pt")["model"]
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k

@@ -8,8 +8,10 @@ from gptcore.distributed import DistEnv
 from gptcore.model.gpt import GPT, MODEL, GPTConfig
 from gptcore.params import ParamError
 from gptcore.report.steplog import StepLogger
-from gptcore.train.loop import TRAIN, TrainConfig, Trainer
-from gptcore.train.optim import LRSchedule, Muon, adamw_groups, build_optimizers, lr_at
+from gptcore.train.config import TRAIN, TrainConfig
+from gptcore.train.optim import Muon, adamw_groups, build_optimizers
+from gptcore.train.schedule import LRSchedule, lr_at
+from gptcore.train.trainer import Trainer
 
 MAX, MIN, WARM, STEPS = 6e-4, 6e-5, 715, 19073
 

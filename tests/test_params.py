@@ -9,11 +9,11 @@ import yaml
 from gptcore import config
 from gptcore.data.sources import FETCH
 from gptcore.data.tokenize import TOKENIZE
-from gptcore.eval.params import EVAL
+from gptcore.eval.config import EVAL
 from gptcore.model.gpt import MODEL
 from gptcore.params import REQUIRED, ParamError, check_val_tokens
 from gptcore.report.params import COMPARE
-from gptcore.train.loop import RESUME_OK, TRAIN, check_run, fingerprint_params
+from gptcore.train.config import RESUME_OK, TRAIN, check_run, fingerprint_params
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMAS = {s.name: s for s in (FETCH, TOKENIZE, MODEL, TRAIN, EVAL, COMPARE)}
@@ -128,7 +128,7 @@ def test_the_typed_configs_restate_no_key():
 
     from gptcore.model.gpt import GPT2_SHAPE, GPTConfig
     from gptcore.params import Param, Section
-    from gptcore.train.loop import TrainConfig
+    from gptcore.train.config import TrainConfig
 
     train = TRAIN.validate(_train())
     assert [f.name for f in fields(TrainConfig)] == list(TRAIN.params) and asdict(TrainConfig(**train)) == train

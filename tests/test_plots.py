@@ -12,7 +12,7 @@ from typing import Iterable
 import pytest
 import yaml
 
-from gptcore.process import UserError
+from gptcore.errors import UserError
 from gptcore.report import plots
 from gptcore.report.baselines import baseline_values, read_baselines
 from gptcore.report.compare import comparable_figures

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from gptcore.data.tokenizers import CharTokenizer
-from gptcore.distributed import autocast_context, resolve_dtype
+from gptcore.device import autocast_context, resolve_dtype
 from gptcore.eval.sampling import main as sample_main
+from gptcore.model.export import export_model
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.model.load import export_model
 
 CPU = torch.device("cpu")
 

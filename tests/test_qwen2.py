@@ -16,8 +16,8 @@ from gptcore.data import shards as S
 from gptcore.data import tokenizers as T
 from gptcore.data.tokenize import TOKENIZE
 from gptcore.data.tokenizers import TIKTOKEN_PATTERNS
+from gptcore.errors import UserError
 from gptcore.model.load import padded_vocab
-from gptcore.process import UserError
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("dashscope") is None,
                                 reason="dashscope (Qwen2's ranks) not installed")

@@ -1,8 +1,8 @@
 """gptcore-sample's prompt file: a mistake in it is one line naming the file, before any model is loaded."""
 import pytest
 
+from gptcore.errors import UserError
 from gptcore.eval.sampling import main, read_prompt
-from gptcore.process import UserError
 
 
 def test_a_prompt_file_that_is_not_utf8_is_one_line_naming_it(tmp_path):

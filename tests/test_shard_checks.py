@@ -11,9 +11,10 @@ from stagekit import env, make_project, stage_cmd, write_gpt2_shards
 from test_tokenize import make_raw, synthetic_docs, tokenize
 
 from gptcore.data import shards as S
-from gptcore.data.shards import TokenLoader
-from gptcore.eval.score import first_tokens
-from gptcore.process import UserError
+from gptcore.data import verify
+from gptcore.data.loader import TokenLoader
+from gptcore.errors import UserError
+from gptcore.eval.val_loss import first_tokens
 
 PARAMS = {"tokenizer": "gpt2", "shard_tokens": 3000, "val_tokens": 3000, "workers": 1}
 
@@ -44,7 +45,7 @@ def test_tokenize_rereads_finished_shards_and_refuses_flipped_bytes(tokenized):
     # the advice works: delete the named shard, rerun, and the same bytes come back
     (shards / "train_000000.npy").unlink()
     m = tokenize(raw, shards, PARAMS, progress=False)
-    assert m["complete"] and S.verify(shards) == []
+    assert m["complete"] and verify.verify(shards) == []
 
 
 def test_tokenize_refuses_to_report_complete_over_a_foreign_shard(tokenized):

@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gptcore.data import shard_writer, verify
 from gptcore.data import shards as S
-from gptcore.process import UserError
+from gptcore.errors import UserError
 
 
 def docs_stream(lengths: list[int], eot: int = 9, dtype=np.uint16):
@@ -26,7 +27,7 @@ def docs_stream(lengths: list[int], eot: int = 9, dtype=np.uint16):
 
 def write(tmp_path, lengths, shard_tokens, val_tokens, batch=3, resume=None, header=None):
     header = header or {"tokenizer": {"name": "t"}, "vocab_size": 10, "eot": 9, "dtype": "uint16", "fingerprint": "f"}
-    w = S.ShardWriter(tmp_path, header, shard_tokens, val_tokens, resume=resume)
+    w = shard_writer.ShardWriter(tmp_path, header, shard_tokens, val_tokens, resume=resume)
     doc, _ = w.resume_point
     while doc < len(lengths):
         toks, starts = docs_stream(lengths[doc:doc + batch])
@@ -107,10 +108,10 @@ def test_writer_keeps_a_finished_shard_the_manifest_missed(tmp_path):
 
 
 def test_writer_errors_on_bad_sizes(tmp_path):
-    with pytest.raises(S.CannotFinish, match="fewer than tokenize.val_tokens=1,000"):
+    with pytest.raises(shard_writer.CannotFinish, match="fewer than tokenize.val_tokens=1,000"):
         write(tmp_path, [5, 5], 20, 1000)
     assert not list(tmp_path.glob("*.npy")) and not list(tmp_path.glob(".*tmp"))
-    with pytest.raises(S.CannotFinish, match="nothing is left for train"):
+    with pytest.raises(shard_writer.CannotFinish, match="nothing is left for train"):
         write(tmp_path, [4, 4], 20, 10)
     # sizes are the tokenize schema's to refuse (tests/test_params.py); the writer only asserts them
     with pytest.raises(AssertionError):
@@ -215,7 +216,7 @@ def test_an_io_error_is_no_corruption(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "read_text", eio_read_text)
     for call in (lambda: S.load_tokens(tmp_path / "train_000001.npy"),
                  lambda: S.check_shard(tmp_path, "uint16", 9, m["shards"][1]),
-                 lambda: S.read_manifest(tmp_path), lambda: S.verify(tmp_path)):
+                 lambda: S.read_manifest(tmp_path), lambda: verify.verify(tmp_path)):
         with pytest.raises(OSError) as e:
             call()
         assert e.value.errno == errno.EIO and not isinstance(e.value, UserError)
@@ -238,13 +239,13 @@ def test_writer_resumes_a_manifest_with_a_gap_from_the_gap(tmp_path):
     assert again["shards"] == ref["shards"] and {n: (part / n).stat().st_ino for n in later} == later
     # a listed shard shorter than the layout's is out of sequence too, unless it is the last one
     short = dict(ref, complete=False, shards=[dict(ref["shards"][0], tokens=19)] + ref["shards"][1:])
-    assert S.ShardWriter(part, ref, 20, 25, resume=short).resume_point == (0, 0)
+    assert shard_writer.ShardWriter(part, ref, 20, 25, resume=short).resume_point == (0, 0)
 
 
 def test_verify_and_cli(tmp_path, capsys):
     write(tmp_path, [5, 12, 0, 7, 30, 3, 3, 3, 20, 1], 20, 25)
-    assert S.verify(tmp_path) == []
-    assert S.main([str(tmp_path)]) == 0
+    assert verify.verify(tmp_path) == []
+    assert verify.main([str(tmp_path)]) == 0
     assert "ok: 6 shards, 94 tokens, uint16" in capsys.readouterr().out
     # flip one token: same size, different content
     p = tmp_path / "train_000001.npy"
@@ -254,12 +255,12 @@ def test_verify_and_cli(tmp_path, capsys):
     (tmp_path / "val_000000.npy").unlink()
     np.save(tmp_path / "train_000099.npy", np.zeros(3, np.uint16))
     (tmp_path / "train_000002.npy").write_bytes((tmp_path / "train_000002.npy").read_bytes()[:-4])
-    problems = S.verify(tmp_path)
+    problems = verify.verify(tmp_path)
     text = "\n".join(problems)
     assert "val_000000.npy: missing" in text
     assert "train_000001.npy: sha256 does not match" in text
     assert re.search(r"train_000002.npy: .* bytes, .* truncated", text)
     assert "train_000099.npy: shard file not listed" in text
     assert len(problems) == 4
-    assert S.main([str(tmp_path)]) == 1
-    assert S.verify(tmp_path / "nothing")[0].endswith("no manifest; run the tokenize stage")
+    assert verify.main([str(tmp_path)]) == 1
+    assert verify.verify(tmp_path / "nothing")[0].endswith("no manifest; run the tokenize stage")

@@ -15,7 +15,7 @@ from test_tokenize import fetch
 from gptcore.data import corpus as corpus_mod
 from gptcore.data import sources as src
 from gptcore.data.sources import FETCH
-from gptcore.process import UserError
+from gptcore.errors import UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data"
 
@@ -415,7 +415,7 @@ def test_text_that_is_not_utf8_is_one_line_naming_file_and_line_or_row(tmp_path)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from gptcore.process import UserError
+    from gptcore.errors import UserError
 
     (tmp_path / "a.jsonl").write_text('{"text": "ok"}\n\n{"text": "bad \\ud800 here"}\n')
     with pytest.raises(UserError, match=r"a\.jsonl: line 3: 'text' holds a lone surrogate \(\\ud800 at character 4\)"):

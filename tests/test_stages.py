@@ -101,7 +101,7 @@ def test_two_evaluates_in_one_project_the_second_refuses_the_first_finishes_alon
     import os
     import signal
 
-    from gptcore.process import holder_pid
+    from gptcore.locks import holder_pid
 
     project = evaluation_project(tmp_path / "p", trained)
     first = subprocess.Popen(stage_cmd("evaluate"), cwd=project, env=env(), text=True, stdout=subprocess.PIPE,

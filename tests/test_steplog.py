@@ -26,7 +26,8 @@ def test_resume_after_a_kill_that_truncated_the_summary(tmp_path):
 
 
 def test_run_constants_go_to_the_summary_only_and_survive_a_resume(tmp_path):
-    from gptcore.model.gpt import GPT, GPTConfig, model_sizes
+    from gptcore.model.gpt import GPT, GPTConfig
+    from gptcore.report.flops import model_sizes
 
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64, tie_embeddings=False))
     sizes = model_sizes(model)

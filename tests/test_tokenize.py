@@ -15,14 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gptcore.data import shard_writer, sources, verify
 from gptcore.data import shards as S
-from gptcore.data import sources
 from gptcore.data import tokenize as E
 from gptcore.data.corpus import open_corpus
 from gptcore.data.sources import FETCH
 from gptcore.data.tokenize import TOKENIZE
 from gptcore.data.tokenizers import get_tokenizer, load_tokenizer
-from gptcore.process import UserError
+from gptcore.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = ROOT / ".." / "shared" / "ref-data"
@@ -94,7 +94,7 @@ def test_gpt2_shards_exact_sizes_and_content(tmp_path, corpus_docs):
     assert S.load_tokens(tmp_path / "shards" / "val_000000.npy")[0] == tok.eot
     assert sum(s["documents"] for s in m["shards"]) == len(corpus_docs) == m["documents"]
     assert m["dtype"] == "uint16" and m["tokenizer"]["name"] == "gpt2" and m["eot"] == 50256 and m["vocab_size"] == 50257
-    assert m["complete"] and S.verify(tmp_path / "shards") == []
+    assert m["complete"] and verify.verify(tmp_path / "shards") == []
     assert load_tokenizer(tmp_path / "shards").decode(got[:40].tolist()).startswith("<|endoftext|>" + corpus_docs[0][:20])
 
 
@@ -160,7 +160,7 @@ def test_hf_tokenizer_over_65535_writes_uint32(tmp_path):
     assert got.dtype == np.uint32 and got.max() == 70_001 and (got > 65_535).sum() > 100
     tok = load_tokenizer(tmp_path / "shards")
     assert got.tolist() == expected_tokens(tok, docs)
-    assert S.verify(tmp_path / "shards") == []
+    assert verify.verify(tmp_path / "shards") == []
 
 
 class WrapsAround:
@@ -187,7 +187,7 @@ class WrapsAround:
 def test_token_id_beyond_dtype_is_an_error_and_finished_shards_stay(tmp_path):
     docs = ["abcdefghij"] * 200 + ["poison"] + ["abc"] * 10
     raw = make_raw(tmp_path, docs)
-    with pytest.raises(S.CannotFinish, match=r"token id 70000 in document 200 does not fit uint16"):
+    with pytest.raises(shard_writer.CannotFinish, match=r"token id 70000 in document 200 does not fit uint16"):
         E.write_shards(open_corpus(raw), tmp_path / "shards", WrapsAround(), shard_tokens=500, val_tokens=0,
                        workers=2, progress=False, task_bytes=100)
     assert not multiprocessing.active_children()  # the workers were killed, not left to write pieces after clean-up
@@ -198,7 +198,7 @@ def test_token_id_beyond_dtype_is_an_error_and_finished_shards_stay(tmp_path):
     n = len(m["shards"])
     assert not m["complete"] and 0 <= n <= 4 and [s["name"] for s in m["shards"]] == [S.shard_name("train", i)
                                                                                      for i in range(n)]
-    assert S.verify(tmp_path / "shards") == [f"{tmp_path / 'shards' / 'manifest.json'}: the tokenize run has not "
+    assert verify.verify(tmp_path / "shards") == [f"{tmp_path / 'shards' / 'manifest.json'}: the tokenize run has not "
                                              f"finished ({n} shards so far)"]
     assert not list((tmp_path / "shards").glob(".*tmp"))
 
@@ -239,7 +239,7 @@ def test_rerun_with_same_params_rewrites_nothing_and_new_params_replace(tmp_path
     assert m3["fingerprint"] != m1["fingerprint"]
     names = sorted(p.name for p in (tmp_path / "shards").glob("*.npy"))
     assert names == sorted(s["name"] for s in m3["shards"]) and len(names) < len(m1["shards"])
-    assert S.verify(tmp_path / "shards") == []
+    assert verify.verify(tmp_path / "shards") == []
     # a different corpus is a different fingerprint too
     raw2 = make_raw(tmp_path, corpus_docs[:-1], name="raw2")
     m4 = tokenize(raw2, tmp_path / "shards", {**cfg, "shard_tokens": cfg["shard_tokens"] * 3}, progress=False)
@@ -252,12 +252,12 @@ def test_new_params_never_destroy_finished_shards_before_the_new_run_is_complete
     m1 = tokenize(raw, tmp_path / "shards", cfg, progress=False)
     before = {p.name: p.read_bytes() for p in (tmp_path / "shards").iterdir()}
     # val_tokens larger than the corpus is refused: the finished run is untouched
-    with pytest.raises(S.CannotFinish, match="fewer than tokenize.val_tokens=100,000,000"):
+    with pytest.raises(shard_writer.CannotFinish, match="fewer than tokenize.val_tokens=100,000,000"):
         tokenize(raw, tmp_path / "shards", {**cfg, "val_tokens": 100_000_000}, progress=False)
     assert {p.name: p.read_bytes() for p in (tmp_path / "shards").iterdir()} == before
     assert S.read_manifest(tmp_path / "shards") == m1 and not (E.staged_dir(tmp_path / "shards")).exists()
     # a new run killed half way resumes beside it and replaces the old one only when complete
-    real_publish, calls = S.ShardWriter._publish, []
+    real_publish, calls = shard_writer.ShardWriter._publish, []
 
     def publish_then_die(self, *a):
         real_publish(self, *a)
@@ -265,24 +265,24 @@ def test_new_params_never_destroy_finished_shards_before_the_new_run_is_complete
         if len(calls) == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(S.ShardWriter, "_publish", publish_then_die)
+    monkeypatch.setattr(shard_writer.ShardWriter, "_publish", publish_then_die)
     new = {**cfg, "shard_tokens": 15_000}
     with pytest.raises(KeyboardInterrupt):
         tokenize(raw, tmp_path / "shards", new, progress=False)
-    monkeypatch.setattr(S.ShardWriter, "_publish", real_publish)
+    monkeypatch.setattr(shard_writer.ShardWriter, "_publish", real_publish)
     assert {p.name: p.read_bytes() for p in (tmp_path / "shards").iterdir() if p.is_file()} == before
     assert len(S.read_manifest(E.staged_dir(tmp_path / "shards"))["shards"]) == 2
     m2 = tokenize(raw, tmp_path / "shards", new, progress=False)
     tokenize(raw, tmp_path / "ref", new, progress=False)
     assert shard_bytes(tmp_path / "shards") == shard_bytes(tmp_path / "ref") and m2["complete"]
-    assert not (E.staged_dir(tmp_path / "shards")).exists() and S.verify(tmp_path / "shards") == []
+    assert not (E.staged_dir(tmp_path / "shards")).exists() and verify.verify(tmp_path / "shards") == []
 
 
 def test_interrupted_run_resumes_byte_identical(tmp_path, corpus_docs, monkeypatch):
     raw = make_raw(tmp_path, corpus_docs)
     cfg = {"tokenizer": "char", "shard_tokens": 20_000, "val_tokens": 30_000, "workers": 2}
     tokenize(raw, tmp_path / "ref", cfg, progress=False)
-    real_publish = S.ShardWriter._publish
+    real_publish = shard_writer.ShardWriter._publish
     calls = []
 
     def publish_then_die(self, *a):
@@ -291,10 +291,10 @@ def test_interrupted_run_resumes_byte_identical(tmp_path, corpus_docs, monkeypat
         if len(calls) == 3:
             raise KeyboardInterrupt  # as if the run were stopped right after its third shard
 
-    monkeypatch.setattr(S.ShardWriter, "_publish", publish_then_die)
+    monkeypatch.setattr(shard_writer.ShardWriter, "_publish", publish_then_die)
     with pytest.raises(KeyboardInterrupt):
         tokenize(raw, tmp_path / "shards", cfg, progress=False)
-    monkeypatch.setattr(S.ShardWriter, "_publish", real_publish)
+    monkeypatch.setattr(shard_writer.ShardWriter, "_publish", real_publish)
     done = {p.name: p.stat().st_ino for p in (tmp_path / "shards").glob("*.npy")}
     assert len(done) == 3 and not S.read_manifest(tmp_path / "shards")["complete"]
     tokenize(raw, tmp_path / "shards", {**cfg, "workers": 1}, progress=False)
@@ -332,7 +332,7 @@ def test_kill_9_then_rerun_is_byte_identical(tmp_path):
     tokenize(raw, tmp_path / "ref", {**cfg, "workers": 2}, progress=False)
     assert shard_bytes(tmp_path / "shards") == shard_bytes(tmp_path / "ref")
     assert {n: (tmp_path / "shards" / n).stat().st_ino for n in kept} == kept
-    assert not list((tmp_path / "shards").glob(".*tmp")) and S.verify(tmp_path / "shards") == []
+    assert not list((tmp_path / "shards").glob(".*tmp")) and verify.verify(tmp_path / "shards") == []
 
 
 BASE = {"tokenizer": "gpt2", "val_tokens": 100}
@@ -350,7 +350,7 @@ def test_bad_params_and_too_small_corpus(tmp_path, corpus_docs):
         tokenize(raw, tmp_path / "s", {**BASE, "shard_tokens": "big"}, progress=False)
     with pytest.raises(UserError, match="tokenize.tokenizer='nope.json'"):
         tokenize(raw, tmp_path / "s", {**BASE, "tokenizer": "nope.json"}, progress=False)
-    with pytest.raises(S.CannotFinish, match="fewer than tokenize.val_tokens=1,000,000"):
+    with pytest.raises(shard_writer.CannotFinish, match="fewer than tokenize.val_tokens=1,000,000"):
         tokenize(raw, tmp_path / "s", {**BASE, "val_tokens": 1_000_000, "workers": 1}, progress=False)
     assert not list((tmp_path / "s").glob("*.npy")) and not list((tmp_path / "s").glob(".*tmp"))
     with pytest.raises(UserError, match="run the fetch stage first"):
@@ -367,7 +367,7 @@ def test_fineweb_reference_sample(tmp_path):
                                                           "val_tokens": 20_000, "workers": 2}, progress=False)
     tok = get_tokenizer("gpt2")
     assert all_tokens(tmp_path / "shards").tolist() == expected_tokens(tok, docs)
-    assert m["documents"] == 150 and S.verify(tmp_path / "shards") == []
+    assert m["documents"] == 150 and verify.verify(tmp_path / "shards") == []
 
 
 def test_stage_scripts_run_from_params(tmp_path):
@@ -380,7 +380,7 @@ def test_stage_scripts_run_from_params(tmp_path):
                            text=True, timeout=120)
         assert r.returncode == 0, r.stderr
     assert "[tokenize] 5 documents" in r.stdout
-    assert S.verify(tmp_path / "data" / "shards") == []
+    assert verify.verify(tmp_path / "data" / "shards") == []
     tok = load_tokenizer(tmp_path / "data" / "shards")
     assert tok.decode(S.load_tokens(tmp_path / "data" / "shards" / "val_000000.npy")[:5].tolist()) == "<|endoftext|>第一回　"
     (tmp_path / "params.yaml").write_text("fetch: {source: local, path: missing/*.jsonl}\n", encoding="utf-8")
@@ -399,11 +399,11 @@ def test_val_tokens_beyond_the_corpus_is_refused_before_any_pass(tmp_path, corpu
 
     monkeypatch.setattr(E, "prepare_tokenizer", no_pass)
     for spec in ("gpt2", "char", "bpe"):
-        with pytest.raises(S.CannotFinish, match=f"at most {bound:,} tokens .*fewer than tokenize.val_tokens=10,000,000"):
+        with pytest.raises(shard_writer.CannotFinish, match=f"at most {bound:,} tokens .*fewer than tokenize.val_tokens=10,000,000"):
             tokenize(raw, tmp_path / "s", {"tokenizer": spec, "val_tokens": 10_000_000}, progress=False)
     assert not (tmp_path / "s").exists() or not list((tmp_path / "s").iterdir())
     # the bound is the whole corpus' bytes plus one end-of-text per document: exactly that many is still refused
-    with pytest.raises(S.CannotFinish, match="at most"):
+    with pytest.raises(shard_writer.CannotFinish, match="at most"):
         E.check_val_fits(corpus, {"tokenizer": "gpt2", "val_tokens": bound})
     E.check_val_fits(corpus, {"tokenizer": "gpt2", "val_tokens": bound - 1})
 

@@ -19,10 +19,11 @@ import pytest
 from test_tokenize import make_raw, synthetic_docs, tokenize
 
 from gptcore import atomic
+from gptcore.data import shard_writer, verify
 from gptcore.data import shards as S
 from gptcore.data import tokenize as E
 from gptcore.data.tokenize import TOKENIZE
-from gptcore.process import UserError
+from gptcore.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 # about 25 shards of a 100 KB corpus: one task on one worker closes them all before the first is published
@@ -54,14 +55,14 @@ def ref(tmp_path_factory):
 def assert_one_rerun_finishes(raw: Path, shard_dir: Path, want: dict[str, str], cfg: dict = CFG) -> None:
     m = tokenize(raw, shard_dir, cfg, progress=False)
     assert m["complete"] and digests(shard_dir) == want
-    assert S.verify(shard_dir) == [] and not list(shard_dir.glob(".*tmp"))
+    assert verify.verify(shard_dir) == [] and not list(shard_dir.glob(".*tmp"))
 
 
 def interrupt_at(monkeypatch, step: str, name: str, assembled_after: str | None) -> list[str]:
     """Raise KeyboardInterrupt at `step` of the publish of shard `name`; returns a list that the hook fills with the
     step once it fires. `assembled_after`: a later shard that must already be assembled (its temp file there)."""
     fired: list[str] = []
-    real_publish, real_write_json = S.publish, S.write_json
+    real_publish, real_write_json = shard_writer.publish, shard_writer.write_json
 
     def check_and_stop(folder: Path) -> None:
         if assembled_after is not None:
@@ -89,8 +90,8 @@ def interrupt_at(monkeypatch, step: str, name: str, assembled_after: str | None)
         if mine and step == "after the manifest write":
             check_and_stop(Path(path).parent)
 
-    monkeypatch.setattr(S, "publish", publish)
-    monkeypatch.setattr(S, "write_json", write_json)
+    monkeypatch.setattr(shard_writer, "publish", publish)
+    monkeypatch.setattr(shard_writer, "write_json", write_json)
     return fired
 
 
@@ -127,7 +128,7 @@ def test_an_interrupt_that_also_stops_the_clean_up_resumes(tmp_path, monkeypatch
     def no_abort(self):
         raise KeyboardInterrupt("second SIGTERM")
 
-    monkeypatch.setattr(S.ShardWriter, "abort", no_abort)
+    monkeypatch.setattr(shard_writer.ShardWriter, "abort", no_abort)
     with pytest.raises(KeyboardInterrupt):
         tokenize(raw, tmp_path / "shards", CFG, progress=False)
     monkeypatch.undo()
@@ -153,7 +154,7 @@ def test_a_manifest_with_a_gap_left_by_an_older_gptcore_resumes(tmp_path, ref):
     m = S.read_manifest(tmp_path / "shards")
     gap = 4
     (tmp_path / "shards" / names[gap]).unlink()
-    S.write_json(tmp_path / "shards" / S.MANIFEST, dict(m, complete=False, shards=m["shards"][:gap] +
+    atomic.write_json(tmp_path / "shards" / S.MANIFEST, dict(m, complete=False, shards=m["shards"][:gap] +
                                                          m["shards"][gap + 1:]), indent=1)
     kept = {n: (tmp_path / "shards" / n).stat().st_ino for n in names if n != names[gap]}
     assert_one_rerun_finishes(raw, tmp_path / "shards", want)
@@ -188,14 +189,14 @@ def test_an_interrupt_while_a_staged_run_replaces_the_old_one_resumes(tmp_path, 
 SLOW_RENAMES = """
 import sys, time
 sys.path.insert(0, {root!r})
-from gptcore.data import shards
+from gptcore.data import shard_writer
 from gptcore.data.tokenize import tokenize
-from stages.common import stage
-real = shards.publish
+from stages.boundary import stage
+real = shard_writer.publish
 def slow(tmp, path, synced=False):  # a slow file system: the signal mostly comes while a shard is being renamed
     real(tmp, path, synced)
     time.sleep(0.03)
-shards.publish = slow
+shard_writer.publish = slow
 with stage("tokenize"):
     tokenize({raw!r}, {out!r}, {cfg!r}, progress=False)
 """
@@ -241,7 +242,7 @@ def eio(path):
 
 def stopped_run(raw: Path, shard_dir: Path, monkeypatch, cfg: dict = CFG, after: int = 5) -> None:
     """An unfinished run in shard_dir: stopped after `after` shards were published."""
-    real, n = S.ShardWriter._publish, []
+    real, n = shard_writer.ShardWriter._publish, []
 
     def publish_then_stop(self, *a):
         real(self, *a)
@@ -249,7 +250,7 @@ def stopped_run(raw: Path, shard_dir: Path, monkeypatch, cfg: dict = CFG, after:
         if len(n) == after:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(S.ShardWriter, "_publish", publish_then_stop)
+    monkeypatch.setattr(shard_writer.ShardWriter, "_publish", publish_then_stop)
     with pytest.raises(KeyboardInterrupt):
         tokenize(raw, shard_dir, cfg, progress=False)
     monkeypatch.undo()
@@ -323,7 +324,7 @@ def test_a_real_eio_stops_the_stage_with_every_file_in_place(tmp_path, monkeypat
     where = E.staged_dir(tmp_path / "shards") if target == "staged shard" else tmp_path / "shards"
     bad = where / (S.MANIFEST if target == "manifest" else names[1])
     before = files(where)
-    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from stages.common import stage; "
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from stages.boundary import stage; "
             f"from gptcore.data.tokenize import tokenize\nwith stage('tokenize'): "
             f"tokenize({str(raw)!r}, {str(tmp_path / 'shards')!r}, {TOKENIZE.validate(CFG)!r}, progress=False)")
     r = subprocess.run(["strace", "-f", "-o", "/dev/null", "-e", "inject=read:error=EIO", "-P", str(bad),

@@ -16,7 +16,7 @@ import pytest
 from gptcore.data import tokenizers as T
 from gptcore.data.shards import dtype_for_vocab
 from gptcore.data.tokenize import TOKENIZE
-from gptcore.process import UserError
+from gptcore.errors import UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data"
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 from stagekit import env, make_project, run_stage, stage_cmd, tsv, write_gpt2_shards
 
-from gptcore.model.load import NOT_EXPORTED, load_model
-from gptcore.train import checkpoint
+from gptcore.model.export import NOT_EXPORTED
+from gptcore.model.load import load_model
+from gptcore.train import checkpoints
 
 pytestmark = pytest.mark.slow  # training runs through the stage, in subprocesses (-m "not slow" skips them)
 
@@ -32,7 +33,7 @@ def run_train(project: Path, nproc: int = 1) -> subprocess.CompletedProcess:
 
 
 def final_weights(project: Path) -> dict[str, torch.Tensor]:
-    return checkpoint.load_checkpoint(project / "model" / "model.pt")["model"]
+    return checkpoints.load_checkpoint(project / "model" / "model.pt")["model"]
 
 
 def assert_two_ranks_match_one(one, two) -> None:
@@ -61,7 +62,7 @@ def test_stage_trains_logs_and_saves(tmp_path, shards):
     summary = json.loads((project / "metrics/train/metrics.json").read_text())
     assert np.isfinite(summary["val_loss"]) and summary["step"] == 10
     assert (project / "model" / "hf" / "config.json").exists() and (project / "model" / "manifest.json").exists()
-    assert [p.name for p in checkpoint.list_checkpoints(project / "checkpoints")] == ["ckpt_0000009.pt",
+    assert [p.name for p in checkpoints.list_checkpoints(project / "checkpoints")] == ["ckpt_0000009.pt",
                                                                                        "ckpt_0000010.pt"]
 
 
@@ -143,7 +144,7 @@ def test_float16_with_grad_scaler_trains_and_resumes_its_scaler(tmp_path, shards
     assert "torch.float16" in out.stdout
     losses = [v for _, v in tsv(project, "train_loss")]
     assert len(losses) == 4 and all(np.isfinite(losses))
-    ckpt = checkpoint.load_checkpoint(checkpoint.latest_checkpoint(project / "checkpoints"))
+    ckpt = checkpoints.load_checkpoint(checkpoints.latest_checkpoint(project / "checkpoints"))
     assert ckpt["scaler"] is not None and ckpt["scaler"]["scale"] > 0
 
 
@@ -182,7 +183,7 @@ def test_modern_killed_run_resumes_bit_identically(tmp_path, shards, nproc, dtyp
     killed = make_project(tmp_path / "killed", shards, model=MODERN_MODEL, **opts)
     run_train(straight, nproc)
     kill_after_checkpoint(killed, nproc, ckpt_step=6)
-    ckpt = checkpoint.load_checkpoint(killed / "checkpoints" / "ckpt_0000006.pt")
+    ckpt = checkpoints.load_checkpoint(killed / "checkpoints" / "ckpt_0000006.pt")
     assert set(ckpt["optimizer"]) == {"adamw", "muon"} and ckpt["optimizer"]["muon"]["state"]
     out = run_train(killed, nproc)
     assert "resuming from" in out.stdout
@@ -210,7 +211,7 @@ def test_a_llama_shaped_run_exports_to_hugging_face(tmp_path, shards):
 def tiny_shards(tmp_path_factory):
     """A val split of 2,048 tokens from one play and a train split of 400 tokens from another, written by the real
     ShardWriter: a model memorises the train tokens within a few dozen steps, and its val loss then rises."""
-    from gptcore.data.shards import ShardWriter
+    from gptcore.data.shard_writer import ShardWriter
     from gptcore.data.tokenizers import get_tokenizer
 
     tok = get_tokenizer("gpt2")
@@ -246,12 +247,12 @@ def test_export_best_keeps_the_lowest_val_loss_weights(tmp_path, tiny_shards):
     metrics = json.loads((project / "metrics/train/metrics.json").read_text())
     assert metrics["best_step"] == best_step and metrics["best_val_loss"] == pytest.approx(best_loss, abs=1e-6)
     # the exported weights are those of best_step: their val loss is the best one, not the last one
-    from gptcore.eval.score import val_loss, val_stream
+    from gptcore.eval.val_loss import val_loss, val_stream
     model = load_model(project / "model" / "model.pt")
     toks = val_stream(tiny_shards, 1024)
     assert val_loss(model, toks, 32, 8, torch.device("cpu"), torch.float32) == pytest.approx(best_loss, abs=1e-5)
     # only the best file the last checkpoint points at is kept
-    best_files = checkpoint.list_checkpoints(project / "checkpoints", checkpoint.BEST_RE)
+    best_files = checkpoints.list_checkpoints(project / "checkpoints", checkpoints.BEST_RE)
     assert [p.name for p in best_files] == [f"best_{best_step:07d}.pt"]
 
 
@@ -262,8 +263,8 @@ def test_export_best_survives_a_kill_exactly(tmp_path, tiny_shards):
     kill_after_checkpoint(killed, 1, ckpt_step=24)
     out = run_train(killed)
     assert "resuming from" in out.stdout
-    a = checkpoint.load_checkpoint(straight / "model" / "model.pt")
-    b = checkpoint.load_checkpoint(killed / "model" / "model.pt")
+    a = checkpoints.load_checkpoint(straight / "model" / "model.pt")
+    b = checkpoints.load_checkpoint(killed / "model" / "model.pt")
     # the best step lies before the kill: the resumed run took its best-so-far from the checkpoint and its file
     assert a["step"] == b["step"] < 24 and a["best_val_loss"] == b["best_val_loss"]
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
@@ -278,7 +279,7 @@ def test_modern_float16_with_grad_scaler_steps_both_optimizers(tmp_path, shards)
     assert "torch.float16" in out.stdout
     losses = [v for _, v in tsv(project, "train_loss")]
     assert len(losses) == 4 and all(np.isfinite(losses))
-    ckpt = checkpoint.load_checkpoint(checkpoint.latest_checkpoint(project / "checkpoints"))
+    ckpt = checkpoints.load_checkpoint(checkpoints.latest_checkpoint(project / "checkpoints"))
     assert ckpt["scaler"]["scale"] > 0 and ckpt["optimizer"]["muon"]["state"]
 
 
@@ -360,7 +361,7 @@ def test_model_folder_is_byte_identical_across_runs_and_a_finished_rerun(tmp_pat
     run_train(b)
     first = model_tree(a)
     assert first == model_tree(b)
-    final = checkpoint.load_checkpoint(a / "model" / "model.pt")["final"]
+    final = checkpoints.load_checkpoint(a / "model" / "model.pt")["final"]
     assert {"train_loss", "val_loss", "lr", "grad_norm", "tokens_seen"} <= set(final)
     assert not {"tokens_per_sec", "step_ms", "mfu"} & set(final)
     assert "resuming from checkpoints/ckpt_0000006.pt (step 6)" in run_train(a).stdout
@@ -384,7 +385,7 @@ def test_an_io_error_reading_good_checkpoints_stops_in_one_line_and_the_rerun_re
     ckpts = project / "checkpoints"
     before = {p.name: p.read_bytes() for p in ckpts.glob("ckpt_*")}
     newest = sorted(before)[-1]
-    faults = [a for p in checkpoint.list_checkpoints(ckpts) for a in ("-P", str(p))]
+    faults = [a for p in checkpoints.list_checkpoints(ckpts) for a in ("-P", str(p))]
     cmd = ["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=read", "-e", "inject=read:error=EIO", *faults,
            *train_cmd(1)]
     proc = subprocess.run(cmd, cwd=project, env=env(), capture_output=True, text=True, timeout=600)
@@ -393,7 +394,7 @@ def test_an_io_error_reading_good_checkpoints_stops_in_one_line_and_the_rerun_re
         f"[train] checkpoints/{newest}: cannot read it (EIO: Input/output error); the file is kept as it is: check "
         f"the disk and this user's access to it, then run again"]
     assert {p.name: p.read_bytes() for p in ckpts.glob("ckpt_*")} == before and len(before) >= 2
-    assert not (ckpts / checkpoint.PREVIOUS).exists()
+    assert not (ckpts / checkpoints.PREVIOUS).exists()
     out = run_train(project)
     assert f"resuming from checkpoints/{newest}" in out.stdout
     wa, wb = final_weights(straight), final_weights(project)
@@ -413,9 +414,9 @@ def test_an_earlier_experiment_applied_again_is_brought_back_not_retrained(tmp_p
     assert "holds a run with these params (step 6): bringing it back" in out, out
     assert "resuming from checkpoints/ckpt_0000006.pt (step 6)" in out
     assert model_tree(project) == first and tsv(project, "train_loss") == losses
-    kept = list((project / "checkpoints" / checkpoint.PREVIOUS).iterdir())
+    kept = list((project / "checkpoints" / checkpoints.PREVIOUS).iterdir())
     assert len(kept) == 1 and (kept[0] / "metrics" / "train").is_dir()  # the max_lr=2e-3 run, whole
-    assert checkpoint.load_checkpoint(kept[0] / "ckpt_0000006.pt")["params"]["train"]["max_lr"] == 2e-3
+    assert checkpoints.load_checkpoint(kept[0] / "ckpt_0000006.pt")["params"]["train"]["max_lr"] == 2e-3
 
 
 @pytest.mark.parametrize("before,after", [(2, 1), (1, 2)])

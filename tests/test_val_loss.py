@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptcore.eval.score import val_loss, val_stream
+from gptcore.errors import UserError
+from gptcore.eval.val_loss import val_loss, val_stream
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.process import UserError
 
 CPU = torch.device("cpu")
 

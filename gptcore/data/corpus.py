@@ -13,7 +13,7 @@ from typing import Iterator, NamedTuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gptcore.process import UserError
+from gptcore.errors import UserError
 
 FETCH_RECORD = "fetch.json"
 # text per tokenize task (tokenize.task_size cuts it for a small corpus); why this size: docs/benchmarks.md

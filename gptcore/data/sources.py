@@ -23,8 +23,8 @@ from tqdm import tqdm
 
 from gptcore.atomic import file_sha256, publish, read_utf8, refuse_link, swap_dir, temp_beside, write_json
 from gptcore.data.corpus import FETCH_RECORD, column_texts, open_parquet
+from gptcore.errors import UserError, cause
 from gptcore.params import REQUIRED, Param, ParamError, Section
-from gptcore.process import UserError, cause
 
 LOCAL_SUFFIXES = (".parquet", ".jsonl", ".txt")
 ROW_GROUP_DOCS = 1024  # at most this many documents per parquet row group in the files fetch writes

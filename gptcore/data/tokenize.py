@@ -19,11 +19,13 @@ import numpy as np
 from tqdm import tqdm
 
 from gptcore.atomic import json_sha256, refuse_link, staged_dir, swap_dir
-from gptcore.data import shards, tokenizers
+from gptcore.data import shard_writer, shards, tokenizers
 from gptcore.data.corpus import TASK_BYTES, Corpus, ReadTask, open_corpus, read_task_chunks
 from gptcore.data.tokenizers import Tokenizer, clear_tokenizer_files, has_tokenizer_file, kind_for, prepare_tokenizer
+from gptcore.errors import UserError
+from gptcore.lifetime import die_with_parent
+from gptcore.locks import FolderLock
 from gptcore.params import REQUIRED, Param, ParamError, Section
-from gptcore.process import FolderLock, UserError, die_with_parent
 
 # a worker converts, encodes and writes its task in runs of this much text: its memory is one run's, not the task's
 CHUNK_BYTES = 8 << 20
@@ -101,7 +103,7 @@ def encode_documents(tok: Tokenizer, docs: list[str] | list[bytes], dtype: np.dt
     if flat.size and (int(flat.max()) > limit or (flat.dtype.kind == "i" and int(flat.min()) < 0)):
         bad = int(np.argmax((flat > limit) | (flat < 0)))
         doc = first_doc + int(np.searchsorted(np.cumsum(lengths), bad, side="right"))
-        raise shards.CannotFinish(f"tokenizer {tok.name}: token id {int(flat[bad])} in document {doc} does not fit "
+        raise shard_writer.CannotFinish(f"tokenizer {tok.name}: token id {int(flat[bad])} in document {doc} does not fit "
                                   f"{dtype} (vocab_size {tok.vocab_size}); the tokenizer's vocab_size is wrong")
     starts = np.zeros(len(docs), dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
@@ -114,7 +116,7 @@ def _encode_task(task: ReadTask, piece_dir: str, tok: Tokenizer | None = None,
     returns (first document, tokens, document starts, piece path): only counts cross the pipe, never tokens."""
     tok = tok or _TOK
     dtype = _DTYPE if dtype is None else dtype
-    path = shards.piece_path(piece_dir, task.first_doc)
+    path = shard_writer.piece_path(piece_dir, task.first_doc)
     starts, n = [], 0
     with open(path, "wb") as f:
         for first, docs in read_task_chunks(task, CHUNK_BYTES, utf8=tok.takes_utf8):
@@ -173,7 +175,7 @@ def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard
     dtype = shards.dtype_for_vocab(tok.vocab_size)
     head = {"tokenizer": tok.record(), "vocab_size": tok.vocab_size, "eot": tok.eot, "dtype": dtype.name,
             **(header or {})}
-    writer = shards.ShardWriter(shard_dir, head, shard_tokens, val_tokens, resume=resume)
+    writer = shard_writer.ShardWriter(shard_dir, head, shard_tokens, val_tokens, resume=resume)
     if writer.complete:  # nothing to write, but the finished shards must still be the bytes the manifest lists
         try:
             writer.check_finished()
@@ -204,7 +206,7 @@ def write_shards(corpus: Corpus, shard_dir: str | Path, tok: Tokenizer, *, shard
     return manifest
 
 
-def _encode_all(corpus: Corpus, writer: shards.ShardWriter, tok: Tokenizer, dtype: np.dtype,
+def _encode_all(corpus: Corpus, writer: shard_writer.ShardWriter, tok: Tokenizer, dtype: np.dtype,
                 pool: ProcessPoolExecutor | None, window: int, task_bytes: int, progress: bool) -> None:
     """Encode every task from the writer's resume point and hand the results to the writer in task order, through a
     `window` of tasks in flight: the shards come out in document order while memory and pieces on disk stay bounded."""
@@ -227,7 +229,7 @@ def _encode_all(corpus: Corpus, writer: shards.ShardWriter, tok: Tokenizer, dtyp
         bar.close()
 
 
-def _take(result: tuple[int, int, np.ndarray, str], writer: shards.ShardWriter, bar: tqdm, t0: float,
+def _take(result: tuple[int, int, np.ndarray, str], writer: shard_writer.ShardWriter, bar: tqdm, t0: float,
           pos0: int) -> None:
     writer.add_piece(*result)
     bar.update(len(result[2]))
@@ -265,7 +267,7 @@ def check_val_fits(corpus: Corpus, p: dict) -> None:
         bound += sum(len(d.encode("utf-8")) + 1 for d in docs)
         if bound > p["val_tokens"]:
             return
-    raise shards.CannotFinish(f"the corpus has at most {bound:,} tokens ({corpus.documents:,} documents: their UTF-8 "
+    raise shard_writer.CannotFinish(f"the corpus has at most {bound:,} tokens ({corpus.documents:,} documents: their UTF-8 "
                               f"bytes plus one end-of-text each), fewer than tokenize.val_tokens={p['val_tokens']:,}; "
                               f"lower val_tokens")
 
@@ -296,7 +298,7 @@ def _tokenize_locked(p: dict, corpus: Corpus, shard_dir: Path, progress: bool) -
         with FolderLock(staged, "tokenize"):
             try:
                 manifest = _write_run(p, corpus, staged, fp, next_run, progress)
-            except shards.CannotFinish:  # e.g. val_tokens > the corpus: a rerun would fail again, keep no half run
+            except shard_writer.CannotFinish:  # e.g. val_tokens > the corpus: a rerun would fail again, keep no half run
                 shutil.rmtree(staged)
                 raise
             swap_dir(staged, shard_dir)
@@ -311,7 +313,7 @@ def _write_run(p: dict, corpus: Corpus, shard_dir: Path, fp: str, old: dict | No
     if unfinished, else clear what a tokenize run wrote there and start over."""
     reuse = old is not None and old.get("fingerprint") == fp and has_tokenizer_file(p, shard_dir)
     if not reuse:
-        shards.clear_shard_dir(shard_dir)
+        shard_writer.clear_shard_dir(shard_dir)
         clear_tokenizer_files(shard_dir)
         old = None
     tok = prepare_tokenizer(p, shard_dir, corpus.texts, reuse)

@@ -22,7 +22,7 @@ from tiktoken_ext.openai_public import r50k_pat_str
 
 from gptcore.atomic import atomic_path, atomic_write, file_sha256, write_text
 from gptcore.data.shards import MANIFEST, read_manifest
-from gptcore.process import NotRepresentable, UserError
+from gptcore.errors import NotRepresentable, UserError
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as HFTokenizerObject

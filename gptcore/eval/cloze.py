@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from gptcore.eval.score import Example
+from gptcore.errors import UserError
+from gptcore.eval.scorer import Example
 from gptcore.params import ParamError
-from gptcore.process import UserError
 
 
 def clean_windows(tokens: np.ndarray, eot: int, window: int) -> int:

@@ -19,8 +19,8 @@ from torch import nn
 
 from gptcore.atomic import file_sha256
 from gptcore.data.tokenizers import Tokenizer
-from gptcore.eval.score import Row, score_rows
-from gptcore.process import UserError
+from gptcore.errors import UserError
+from gptcore.eval.scorer import Row, score_rows
 
 SCORED_OUTPUTS = ("loglikelihood", "loglikelihood_rolling", "multiple_choice")  # generate_until would need sampling
 

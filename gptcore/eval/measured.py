@@ -7,7 +7,7 @@ from typing import Any
 
 from gptcore.data.shards import read_manifest
 from gptcore.eval.harness import Tasks
-from gptcore.eval.score import hellaswag_file
+from gptcore.eval.hellaswag import hellaswag_file
 
 
 def val_split(shard_dir: str | Path, scored_tokens: int) -> dict[str, Any]:

@@ -10,13 +10,47 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+import torch
+
+from gptcore.atomic import read_utf8, write_text
 from gptcore.data.shards import MANIFEST
 from gptcore.data.tokenizers import GPT2Tokenizer, Tokenizer, load_tokenizer
-from gptcore.distributed import DEVICES, DTYPES, pick_device, resolve_dtype
-from gptcore.model.gpt import GPT, read_prompt, sample
+from gptcore.device import DEVICES, DTYPES, autocast_context, pick_device, resolve_dtype
+from gptcore.errors import UserError, one_line, user_error
+from gptcore.model.gpt import GPT
 from gptcore.model.load import load_model
 from gptcore.params import Param, ParamError
-from gptcore.process import UserError, one_line, user_error
+
+
+def read_prompt(prompt: str) -> str:
+    """`FILE:path` reads the prompt from a file (as nanoGPT's sample.py); anything else is the prompt itself."""
+    if not prompt.startswith("FILE:"):
+        return prompt
+    path = Path(prompt[5:])
+    if not path.is_file():
+        raise UserError(f"prompt file {path} not found (from --prompt {prompt!r})")
+    return read_utf8(path)
+
+
+def sample(model: GPT, tokenizer: Tokenizer, prompt: str = "", num_samples: int = 1, max_new_tokens: int = 100,
+           temperature: float = 0.8, top_k: int | None = 200, seed: int = 1337, device: torch.device | str = "cpu",
+           dtype: torch.dtype | None = None) -> list[str]:
+    """`num_samples` continuations of `prompt` (or of end-of-text), decoded; `dtype`: autocast's (None: fp32)."""
+    device = torch.device(device)
+    ids = (tokenizer.encode(read_prompt(prompt)) if prompt else []) or [tokenizer.eot]
+    ids = ids[-model.config.block_size :]
+    x = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    model = model.to(device)
+    with autocast_context(device, dtype):
+        out = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen,
+                             vocab_limit=tokenizer.vocab_size)
+    return [tokenizer.decode(row[len(ids):].tolist()) for row in out]
+
+
+def write_samples(path: Path, prompt: str, texts: list[str], model_spec: str) -> None:
+    """Generated samples as a small text file (atomic), prompt shown once per sample."""
+    write_text(path, "".join(f"--- sample {i} ({model_spec}) ---\n{prompt}{t}\n\n" for i, t in enumerate(texts)))
 
 
 def tokenizer_for(spec: str, model: GPT, tokenizer_dir: str | Path | None = None) -> Tokenizer:

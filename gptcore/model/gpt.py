@@ -2,29 +2,25 @@
 switches (rotary positions, RMSNorm, QK-norm, ReLU^2 or SwiGLU, untied head, zero-init projections, logit soft-cap),
 each off by default and, off, changing nothing.
 
-Reads top to bottom, as nanoGPT's model.py: config -> norms and rotary -> attention -> MLP -> block -> the chunked
-LM loss -> GPT (generate included) -> text samples -> FLOPs per token and MFU (loading and saving: load.py). After
-Andrej Karpathy's nanoGPT and build-nanogpt, MIT licensed (NOTICE).
+Reads top to bottom, as nanoGPT's model.py: config -> norms and rotary -> attention -> MLP -> block -> GPT (its loss
+in lm_loss.py; loading in load.py). After Andrej Karpathy's nanoGPT and build-nanogpt, MIT licensed (NOTICE).
 """
 from __future__ import annotations
 
 import math
 import os
-import re
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from gptcore.atomic import read_utf8
-from gptcore.distributed import autocast_context
+from gptcore.errors import UserError
+from gptcore.model.lm_loss import lm_loss
 from gptcore.params import REQUIRED, Param, ParamError, Section
-from gptcore.process import UserError
 
 if TYPE_CHECKING:
-    from gptcore.data.tokenizers import Tokenizer
+    pass
 
 NORM_EPS = 1e-5  # LayerNorm's (GPT-2's) and RMSNorm's
 
@@ -223,111 +219,10 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-# Logits lm_loss holds at once (about a server L3 of fp32 on the CPU; more on a GPU, for launch cost): a fixed switch,
-# never a timing taken at run time. Off a GPU only heads up to CHUNKED_MAX_EMBD_OFF_GPU wide gain from chunking; a
-# GPU always chunks, for memory (the measurements: docs/benchmarks.md).
-LOSS_CHUNK_ELEMENTS = {"cpu": 1 << 23, "cuda": 1 << 26}
-LOSS_CHUNK_ENV = "GPTCORE_LOSS_CHUNK_ELEMENTS"
-CHUNKED_MAX_EMBD_OFF_GPU = 256
-
-
-def loss_chunk_rows(device_type: str, vocab_size: int, n_embd: int) -> int:
-    """Rows per chunk of lm_loss's default on `device_type` for a (vocab_size, n_embd) head; 0: the plain path."""
-    raw = os.environ.get(LOSS_CHUNK_ENV)
-    if raw is not None and not raw.strip().isdigit():
-        raise UserError(f"{LOSS_CHUNK_ENV}={raw!r}: expected a whole number of logits per chunk, or 0 for the plain "
-                        f"full-logits path (or unset it)")
-    if raw is None and device_type != "cuda" and n_embd > CHUNKED_MAX_EMBD_OFF_GPU:
-        return 0
-    budget = int(raw) if raw is not None else LOSS_CHUNK_ELEMENTS["cuda" if device_type == "cuda" else "cpu"]
-    # at least n_embd rows: each chunk also reads and writes the (vocab, n_embd) weight gradient, which should cost
-    # no more memory traffic than the chunk's own (rows, vocab) logits
-    return max(budget // vocab_size, n_embd, 1) if budget else 0
-
-
 def without_padding(t: torch.Tensor, vocab_size: int, dim: int = -1) -> torch.Tensor:
     """`t` cut to a tokenizer's first `vocab_size` ids along `dim` (logits: the last; an embedding or a head: dim 0):
     the one place that drops the ids `model.load.padded_vocab` adds, which no tokenizer has."""
     return t.narrow(dim, 0, vocab_size)
-
-
-def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, softcap: float | None = None,
-            reduction: str = "mean", chunk_rows: int | None = None) -> torch.Tensor:
-    """F.cross_entropy(softcapped hidden @ weight.T, targets) (-1 = ignored) within float rounding, for trunk outputs
-    `hidden` (..., n_embd) and LM head `weight` (vocab, n_embd), without ever holding all the logits: rows go in chunks
-    of `chunk_rows` (default: `loss_chunk_rows`; 0: the plain computation), each chunk's gradients made while its
-    logits are in cache (as fused linear-cross-entropy kernels do)."""
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
-    h = hidden.reshape(-1, hidden.size(-1))
-    if chunk_rows is None:
-        chunk_rows = loss_chunk_rows(h.device.type, weight.size(0), weight.size(1))
-    if chunk_rows == 0:  # the plain path: every logit at once
-        logits = (h @ weight.t()).float()
-        if softcap is not None:
-            logits = softcap * torch.tanh(logits / softcap)
-        return F.cross_entropy(logits, targets.reshape(-1), ignore_index=-1, reduction=reduction)
-    # under no_grad (evaluation) autograd still marks the weight as needing a gradient inside the Function, so the
-    # grad mode is passed in: without it every val-loss batch would also compute both gradients of the head
-    return _ChunkedLMLoss.apply(h, weight, targets.reshape(-1), softcap, chunk_rows, reduction == "mean",
-                                torch.is_grad_enabled())
-
-
-class _ChunkedLMLoss(torch.autograd.Function):
-    """lm_loss's kernel: the forward makes the loss and (when asked) both gradients; the backward scales them."""
-
-    @staticmethod
-    def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, softcap: float | None,
-                chunk_rows: int, mean: bool, grads: bool) -> torch.Tensor:
-        # under autocast the matmuls run in its dtype, as they would in the plain path; softmax is always fp32
-        dtype = torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else h.dtype
-        hc, wc = h.to(dtype), weight.to(dtype)
-        want_h, want_w = grads and ctx.needs_input_grad[0], grads and ctx.needs_input_grad[1]
-        grad_h = torch.empty_like(h) if want_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
-        total = torch.zeros((), dtype=torch.float32, device=h.device)
-        valid = targets != -1
-        count = valid.sum()
-        for start in range(0, h.size(0), chunk_rows):
-            rows = slice(start, start + chunk_rows)
-            x, y, keep = hc[rows], targets[rows], valid[rows]
-            z = (x @ wc.t()).float()
-            if softcap is not None:
-                t = torch.tanh(z / softcap)
-                z = softcap * t
-            lse = torch.logsumexp(z, dim=-1)
-            safe_y = y.clamp(min=0)
-            picked = z.gather(1, safe_y[:, None]).squeeze(1)
-            total += torch.where(keep, lse - picked, 0.0).sum()
-            if not (want_h or want_w):
-                continue
-            # d loss / d logits = softmax - onehot, zero on ignored rows
-            g = z.sub_(lse[:, None]).exp_()
-            g[torch.arange(g.size(0), device=g.device), safe_y] -= 1.0
-            g.mul_(keep[:, None])
-            if softcap is not None:
-                g.mul_(1.0 - t * t)
-            g = g.to(dtype)
-            if want_h:
-                grad_h[rows] = (g @ wc).to(h.dtype)
-            if want_w:  # accumulated in fp32 whatever the matmul dtype
-                if g.dtype == torch.float32:
-                    grad_w.addmm_(g.t(), x)
-                else:
-                    grad_w.add_(g.t() @ x)
-        scale = 1.0 / count.clamp(min=1) if mean else torch.ones((), device=h.device)
-        ctx.save_for_backward(grad_h if want_h else None, grad_w if want_w else None, scale)
-        ctx.weight_dtype = weight.dtype
-        # no valid target: nan for the mean, as F.cross_entropy gives
-        return total / count if mean else total
-
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        grad_h, grad_w, scale = ctx.saved_tensors
-        s = grad_out * scale
-        gh = grad_h * s.to(grad_h.dtype) if grad_h is not None else None
-        gw = (grad_w * s).to(ctx.weight_dtype) if grad_w is not None else None
-        return gh, gw, None, None, None, None, None
 
 
 class GPT(nn.Module):
@@ -455,85 +350,3 @@ class GPT(nn.Module):
         finally:
             self.train(was_training)
         return idx
-
-
-# -- text samples, as nanoGPT's sample.py (gptcore-sample's CLI: eval/sampling.py) ------------------------------------
-def read_prompt(prompt: str) -> str:
-    """`FILE:path` reads the prompt from a file (as nanoGPT's sample.py); anything else is the prompt itself."""
-    if not prompt.startswith("FILE:"):
-        return prompt
-    path = Path(prompt[5:])
-    if not path.is_file():
-        raise UserError(f"prompt file {path} not found (from --prompt {prompt!r})")
-    return read_utf8(path)
-
-
-def sample(model: GPT, tokenizer: Tokenizer, prompt: str = "", num_samples: int = 1, max_new_tokens: int = 100,
-           temperature: float = 0.8, top_k: int | None = 200, seed: int = 1337, device: torch.device | str = "cpu",
-           dtype: torch.dtype | None = None) -> list[str]:
-    """`num_samples` continuations of `prompt` (or of end-of-text), decoded; `dtype`: autocast's (None: fp32)."""
-    device = torch.device(device)
-    ids = (tokenizer.encode(read_prompt(prompt)) if prompt else []) or [tokenizer.eot]
-    ids = ids[-model.config.block_size :]
-    x = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    model = model.to(device)
-    with autocast_context(device, dtype):
-        out = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen,
-                             vocab_limit=tokenizer.vocab_size)
-    return [tokenizer.decode(row[len(ids):].tolist()) for row in out]
-
-
-# -- FLOPs: what a run's size costs, and the share of a GPU's peak it reaches (MFU) ------------------------------------
-def flops_per_token(model: GPT) -> int:
-    """Training FLOPs per token (forward + backward) at context block_size: 6N + 12*L*H*Q*T, with N the
-    non-embedding parameter count (PaLM, Chowdhery et al. 2022, appendix B)."""
-    cfg = model.config
-    N = model.get_num_params(non_embedding=True)
-    L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, cfg.block_size
-    return 6 * N + 12 * L * H * Q * T
-
-
-def model_sizes(model: GPT) -> dict[str, int]:
-    """What makes runs of different shapes comparable: "params" (all, the tied matrix once), "params_non_embedding"
-    (GPT.get_num_params: lookup tables left out) and "flops_per_token" (training, at block_size)."""
-    return {"params": model.get_num_params(non_embedding=False),
-            "params_non_embedding": model.get_num_params(non_embedding=True),
-            "flops_per_token": flops_per_token(model)}
-
-
-def estimate_mfu(model: GPT, tokens_per_sec: float, device: torch.device | str) -> float | None:
-    """Model FLOPs utilisation of ONE device's `tokens_per_sec` (a fraction of its peak); None if unknown, e.g. CPU."""
-    peak_flops = device_peak_flops(device)
-    return None if peak_flops is None else flops_per_token(model) * tokens_per_sec / peak_flops
-
-
-# Peak dense (no 2:4 sparsity) tensor-core FLOP/s in bf16 (fp16 where there is no bf16) from NVIDIA's datasheets (the
-# sources: docs/benchmarks.md), keyed on whole words of torch.cuda.get_device_name(): specific names first.
-_PEAK_FLOPS: tuple[tuple[str, float], ...] = (  # one GPU family a line
-    ("GB200", 2.5e15), ("B200", 2.25e15),
-    ("GH200", 989e12), ("H200 NVL", 835e12), ("H200", 989e12),
-    ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12),  # "NVIDIA H100 80GB HBM3" is the SXM part
-    ("A100", 312e12), ("A10G", 70e12), ("A10", 125e12), ("A40", 149.7e12),
-    ("L40S", 362e12), ("L40", 181e12), ("L4", 121e12),
-    ("RTX 4090", 165.2e12), ("RTX 3090 Ti", 80e12), ("RTX 3090", 71e12),
-    ("V100S", 130e12), ("V100-PCIE", 112e12), ("V100", 125e12), ("T4", 65e12),
-)
-
-
-def peak_flops_for_name(device_name: str) -> float | None:
-    """Peak dense bf16 FLOP/s for a CUDA device name as torch reports it; None if unknown or a MIG slice (a part)."""
-    if "MIG" in device_name:
-        return None
-    for key, flops in _PEAK_FLOPS:
-        if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", device_name, flags=re.IGNORECASE):
-            return flops
-    return None
-
-
-def device_peak_flops(device: torch.device | str) -> float | None:
-    """Peak dense bf16 FLOP/s of `device`; None off CUDA or if unknown."""
-    device = torch.device(device)
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return None
-    return peak_flops_for_name(torch.cuda.get_device_name(device))

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from gptcore.process import UserError
+from gptcore.errors import UserError
 
 FIGURES = ("val_loss", "hellaswag_acc_norm")
 REQUIRED = {"gpt2_124m": FIGURES}  # the entry every run is set beside

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from gptcore.atomic import atomic_write
-from gptcore.process import UserError
+from gptcore.errors import UserError
 from gptcore.report.baselines import baseline_values
 from gptcore.report.steplog import read_step_tsv, write_tsv
 

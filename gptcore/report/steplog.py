@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from gptcore.atomic import atomic_write, write_json
-from gptcore.process import UserError
+from gptcore.errors import UserError
 
 
 def _rows(tsv: Path) -> list[list[str]]:

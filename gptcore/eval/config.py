@@ -1,7 +1,7 @@
 """The schema of params.yaml's `eval:` section."""
 from __future__ import annotations
 
-from gptcore.distributed import DEVICES, DTYPES
+from gptcore.device import DEVICES, DTYPES
 from gptcore.params import REQUIRED, Param, Section
 
 TASKS = ("hellaswag", "cloze")

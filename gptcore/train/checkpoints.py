@@ -14,11 +14,11 @@ import torch
 
 from gptcore import distributed
 from gptcore.atomic import TMP_SUFFIX, json_sha256, write_text
+from gptcore.errors import UserError
+from gptcore.model.checkpoint_file import CheckpointRefused, CorruptCheckpoint, atomic_torch_save
+from gptcore.model.checkpoint_file import read_checkpoint as load_checkpoint
 from gptcore.model.gpt import GPT
-from gptcore.model.load import CheckpointRefused, CorruptCheckpoint, atomic_torch_save
-from gptcore.model.load import read_checkpoint as load_checkpoint
 from gptcore.params import ParamError
-from gptcore.process import UserError
 
 CKPT_RE = re.compile(r"^ckpt_(\d{7})\.pt$")
 BEST_RE = re.compile(r"^best_(\d{7})\.pt$")

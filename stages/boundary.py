@@ -12,8 +12,10 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from gptcore.errors import UserError, one_line, user_error
+from gptcore.lifetime import mortal, run_torchrun, under_torchrun
+from gptcore.locks import reading, writer_lock
 from gptcore.params import ParamError, Section, read_params_file
-from gptcore.process import UserError, mortal, one_line, reading, run_torchrun, under_torchrun, user_error, writer_lock
 
 PARAMS = Path("params.yaml")
 # how long a rank other than 0 that fails waits for rank 0, which meets the same mistakes, to say it (torchrun then

@@ -1,0 +1,82 @@
+"""The error contract: a `UserError` is a mistake the user can cause or meet, printed as one line naming the file,
+key or value and what to do; anything else is a bug and keeps its traceback. Also the one lines for disk faults."""
+from __future__ import annotations
+
+import errno
+import os
+import re
+from pathlib import Path
+
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+DENIED_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+class UserError(Exception):
+    """A mistake the user can fix; str() names the file, key or value and what to do. Not a ValueError, so that no
+    handler of another library's ValueError takes it. `file`: what it is about when str() does not say (ParamError)."""
+
+    file: str = ""
+
+
+def one_line(stage: str, e: UserError) -> str:
+    """How a stage or a command prints `e`: `[stage] <file> message`, on one line (a wrapped message may span lines)."""
+    text = " ".join(str(e).split())
+    return f"[{stage}] {e.file} {text}" if e.file else f"[{stage}] {text}"
+
+
+class NotRepresentable(ValueError):
+    """No Hugging Face form gives what this tokenizer encodes or this model computes (not a user error by itself)."""
+
+
+def user_error(e: BaseException) -> UserError | None:
+    """`e` as the user's error (itself, or a UserError for an OSError of a full or unwritable disk), or None: a bug."""
+    if isinstance(e, UserError):
+        return e
+    if isinstance(e, OSError) and e.errno in FULL_ERRNOS + DENIED_ERRNOS:
+        return disk_error(e, e.filename or ".")  # type: ignore[return-value]
+    return None
+
+
+def cause(e: BaseException) -> str:
+    """`Type: first line` of another library's exception, for a one-line message (advice and colour codes dropped)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()
+    first = text.splitlines()[0].strip() if text else ""
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
+def read_failure(path: str | Path, e: OSError) -> str:
+    """The one line for an OSError reading `path` (EIO, EACCES, ...): it says nothing of the file, which is kept."""
+    code = errno.errorcode.get(e.errno or 0, type(e).__name__)
+    return (f"{path}: cannot read it ({code}: {e.strerror or e}); the file is kept as it is: check the disk and this "
+            f"user's access to it, then run again")
+
+
+def disk_error(e: BaseException, path: str | Path, needed: int | None = None, written: int | None = None,
+               free: int | None = None) -> BaseException:
+    """A failed write to `path` the user can fix (a full disk, a read-only or forbidden folder) as a UserError naming
+    it, its file system and what to do, else `e`. torch.save hides ENOSPC in its own error: one without an errno
+    counts as a full disk when `free`, the bytes left when it failed, is under one MiB."""
+    path = Path(path)
+    code = e.errno if isinstance(e, OSError) else None
+    if code in FULL_ERRNOS or (code is None and free is not None and free < 1 << 20):
+        mount = _existing(path)
+        while not os.path.ismount(mount) and mount != mount.parent:
+            mount = mount.parent
+        amounts = ", ".join(a for a in (needed and f"{needed:,} bytes needed", written and f"{written:,} written") if a)
+        size = f" ({amounts})" if amounts else ""
+        return UserError(f"{path}: no space left on {mount}{size}: free some space there (or point the "
+                         f"folder at a larger disk) and run again")
+    if code == errno.EROFS:
+        return UserError(f"{path}: cannot write (read-only file system): make {_existing(path.parent)} writable, or "
+                         f"run from a copy of the project that is")
+    if code in DENIED_ERRNOS:  # reading or writing: the OSError does not say which
+        return UserError(f"{path}: permission denied: give this user access to {_existing(path.parent)}, or run from "
+                         f"a copy of the project it owns")
+    return e
+
+
+def _existing(path: Path) -> Path:
+    p = path.absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p

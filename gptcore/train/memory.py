@@ -1,0 +1,186 @@
+"""Whether a training run fits its device's memory: a lower bound checked before anything is allocated
+(`check_fits`), then the first two steps' measured peak (`FirstSteps`); docs/resume-and-failures.md says what each
+counts."""
+from __future__ import annotations
+
+import os
+import re
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import psutil
+import torch
+
+from gptcore.distributed import all_gather_objects
+from gptcore.errors import UserError
+
+GIB = 1 << 30
+# a first step may peak at most this share of the memory the process may use: later steps, evals and the allocator's
+# fragmentation need some room, and a step that only just fitted once can be killed the next time
+FILL = 0.9
+CPU_OUT_OF_MEMORY = "DefaultCPUAllocator: can't allocate memory"  # a RuntimeError, not torch's OutOfMemoryError
+
+
+class StepMemory(UserError):
+    """A training step does not fit (or ran out of) the device's memory at this train.micro_batch."""
+
+
+def matrix_params(model: dict[str, Any], vocab_size: int) -> int:
+    """Weights in the matrices of a scratch model of this `model:` section (vocab_size already padded)."""
+    c = model["n_embd"]
+    per_block = 12 * c * c  # attention 4 c^2; MLP 8 c^2 (GELU/ReLU^2) or 3 c * 8/3 c (SwiGLU)
+    heads = 1 if model.get("tie_embeddings", True) else 2
+    return model["n_layer"] * per_block + heads * vocab_size * c
+
+
+def train_bytes(model: dict[str, Any], train: dict[str, Any], vocab_size: int) -> int:
+    """A lower bound of one training process's memory in bytes: the matrices with their gradients and optimizer state
+    in fp32 (AdamW: 16 bytes a weight, Muon: 12) and the 10 n_embd values a token each block keeps for backward."""
+    state = 16 if train.get("optimizer", "adamw") == "adamw" else 12
+    act_bytes = 4 if train.get("dtype") == "float32" else 2
+    activations = train["micro_batch"] * model["block_size"] * model["n_layer"] * 10 * model["n_embd"] * act_bytes
+    return matrix_params(model, vocab_size) * state + activations
+
+
+def _cgroup_room() -> int | None:
+    """What the process's cgroup (v2) limit still allows, if any: a container's limit is not in psutil's figure."""
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" else int(limit) - used
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory free on `device`: the GPU's, or the available RAM (less under a cgroup limit); None on MPS."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "cpu":
+        room, cgroup = psutil.virtual_memory().available, _cgroup_room()
+        return room if cgroup is None else min(room, cgroup)
+    return None
+
+
+def check_fits(model: dict[str, Any], train: dict[str, Any], vocab_size: int, device: torch.device,
+               processes: int = 1) -> None:
+    """A UserError naming the params when training a scratch `model` cannot fit in `device`'s free memory."""
+    free = available_bytes(device) if model.get("init_from", "scratch") == "scratch" else None
+    if free is None:  # a loaded model's weights are known to fit; MPS cannot tell
+        return
+    sharing = processes if device.type == "cpu" else 1
+    need = train_bytes(model, train, vocab_size) * sharing
+    if need <= free:
+        return
+    on = f"{processes} processes on the cpu" if sharing > 1 else str(device)
+    raise UserError(
+        f"params.yaml model.n_layer={model['n_layer']}, model.n_embd={model['n_embd']}, "
+        f"train.micro_batch={train['micro_batch']}, model.block_size={model['block_size']}: training needs at least "
+        f"{need / GIB:,.1f} GiB ({matrix_params(model, vocab_size) / 1e6:,.0f}M weights with their gradients and "
+        f"optimizer state, and the activations of one micro-batch) and {on} has {free / GIB:,.1f} GiB free: make the "
+        f"model smaller or lower train.micro_batch")
+
+
+def _proc_status_kib(field: str) -> int | None:
+    try:
+        m = re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+    except OSError:
+        return None
+    return int(m.group(1)) * 1024 if m else None
+
+
+def held_bytes(device: torch.device) -> int:
+    """What this process holds now: CUDA, the caching allocator's reserved memory; CPU, the resident set."""
+    if device.type == "cuda":
+        return torch.cuda.memory_reserved(device)
+    return _proc_status_kib("VmRSS") or psutil.Process().memory_info().rss
+
+
+def reset_peak(device: torch.device) -> None:
+    """Start a new peak at what is held now (Linux: /proc/self/clear_refs resets the resident high-water mark)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    with suppress(OSError):  # not Linux, or an old kernel: the peak since the start of the process (an upper bound)
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_bytes(device: torch.device) -> int:
+    """The most this process held since `reset_peak` (or since it started, where that cannot be reset)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_reserved(device)
+    if (hwm := _proc_status_kib("VmHWM")) is not None:
+        return hwm
+    import resource  # Unix only: imported where /proc is missing
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def budget_bytes(device: torch.device) -> int | None:
+    """What this process may hold at most: what it holds and its share of what is free (CPU processes share the RAM)."""
+    free = available_bytes(device)
+    if free is None:
+        return None
+    sharing = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if device.type == "cpu" else 1
+    return held_bytes(device) + free // sharing
+
+
+def state_bytes(params: Iterable[torch.Tensor], optimizers: Iterable[torch.optim.Optimizer]) -> int:
+    """Bytes of the gradients of `params` and of the optimizers' state tensors."""
+    grads = sum(p.grad.nbytes for p in params if p.grad is not None)
+    return grads + sum(v.nbytes for opt in optimizers for st in opt.state.values() for v in st.values()
+                       if isinstance(v, torch.Tensor))
+
+
+def micro_batches(sequences_per_step: int) -> list[int]:
+    """The train.micro_batch values gradient accumulation can make a step's sequences per process of: its divisors."""
+    return [b for b in range(1, sequences_per_step + 1) if sequences_per_step % b == 0]
+
+
+class FirstSteps:
+    """The first optimizer steps' peak against what the process may use: create it before them, `check` after (every
+    rank: the worst one decides)."""
+
+    def __init__(self, device: torch.device, model: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer]):
+        self.device, self.model, self.optimizers = device, model, list(optimizers)
+        reset_peak(device)
+        self.base = held_bytes(device)
+        self.state0 = state_bytes(model.parameters(), self.optimizers)  # a resumed run's optimizer state
+        self.budget = budget_bytes(device)
+
+    def check(self, micro_batch: int, sequences_per_step: int, total_batch_tokens: int) -> None:
+        """A StepMemory naming the largest train.micro_batch that fits when the steps peaked over FILL of the budget:
+        what was held before them and the state they added are fixed, the rest proportional to micro_batch."""
+        peak = peak_bytes(self.device)
+        fixed = self.base + state_bytes(self.model.parameters(), self.optimizers) - self.state0
+        mine = (peak, fixed, self.budget if self.budget is not None else -1)
+        peak, fixed, budget = max(all_gather_objects(mine), key=lambda r: r[0] / r[2] if r[2] > 0 else 0)
+        if budget < 0 or peak <= FILL * budget:
+            return
+        per_sequence = max(peak - fixed, 1) / micro_batch
+        fits = [b for b in micro_batches(sequences_per_step)
+                if b < micro_batch and fixed + b * per_sequence <= FILL * budget]
+        said = (f"train.micro_batch={micro_batch}: the first training steps peaked at {peak / GIB:,.2f} GiB of the "
+                f"{budget / GIB:,.2f} GiB this process may use on {self.device} (at most {FILL:.0%} is kept for a "
+                f"step)")
+        if not fits:
+            raise StepMemory(f"{said}, and even train.micro_batch=1 would need about "
+                             f"{(fixed + per_sequence) / GIB:,.2f} GiB: make the model smaller; stopped without saving")
+        raise StepMemory(f"{said}: set train.micro_batch={fits[-1]} (gradient accumulation keeps "
+                         f"train.total_batch_tokens={total_batch_tokens:,}); stopped without saving")
+
+
+@contextmanager
+def out_of_memory_named(micro_batch: int, sequences_per_step: int, device: torch.device) -> Iterator[None]:
+    """An out-of-memory error in a training step as one line naming train.micro_batch and a value to try."""
+    try:
+        yield
+    except (torch.OutOfMemoryError, RuntimeError) as e:
+        if not isinstance(e, torch.OutOfMemoryError) and CPU_OUT_OF_MEMORY not in str(e):
+            raise
+        smaller = [b for b in micro_batches(sequences_per_step) if b <= micro_batch // 2]
+        todo = (f"try train.micro_batch={smaller[-1]} (gradient accumulation keeps train.total_batch_tokens)"
+                if smaller else "make the model smaller")
+        raise StepMemory(f"train.micro_batch={micro_batch}: a training step ran out of {device} memory; {todo}; "
+                         f"stopped without saving (checkpoints already written are kept)") from e

@@ -1,0 +1,252 @@
+"""The training loop: gradient accumulation, DDP, mixed precision, clipping, evals at a cadence, checkpoints and
+bit-exact resume. It knows a model, a batch source (`next_batch`, `state_dict`, `grad_accum`), a checkpoint folder
+and a logger; not shards, not DVC."""
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from gptcore import distributed
+from gptcore.device import autocast_context, resolve_dtype
+from gptcore.distributed import DistEnv
+from gptcore.errors import UserError
+from gptcore.model.checkpoint_file import strip_prefixes
+from gptcore.model.gpt import GPT
+from gptcore.report.flops import estimate_mfu, model_sizes
+from gptcore.report.steplog import StepLogger
+from gptcore.train import checkpoints, memory
+from gptcore.train.config import TrainConfig
+from gptcore.train.evaluators import Evaluator
+from gptcore.train.optim import build_optimizers, set_lr
+from gptcore.train.schedule import LRSchedule
+
+TIMINGS = ("tokens_per_sec", "step_ms", "mfu")  # vary between two runs of the same params: metrics/train only
+
+
+class NonFiniteLoss(UserError):
+    """The training loss became NaN or infinite; the run stops without saving."""
+
+
+class Trainer:
+    """The training loop over a GPT: DDP, gradient accumulation, mixed precision, clipping, evals, checkpoints."""
+
+    def __init__(self, model: GPT, loader: Any, cfg: TrainConfig, env: DistEnv, ckpt_dir: Path, logger: StepLogger,
+                 run_params: dict[str, Any], evaluators: list[Evaluator] | None = None,
+                 resume_from: dict[str, Any] | None = None) -> None:
+        self.cfg, self.env, self.loader = cfg, env, loader
+        self.ckpt_dir, self.logger = Path(ckpt_dir), logger
+        self.run_params, self.fingerprint = run_params, checkpoints.run_fingerprint(run_params)
+        self.evaluators = evaluators or []
+        self.device, self.dtype = env.device, resolve_dtype(cfg.dtype, env.device)
+        self.autocast = autocast_context(self.device, self.dtype)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+
+        self.raw_model = model.to(self.device)
+        self.optimizer = build_optimizers(
+            self.raw_model, cfg.optimizer, cfg.max_lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.eps,
+            self.device.type, muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum, embed_lr=cfg.embed_lr,
+            head_lr=cfg.head_lr, scalar_lr=cfg.scalar_lr, muon_clip=cfg.muon_clip)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
+        self.schedule = LRSchedule(cfg.max_lr, cfg.max_lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.max_steps,
+                                   cfg.schedule, cfg.decay_frac)
+        self.step, self.memory_probe, self.memory_steps = 0, None, 0
+        # export=best: the lowest val loss seen at the eval cadence and its step (weights in checkpoints/best_*.pt)
+        self.best_val_loss, self.best_step = math.inf, None
+        self.final: dict[str, float] = {}  # the last value of each metric, carried by checkpoints (see fit)
+        self._first_bad = torch.full((), -1, dtype=torch.long, device=self.device)  # see train_step
+        if resume_from is not None:
+            self._restore(resume_from)
+        else:  # dropout and any sampling differ per rank; weights start equal (DDP also broadcasts rank 0's)
+            torch.manual_seed(cfg.seed + env.rank)
+
+        self.model: torch.nn.Module = torch.compile(self.raw_model) if cfg.compile else self.raw_model
+        if env.ddp:
+            self.model = DDP(self.model, device_ids=[env.local_rank] if self.device.type == "cuda" else None)
+
+    # -- checkpoints -------------------------------------------------------------------------------------------
+    def _restore(self, ckpt: dict[str, Any]) -> None:
+        self.raw_model.load_state_dict(strip_prefixes(ckpt["model"]))
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if ckpt.get("scaler"):
+            self.scaler.load_state_dict(ckpt["scaler"])
+        self.loader.load_state_dict(ckpt["loader"])
+        self.step = int(ckpt["step"])
+        self.final = dict(ckpt.get("final") or {})
+        best = ckpt.get("best") or {}
+        if best.get("step") is not None:
+            self.best_val_loss, self.best_step = float(best["val_loss"]), int(best["step"])
+        rngs = ckpt["rng"]
+        if self.env.rank < len(rngs):
+            checkpoints.restore_rng(rngs[self.env.rank])
+        else:  # more ranks than the run was saved with: the new ranks start fresh streams
+            torch.manual_seed(self.cfg.seed + self.env.rank + 7919 * self.step)
+
+    def save(self) -> Path | None:
+        """After `check_finite`, collective (gathers every rank's RNG state); rank 0 writes."""
+        self.check_finite()
+        rngs = distributed.all_gather_objects(checkpoints.capture_rng())
+        if not self.env.is_main:
+            return None
+        state = {"model": self.raw_model.state_dict(), "model_config": asdict(self.raw_model.config),
+                 "optimizer": self.optimizer.state_dict(),
+                 "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+                 "loader": self.loader.state_dict(), "rng": rngs, "step": self.step,
+                 "params": self.run_params, "fingerprint": self.fingerprint,
+                 "best": {"val_loss": self.best_val_loss, "step": self.best_step}, "final": dict(self.final)}
+        path = checkpoints.save_checkpoint(self.ckpt_dir, self.step, state, self.cfg.keep_checkpoints)
+        # best weights of steps before this checkpoint that it does not point at can go (newer ones never exist here)
+        checkpoints.prune_best(self.ckpt_dir, keep_step=self.best_step)
+        return path
+
+    def describe(self) -> str:
+        """One line: parameters, processes x device, precision, gradient accumulation, tokens per step."""
+        n = sum(p.numel() for p in self.raw_model.parameters())
+        return (f"{n / 1e6:.2f}M params, {self.env.world_size} x {self.device}, {self.dtype}, grad accumulation "
+                f"{self.loader.grad_accum}, {self.cfg.total_batch_tokens:,} tokens/step")
+
+    def export_weights(self) -> tuple[GPT, dict[str, Any]]:
+        """What model/ gets (train.export: the last weights, or the lowest val loss's) and the record saying so."""
+        record: dict[str, Any] = {"step": self.step, "export": self.cfg.export}
+        if self.cfg.export != "best":
+            return self.raw_model, record
+        if self.best_step is None:
+            raise UserError("train.export=best: no finite val loss was measured, so there are no best weights to "
+                             "export (see val_loss in metrics/train)")
+        best = checkpoints.load_best(self.ckpt_dir, self.best_step, self.fingerprint)
+        self.raw_model.load_state_dict(best["model"])
+        return self.raw_model, {**record, "step": self.best_step, "best_step": self.best_step,
+                                "best_val_loss": self.best_val_loss, "trained_steps": self.step}
+
+    # -- the steps ---------------------------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """After `check_finite`, every evaluator on the raw model at this step; their metrics, merged and logged. With
+        export=best, rank 0 keeps a new lowest val loss's weights (checkpoints/best_<step>.pt survives a kill)."""
+        self.check_finite()
+        out: dict[str, float] = {}
+        for ev in self.evaluators:
+            out.update(ev(self.raw_model, self.step))
+        if self.cfg.export == "best" and (val_loss := out.get("val_loss")) is not None:
+            if val_loss < self.best_val_loss:  # NaN never counts as better
+                self.best_val_loss, self.best_step = val_loss, self.step
+                if self.env.is_main:
+                    checkpoints.save_best(self.ckpt_dir, self.step, self.raw_model, val_loss, self.fingerprint)
+            out.update(best_val_loss=self.best_val_loss, best_step=self.best_step)
+        self.logger.log(self.step, out)
+        self.final.update(out)
+        return out
+
+    def train_step(self) -> dict[str, Any]:
+        """One optimizer update over total_batch_tokens tokens: the rank-averaged loss and grad norm stay on the device
+        (reading them syncs the host: `fit` does so at the logging cadence), and so does a non-finite loss's step."""
+        cfg, accum = self.cfg, self.loader.grad_accum
+        self.model.train()
+        lr = self.schedule(self.step)
+        set_lr(self.optimizer, lr, cfg.max_lr)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(accum):
+            x, y = (t.to(self.device, non_blocking=True) for t in self.loader.next_batch())
+            # Only the last micro step all-reduces gradients.
+            sync = nullcontext() if (not self.env.ddp or micro == accum - 1) else self.model.no_sync()
+            with sync:
+                with self.autocast:
+                    _, loss = self.model(x, y)
+                loss = loss / accum
+                loss_sum += loss.detach()
+                self.scaler.scale(loss).backward()
+        distributed.all_reduce_mean(loss_sum)
+        # the first step whose loss was not finite, kept on the device: no host sync here
+        self._first_bad = torch.where((self._first_bad < 0) & ~torch.isfinite(loss_sum), self.step, self._first_bad)
+        for opt in self.optimizer:  # GradScaler keeps per-optimizer state: unscale and step each
+            self.scaler.unscale_(opt)
+        # train.muon_clip false: the clip (and grad_norm) covers AdamW's parameters only
+        clipped = self.raw_model.parameters() if self.optimizer.clip_params is None else self.optimizer.clip_params
+        grad_norm = torch.nn.utils.clip_grad_norm_(clipped, cfg.grad_clip)
+        for opt in self.optimizer:
+            self.scaler.step(opt)
+        self.scaler.update()
+        return {"train_loss": loss_sum, "lr": lr, "grad_norm": grad_norm}
+
+    def measured_step(self) -> dict[str, Any]:
+        """`train_step`, out of memory as one line naming train.micro_batch; the first two steps' peak (the second holds
+        the optimizer state) stops a run that nearly does not fit (gptcore.distributed)."""
+        cfg = self.cfg
+        sequences = cfg.total_batch_tokens // (self.raw_model.config.block_size * self.env.world_size)
+        if self.memory_steps == 0:
+            self.memory_probe = memory.FirstSteps(self.device, self.raw_model, self.optimizer)
+        with memory.out_of_memory_named(cfg.micro_batch, sequences, self.device):
+            out = self.train_step()
+        self.memory_steps += 1
+        if self.memory_probe is not None and (self.memory_steps == 2 or self.step == cfg.max_steps - 1):
+            self.memory_probe, probe = None, self.memory_probe
+            probe.check(cfg.micro_batch, sequences, cfg.total_batch_tokens)
+        return out
+
+    def check_finite(self) -> None:
+        """NonFiniteLoss if a step had a non-finite loss; a host sync, before every eval and save: a diverged run
+        writes no weights."""
+        bad = int(self._first_bad)
+        if bad >= 0:
+            raise NonFiniteLoss(f"non-finite training loss at step {bad}; last good checkpoint: "
+                                f"{checkpoints.latest_checkpoint(self.ckpt_dir) or 'none'}. Lower train.max_lr or "
+                                f"check the data; the run stopped without saving.")
+
+    def fit(self) -> dict[str, float]:
+        """Train to max_steps, evaluating, logging and checkpointing; the last value of each metric but TIMINGS (the
+        same for a rerun: checkpoints carry them). The host waits for the device only at train.log_every and around
+        evals and saves; tokens_per_sec and step_ms are the mean since the last log."""
+        cfg, env, final = self.cfg, self.env, self.final
+        step_tokens = cfg.total_batch_tokens
+        bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", disable=not env.is_main,
+                   dynamic_ncols=True)
+        started, elapsed, steps = None, 0.0, 0  # the timer: wall time of the steps since the last log
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else lambda: None
+        # beside the curves: what makes runs of other shapes comparable (dvc exp show lists them)
+        self.logger.log_constants(model_sizes(self.raw_model))
+
+        def pause() -> float:
+            sync()
+            return elapsed + (time.perf_counter() - started if started is not None else 0.0)
+
+        while self.step < cfg.max_steps:
+            if cfg.eval_every > 0 and self.step % cfg.eval_every == 0:
+                elapsed, started = pause(), None
+                self.evaluate()
+            if started is None:
+                sync()
+                started = time.perf_counter()
+            out = self.measured_step()
+            steps += 1
+            if self.step % cfg.log_every == 0 or self.step == cfg.max_steps - 1:
+                dt, started, elapsed, steps = pause() / steps, None, 0.0, 0
+                self.check_finite()
+                stats = {"train_loss": float(out["train_loss"]), "lr": out["lr"],
+                         "grad_norm": float(out["grad_norm"]), "tokens_per_sec": step_tokens / dt,
+                         "tokens_seen": (self.step + 1) * step_tokens, "step_ms": dt * 1e3}
+                mfu = estimate_mfu(self.raw_model, stats["tokens_per_sec"] / env.world_size, self.device)
+                if mfu is not None:
+                    stats["mfu"] = mfu
+                self.logger.log(self.step, stats)
+                final.update(stats)
+                bar.set_postfix(loss=f"{stats['train_loss']:.4f}", tok_s=f"{stats['tokens_per_sec']:,.0f}",
+                                refresh=False)
+            self.step += 1
+            bar.update(1)
+            if self.step % cfg.ckpt_every == 0 and self.step < cfg.max_steps:
+                elapsed, started = pause(), None
+                self.save()
+        bar.close()
+        self.evaluate()
+        if self.step > 0:  # max_steps 0 (evaluate a starting point) leaves nothing worth resuming
+            self.save()
+        return {k: v for k, v in final.items() if k not in TIMINGS}
