@@ -30,10 +30,10 @@ from gptcore import distributed  # noqa: E402
 from gptcore.data.loader import TokenLoader  # noqa: E402
 from gptcore.eval.scorer import Example, score_examples  # noqa: E402
 from gptcore.eval.val_loss import val_loss  # noqa: E402
-from gptcore.model.gpt import GPT, MODEL, GPTConfig  # noqa: E402
+from gptcore.model.gpt import GPT, GPTConfig  # noqa: E402
 from gptcore.report.flops import device_peak_flops, flops_per_token  # noqa: E402
 from gptcore.report.steplog import StepLogger  # noqa: E402
-from gptcore.train.config import TRAIN, TrainConfig  # noqa: E402
+from gptcore.train.config import TrainConfig  # noqa: E402
 from gptcore.train.trainer import Trainer  # noqa: E402
 
 PRESETS = ROOT / "conf" / "preset"
@@ -60,18 +60,16 @@ def build(name: str, args: argparse.Namespace) -> tuple[GPT, TrainConfig]:
     model_p, train_p = preset_sections(name)
     if args.tiny:
         model_p.update(n_layer=2, n_head=2, n_embd=64, block_size=64)
-    model_p = MODEL.validate({k: v for k, v in model_p.items() if k in MODEL.defaults()})
-    model_p.pop("init_from", None)
-    model_p["vocab_size"] = 50304
+    shape = GPTConfig.read({k: v for k, v in model_p.items() if k in GPTConfig.params() and k != "vocab_size"})
     torch.manual_seed(1337)
-    model = GPT(GPTConfig(**model_p))
+    model = GPT(shape)
     T = model.config.block_size
     train_p.update(nproc=1, device=args.device, micro_batch=args.micro_batch, total_batch_tokens=args.micro_batch * T,
                    max_steps=max(args.steps, 1), warmup_steps=min(int(train_p.get("warmup_steps", 0)), args.steps),
                    eval_every=0, ckpt_every=args.steps, val_tokens=T + 1, val_batch=args.micro_batch)
     if args.no_compile:
         train_p["compile"] = False
-    cfg = TrainConfig(**TRAIN.validate({k: v for k, v in train_p.items() if k in TRAIN.defaults()}))
+    cfg = TrainConfig.read({k: v for k, v in train_p.items() if k in TrainConfig.params()})
     return model, cfg
 
 

@@ -45,8 +45,8 @@ from reference_scorer import score_examples_reference  # noqa: E402
 from bench.rounds import DEFAULT_ROUNDS, Timed, fmt, ratios, time_rounds  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
 from gptcore.device import DTYPES  # noqa: E402
-from gptcore.eval.hellaswag import HELLASWAG_VAL_EXAMPLES, load_hellaswag
 from gptcore.eval.scorer import ChoiceResult, Example, fit_example, score_examples
+from gptcore.eval.tasks.hellaswag import HELLASWAG_VAL_EXAMPLES, load_hellaswag
 from gptcore.model.gpt import GPT, GPTConfig  # noqa: E402
 from gptcore.model.load import load_model  # noqa: E402
 

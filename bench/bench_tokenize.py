@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 from bench.rounds import DEFAULT_ROUNDS, fmt, ratios, time_rounds  # noqa: E402
 from gptcore.data import shard_writer
 from gptcore.data.corpus import open_corpus, read_task, read_task_chunks  # noqa: E402
-from gptcore.data.sources import FETCH, fetch, package_documents  # noqa: E402
+from gptcore.data.sources import FetchConfig, fetch, package_documents  # noqa: E402
 from gptcore.data.tokenize import CHUNK_BYTES, cpu_count, encode_documents, task_size  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
 
@@ -305,7 +305,7 @@ def run_measured(code: str) -> tuple[dict, int, int]:
 STAGE = """
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
-from gptcore.data.tokenize import TOKENIZE, tokenize
+from gptcore.data.tokenize import TokenizeConfig, tokenize
 def cpu(who):
     r = resource.getrusage(who)
     return r.ru_utime + r.ru_stime
@@ -338,7 +338,7 @@ def timed_take(*a, **k):  # parent and workers' CPU at each result: the steady s
     return take(*a, **k)
 E._take = timed_take
 t0, p0, w0 = time.perf_counter(), cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
-m = tokenize({raw!r}, {out!r}, TOKENIZE.validate({{"tokenizer": "gpt2", "shard_tokens": {shard_tokens},
+m = tokenize({raw!r}, {out!r}, TokenizeConfig.read({{"tokenizer": "gpt2", "shard_tokens": {shard_tokens},
                    "val_tokens": {val_tokens}, "workers": 0, "encoder": {encoder!r}}}), progress=False)
 dt = time.perf_counter() - t0
 parent, workers = cpu(resource.RUSAGE_SELF) - p0, cpu(resource.RUSAGE_CHILDREN) - w0
@@ -495,7 +495,7 @@ def main() -> None:
                 else:
                     built[name] = english_like_corpus(d / f"{name}.parquet", mb)
                     what = "synthetic, documents of 2-8 KB"
-                fetch(FETCH.validate({"source": "local", "path": str(d / f"{name}.parquet")}), d / f"raw_{name}")
+                fetch(FetchConfig.read({"source": "local", "path": str(d / f"{name}.parquet")}), d / f"raw_{name}")
             n_docs, n_bytes = built["corpus"]
             (d / "raw").symlink_to(d / "raw_corpus")
             print(f"[bench] corpus {n_bytes / 1e6:.1f} MB, {n_docs:,} documents, {what} "

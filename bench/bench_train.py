@@ -56,7 +56,7 @@ from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.model.lm_loss import LOSS_CHUNK_ELEMENTS, LOSS_CHUNK_ENV, lm_loss, loss_chunk_rows
 from gptcore.report.flops import flops_per_token
 from gptcore.report.steplog import StepLogger  # noqa: E402
-from gptcore.train.config import TRAIN, TrainConfig  # noqa: E402
+from gptcore.train.config import TrainConfig  # noqa: E402
 from gptcore.train.trainer import Trainer  # noqa: E402
 
 
@@ -185,10 +185,10 @@ def build_variants(args: argparse.Namespace, base: GPT, shard: Path, ckpt: Path,
     steps = args.steps_per_round
     lr = 6e-4
     # the schema's defaults for everything the command line does not set
-    default = TrainConfig(**TRAIN.validate({
+    default = TrainConfig.read({
         "device": args.device, "micro_batch": args.micro_batch, "total_batch_tokens": step_tokens,
         "max_steps": 1 << 20, "warmup_steps": 0, "max_lr": lr, "min_lr_ratio": 1.0, "eval_every": 0,
-        "val_tokens": args.block_size + 1, "ckpt_every": 1 << 20}))
+        "val_tokens": args.block_size + 1, "ckpt_every": 1 << 20})
     variants: dict[str, Callable[[], Any]] = {}
     work: dict[str, float] = {}
     m, k, n = step_tokens, args.n_embd, 4 * args.n_embd

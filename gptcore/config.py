@@ -1,11 +1,11 @@
-"""Every params.yaml section's schema in pipeline order, and conf/config.yaml written from them: one source for each
+"""Every params.yaml section's config class in pipeline order, and conf/config.yaml written from them: one source for each
 key's default and description.
 
-    python -m gptcore.config            # rewrite conf/config.yaml from the schemas
-    python -m gptcore.config --check    # exit 1 if conf/config.yaml is not what the schemas give
+    python -m gptcore.config            # rewrite conf/config.yaml from the config classes
+    python -m gptcore.config --check    # exit 1 if conf/config.yaml is not what the classes give
     python -m gptcore.config --presets  # list conf/preset/: each preset with its one-line description
 
-Unlike the ground floor (gptcore/params.py holds the mechanics), this module imports the schema of each folder.
+Unlike the ground floor (gptcore/params.py holds the mechanics), this module imports the config class of each folder.
 """
 from __future__ import annotations
 
@@ -17,15 +17,17 @@ from typing import Any
 
 import yaml
 
-from gptcore.data.sources import FETCH
-from gptcore.data.tokenize import TOKENIZE
-from gptcore.eval.config import EVAL
-from gptcore.model.gpt import MODEL
+from gptcore.data.sources import FetchConfig
+from gptcore.data.tokenize import TokenizeConfig
+from gptcore.eval.config import EvalConfig
+from gptcore.model.load import ModelConfig
 from gptcore.params import REQUIRED, Section
-from gptcore.report.params import COMPARE
-from gptcore.train.config import TRAIN
+from gptcore.report.speedrun import CompareConfig
+from gptcore.train.config import TrainConfig
 
-SECTIONS: tuple[Section, ...] = (FETCH, TOKENIZE, MODEL, TRAIN, EVAL, COMPARE)
+# every section's class, in pipeline order: conf/config.yaml lists them so
+SECTIONS: tuple[type[Section], ...] = (FetchConfig, TokenizeConfig, ModelConfig, TrainConfig, EvalConfig,
+                                       CompareConfig)
 CONFIG = Path(__file__).resolve().parents[1] / "conf" / "config.yaml"
 PRESETS = CONFIG.parent / "preset"
 
@@ -38,7 +40,7 @@ HEADER = """\
 # Here: the schema of params.yaml (key order included) and each key's default; `???` marks what each preset must
 # set itself. A key that is not in this file needs `+` on the command line (-S +train.foo=1).
 # `dvc exp run` rewrites params.yaml from here, so change values in conf/ or with -S, not in params.yaml.
-# Written by `python -m gptcore.config` from the schemas gptcore/config.py collects: edit those.
+# Written by `python -m gptcore.config` from the config classes gptcore/config.py collects: edit those.
 defaults:
   - _self_
   - preset: quickstart
@@ -56,11 +58,11 @@ def _scalar(value: Any) -> str:
 
 
 def render() -> str:
-    """conf/config.yaml as the schemas give it: every section, key, default and description, in order."""
+    """conf/config.yaml as the config classes give it: every section, key, default and description, in order."""
     lines = [HEADER.rstrip("\n")]
     for section in SECTIONS:
-        lines.append(f"{section.name}:")
-        for key, param in section.params.items():
+        lines.append(f"{section.section}:")
+        for key, param in section.params().items():
             doc = f"  # {param.doc}" if param.doc else ""
             lines.append(f"  {key}: {_scalar(param.default)}{doc}")
     return "\n".join(lines) + "\n"
@@ -100,9 +102,9 @@ def list_presets(folder: Path = PRESETS) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Write conf/config.yaml from the schemas (--check: say whether it is up to date; --presets: list the presets)."""
+    """Write conf/config.yaml from the config classes (--check: say whether it is up to date; --presets: list the presets)."""
     ap = argparse.ArgumentParser(prog="python -m gptcore.config", description=main.__doc__)
-    ap.add_argument("--check", action="store_true", help="exit 1 if the file differs from what the schemas give")
+    ap.add_argument("--check", action="store_true", help="exit 1 if the file differs from what the classes give")
     ap.add_argument("--presets", action="store_true", help="list the presets of conf/preset/ with their descriptions")
     ap.add_argument("--path", type=Path, default=CONFIG)
     args = ap.parse_args(argv)
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     text = render()
     if args.check:
         if args.path.read_text(encoding="utf-8") != text:
-            sys.exit(f"{args.path}: out of date with the schemas; run `python -m gptcore.config`")
+            sys.exit(f"{args.path}: out of date with the config classes; run `python -m gptcore.config`")
         return
     args.path.write_text(text, encoding="utf-8")
     print(f"wrote {args.path}")

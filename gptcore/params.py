@@ -1,16 +1,21 @@
-"""The schema mechanics of params.yaml: one `Section` per top-level section, one `Param` per key.
+"""The mechanics of params.yaml's sections. Each section is a dataclass written out field by field beside the code
+that reads it (`GPTConfig` in model/gpt.py, `TrainConfig` in train/config.py, ...), as nanoGPT's GPTConfig is: a
+field's annotation is its type, and `param()` gives its default, its one-line description and the values it allows.
 
-Each section's schema lives beside the code that reads it and is the one statement of its keys: conf/config.yaml
-is written from it, and the typed configs the library takes (GPTConfig, TrainConfig) are made from it (`config`).
-A bad value is a `ParamError`: one line naming `section.key`, the value and what is allowed.
+`Section.read` checks a section of params.yaml once, naming `section.key`, the value and what is allowed in one line
+(`ParamError`), and returns the typed object the library takes. conf/config.yaml is written from these classes
+(gptcore/config.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar, Iterable, Literal, Union
 
 import yaml
 
@@ -32,7 +37,7 @@ class ParamError(UserError):
 
 @dataclass(frozen=True)
 class Param:
-    """One key: its type, default, allowed values and a one-line description."""
+    """The rules of one key: its type (from the field's annotation), default, description and allowed values."""
 
     kind: type  # int, float, bool, str or list (of strings); bool is never accepted as an int or a float
     default: Any = REQUIRED
@@ -41,18 +46,24 @@ class Param:
     max: float | None = None
     above: float | None = None  # exclusive lower bound for numbers
     below: float | None = None  # exclusive upper bound for numbers
-    choices: tuple = ()  # for str: the only values allowed (empty: any string)
+    choices: tuple | Callable[[], Iterable[str]] = ()  # str: the only values allowed (a callable: a registry's names)
     pattern: str = ""  # for str: a regular expression the whole value must match
     what: str = ""  # what is allowed, in words, where the kind and bounds would not say it well
-    also: tuple = ()  # literal values accepted besides the kind, e.g. (None,) or ("auto",)
-    resume_ok: bool = False  # train only: may differ from the checkpoint's run on resume (not in the fingerprint)
+    also: tuple = ()  # literal values accepted besides the kind: None from `| None`, "auto" from `| Literal["auto"]`
+    resume_ok: bool = False  # may differ from the checkpoint's run on resume: changes how a run executes, not its weights
+    # whether the key shapes the run's weights for this config (the run's fingerprint); False for resume_ok keys
+    applies: Callable[[Any], bool] | None = None
+
+    def allowed_values(self) -> tuple:
+        """The choices (a registry's names, read now)."""
+        return tuple(self.choices()) if callable(self.choices) else tuple(self.choices)
 
     def allowed(self) -> str:
         """What this key accepts, in words (the tail of a ParamError)."""
         if self.what:
             what = self.what
-        elif self.choices:
-            what = "one of " + ", ".join(map(str, self.choices))
+        elif choices := self.allowed_values():
+            what = "one of " + ", ".join(map(str, choices))
         elif self.pattern:
             what = f"a string matching {self.pattern}"
         else:
@@ -76,7 +87,8 @@ class Param:
                 raise bad
             return list(value)
         if self.kind is str:
-            if (not isinstance(value, str) or (self.choices and value not in self.choices)
+            choices = self.allowed_values()
+            if (not isinstance(value, str) or (choices and value not in choices)
                     or (self.pattern and not re.fullmatch(self.pattern, value))):
                 raise bad
             return value
@@ -103,53 +115,81 @@ class Param:
         return value
 
 
+def param(default: Any = REQUIRED, doc: str = "", **rules: Any) -> Any:
+    """A field of a params section: its default (REQUIRED: none, each preset sets it), a one-line description, and
+    the rules of `Param` (min, max, above, below, choices, pattern, what, resume_ok, applies)."""
+    meta = {"param": dict(default=default, doc=doc, **rules)}
+    if default is REQUIRED:
+        return field(metadata=meta)
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _kind(hint: Any) -> tuple[type, tuple]:
+    """(the base type, the literal values besides it) of an annotation: `float | None` -> (float, (None,)),
+    `int | Literal["auto"]` -> (int, ("auto",)), `list[str]` -> (list, ())."""
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        base, also = [], []
+        for arg in typing.get_args(hint):
+            if arg is type(None):
+                also.append(None)
+            elif typing.get_origin(arg) is Literal:
+                also.extend(typing.get_args(arg))
+            else:
+                base.append(arg)
+        (kind,), also = base, tuple(also)  # one base type a key
+        return _kind(kind)[0], also
+    return (list if typing.get_origin(hint) is list else hint), ()
+
+
 class Section:
-    """The schema of one params.yaml section: its keys in order, and checks that relate several keys."""
+    """What every params section's dataclass shares: `read` (check a section of params.yaml, once), `params` (each
+    key's rules, from the fields), `check` (rules between several keys). Subclasses set `section`, the name."""
 
-    def __init__(self, name: str, params: dict[str, Param],
-                 relations: Callable[[dict[str, Any]], None] | None = None) -> None:
-        self.name, self.params, self.relations = name, params, relations
+    section: ClassVar[str]
 
-    def defaults(self) -> dict[str, Any]:
-        """Every key with its default (REQUIRED where a preset must set it), in schema order."""
-        return {k: p.default for k, p in self.params.items()}
+    def check(self) -> None:
+        """Rules between several keys of the section: a ParamError naming one (none here)."""
 
-    def validate(self, values: Any) -> dict[str, Any]:
-        """The section with defaults filled in, in schema order; ParamError for unknown, missing or bad keys."""
+    @classmethod
+    def params(cls) -> dict[str, Param]:
+        """Each key's rules in field order, typed by the field's annotation."""
+        cached = cls.__dict__.get("_params")
+        if cached is None:
+            hints = typing.get_type_hints(cls)
+            cached = {}
+            for f in dataclasses.fields(cls):
+                rules = dict(f.metadata.get("param", {}))
+                kind, also = _kind(hints[f.name])
+                cached[f.name] = Param(kind=kind, also=also, **rules)
+            setattr(cls, "_params", cached)
+        return cached
+
+    @classmethod
+    def read(cls, values: Any) -> Any:
+        """The section as this class, defaults filled in; a ParamError for an unknown, missing or bad key."""
+        params = cls.params()
         if not isinstance(values, dict):
-            raise ParamError(self.name, values, f"must be a mapping of {', '.join(self.params)}")
+            raise ParamError(cls.section, values, f"must be a mapping of {', '.join(params)}")
         for key in values:
-            if key not in self.params:
-                raise ParamError(f"{self.name}.{key}", values[key], f"unknown param (known: {', '.join(self.params)})")
-        out: dict[str, Any] = {}
-        for key, param in self.params.items():
-            name, value = f"{self.name}.{key}", values.get(key, param.default)
+            if key not in params:
+                raise ParamError(f"{cls.section}.{key}", values[key], f"unknown param (known: {', '.join(params)})")
+        out: dict[str, Any] = {}  # the keys given; the class fills in the others' defaults
+        for key, p in params.items():
+            name, value = f"{cls.section}.{key}", values.get(key, p.default)
             if isinstance(value, str) and value == REQUIRED:  # `???` given, or no default
                 raise ParamError(name, values.get(key), "required (no default): set it in the preset or params.yaml")
-            out[key] = param.check(name, value) if key in values else value
-        if self.relations is not None:
-            self.relations(out)
-        return out
+            if key in values:
+                out[key] = p.check(name, value)
+        obj = cls(**out)
+        obj.check()
+        return obj
 
-    def config(self, omit: tuple[str, ...] = (), defaults: dict[str, Any] | None = None,
-               frozen: bool = False) -> Callable[[type], type]:
-        """A class decorator making the typed config of this section: a keyword-only dataclass with one field per key
-        (less `omit`), typed by its Param (None where null is allowed), defaulting to the schema's default or to
-        `defaults`' (a REQUIRED key has none). It checks nothing: `validate` did, once."""
-        def make(cls: type) -> type:
-            own = cls.__dict__.get("__annotations__", {})
-            annotations: dict[str, Any] = {}
-            for key, param in self.params.items():
-                if key in omit:
-                    continue
-                annotations[key] = param.kind | None if None in param.also else param.kind
-                default = (defaults or {}).get(key, param.default)
-                if default is not REQUIRED:
-                    setattr(cls, key, field(default_factory=lambda d=default: list(d)) if isinstance(default, list)
-                            else default)
-            cls.__annotations__ = {**annotations, **own}
-            return dataclass(frozen=frozen, kw_only=True)(cls)
-        return make
+    def fingerprint(self) -> dict[str, Any]:
+        """The keys that shape a run's weights, with their values: not `resume_ok`, and applying to this config."""
+        return {k: getattr(self, k) for k, p in self.params().items()
+                if not p.resume_ok and (p.applies is None or p.applies(self))}
 
 
 def check_val_tokens(key: str, val_tokens: int, block_size: int, val_split_tokens: int | None = None) -> None:

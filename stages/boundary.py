@@ -10,12 +10,14 @@ import sys
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, TypeVar
 
 from gptcore.errors import UserError, one_line, user_error
 from gptcore.lifetime import mortal, run_torchrun, under_torchrun
 from gptcore.locks import reading, writer_lock
 from gptcore.params import ParamError, Section, read_params_file
+
+S = TypeVar("S", bound=Section)
 
 PARAMS = Path("params.yaml")
 # how long a rank other than 0 that fails waits for rank 0, which meets the same mistakes, to say it (torchrun then
@@ -36,13 +38,13 @@ class Stage:
         self.sections: dict[str, Any] = {}  # each section read, as params.yaml gave it
         self.status = 0
 
-    def params(self, schema: Section) -> dict[str, Any]:
-        """One section of params.yaml, validated by its schema (defaults filled in); ParamError names the bad key."""
+    def config(self, cls: type[S]) -> S:
+        """One section of params.yaml as its typed class (`cls.section`), checked once; ParamError names the bad key."""
         params = read_params_file(self.params_file)
-        if schema.name not in params:
-            raise ParamError(schema.name, None, f"missing section (found: {', '.join(sorted(params)) or 'nothing'})")
-        self.sections[schema.name] = params[schema.name]
-        return schema.validate(params[schema.name])
+        if cls.section not in params:
+            raise ParamError(cls.section, None, f"missing section (found: {', '.join(sorted(params)) or 'nothing'})")
+        self.sections[cls.section] = params[cls.section]
+        return cls.read(params[cls.section])
 
     def say(self, *lines: str) -> None:
         """Print each line as this stage's (rank 0 only)."""

@@ -9,9 +9,8 @@ from pathlib import Path
 from gptcore.atomic import write_json
 from gptcore.report.baselines import read_baselines
 from gptcore.report.compare import comparable_figures, describe, final_acc_norm, measured_line, split_outputs, summarize
-from gptcore.report.params import COMPARE
 from gptcore.report.plots import write_offline_page, write_plot_data
-from gptcore.report.speedrun import describe_speedrun, speedrun_summary
+from gptcore.report.speedrun import CompareConfig, describe_speedrun, speedrun_summary
 from stages.boundary import stage
 
 EVAL = Path("metrics/eval.json")
@@ -28,7 +27,7 @@ TRAINED, METRICS = Path("checkpoints"), Path("metrics")
 def main() -> None:
     """eval.json and the baselines -> summary.json (deltas where comparable), comparison.json and the plots' data."""
     with stage("compare", reads=[TRAINED], writes=[METRICS]) as s:
-        target = s.params(COMPARE)["target_val_loss"]
+        target = s.config(CompareConfig).target_val_loss
         run = json.loads(EVAL.read_text(encoding="utf-8"))
         baselines = read_baselines(BASELINES)
         # what the run was evaluated on (evaluate's record): a delta needs what the baseline was measured on

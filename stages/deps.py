@@ -11,6 +11,7 @@ import re
 import sys
 from io import StringIO
 from pathlib import Path
+from typing import Iterator
 
 from ruamel.yaml import YAML
 
@@ -26,12 +27,22 @@ def module_file(name: str, root: Path = ROOT) -> Path | None:
     return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
 
 
+def _run_time_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node of `tree` but those under `if TYPE_CHECKING:`, which never run."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            continue
+        yield node
+        yield from _run_time_nodes(node)
+
+
 def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
-    """Every module an import statement anywhere in `path` may load (function bodies included): `from a.b import c`
-    counts a.b and a.b.c (c may be a submodule), and each parent package (importing a.b runs a/__init__.py)."""
+    """Every module an import statement anywhere in `path` may load (function bodies included, type-only imports
+    under `if TYPE_CHECKING:` not): `from a.b import c` counts a.b and a.b.c (c may be a submodule), and each parent
+    package (importing a.b runs a/__init__.py)."""
     pkg = path.relative_to(root).with_suffix("").parts[:-1]
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+    for node in _run_time_nodes(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -42,8 +53,17 @@ def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
     return {".".join(n.split(".")[:i]) for n in names for i in range(1, n.count(".") + 2)}
 
 
+def registry_modules(path: Path) -> list[Path]:
+    """The modules a registry package loads when it is first read (gptcore/registry.py): every .py file beside its
+    __init__.py, when that makes a `Registry(__name__, ...)`; else none."""
+    if path.name != "__init__.py" or "Registry(__name__" not in path.read_text(encoding="utf-8"):
+        return []
+    return sorted(path.parent.glob("*.py"))
+
+
 def closure(entry: str, root: Path = ROOT) -> set[str]:
-    """Project files (repo-relative, POSIX) that running module `entry` imports, transitively."""
+    """Project files (repo-relative, POSIX) that running module `entry` imports, transitively (a registry's modules
+    included: importing its package runs them)."""
     seen: set[Path] = set()
     todo = [module_file(".".join(entry.split(".")[:i]), root) for i in range(1, entry.count(".") + 2)]
     while todo:
@@ -52,6 +72,7 @@ def closure(entry: str, root: Path = ROOT) -> set[str]:
             continue
         seen.add(p)
         todo.extend(module_file(m, root) for m in imported_modules(p, root))
+        todo.extend(registry_modules(p))
     return {p.relative_to(root).as_posix() for p in seen}
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gptcore.data.sources import FETCH, fetch
+from gptcore.data.sources import FetchConfig, fetch
 from stages.boundary import stage
 
 RAW = Path("data/raw")
@@ -12,7 +12,7 @@ RAW = Path("data/raw")
 def main() -> None:
     """Fetch params.yaml's `fetch:` source into data/raw/; one line naming the problem on bad input."""
     with stage("fetch", writes=[RAW]) as s:  # a second fetch, or one while tokenize reads, refuses before it deletes
-        rec = fetch(s.params(FETCH), RAW, progress=True)
+        rec = fetch(s.config(FetchConfig), RAW, progress=True)
         s.say(f"{rec['documents']:,} documents from {rec['source']} {rec['name']} in {len(rec['files'])} file(s) "
               f"-> {RAW}")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gptcore.data.tokenize import TOKENIZE, tokenize
+from gptcore.data.tokenize import TokenizeConfig, tokenize
 from stages.boundary import stage
 
 RAW = Path("data/raw")
@@ -16,7 +16,7 @@ SHARDS = Path("data/shards")
 def main() -> None:
     """Tokenize data/raw/ into data/shards/ by params.yaml's `tokenize:`; one line naming the problem on bad input."""
     with stage("tokenize", reads=[RAW], writes=[SHARDS]) as s:
-        m = tokenize(RAW, SHARDS, s.params(TOKENIZE))
+        m = tokenize(RAW, SHARDS, s.config(TokenizeConfig))
         s.say(f"{m['documents']:,} documents -> {m['tokens']['val']:,} val + {m['tokens']['train']:,} train tokens "
               f"in {len(m['shards'])} shards ({m['dtype']}, tokenizer {m['tokenizer']['name']}) -> {SHARDS}")
 

@@ -79,3 +79,12 @@ def run_stage(project: Path, stage: str, nproc: int = 1) -> subprocess.Completed
 def tsv(project: Path, name: str) -> list[tuple[int, float]]:
     with open(project / "metrics/train/plots/metrics" / f"{name}.tsv") as f:
         return [(int(r["step"]), float(r[name])) for r in csv.DictReader(f, delimiter="\t")]
+
+
+def train_config(**overrides):
+    """A `train:` section for library tests (fp32, tiny steps), read by TrainConfig as a stage reads it."""
+    from gptcore.train.config import TrainConfig
+
+    return TrainConfig.read({"micro_batch": 2, "total_batch_tokens": 32, "max_steps": 10, "warmup_steps": 4,
+                             "max_lr": 1e-2, "eval_every": 0, "val_tokens": 16, "ckpt_every": 100,
+                             "dtype": "float32", **overrides})

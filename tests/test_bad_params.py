@@ -50,7 +50,7 @@ CASES = [
     ("train", "train", "lr", 0.1, "train.lr=0.1: unknown param"),
     ("train", "model", "n_head", 3, "model.n_embd=32: must be divisible by model.n_head=3"),
     ("train", "model", "init_from", "nothing.pt", "model.init_from='nothing.pt'"),
-    ("evaluate", "eval", "task", "unknown", "eval.task='unknown': must be one of hellaswag, cloze"),
+    ("evaluate", "eval", "task", "unknown", "eval.task='unknown': must be one of cloze, hellaswag"),
     ("evaluate", "eval", "batch_size", 0, "eval.batch_size=0: must be an integer >= 1"),
     ("evaluate", "eval", "val_tokens", 0, "eval.val_tokens=0: must be an integer >= 1"),
     ("evaluate", "eval", "val_tokens", 10**9, "eval.val_tokens=1000000000: must be <= the 4,096 tokens of the val split"),

@@ -65,16 +65,16 @@ def test_a_fifo_or_a_folder_at_a_lock_path_is_refused(tmp_path):
 
 
 def test_params_changed_while_a_stage_ran_fail_it_naming_the_keys_and_keep_its_outputs(project, capsys):
-    from gptcore.report.params import COMPARE
+    from gptcore.report.speedrun import CompareConfig
     from stages.boundary import stage
 
     params = {"compare": {"target_val_loss": 3.3}, "train": {"max_lr": 0.002}}
     Path("params.yaml").write_text(yaml.safe_dump(params))
     with stage("compare") as s:  # unchanged: the stage ends normally
-        assert s.params(COMPARE)["target_val_loss"] == 3.3
+        assert s.config(CompareConfig).target_val_loss == 3.3
     with pytest.raises(SystemExit) as e:
         with stage("compare", writes=["metrics"]) as s:
-            s.params(COMPARE)
+            s.config(CompareConfig)
             Path("metrics/summary.json").write_text("{}")
             # another run (a refused `dvc exp run -S ...`) rewrites params.yaml meanwhile; a section not read is no
             # concern of this stage's

@@ -13,7 +13,7 @@ from gptcore.errors import UserError
 from gptcore.model.checkpoint_file import CHECKPOINT_FORMAT, FORMAT_KEY, CheckpointRefused, CorruptCheckpoint
 from gptcore.model.export import export_model
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.model.load import init_model, load_model
+from gptcore.model.load import ModelConfig, init_model, load_model
 from gptcore.train import checkpoints
 
 TINY = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64)
@@ -192,14 +192,12 @@ def test_move_aside_keeps_the_previous_run(tmp_path):
 
 
 def test_init_model_pads_vocab_and_checks_it():
-    m = init_model({"init_from": "scratch", "n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16,
-                               "vocab_size": "auto", "bias": True, "dropout": 0.0}, data_vocab_size=65)
+    m = init_model(ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size="auto"), data_vocab_size=65)
     assert m.config.vocab_size == 128
     with pytest.raises(UserError, match="smaller than the data's tokenizer vocabulary"):
-        init_model({"init_from": "scratch", "n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16,
-                               "vocab_size": 64}, data_vocab_size=65)
+        init_model(ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64), data_vocab_size=65)
     with pytest.raises(UserError, match="model.init_from='nope': model 'nope': no such file"):
-        init_model({"init_from": "nope", "n_layer": 1}, data_vocab_size=65)
+        init_model(ModelConfig(init_from="nope", n_layer=1), data_vocab_size=65)
 
 
 def test_final_model_exports_to_hugging_face(tmp_path):

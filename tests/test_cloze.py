@@ -9,8 +9,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptcore.errors import UserError
-from gptcore.eval.cloze import build_cloze, clean_windows
 from gptcore.eval.scorer import score_examples
+from gptcore.eval.tasks.cloze import build_cloze, clean_windows
 from gptcore.params import ParamError
 
 EOT = 50

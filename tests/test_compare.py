@@ -5,7 +5,7 @@ import pytest
 import yaml
 from stagekit import ROOT
 
-from gptcore.eval.hellaswag import HELLASWAG_VAL_SHA256
+from gptcore.eval.tasks.hellaswag import HELLASWAG_VAL_SHA256
 from gptcore.report.compare import SAME, describe, split_outputs, summarize
 
 BASELINES = yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text(encoding="utf-8"))
@@ -135,7 +135,7 @@ REF = ROOT.parent / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"  
 def test_hellaswag_from_another_file_of_10042_rows_gets_no_delta(tmp_path):
     """A copy that is not the official file (here the preprocessed copy: 10,042 rows, other text) scores all
     10,042 examples, but its sha256 is not the official one: no delta, and the line names the file and its hash."""
-    from gptcore.eval.hellaswag import hellaswag_file
+    from gptcore.eval.tasks.hellaswag import hellaswag_file
 
     copy_file = REF if REF.is_file() else tmp_path / "hellaswag_copy.jsonl"
     if not REF.is_file():

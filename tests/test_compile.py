@@ -16,11 +16,12 @@ from stagekit import make_project, run_stage, tsv, write_gpt2_shards
 from gptcore import distributed
 from gptcore.data import shards as shard_io
 from gptcore.data.loader import TokenLoader
+from gptcore.data.shard_set import ShardSet
 from gptcore.eval.val_loss import val_loss
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.report.steplog import StepLogger
 from gptcore.train import checkpoints
-from gptcore.train.config import TRAIN, TrainConfig
+from gptcore.train.config import TrainConfig
 from gptcore.train.trainer import Trainer
 
 GPT2 = {}
@@ -78,7 +79,7 @@ def shard_dir(tmp_path_factory):
 def train(model: GPT, shard_dir: Path, cfg: TrainConfig, steps: int, between=None) -> tuple[list[float], Trainer, Path]:
     """`steps` trainer steps (`between(trainer)` after each); the losses, the trainer and a saved checkpoint."""
     env = distributed.setup("cpu")
-    loader = TokenLoader(shard_io.open_split(shard_dir, "train"), 4, model.config.block_size, cfg.total_batch_tokens)
+    loader = TokenLoader(ShardSet.open(shard_dir).splits["train"], 4, model.config.block_size, cfg.total_batch_tokens)
     ckpt = Path(tempfile.mkdtemp())
     trainer = Trainer(model, loader, cfg, env, ckpt, StepLogger(ckpt, enabled=False), {"test": 1})
     losses = []
@@ -95,10 +96,10 @@ def train(model: GPT, shard_dir: Path, cfg: TrainConfig, steps: int, between=Non
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_compiled_training_equals_eager_without_recompiling(recipe, shard_dir):
     switches, train_over = RECIPES[recipe]
-    cfg = TrainConfig(**TRAIN.validate({
+    cfg = TrainConfig.read({
         "device": "cpu", "micro_batch": 4, "total_batch_tokens": 256, "max_steps": 4, "warmup_steps": 1,
-        "max_lr": 1e-3, "eval_every": 0, "val_tokens": 33, "ckpt_every": 100, "dtype": "float32", **train_over}))
-    val_tokens = shard_io.load_tokens(shard_io.open_split(shard_dir, "val")[0])[: 32 * 3 + 10 + 1]  # a short last window
+        "max_lr": 1e-3, "eval_every": 0, "val_tokens": 33, "ckpt_every": 100, "dtype": "float32", **train_over})
+    val_tokens = shard_io.load_tokens(ShardSet.open(shard_dir).splits["val"][0])[: 32 * 3 + 10 + 1]  # a short last window
 
     def evaluate_and_sample(trainer: Trainer) -> None:
         # what the loop and the stages do between steps: val loss (a short last window included) and a sample,

@@ -34,7 +34,7 @@ PRESETS = {p.stem for p in (ROOT / "conf" / "preset").glob("*.yaml")}
 SCRIPTS = dict(re.findall(r'^(gptcore-[\w-]+) = "([\w.:]+)"$', (ROOT / "pyproject.toml").read_text(encoding="utf-8")
                           .split("[project.scripts]")[1].split("\n[")[0], re.M))  # name -> module:function
 STAGES = tuple(yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"])
-KEYS = {f"{s.name}.{k}" for s in SECTIONS for k in s.params} | {"preset"}
+KEYS = {f"{s.section}.{k}" for s in SECTIONS for k in s.params()} | {"preset"}
 SHELL_LANGS = {"bash", "sh", "shell", "console"}
 COMMAND_START = re.compile(r"^(\$ |python3? |dvc |gptcore-|torchrun |pip |lm_eval |lm-eval )")
 PARAM_REF = re.compile(r"(?<![\w.$/{-])\+?((?:fetch|tokenize|model|train|eval|compare)\.[A-Za-z_]+)=")

@@ -12,7 +12,7 @@ import pytest
 from test_tokenize import fetch, tokenize
 
 from gptcore.data import tokenizers as T
-from gptcore.data.tokenize import TOKENIZE
+from gptcore.data.tokenize import TokenizeConfig
 from gptcore.errors import UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data" / "fineweb_edu_sample.jsonl"
@@ -93,9 +93,9 @@ def test_missing_gigatoken_is_one_line_with_the_install_command(monkeypatch):
 
 def test_encoder_param_is_checked():
     with pytest.raises(UserError, match="tokenize.encoder='fast'"):
-        TOKENIZE.validate({"tokenizer": "gpt2", "val_tokens": 0, "encoder": "fast"})
+        TokenizeConfig.read({"tokenizer": "gpt2", "val_tokens": 0, "encoder": "fast"})
     with pytest.raises(UserError, match="applies to tokenizer gpt2 only"):
-        TOKENIZE.validate({"tokenizer": "char", "val_tokens": 0, "encoder": "gigatoken"})
+        TokenizeConfig.read({"tokenizer": "char", "val_tokens": 0, "encoder": "gigatoken"})
 
 
 def test_auto_encoder_is_gigatoken_where_installed_else_tiktoken(monkeypatch):
@@ -103,7 +103,7 @@ def test_auto_encoder_is_gigatoken_where_installed_else_tiktoken(monkeypatch):
 
     want = "gigatoken" if iu.find_spec("gigatoken") is not None else "tiktoken"
     assert T.GPT2Tokenizer("auto").encoder == want
-    assert TOKENIZE.validate({"tokenizer": "qwen2", "val_tokens": 0})["encoder"] == "auto"  # the default, valid for every tokenizer
+    assert TokenizeConfig.read({"tokenizer": "qwen2", "val_tokens": 0}).encoder == "auto"  # the default, valid for every tokenizer
     real = iu.find_spec
     monkeypatch.setattr(iu, "find_spec", lambda name, *a: None if name == "gigatoken" else real(name, *a))
     tok = T.GPT2Tokenizer("auto")

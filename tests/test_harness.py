@@ -209,7 +209,8 @@ def test_eval_task_hellaswag_and_an_lm_eval_task_over_the_same_file_score_alike(
         pytest.skip(f"reference data absent: {REF} (a clone without ../shared/ref-data)")
     from lm_eval import simple_evaluate
 
-    from gptcore.eval import hellaswag, scorer
+    from gptcore.eval import scorer
+    from gptcore.eval.tasks import hellaswag
 
     rows = [json.loads(line) for line, _ in zip(REF.open(encoding="utf-8"), range(40))]
     write_task(tmp_path, "hs_same", rows, "output_type: multiple_choice\ndoc_to_text: '{{ctx}}'\n"
@@ -354,19 +355,19 @@ def test_evaluate_stage_lm_eval_tasks(tmp_path):
 
 
 def test_lm_eval_params():
-    from gptcore.eval.config import EVAL
+    from gptcore.eval.config import EvalConfig
     from gptcore.params import ParamError
 
     base = {"task": "cloze", "val_tokens": 1024, "sample_prompt": "x"}
-    p = EVAL.validate(base)
-    assert (p["lm_eval_tasks"], p["lm_eval_fewshot"], p["lm_eval_limit"], p["lm_eval_include"]) == ([], 0, None, None)
-    assert EVAL.validate({**base, "lm_eval_tasks": ["hellaswag", "lambada_openai"]})["lm_eval_tasks"] == \
+    p = EvalConfig.read(base)
+    assert (p.lm_eval_tasks, p.lm_eval_fewshot, p.lm_eval_limit, p.lm_eval_include) == ([], 0, None, None)
+    assert EvalConfig.read({**base, "lm_eval_tasks": ["hellaswag", "lambada_openai"]}).lm_eval_tasks == \
         ["hellaswag", "lambada_openai"]
     for bad in ("hellaswag", ["hellaswag", "hellaswag"], [1], [""]):
         with pytest.raises(ParamError, match="eval.lm_eval_tasks=.*must be a list of distinct strings"):
-            EVAL.validate({**base, "lm_eval_tasks": bad})
+            EvalConfig.read({**base, "lm_eval_tasks": bad})
     with pytest.raises(ParamError, match="eval.lm_eval_fewshot"):
-        EVAL.validate({**base, "lm_eval_fewshot": -1})
+        EvalConfig.read({**base, "lm_eval_fewshot": -1})
 
 
 # issue 26: what each lm-eval task is (for compare), its few-shot pool, and the include folder's Python
@@ -441,12 +442,12 @@ def test_python_the_include_folder_runs_is_listed_before_scoring(tmp_path):
 
 def test_the_include_folder_must_be_under_conf_lm_eval():
     """dvc.yaml lists conf/lm_eval among evaluate's deps: a folder elsewhere would change nothing DVC sees."""
-    from gptcore.eval.config import EVAL
+    from gptcore.eval.config import EvalConfig
     from gptcore.params import ParamError
 
     base = {"task": "cloze", "val_tokens": 1024, "sample_prompt": "x"}
     for good in ("conf/lm_eval", "conf/lm_eval/mine", "conf/lm_eval/a/b/"):
-        assert EVAL.validate({**base, "lm_eval_include": good})["lm_eval_include"] == good
+        assert EvalConfig.read({**base, "lm_eval_include": good}).lm_eval_include == good
     for bad in ("lm_tasks", "/abs/conf/lm_eval", "conf/lm_eval/../x", "conf/lm_evalx", "./conf/lm_eval"):
         with pytest.raises(ParamError, match="a folder under conf/lm_eval/"):
-            EVAL.validate({**base, "lm_eval_include": bad})
+            EvalConfig.read({**base, "lm_eval_include": bad})

@@ -9,10 +9,10 @@ import pytest
 import torch
 from reference_scorer import score_examples_reference
 
-import gptcore.eval.hellaswag as hs
+import gptcore.eval.tasks.hellaswag as hs
 from gptcore.errors import UserError
-from gptcore.eval.hellaswag import fetch_hellaswag, load_hellaswag, read_hellaswag
 from gptcore.eval.scorer import score_examples
+from gptcore.eval.tasks.hellaswag import fetch_hellaswag, load_hellaswag, read_hellaswag
 from gptcore.model.gpt import GPT, GPTConfig
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"

@@ -62,13 +62,13 @@ def test_the_docs_run_the_shipped_folder_and_show_its_yaml():
 def test_the_documented_overrides_are_eval_params_the_stage_accepts(tmp_path):
     from dvc.utils.hydra import compose_and_dump
 
-    from gptcore.eval.config import EVAL
+    from gptcore.eval.config import EvalConfig
 
     for run in documented_runs():
         out = tmp_path / "params.yaml"
         compose_and_dump(out, str(ROOT / "conf"), None, "config", "", [f"{k}={v}" for k, v in run.items()])
-        p = EVAL.validate(yaml.safe_load(out.read_text(encoding="utf-8"))["eval"])
-        assert p["lm_eval_include"] == "conf/lm_eval/local" and p["lm_eval_tasks"] == [run["eval.lm_eval_tasks"][1:-1]]
+        p = EvalConfig.read(yaml.safe_load(out.read_text(encoding="utf-8"))["eval"])
+        assert p.lm_eval_include == "conf/lm_eval/local" and p.lm_eval_tasks == [run["eval.lm_eval_tasks"][1:-1]]
 
 
 def test_sentence_endings_data_is_well_formed():

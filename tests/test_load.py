@@ -16,7 +16,7 @@ from gptcore.eval.sampling import tokenizer_for
 from gptcore.model.checkpoint_file import read_checkpoint
 from gptcore.model.export import export_model
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.model.load import MODEL_FILE, init_model, load_model
+from gptcore.model.load import MODEL_FILE, ModelConfig, init_model, load_model
 from gptcore.train import checkpoints
 
 TINY = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64)
@@ -103,7 +103,7 @@ def test_every_spec_loads_the_same_weights_everywhere(tmp_path):
                                                               "model_config": dict(TINY), "step": 3}, keep=1)
     for spec in (folder, folder / MODEL_FILE, folder / "hf", ckpt):
         assert same_weights(load_model(spec), model), spec
-        assert same_weights(init_model({"init_from": str(spec), "block_size": None}, data_vocab_size=60), model)
+        assert same_weights(init_model(ModelConfig(init_from=str(spec), block_size=16), data_vocab_size=60), model)
 
 
 def test_block_size_crops_when_smaller_and_refuses_when_larger(tmp_path):
@@ -116,7 +116,7 @@ def test_block_size_crops_when_smaller_and_refuses_when_larger(tmp_path):
         with pytest.raises(UserError, match="block_size=17 is larger than .* 16"):
             load_model(spec, block_size=17)
         with pytest.raises(UserError, match="model.init_from=.*block_size=32 is larger"):
-            init_model({"init_from": str(spec), "block_size": 32}, data_vocab_size=60)
+            init_model(ModelConfig(init_from=str(spec), block_size=32), data_vocab_size=60)
     assert load_model(tmp_path, dropout=0.1).config.dropout == 0.1
 
 
@@ -163,11 +163,11 @@ def test_sample_cli_reads_the_model_folder(tmp_path, capsys):
 
 
 def test_model_vocab_pads_auto_to_a_multiple_of_64_and_keeps_an_explicit_size():
-    from gptcore.model.load import model_vocab
+    from gptcore.model.load import ModelConfig
 
     for data in (50257, 4506, 151646, 64, 1):
-        assert model_vocab("auto", data) == model_vocab(None, data) == -(-data // 64) * 64
-    assert model_vocab(50400, 50257) == 50400
+        assert ModelConfig(vocab_size="auto").vocab(data) == -(-data // 64) * 64
+    assert ModelConfig(vocab_size=50400).vocab(50257) == 50400
 
 
 def test_a_damaged_hf_folder_is_named_and_a_disk_error_is_not_called_damage(tmp_path, monkeypatch):

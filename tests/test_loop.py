@@ -5,7 +5,7 @@ import torch
 from gptcore.distributed import DistEnv
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.train import memory
-from gptcore.train.config import TRAIN, TrainConfig
+from gptcore.train.config import TrainConfig
 from gptcore.train.memory import StepMemory
 from gptcore.train.trainer import NonFiniteLoss, Trainer
 
@@ -47,7 +47,7 @@ def trainer(tmp_path, loader=None, **cfg) -> tuple[Trainer, Log]:
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64))
     log = Log()
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
-    return Trainer(model, loader or Batches(), TrainConfig(**TRAIN.validate({**CFG, **cfg})), env, tmp_path, log, {}), log
+    return Trainer(model, loader or Batches(), TrainConfig.read({**CFG, **cfg}), env, tmp_path, log, {}), log
 
 
 def train_rows(log: Log) -> dict[int, dict]:

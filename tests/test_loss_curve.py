@@ -18,17 +18,18 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from stagekit import write_gpt2_shards
-from test_memory import preset
+from test_memory import preset_sections
 
-from gptcore.data import shards
 from gptcore.data.loader import TokenLoader
+from gptcore.data.shard_set import ShardSet
 from gptcore.distributed import DistEnv
-from gptcore.model.load import init_model
-from gptcore.train.config import TRAIN, TrainConfig
+from gptcore.model.load import ModelConfig, init_model
+from gptcore.train.config import TrainConfig
 from gptcore.train.trainer import Trainer
 
 REF = Path(__file__).parent / "data" / "loss_curve_quickstart.json"
@@ -38,11 +39,11 @@ RTOL = 1e-5  # see the docstring: 7.2e-7 measured across kernels and threads
 
 def config() -> tuple[dict, dict]:
     """The quick-start's model and train sections, with this test's steps, batch and precision."""
-    model, train = preset("quickstart")
-    train = TRAIN.validate({**train, "micro_batch": MICRO, "total_batch_tokens": TOKENS, "max_steps": STEPS,
+    model, train = preset_sections("quickstart")
+    train = TrainConfig.read({**train, "micro_batch": MICRO, "total_batch_tokens": TOKENS, "max_steps": STEPS,
                             "warmup_steps": 2, "dtype": "float32", "device": "cpu", "compile": False,
                             "eval_every": 0, "ckpt_every": 1000, "log_every": 1})
-    return model, train
+    return ModelConfig.read(model), train
 
 
 class Losses:
@@ -63,15 +64,15 @@ def train_losses(work: Path) -> list[float]:
     """Train the quick-start model STEPS steps on one thread over shards made in `work`; each step's loss."""
     model_params, train = config()
     shard_dir = write_gpt2_shards(work / "shards")
-    vocab = shards.read_manifest(shard_dir)["vocab_size"]
+    data = ShardSet.open(shard_dir)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        model = init_model(model_params, vocab, seed=train["seed"])
-        loader = TokenLoader(shards.open_split(shard_dir, "train"), MICRO, model.config.block_size, TOKENS,
-                             shuffle=train["shuffle"], seed=train["seed"], vocab_size=vocab)
+        model = init_model(model_params, data.vocab_size, seed=train.seed)
+        loader = TokenLoader(data.splits["train"], MICRO, model.config.block_size, TOKENS, shuffle=train.shuffle,
+                             seed=train.seed, vocab_size=data.vocab_size)
         log = Losses()
-        Trainer(model, loader, TrainConfig(**train), DistEnv(0, 0, 1, torch.device("cpu")),
+        Trainer(model, loader, train, DistEnv(0, 0, 1, torch.device("cpu")),
                 work / "checkpoints", log, {}).fit()
     finally:
         torch.set_num_threads(threads)
@@ -92,5 +93,5 @@ if __name__ == "__main__":
         losses = train_losses(Path(work))
     model, train = config()
     REF.write_text(json.dumps({"made_by": "PYTHONPATH=. python tests/test_loss_curve.py", "torch": torch.__version__,
-                               "model": model, "train": train, "losses": losses}, indent=1) + "\n", encoding="utf-8")
+                               "model": asdict(model), "train": asdict(train), "losses": losses}, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {REF}: {len(losses)} losses, {losses[0]:.4f} -> {losses[-1]:.4f}", file=sys.stderr)

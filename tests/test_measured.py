@@ -13,7 +13,8 @@ import yaml
 from stagekit import ROOT
 from test_tokenize import fetch, tokenize
 
-from gptcore.eval.config import EVAL
+from gptcore.data.shard_set import ShardSet
+from gptcore.eval.config import EvalConfig
 from gptcore.eval.measured import measured_on, val_split
 from gptcore.report.compare import summarize
 
@@ -67,7 +68,7 @@ def hub_and_local(tmp_path_factory, parquet) -> tuple[Path, Path]:
 
 def test_val_split_identity_from_a_hub_fetch(hub_and_local):
     hub, _ = hub_and_local
-    split = val_split(hub, scored_tokens=1024)
+    split = val_split(ShardSet.open(hub), scored_tokens=1024)
     val = hub / "val_000000.npy"
     assert split["val_sha256"] == [hashlib.sha256(val.read_bytes()).hexdigest()]  # the file's own bytes
     assert split["val_tokens"] == len(np.load(val)) == 4096 == split["split_tokens"]
@@ -79,7 +80,7 @@ def test_val_split_identity_from_a_hub_fetch(hub_and_local):
 def test_a_local_copy_of_the_very_files_has_the_same_val_tokens(hub_and_local):
     """What makes a local copy comparable: its val shards are byte-identical to the hub fetch's."""
     hub, local = hub_and_local
-    a, b = val_split(hub, 1024), val_split(local, 1024)
+    a, b = val_split(ShardSet.open(hub), 1024), val_split(ShardSet.open(local), 1024)
     assert b["source"] == "local" and a["val_sha256"] == b["val_sha256"]
     assert a["fingerprint"] != b["fingerprint"]  # the fetched files differ (fetch rewrites local ones)
 
@@ -90,8 +91,8 @@ def test_compare_on_real_records(hub_and_local, tmp_path):
     base = yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text(encoding="utf-8"))
     base["gpt2_124m"]["val_loss_measured_on"]["split_tokens"] = 4096
     run = {"eval": {"val_loss": 4.0}}
-    p = EVAL.validate({"task": "cloze", "val_tokens": 1024, "sample_prompt": "x"})
-    hub_rec, local_rec = measured_on(p, hub, None), measured_on(p, local, None)
+    p = EvalConfig.read({"task": "cloze", "val_tokens": 1024, "sample_prompt": "x"})
+    hub_rec, local_rec = measured_on(p, ShardSet.open(hub), None), measured_on(p, ShardSet.open(local), None)
     assert "val_loss_vs_gpt2" in summarize(run, base, hub_rec)["delta"]
     assert "from local files" in summarize(run, base, local_rec)["comparable"]["val_loss_vs_gpt2"]["reason"]
     base["gpt2_124m"]["val_loss_measured_on"]["val_sha256"] = hub_rec["val_split"]["val_sha256"]
@@ -102,5 +103,5 @@ def test_another_split_rule_is_no_like(tmp_path, parquet):
     shards = shards_from(tmp_path, {"source": "hub", "name": "HuggingFaceFW/fineweb-edu", "config": "sample-10BT"},
                          FileHub(parquet), val_tokens=2048)
     reason = summarize({"eval": {"val_loss": 4.0}}, yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text()),
-                       {"val_split": val_split(shards, 1024)})["comparable"]["val_loss_vs_gpt2"]["reason"]
+                       {"val_split": val_split(ShardSet.open(shards), 1024)})["comparable"]["val_loss_vs_gpt2"]["reason"]
     assert "first 2048 tokens (tokenize.val_tokens: 2048), the baseline's the first 100,000,000" in reason

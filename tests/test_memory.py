@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,40 +15,46 @@ import torch
 import yaml
 
 from gptcore.errors import UserError
-from gptcore.model.gpt import MODEL
+from gptcore.model.load import ModelConfig
 from gptcore.train import memory
-from gptcore.train.config import TRAIN
+from gptcore.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
 
 
-def preset(name: str) -> tuple[dict, dict]:
-    """A preset's model: and train: sections over conf/config.yaml's defaults, validated by the schemas."""
+def preset_sections(name: str) -> tuple[dict, dict]:
+    """A preset's model: and train: sections over conf/config.yaml's defaults, as dicts."""
     conf = yaml.safe_load((ROOT / "conf" / "config.yaml").read_text(encoding="utf-8"))
     p = yaml.safe_load((ROOT / "conf" / "preset" / f"{name}.yaml").read_text(encoding="utf-8"))
     for base in p.get("defaults", []):  # a preset built on another one
         if isinstance(base, str) and base != "_self_":
-            m, t = preset(base)
+            m, t = preset_sections(base)
             conf["model"].update(m)
             conf["train"].update(t)
     conf["model"].update(p.get("model", {}))
     conf["train"].update(p.get("train", {}))
-    return MODEL.validate(conf["model"]), TRAIN.validate(conf["train"])
+    return conf["model"], conf["train"]
+
+
+def preset(name: str) -> tuple[ModelConfig, TrainConfig]:
+    """A preset's model: and train: sections over conf/config.yaml's defaults, read by their classes."""
+    model, train = preset_sections(name)
+    return ModelConfig.read(model), TrainConfig.read(train)
 
 
 def test_quick_start_fits_this_machine_and_a_million_layers_do_not():
     model, train = preset("quickstart")
     assert memory.train_bytes(model, train, 50304) < 1 * GIB
     memory.check_fits(model, train, 50304, torch.device("cpu"))  # refuses nothing here
-    huge = {**model, "n_layer": 1_000_000}
+    huge = replace(model, n_layer=1_000_000)
     with pytest.raises(UserError, match=r"model.n_layer=1000000, .* training needs at least [\d,.]+ GiB"):
         memory.check_fits(huge, train, 50304, torch.device("cpu"))
     # four CPU processes share the RAM: the bound is four times one process's
     free = memory.available_bytes(torch.device("cpu"))
-    big = dict(model)
+    big = model
     while memory.train_bytes(big, train, 50304) < free / 3:  # one process fits, four do not
-        big["n_layer"] *= 2
+        big = replace(big, n_layer=big.n_layer * 2)
     if memory.train_bytes(big, train, 50304) < free * 0.9:
         memory.check_fits(big, train, 50304, torch.device("cpu"), processes=1)
         with pytest.raises(UserError, match="4 processes on the cpu"):
@@ -63,7 +70,7 @@ torch.set_num_threads(1)
 from gptcore.train import memory
 from gptcore.distributed import DistEnv
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.train.config import TRAIN, TrainConfig
+from gptcore.train.config import TrainConfig
 from gptcore.train.trainer import Trainer
 
 micro, ckpt = int(sys.argv[1]), sys.argv[2]
@@ -91,9 +98,9 @@ class Log:
 
 torch.manual_seed(0)
 model = GPT(GPTConfig(n_layer=8, n_head=4, n_embd=64, block_size=256, vocab_size=512))
-cfg = TRAIN.validate(dict(micro_batch=micro, total_batch_tokens=16 * 256, max_steps=2, warmup_steps=0, max_lr=1e-3,
+cfg = TrainConfig.read(dict(micro_batch=micro, total_batch_tokens=16 * 256, max_steps=2, warmup_steps=0, max_lr=1e-3,
                           dtype="float32", eval_every=0, val_tokens=256, ckpt_every=100, keep_checkpoints=2))
-t = Trainer(model, Batches(), TrainConfig(**cfg), DistEnv(0, 0, 1, torch.device("cpu")), ckpt, Log(), {})
+t = Trainer(model, Batches(), cfg, DistEnv(0, 0, 1, torch.device("cpu")), ckpt, Log(), {})
 try:
     t.fit()
     print(json.dumps({"peak": peaks[0], "step": t.step}))

@@ -5,11 +5,13 @@ import math
 
 import pytest
 import torch
+from stagekit import train_config
 
-from gptcore.model.gpt import GPT, MODEL, GPTConfig, Rotary, apply_rotary
+from gptcore.model.gpt import GPT, GPTConfig, Rotary, apply_rotary
+from gptcore.model.load import ModelConfig
 from gptcore.params import ParamError
 from gptcore.report.flops import flops_per_token
-from gptcore.train.optim import Optimizers, build_optimizers, set_lr
+from gptcore.train.optimizers import Optimizers, build_optimizers, set_lr
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64)
 MODERN = dict(bias=False, pos_encoding="rotary", norm="rmsnorm", qk_norm=True, mlp="swiglu", tie_embeddings=False,
@@ -75,13 +77,13 @@ def test_shapes_causality_and_overfitting(switches):
         a, b = model(idx)[0], model(other)[0]
     assert torch.allclose(a[:, :9], b[:, :9], atol=1e-6) and not torch.allclose(a[:, 9:], b[:, 9:])
     # a tiny model overfits one batch
-    opt = build_optimizers(model, "adamw", 3e-3, 0.0, (0.9, 0.95), 1e-8, "cpu")
+    opt = build_optimizers(model, train_config(optimizer="adamw", max_lr=3e-3, weight_decay=0.0), "cpu")
     assert_overfits(model, opt)
 
 
 def test_modern_model_overfits_with_muon():
     model = tiny(**MODERN)
-    opt = build_optimizers(model, "muon", 3e-3, 0.0, (0.9, 0.95), 1e-8, "cpu", muon_lr=0.02)
+    opt = build_optimizers(model, train_config(optimizer="muon", max_lr=3e-3, weight_decay=0.0, muon_lr=0.02), "cpu")
     assert_overfits(model, opt)
 
 
@@ -179,12 +181,12 @@ def test_the_schema_rejects_unknown_switch_values():
     for bad in (dict(pos_encoding="alibi"), dict(norm="batchnorm"), dict(mlp="geglu"), dict(logit_softcap=0),
                 dict(qk_norm="yes"), dict(rope_base=1), dict(pos_encoding="rotary", n_head=4, n_embd=20)):
         with pytest.raises(ParamError, match=r"^model\."):
-            MODEL.validate({**TINY, **bad})
+            ModelConfig.read({**TINY, **bad})
 
 
 def test_muon_gets_the_blocks_matrices_and_adamw_the_rest():
     model = tiny(**{**MODERN, "bias": True})
-    opt = build_optimizers(model, "muon", 3e-3, 0.1, (0.9, 0.95), 1e-8, "cpu", muon_lr=0.02, muon_momentum=0.9)
+    opt = build_optimizers(model, train_config(optimizer="muon", max_lr=3e-3, weight_decay=0.1, muon_lr=0.02, muon_momentum=0.9), "cpu")
     assert isinstance(opt, Optimizers) and list(opt.optimizers) == ["adamw", "muon"]
     assert isinstance(opt.optimizers["muon"], torch.optim.Muon)
     names = {id(p): n for n, p in model.named_parameters()}
@@ -206,18 +208,18 @@ def test_muon_gets_the_blocks_matrices_and_adamw_the_rest():
 
 def test_optimizers_state_round_trip():
     model = tiny(**MODERN)
-    opt = build_optimizers(model, "muon", 3e-3, 0.0, (0.9, 0.95), 1e-8, "cpu")
+    opt = build_optimizers(model, train_config(optimizer="muon", max_lr=3e-3, weight_decay=0.0), "cpu")
     model(torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16)))[1].backward()
     opt.step()
     state = opt.state_dict()
     assert set(state) == {"adamw", "muon"} and state["muon"]["state"]
-    fresh = build_optimizers(tiny(**MODERN), "muon", 3e-3, 0.0, (0.9, 0.95), 1e-8, "cpu")
+    fresh = build_optimizers(tiny(**MODERN), train_config(optimizer="muon", max_lr=3e-3, weight_decay=0.0), "cpu")
     fresh.load_state_dict(state)
     assert fresh.state_dict()["muon"]["state"][0]["momentum_buffer"].equal(state["muon"]["state"][0]["momentum_buffer"])
     with pytest.raises(ValueError, match="optimizer state holds"):
-        build_optimizers(tiny(**MODERN), "adamw", 3e-3, 0.0, (0.9, 0.95), 1e-8, "cpu").load_state_dict(state)
-    with pytest.raises(ValueError, match="train.optimizer"):
-        build_optimizers(model, "sgd", 3e-3, 0.0, (0.9, 0.95), 1e-8, "cpu")
+        build_optimizers(tiny(**MODERN), train_config(optimizer="adamw", max_lr=3e-3, weight_decay=0.0), "cpu").load_state_dict(state)
+    with pytest.raises(ParamError, match="train.optimizer='sgd': must be one of adamw, muon"):
+        train_config(optimizer="sgd")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,7 +307,7 @@ def test_cuda_compiled_modern_model_matches_eager_in_bf16_and_trains_with_muon()
     with torch.autocast("cuda", dtype=torch.bfloat16):
         eager, fast = model(idx)[0].float(), compiled(idx)[0].float()
     torch.testing.assert_close(fast, eager, atol=0.05, rtol=0.05)
-    opt = build_optimizers(model, "muon", 3e-3, 0.0, (0.9, 0.95), 1e-8, "cuda")
+    opt = build_optimizers(model, train_config(optimizer="muon", max_lr=3e-3, weight_decay=0.0), "cuda")
     losses = []
     for _ in range(30):
         with torch.autocast("cuda", dtype=torch.bfloat16):

@@ -3,13 +3,16 @@ import math
 
 import pytest
 import torch
+from stagekit import train_config
 
 from gptcore.distributed import DistEnv
-from gptcore.model.gpt import GPT, MODEL, GPTConfig
+from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.model.load import ModelConfig
 from gptcore.params import ParamError
 from gptcore.report.steplog import StepLogger
-from gptcore.train.config import TRAIN, TrainConfig
-from gptcore.train.optim import Muon, adamw_groups, build_optimizers
+from gptcore.train.optimizers import build_optimizers
+from gptcore.train.optimizers.adamw import adamw_groups
+from gptcore.train.optimizers.muon import Muon
 from gptcore.train.schedule import LRSchedule, lr_at
 from gptcore.train.trainer import Trainer
 
@@ -93,15 +96,15 @@ def test_adamw_groups_cover_every_parameter_once_with_their_rates():
     assert names_of(untied, groups["embed"]["params"]) == ["transformer.wte.weight"]
     assert names_of(untied, groups["head"]["params"]) == ["lm_head.weight"]
     assert all(g["lr"] == 1e-3 for g in groups.values())  # None: max_lr
-    opt = build_optimizers(model, "adamw", 6e-4, 0.1, (0.9, 0.95), 1e-8, "cpu").optimizers["adamw"]
+    opt = build_optimizers(model, train_config(optimizer="adamw", max_lr=6e-4, weight_decay=0.1), "cpu").optimizers["adamw"]
     assert opt.defaults.get("fused") is True  # the fused kernel on the CPU too
-    assert not build_optimizers(model, "adamw", 6e-4, 0.1, (0.9, 0.95), 1e-8, "mps").optimizers["adamw"].defaults.get(
+    assert not build_optimizers(model, train_config(optimizer="adamw", max_lr=6e-4, weight_decay=0.1), "mps").optimizers["adamw"].defaults.get(
         "fused")
 
 
 def test_gpt2_with_the_adamw_a_run_builds_overfits_one_batch():
     model = tiny()  # every switch off (test_modern overfits each switch on)
-    opt = build_optimizers(model, "adamw", 3e-3, 0.0, (0.9, 0.95), 1e-8, "cpu")
+    opt = build_optimizers(model, train_config(optimizer="adamw", max_lr=3e-3, weight_decay=0.0), "cpu")
     x = torch.randint(0, 64, (4, 16))
     y = torch.roll(x, -1, dims=1)
     threads = torch.get_num_threads()
@@ -125,7 +128,7 @@ def test_zero_init_head_starts_the_untied_head_at_zero():
     logits, _ = model(torch.randint(0, 64, (1, 8)))
     assert not logits.any()  # every first prediction is uniform
     with pytest.raises(ParamError, match="zero_init_head"):
-        MODEL.validate({**TINY, "zero_init_head": True})  # tied: it would zero the token table
+        ModelConfig.read({**TINY, "zero_init_head": True})  # tied: it would zero the token table
 
 
 # --------------------------------------------------------------------------- Muon per matrix, against a reference
@@ -152,7 +155,7 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_muon_orthogonalises_q_k_v_and_gate_up_each_as_its_own_matrix():
     model = tiny(**MODERN)
     C = model.config.n_embd
-    opt = build_optimizers(model, "muon", 1e-3, 0.0, (0.9, 0.95), 1e-8, "cpu", muon_lr=0.02, muon_momentum=0.95)
+    opt = build_optimizers(model, train_config(optimizer="muon", max_lr=1e-3, weight_decay=0.0, muon_lr=0.02, muon_momentum=0.95), "cpu")
     muon = opt.optimizers["muon"]
     assert isinstance(muon, Muon) and isinstance(muon, torch.optim.Muon)
     assert {g["name"]: g.get("row_blocks") for g in muon.param_groups} == {"muon": 1, "muon_qkv": 3,
@@ -197,13 +200,6 @@ class OneBatch:
 
     def state_dict(self):
         return {}
-
-
-def train_config(**overrides) -> TrainConfig:
-    params = TRAIN.validate({"micro_batch": 2, "total_batch_tokens": 32, "max_steps": 10, "warmup_steps": 4,
-                             "max_lr": 1e-2, "eval_every": 0, "val_tokens": 16, "ckpt_every": 100,
-                             "dtype": "float32", **overrides})
-    return TrainConfig(**params)
 
 
 @pytest.mark.parametrize("switches,rates", [({}, {}), (MODERN, dict(embed_lr=5e-2, head_lr=2e-3, scalar_lr=3e-2))],

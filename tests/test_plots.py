@@ -535,12 +535,12 @@ def test_tokens_to_target_is_the_first_eval_at_or_below_it(tmp_path):
 
 
 def test_compare_target_param_is_checked():
-    from gptcore.report.params import COMPARE
+    from gptcore.report.speedrun import CompareConfig
 
-    assert COMPARE.validate({"target_val_loss": 3}) == {"target_val_loss": 3.0}
-    assert COMPARE.validate({"target_val_loss": None}) == {"target_val_loss": None}
+    assert CompareConfig.read({"target_val_loss": 3}).target_val_loss == 3.0
+    assert CompareConfig.read({"target_val_loss": None}).target_val_loss is None
     for bad in (0, "low", True):
         with pytest.raises(UserError, match=f"compare.target_val_loss={bad!r}: must be a number > 0 or null"):
-            COMPARE.validate({"target_val_loss": bad})
+            CompareConfig.read({"target_val_loss": bad})
     with pytest.raises(UserError, match="compare.target=1: unknown param"):
-        COMPARE.validate({"target_val_loss": 3.0, "target": 1})
+        CompareConfig.read({"target_val_loss": 3.0, "target": 1})

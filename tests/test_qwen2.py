@@ -14,7 +14,7 @@ import pytest
 
 from gptcore.data import shards as S
 from gptcore.data import tokenizers as T
-from gptcore.data.tokenize import TOKENIZE
+from gptcore.data.tokenize import TokenizeConfig
 from gptcore.data.tokenizers import TIKTOKEN_PATTERNS
 from gptcore.errors import UserError
 from gptcore.model.load import padded_vocab
@@ -76,10 +76,9 @@ def test_qwen2_vocabulary_and_specials(qwen2):
 
 
 def test_the_model_vocab_is_qwen2s_padded_to_a_multiple_of_64(qwen2):
-    from gptcore.model.load import init_model
+    from gptcore.model.load import ModelConfig, init_model
 
-    model = init_model({"n_layer": 1, "n_head": 1, "n_embd": 8, "block_size": 8, "vocab_size": "auto"},
-                       qwen2.vocab_size)
+    model = init_model(ModelConfig(n_layer=1, n_head=1, n_embd=8, block_size=8), qwen2.vocab_size)
     assert model.config.vocab_size == 151_680 and model.transformer.wte.weight.shape[0] == 151_680
 
 
@@ -151,9 +150,9 @@ def test_any_tiktoken_ranks_file_with_a_named_pattern(tmp_path):
     assert again.encode("Hello world") == [15496, 995]
     # the schema names the patterns to a user, before any tokenizer is built
     with pytest.raises(UserError, match="tokenize.tiktoken_pattern=None: tokenizer .* is a tiktoken ranks file"):
-        TOKENIZE.validate({"tokenizer": str(shard_dir / T.TIKTOKEN_FILE), "val_tokens": 0})
+        TokenizeConfig.read({"tokenizer": str(shard_dir / T.TIKTOKEN_FILE), "val_tokens": 0})
     with pytest.raises(UserError, match="tokenize.tiktoken_pattern='nope': must be one of qwen2, gpt2, cl100k"):
-        TOKENIZE.validate({"tokenizer": str(shard_dir / T.TIKTOKEN_FILE), "val_tokens": 0, "tiktoken_pattern": "nope"})
+        TokenizeConfig.read({"tokenizer": str(shard_dir / T.TIKTOKEN_FILE), "val_tokens": 0, "tiktoken_pattern": "nope"})
     bad = tmp_path / "bad.tiktoken"
     bad.write_text("not base64!! x\n")
     with pytest.raises(UserError, match="bad.tiktoken:1"):
@@ -178,6 +177,6 @@ def test_tokenize_stage_with_qwen2_writes_uint32_shards_and_reloads(tmp_path, qw
     assert not (tmp_path / "shards" / T.TIKTOKEN_FILE).exists()  # rebuilt from the package, not copied
     assert T.load_tokenizer(tmp_path / "shards").decode(got[1:30]) == qwen2.decode(want[1:30])
     with pytest.raises(UserError, match="tokenize.encoder='gigatoken': applies to tokenizer gpt2 only"):
-        TOKENIZE.validate({"tokenizer": "qwen2", "val_tokens": 0, "encoder": "gigatoken"})
+        TokenizeConfig.read({"tokenizer": "qwen2", "val_tokens": 0, "encoder": "gigatoken"})
     with pytest.raises(UserError, match="tokenize.tiktoken_pattern=None"):
-        TOKENIZE.validate({"tokenizer": "x.tiktoken", "val_tokens": 0})
+        TokenizeConfig.read({"tokenizer": "x.tiktoken", "val_tokens": 0})

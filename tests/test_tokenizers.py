@@ -15,7 +15,7 @@ import pytest
 
 from gptcore.data import tokenizers as T
 from gptcore.data.shards import dtype_for_vocab
-from gptcore.data.tokenize import TOKENIZE
+from gptcore.data.tokenize import TokenizeConfig
 from gptcore.errors import UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data"
@@ -191,7 +191,7 @@ def test_train_byte_level_bpe(tmp_path):
         assert tok.decode(tok.encode(t)) == t  # byte-level: every string round-trips
     assert len(tok.encode("ACT I. SCENE II.")) < len("ACT I. SCENE II.")  # merges were learned
     with pytest.raises(UserError, match="bpe_vocab_size=100"):  # the schema refuses it, before any training
-        TOKENIZE.validate({"tokenizer": "bpe", "val_tokens": 0, "bpe_vocab_size": 100})
+        TokenizeConfig.read({"tokenizer": "bpe", "val_tokens": 0, "bpe_vocab_size": 100})
     with pytest.raises(UserError, match="empty corpus"):
         T.train_bpe([], 400, tmp_path / "y.json")
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gptcore.data.shard_set import ShardSet
 from gptcore.errors import UserError
 from gptcore.eval.val_loss import val_loss, val_stream
 from gptcore.model.gpt import GPT, GPTConfig
@@ -57,9 +58,10 @@ def write_split(d, val, train):
 
 
 def test_val_stream_reads_one_token_past_val_tokens(tmp_path):
-    write_split(tmp_path, [1, 2, 3, 4], [5, 6, 7])
-    assert val_stream(tmp_path, 3).tolist() == [1, 2, 3, 4]
+    write_split(tmp_path, [1, 2, 3, 4], [5, 6, 7])  # build-nanogpt's layout: GPT-2 ids, no manifest
+    data = ShardSet.open(tmp_path)
+    assert val_stream(data, 3).tolist() == [1, 2, 3, 4]
     # a val split of exactly val_tokens: the last target is the next token of the corpus, train's first
-    assert val_stream(tmp_path, 4).tolist() == [1, 2, 3, 4, 5]
+    assert val_stream(data, 4).tolist() == [1, 2, 3, 4, 5]
     with pytest.raises(UserError, match="the val split has 4 tokens, fewer than val_tokens=5"):
-        val_stream(tmp_path, 5)
+        val_stream(data, 5)

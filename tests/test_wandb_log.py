@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from stagekit import train_config
 
 from gptcore.report.steplog import StepLogger, wandb_sinks
 
@@ -87,7 +88,7 @@ def dvclive_rows(live_dir):
 
 
 def test_offline_run_has_dvclive_names_and_steps(offline):
-    train = {"wandb_log": True, "wandb_project": "gptcore-test"}
+    train = train_config(wandb_log=True, wandb_project="gptcore-test")
     logger = StepLogger(offline / "live", also=wandb_sinks(train, {"train": {"max_lr": 1e-3}}, is_main=True))
     logger.log_constants({"params": 1234})
     for step in (0, 1, 2, 5):
@@ -103,8 +104,8 @@ def test_offline_run_has_dvclive_names_and_steps(offline):
 
 
 def test_only_rank_0_and_only_when_asked(offline):
-    assert wandb_sinks({"wandb_log": True, "wandb_project": "p"}, {}, is_main=False) == []
-    assert wandb_sinks({"wandb_log": False, "wandb_project": "p"}, {}, is_main=True) == []
+    assert wandb_sinks(train_config(wandb_log=True, wandb_project="p"), {}, is_main=False) == []
+    assert wandb_sinks(train_config(wandb_log=False, wandb_project="p"), {}, is_main=True) == []
 
     class Sink:
         calls = 0

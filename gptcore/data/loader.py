@@ -42,7 +42,7 @@ class TokenLoader:
         self.step_tokens = step_tokens
         self.rank, self.world_size = rank, world_size
         per_step = micro_batch * block_size * world_size
-        assert step_tokens % per_step == 0, (step_tokens, per_step)  # the train schema refused it: here, a bug
+        assert step_tokens % per_step == 0, (step_tokens, per_step)  # check_run refused it: here, a bug
         self.grad_accum = step_tokens // per_step
         self.shuffle, self.seed = shuffle, seed
         self.vocab_size = vocab_size  # ids at or above it are reported with shard and offset, not left to crash

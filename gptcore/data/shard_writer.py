@@ -101,7 +101,7 @@ class ShardWriter:
 
     def __init__(self, shard_dir: str | Path, header: dict, shard_tokens: int, val_tokens: int,
                  resume: dict | None = None, pool: Executor | None = None) -> None:
-        assert shard_tokens >= 1 and val_tokens >= 0, (shard_tokens, val_tokens)  # the tokenize schema checked them
+        assert shard_tokens >= 1 and val_tokens >= 0, (shard_tokens, val_tokens)  # TokenizeConfig checked them
         self.dir = Path(shard_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.dtype = np.dtype(header["dtype"])

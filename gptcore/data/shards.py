@@ -212,42 +212,39 @@ def check_files(shard_dir: str | Path, m: dict, full: bool = True, map_fn: Calla
     return problems
 
 
-def open_split(shard_dir: str | Path, split: str) -> list[Path]:
-    """One split's shards for train and evaluate, after cheap checks of the whole folder (manifest complete, every
-    listed shard at its size and dtype, none unlisted; build-nanogpt's shards, with no manifest: load_tokens')."""
+def open_splits(shard_dir: str | Path) -> tuple[dict | None, dict[str, list[Path]]]:
+    """The manifest (None for build-nanogpt's shards, which have none) and each split's shards, after cheap checks of
+    the whole folder: manifest complete, every listed shard at its size and dtype, none unlisted, no split empty."""
     shard_dir = Path(shard_dir)
     if not (shard_dir / MANIFEST).exists():
-        paths = list_shards(shard_dir, split)
-        for p in paths:
+        splits = {split: list_shards(shard_dir, split) for split in SPLITS}
+        for p in (p for paths in splits.values() for p in paths):
             load_tokens(p)
-        return paths
-    m = read_manifest(shard_dir)
-    if m.get("complete") is not True:
-        raise UserError(f"{shard_dir / MANIFEST}: complete: false, the tokenize run has not finished "
-                        f"({len(m['shards'])} shards so far); rerun the tokenize stage to finish it")
-    problems = check_files(shard_dir, m, full=False)
-    if problems:
-        more = f" (and {len(problems) - 1} more: gptcore-verify-shards {shard_dir} lists them)" if len(problems) > 1 else ""
-        raise UserError(f"{problems[0]}{more}; rerun the tokenize stage: it names what to delete, then rewrites it")
-    paths = [shard_dir / s["name"] for s in m["shards"] if s["split"] == split]
-    if not paths:
-        raise UserError(f"{shard_dir / MANIFEST}: lists no {split} shards")
-    return paths
-
-
-def split_tokens(shard_dir: str | Path, split: str) -> int:
-    """How many tokens the shards of `split` hold (from the headers; `open_split`'s checks first)."""
-    return sum(len(load_tokens(p)) for p in open_split(shard_dir, split))
-
-
-def identity(shard_dir: str | Path) -> str:
-    """A digest naming exactly the shards in `shard_dir`: of the manifest's per-shard name, split, token count and
-    sha256 (nothing reread); without a manifest (build-nanogpt's shards), of the files' names and sizes."""
-    shard_dir = Path(shard_dir)
-    if (shard_dir / MANIFEST).exists():
+        m = None
+    else:
         m = read_manifest(shard_dir)
+        if m.get("complete") is not True:
+            raise UserError(f"{shard_dir / MANIFEST}: complete: false, the tokenize run has not finished "
+                            f"({len(m['shards'])} shards so far); rerun the tokenize stage to finish it")
+        problems = check_files(shard_dir, m, full=False)
+        if problems:
+            more = (f" (and {len(problems) - 1} more: gptcore-verify-shards {shard_dir} lists them)"
+                    if len(problems) > 1 else "")
+            raise UserError(f"{problems[0]}{more}; rerun the tokenize stage: it names what to delete, then rewrites "
+                            f"it")
+        splits = {split: [shard_dir / s["name"] for s in m["shards"] if s["split"] == split] for split in SPLITS}
+    for split, paths in splits.items():
+        if not paths:
+            raise UserError(f"{shard_dir / MANIFEST if m else shard_dir}: lists no {split} shards")
+    return m, splits
+
+
+def identity(m: dict | None, splits: dict[str, list[Path]]) -> str:
+    """A digest naming exactly these shards: of the manifest's per-shard name, split, token count and sha256 (nothing
+    reread); without a manifest (build-nanogpt's shards), of the files' names and sizes."""
+    if m is not None:
         return json_sha256([[s["name"], s["split"], s["tokens"], s["sha256"]] for s in m["shards"]])
-    return json_sha256([[p.name, p.stat().st_size] for split in SPLITS for p in list_shards(shard_dir, split)])
+    return json_sha256([[p.name, p.stat().st_size] for split in SPLITS for p in splits[split]])
 
 
 def check_token_range(tokens: np.ndarray, vocab_size: int, path: str | Path, offset: int = 0) -> None:

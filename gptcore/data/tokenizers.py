@@ -15,7 +15,8 @@ import tempfile
 import unicodedata
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Protocol
 
 import numpy as np
 from tiktoken_ext.openai_public import r50k_pat_str
@@ -26,6 +27,7 @@ from gptcore.errors import NotRepresentable, UserError
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as HFTokenizerObject
+
 
 EOT_TEXT = "<|endoftext|>"
 CHAR_VOCAB_FILE = "vocab.json"
@@ -68,6 +70,16 @@ BYTE_CHARS = _byte_chars()  # BYTE_CHARS[b]: the character that spells byte b
 _SPELL = dict(enumerate(BYTE_CHARS))  # str.translate of latin-1 text: the character of byte b -> BYTE_CHARS[b]
 
 
+class TokenizerParams(Protocol):
+    """What a tokenizer kind reads of the `tokenize:` section (TokenizeConfig in data/tokenize.py)."""
+
+    tokenizer: str
+    tiktoken_pattern: str | None
+    encoder: str
+    bpe_vocab_size: int
+    eot_token: str | None
+
+
 class Tokenizer(ABC):
     """One tokenizer kind: `name`, `vocab_size`, `eot` (the end-of-text id each document starts with), encoding and
     decoding, and its life in the pipeline: `identity` (for the shards' fingerprint), `from_params`, `record` (what a
@@ -103,13 +115,13 @@ class Tokenizer(ABC):
         """The text of token ids."""
 
     @classmethod
-    def identity(cls, p: dict[str, Any]) -> dict[str, Any]:
+    def identity(cls, p: TokenizerParams) -> dict[str, Any]:
         """What determines the ids for tokenize params `p`: the shards' fingerprint (not the encoder: same ids)."""
-        return {"tokenizer": str(p["tokenizer"]), "eot_token": p["eot_token"]}
+        return {"tokenizer": str(p.tokenizer), "eot_token": p.eot_token}
 
     @classmethod
     @abstractmethod
-    def from_params(cls, p: dict[str, Any], folder: Path | None = None,
+    def from_params(cls, p: TokenizerParams, folder: Path | None = None,
                     texts: Callable[[], Iterable[str]] | None = None, reuse: bool = False) -> Tokenizer:
         """The tokenizer of params `p`; a kind built from the corpus reads `texts()` (`reuse`: its file in `folder`)."""
 
@@ -272,7 +284,7 @@ class GPT2Tokenizer(Tokenizer):
     @classmethod
     def from_params(cls, p, folder=None, texts=None, reuse=False) -> GPT2Tokenizer:
         """GPT-2 BPE encoded by `tokenize.encoder`."""
-        return cls(p["encoder"])
+        return cls(p.encoder)
 
     @classmethod
     def load(cls, folder, rec) -> GPT2Tokenizer:
@@ -357,15 +369,15 @@ class TiktokenFileTokenizer(Tokenizer):
     @classmethod
     def identity(cls, p):
         """The spec, the ranks file's sha256 and the pattern."""
-        spec = str(p["tokenizer"])
+        spec = str(p.tokenizer)
         if not Path(spec).is_file():
             raise UserError(f"tokenize.tokenizer={spec!r}: ranks file not found")
-        return {**super().identity(p), "sha256": file_sha256(spec), "tiktoken_pattern": p["tiktoken_pattern"]}
+        return {**super().identity(p), "sha256": file_sha256(spec), "tiktoken_pattern": p.tiktoken_pattern}
 
     @classmethod
     def from_params(cls, p, folder=None, texts=None, reuse=False) -> TiktokenFileTokenizer:
         """The ranks file `tokenize.tokenizer` with `tokenize.tiktoken_pattern`."""
-        return cls(str(p["tokenizer"]), p["tiktoken_pattern"])
+        return cls(str(p.tokenizer), p.tiktoken_pattern)
 
     def record(self):
         """Name, vocab_size, eot, the file, the ranks' sha256, the pattern and the special tokens."""
@@ -560,12 +572,12 @@ class HFTokenizer(Tokenizer):
     @classmethod
     def identity(cls, p):
         """The spec, its eot_token and the tokenizer.json's sha256."""
-        return {**super().identity(p), "sha256": file_sha256(cls._spec_path(str(p["tokenizer"])))}
+        return {**super().identity(p), "sha256": file_sha256(cls._spec_path(str(p.tokenizer)))}
 
     @classmethod
     def from_params(cls, p, folder=None, texts=None, reuse=False) -> HFTokenizer:
         """The tokenizer.json `tokenize.tokenizer` names (a file or its folder), with `tokenize.eot_token`."""
-        return cls(cls._spec_path(str(p["tokenizer"])), eot_token=p["eot_token"])
+        return cls(cls._spec_path(str(p.tokenizer)), eot_token=p.eot_token)
 
     def record(self):
         """Name, vocab_size, eot, the file, and the eot_token if one was named."""
@@ -609,7 +621,7 @@ class BPETokenizer(HFTokenizer):
     @classmethod
     def identity(cls, p):
         """The spec and the vocabulary size it is trained to."""
-        return {**Tokenizer.identity(p), "bpe_vocab_size": p["bpe_vocab_size"]}
+        return {**Tokenizer.identity(p), "bpe_vocab_size": p.bpe_vocab_size}
 
     @classmethod
     def from_params(cls, p, folder=None, texts=None, reuse=False) -> BPETokenizer:
@@ -619,7 +631,7 @@ class BPETokenizer(HFTokenizer):
         path = Path(folder) / HF_TOKENIZER_FILE
         if not (reuse and path.is_file()):
             with atomic_path(path) as tmp:
-                train_bpe(texts(), p["bpe_vocab_size"], tmp)
+                train_bpe(texts(), p.bpe_vocab_size, tmp)
         return cls(path)
 
 
@@ -663,23 +675,23 @@ def get_tokenizer(spec: str, eot_token: str | None = None, tiktoken_pattern: str
                   encoder: str = "tiktoken") -> Tokenizer:
     """The tokenizer of a `tokenize.tokenizer` spec not built from a corpus ("gpt2", "qwen2", a `.tiktoken` ranks file
     with its `tiktoken_pattern`, a tokenizer.json or its folder); load_tokenizer(shard_dir) reloads char and bpe."""
-    p = {"tokenizer": spec, "eot_token": eot_token, "tiktoken_pattern": tiktoken_pattern, "encoder": encoder}
-    return kind_for(spec).from_params(p)
+    p = SimpleNamespace(tokenizer=spec, eot_token=eot_token, tiktoken_pattern=tiktoken_pattern, encoder=encoder)
+    return kind_for(spec).from_params(p)  # the fields of a TokenizeConfig it reads
 
 
-def prepare_tokenizer(p: dict[str, Any], folder: Path, texts: Callable[[], Iterable[str]],
+def prepare_tokenizer(p: TokenizerParams, folder: Path, texts: Callable[[], Iterable[str]],
                       reuse: bool) -> Tokenizer:
     """The tokenize stage's tokenizer for params `p`, its file saved into `folder` (a kind built from the corpus reads
     `texts()`); when `reuse` (resuming a run of the same fingerprint) the file already there is kept: the same ids."""
-    tok = kind_for(str(p["tokenizer"])).from_params(p, folder, texts, reuse)
+    tok = kind_for(str(p.tokenizer)).from_params(p, folder, texts, reuse)
     if not reuse:
         tok.save(folder)
     return tok
 
 
-def has_tokenizer_file(p: dict[str, Any], folder: Path) -> bool:
+def has_tokenizer_file(p: TokenizerParams, folder: Path) -> bool:
     """Whether `folder` holds what the tokenizer of params `p` needs to be reloaded (always, for a package kind)."""
-    file = kind_for(str(p["tokenizer"])).file
+    file = kind_for(str(p.tokenizer)).file
     return file is None or (Path(folder) / file).is_file()
 
 
@@ -694,16 +706,20 @@ def load_tokenizer(folder: str | Path) -> Tokenizer:
     """Rebuild the tokenizer recorded in folder/manifest.json (shards' or a model's; its file is read from `folder`).
     Without a manifest, build-nanogpt style shards (*_val_NNNNNN.npy) are GPT-2 tokens, so gpt2 is returned."""
     folder = Path(folder)
-    mpath = folder / MANIFEST
-    if not mpath.exists():
+    if not (folder / MANIFEST).exists():
         if any(folder.glob("*_val_[0-9]*.npy")) or any(folder.glob("*_train_[0-9]*.npy")):
             return GPT2Tokenizer()
-        raise UserError(f"{mpath}: no manifest, cannot tell which tokenizer made these shards")
-    rec = read_manifest(folder, require=("tokenizer",))["tokenizer"]
+        raise UserError(f"{folder / MANIFEST}: no manifest, cannot tell which tokenizer made these shards")
+    return tokenizer_of(folder, read_manifest(folder, require=("tokenizer",)))
+
+
+def tokenizer_of(folder: Path, manifest: dict) -> Tokenizer:
+    """The tokenizer a manifest of `folder` records, rebuilt (its file read from `folder`) and checked against it."""
+    mpath, rec = Path(folder) / MANIFEST, manifest["tokenizer"]
     if not isinstance(rec, dict) or not isinstance(rec.get("name"), str):
         raise UserError(f"{mpath}: the 'tokenizer' entry has no name: {rec!r}")
     try:
-        tok = kind_for(rec["name"]).load(folder, rec)
+        tok = kind_for(rec["name"]).load(Path(folder), rec)
     except (ValueError, UserError) as e:
         raise UserError(f"{mpath}: {e}") from None
     for key in ("vocab_size", "eot"):

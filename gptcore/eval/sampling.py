@@ -13,6 +13,7 @@ from typing import NoReturn
 import torch
 
 from gptcore.atomic import read_utf8, write_text
+from gptcore.data.shard_set import ShardSet
 from gptcore.data.shards import MANIFEST
 from gptcore.data.tokenizers import GPT2Tokenizer, Tokenizer, load_tokenizer
 from gptcore.device import DEVICES, DTYPES, autocast_context, pick_device, resolve_dtype
@@ -66,13 +67,13 @@ def tokenizer_for(spec: str, model: GPT, tokenizer_dir: str | Path | None = None
     return tok
 
 
-def model_for_shards(spec: str, data_tok: Tokenizer, shard_dir: Path) -> GPT:
-    """The model `spec` names, refused unless its own tokenizer made the shards in `shard_dir` (gpt2: GPT-2 BPE)."""
+def model_for_shards(spec: str, data: ShardSet) -> GPT:
+    """The model `spec` names, refused unless its own tokenizer made the shards (gpt2: GPT-2 BPE)."""
     model = load_model(spec)
     model_tok = tokenizer_for(spec, model)
-    a, b = ([getattr(t, key, None) for key in ("name", "vocab_size", "eot")] for t in (model_tok, data_tok))
+    a, b = ([getattr(t, key, None) for key in ("name", "vocab_size", "eot")] for t in (model_tok, data.tokenizer))
     if a != b:
-        raise UserError(f"eval.model={spec} uses tokenizer {a[0]} (vocab {a[1]}, eot {a[2]}) but {shard_dir} was "
+        raise UserError(f"eval.model={spec} uses tokenizer {a[0]} (vocab {a[1]}, eot {a[2]}) but {data.folder} was "
                         f"tokenized with {b[0]} (vocab {b[1]}, eot {b[2]}); evaluate on matching shards")
     return model
 

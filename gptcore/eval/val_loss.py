@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from gptcore import distributed
 from gptcore.data import shards
+from gptcore.data.shard_set import ShardSet
 from gptcore.device import autocast_context
 from gptcore.errors import UserError
 
@@ -31,15 +32,13 @@ def first_tokens(paths: Sequence[Path], n: int, vocab_size: int | None = None) -
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def val_stream(shard_dir: Path, val_tokens: int, vocab_size: int | None = None) -> np.ndarray:
+def val_stream(data: ShardSet, val_tokens: int) -> np.ndarray:
     """The `val_tokens + 1` tokens val_loss scores: the val split, then, when it holds exactly val_tokens, the train
-    split's first token (which the loader only uses as an input); ids are checked against `vocab_size`."""
-    val = shards.open_split(shard_dir, "val")
-    have = sum(len(shards.load_tokens(p)) for p in val)
-    if have < val_tokens:
-        raise UserError(f"{shard_dir}: the val split has {have:,} tokens, fewer than val_tokens={val_tokens:,} "
-                        f"(eval.val_tokens / train.val_tokens)")
-    return first_tokens(val + shards.open_split(shard_dir, "train"), val_tokens + 1, vocab_size)
+    split's first token (which the loader only uses as an input); ids are checked against the tokenizer's."""
+    if data.tokens["val"] < val_tokens:
+        raise UserError(f"{data.folder}: the val split has {data.tokens['val']:,} tokens, fewer than "
+                        f"val_tokens={val_tokens:,} (eval.val_tokens / train.val_tokens)")
+    return first_tokens(data.splits["val"] + data.splits["train"], val_tokens + 1, data.vocab_size)
 
 
 @torch.no_grad()

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -17,61 +18,48 @@ from torch.nn import functional as F
 
 from gptcore.errors import UserError
 from gptcore.model.lm_loss import lm_loss
-from gptcore.params import REQUIRED, Param, ParamError, Section
-
-if TYPE_CHECKING:
-    pass
+from gptcore.params import ParamError, Section, param
 
 NORM_EPS = 1e-5  # LayerNorm's (GPT-2's) and RMSNorm's
 
 
-def _relations(p: dict[str, Any]) -> None:
-    # a loaded model's shape comes from its weights: only zero_init_head's rule applies to it
-    if p["zero_init_head"] and p["tie_embeddings"]:
-        raise ParamError("model.zero_init_head", True, "needs model.tie_embeddings: false (a tied head is the token "
-                                                       "table, which must not start at zero)")
-    if p["init_from"] != "scratch":
-        return
-    if p["n_embd"] % p["n_head"]:
-        raise ParamError("model.n_embd", p["n_embd"], f"must be divisible by model.n_head={p['n_head']}")
-    if p["pos_encoding"] == "rotary" and (p["n_embd"] // p["n_head"]) % 2:
-        raise ParamError("model.n_embd", p["n_embd"], f"must give an even head size n_embd / n_head for rotary "
-                                                      f"positions (model.n_head={p['n_head']})")
+@dataclass(kw_only=True)
+class GPTConfig(Section):
+    """The shape of a GPT and the modern recipe's switches; the defaults are GPT-2 124M's. The `model:` section of
+    params.yaml is this plus where the weights come from (`ModelConfig` in load.py)."""
 
+    section = "model"
+    n_layer: int = param(12, "transformer blocks", min=1)
+    n_head: int = param(12, "attention heads per block", min=1)
+    n_embd: int = param(768, "width of the residual stream", min=1)
+    block_size: int = param(1024, "context length in tokens", min=1)
+    vocab_size: int = param(50304, "the token table's rows: the tokenizer's ids, padded up to a multiple of 64", min=1)
+    bias: bool = param(True, "biases in linear layers and layer norms, as GPT-2")
+    dropout: float = param(0.0, "dropout probability while training", min=0.0, below=1.0)
+    # the modern recipe's switches, each off by default (conf/preset/modern_quickstart.yaml turns them on)
+    pos_encoding: str = param("learned", "learned (a position table) | rotary (RoPE on q and k)",
+                              choices=("learned", "rotary"))
+    rope_base: float = param(10000.0, "rotary: the wavelength base of the lowest frequency pair", above=1.0)
+    norm: str = param("layernorm", "layernorm | rmsnorm", choices=("layernorm", "rmsnorm"))
+    qk_norm: bool = param(False, "RMSNorm of each head's q and k")
+    mlp: str = param("gelu", "gelu | relu2 | swiglu (hidden 8/3 n_embd, rounded to a multiple of 64)",
+                     choices=("gelu", "relu2", "swiglu"))
+    tie_embeddings: bool = param(True, "one matrix embeds and scores tokens; false: a separate lm_head")
+    zero_init_proj: bool = param(False, "attention and MLP output projections start at zero")
+    zero_init_head: bool = param(False, "the untied lm_head starts at zero (modded-nanogpt record 2024-11-03, with "
+                                        "the untied head); needs tie_embeddings false")
+    logit_softcap: float | None = param(None, "a number c: logits -> c * tanh(logits / c); null: no cap", above=0.0)
 
-# params.yaml's `model:` section (read by model.load.init_model); GPTConfig's fields are its keys
-MODEL = Section("model", {
-    "init_from": Param(str, "scratch", "scratch | gpt2 | gpt2-medium | gpt2-large | gpt2-xl | a HF folder | a .pt"),
-    "n_layer": Param(int, REQUIRED, "transformer blocks", min=1),
-    "n_head": Param(int, REQUIRED, "attention heads per block", min=1),
-    "n_embd": Param(int, REQUIRED, "width of the residual stream", min=1),
-    "block_size": Param(int, REQUIRED, "context length in tokens", min=1),
-    "vocab_size": Param(int, "auto", "auto: the data's vocabulary padded up to a multiple of 64", min=1,
-                        also=("auto",)),
-    "bias": Param(bool, True, "biases in linear layers and layer norms, as GPT-2"),
-    "dropout": Param(float, 0.0, "dropout probability while training", min=0.0, below=1.0),
-    # the modern recipe's switches; the defaults are GPT-2 (conf/preset/modern_quickstart.yaml turns them on)
-    "pos_encoding": Param(str, "learned", "learned (a position table) | rotary (RoPE on q and k)",
-                          choices=("learned", "rotary")),
-    "rope_base": Param(float, 10000.0, "rotary: the wavelength base of the lowest frequency pair", above=1.0),
-    "norm": Param(str, "layernorm", "layernorm | rmsnorm", choices=("layernorm", "rmsnorm")),
-    "qk_norm": Param(bool, False, "RMSNorm of each head's q and k"),
-    "mlp": Param(str, "gelu", "gelu | relu2 | swiglu (hidden 8/3 n_embd, rounded to a multiple of 64)",
-                 choices=("gelu", "relu2", "swiglu")),
-    "tie_embeddings": Param(bool, True, "one matrix embeds and scores tokens; false: a separate lm_head"),
-    "zero_init_proj": Param(bool, False, "attention and MLP output projections start at zero"),
-    "zero_init_head": Param(bool, False, "the untied lm_head starts at zero (modded-nanogpt record 2024-11-03, "
-                                         "with the untied head); needs tie_embeddings false"),
-    "logit_softcap": Param(float, None, "a number c: logits -> c * tanh(logits / c); null: no cap", above=0.0,
-                           also=(None,)),
-}, _relations)
-# GPT-2 124M's shape, which GPTConfig() is; a preset states its own (the schema has no default for it)
-GPT2_SHAPE = {"n_layer": 12, "n_head": 12, "n_embd": 768, "block_size": 1024, "vocab_size": 50304}
-
-
-@MODEL.config(omit=("init_from",), defaults=GPT2_SHAPE)
-class GPTConfig:
-    """The shape of a GPT: one field per key of MODEL but init_from, unchecked (MODEL or `file_config` checks)."""
+    def check(self) -> None:
+        """The rules of a shape: heads divide the width, rotary needs an even head size, a zero head is untied."""
+        if self.zero_init_head and self.tie_embeddings:
+            raise ParamError("model.zero_init_head", True, "needs model.tie_embeddings: false (a tied head is the "
+                                                           "token table, which must not start at zero)")
+        if self.n_embd % self.n_head:
+            raise ParamError("model.n_embd", self.n_embd, f"must be divisible by model.n_head={self.n_head}")
+        if self.pos_encoding == "rotary" and (self.n_embd // self.n_head) % 2:
+            raise ParamError("model.n_embd", self.n_embd, f"must give an even head size n_embd / n_head for rotary "
+                                                          f"positions (model.n_head={self.n_head})")
 
     @property
     def swiglu_hidden(self) -> int:
@@ -84,16 +72,13 @@ class BadModelConfig(UserError):
 
 
 def file_config(fields: dict[str, Any], source: str | os.PathLike) -> GPTConfig:
-    """The GPTConfig of a config read from `source`, checked by MODEL as params.yaml's is (unknown fields dropped,
-    missing shape fields GPT-2 124M's); BadModelConfig names the field it refuses."""
-    known = {k: v for k, v in fields.items() if k in GPTConfig.__dataclass_fields__}
+    """The GPTConfig of a config read from `source`, checked as params.yaml's is (unknown fields dropped, missing ones
+    GPT-2 124M's); BadModelConfig names the field it refuses."""
+    known = {k: v for k, v in fields.items() if k in GPTConfig.params()}
     try:
-        checked = MODEL.validate({**GPT2_SHAPE, **known})  # init_from scratch: every rule of the shape applies
+        return GPTConfig.read(known)
     except ParamError as e:
         raise BadModelConfig(f"{source}: its model config makes no GPT: {e}") from None
-    if checked["vocab_size"] == "auto":
-        raise BadModelConfig(f"{source}: its model config gives vocab_size 'auto', not a number")
-    return GPTConfig(**{k: v for k, v in checked.items() if k != "init_from"})
 
 
 class RMSNorm(nn.RMSNorm):

@@ -4,8 +4,9 @@ model/ folder, or a .pt file (ours, nanoGPT's, build-nanogpt's, read without run
 size crops the position table."""
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
 import torch
 
@@ -14,6 +15,7 @@ from gptcore.model.checkpoint_file import read_checkpoint, strip_prefixes
 from gptcore.model.export import MODEL_FILE
 from gptcore.model.gpt import GPT, GPTConfig, file_config
 from gptcore.model.hf import HF_GPT2_NAMES, load_hf_gpt2
+from gptcore.params import ParamError, param
 
 
 def _from_checkpoint(path: Path) -> GPT:
@@ -69,25 +71,40 @@ def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
     return ((vocab_size + multiple - 1) // multiple) * multiple
 
 
-def model_vocab(vocab_param: int | str | None, data_vocab_size: int) -> int:
-    """The model's vocabulary for `model.vocab_size` (`auto`/None: the data's, padded): the one place it is padded."""
-    return padded_vocab(data_vocab_size) if vocab_param in (None, "auto") else int(vocab_param)
+@dataclass(kw_only=True)
+class ModelConfig(GPTConfig):
+    """params.yaml's `model:` section: a GPTConfig (the shape of a scratch model, its switches) plus where the weights
+    come from; a loaded model's shape comes from its weights, and block_size and dropout apply to it."""
+
+    init_from: str = param("scratch", "scratch | gpt2 | gpt2-medium | gpt2-large | gpt2-xl | a HF folder | a .pt")
+    vocab_size: int | Literal["auto"] = param("auto", "auto: the data's vocabulary padded up to a multiple of 64",
+                                              min=1)
+
+    def check(self) -> None:
+        """A scratch model's shape rules; a loaded one's shape is its weights' (only zero_init_head's rule applies)."""
+        if self.init_from == "scratch":
+            super().check()
+        elif self.zero_init_head and self.tie_embeddings:
+            raise ParamError("model.zero_init_head", True, "needs model.tie_embeddings: false (a tied head is the "
+                                                           "token table, which must not start at zero)")
+
+    def vocab(self, data_vocab_size: int) -> int:
+        """The model's vocabulary (`auto`: the data's, padded): the one place it is padded."""
+        return padded_vocab(data_vocab_size) if self.vocab_size == "auto" else self.vocab_size
 
 
-def init_model(model_params: dict[str, Any], data_vocab_size: int, seed: int = 1337) -> GPT:
-    """The weights a run starts from, by `model.init_from` (scratch from `seed`, the same on every rank and rerun, or
-    any spec of `load_model`); the vocabulary must hold every token id of the data."""
-    params = dict(model_params)
-    init_from = str(params.pop("init_from", "scratch"))
-    params["vocab_size"] = model_vocab(params.get("vocab_size", "auto"), data_vocab_size)
-    if init_from == "scratch":
+def init_model(cfg: ModelConfig, data_vocab_size: int, seed: int = 1337) -> GPT:
+    """The weights a run starts from, by `init_from` (scratch from `seed`, the same on every rank and rerun, or any
+    spec of `load_model`); the vocabulary must hold every token id of the data."""
+    if cfg.init_from == "scratch":
+        shape = {k: v for k, v in asdict(cfg).items() if k in GPTConfig.params()}
         torch.manual_seed(seed)
-        model = GPT(GPTConfig(**params))
+        model = GPT(GPTConfig(**{**shape, "vocab_size": cfg.vocab(data_vocab_size)}))
     else:
         try:
-            model = load_model(init_from, block_size=params.get("block_size"), dropout=params.get("dropout", 0.0))
+            model = load_model(cfg.init_from, block_size=cfg.block_size, dropout=cfg.dropout)
         except UserError as e:  # the loader's own one-line reasons; anything else is a bug
-            raise UserError(f"model.init_from={init_from!r}: {e}") from e
+            raise UserError(f"model.init_from={cfg.init_from!r}: {e}") from e
     if model.config.vocab_size < data_vocab_size:
         raise UserError(f"model vocab_size={model.config.vocab_size} is smaller than the data's tokenizer vocabulary "
                         f"({data_vocab_size}); set model.vocab_size: auto or at least {data_vocab_size}")

@@ -157,6 +157,6 @@ class WandbLog:
         self.run.finish()
 
 
-def wandb_sinks(train: Mapping[str, Any], config: Mapping[str, Any], is_main: bool) -> list[WandbLog]:
+def wandb_sinks(train: Any, config: Mapping[str, Any], is_main: bool) -> list[WandbLog]:
     """[a WandbLog] on rank 0 when `train.wandb_log` is on, else []: StepLogger's `also`."""
-    return [WandbLog(train["wandb_project"], config)] if train["wandb_log"] and is_main else []
+    return [WandbLog(train.wandb_project, config)] if train.wandb_log and is_main else []

@@ -3,16 +3,20 @@ data read before training starts; the loop knows only the protocol."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from gptcore.atomic import write_text
-from gptcore.data.tokenizers import Tokenizer
-from gptcore.eval.hellaswag import hellaswag_examples
+from gptcore.data.shard_set import ShardSet
+from gptcore.distributed import DistEnv
 from gptcore.eval.sampling import sample
 from gptcore.eval.scorer import score_examples
+from gptcore.eval.tasks.hellaswag import hellaswag_examples
 from gptcore.eval.val_loss import val_loss, val_stream
+
+if TYPE_CHECKING:
+    from gptcore.train.config import TrainConfig
 
 Evaluator = Callable[[torch.nn.Module, int], dict[str, float]]
 
@@ -25,33 +29,32 @@ def samples_folder(folder: Path, samples: int, is_main: bool) -> None:
         write_text(folder / "README.txt", "train.samples is 0: no samples\n")
 
 
-def training_evaluators(train: dict[str, Any], tok: Tokenizer, shard_dir: Path, samples_dir: Path, block_size: int,
-                        device: torch.device, dtype: torch.dtype | None, rank: int, world_size: int,
-                        echo: Callable[[str], None] | None = None) -> list[Evaluator]:
+def training_evaluators(cfg: TrainConfig, data: ShardSet, samples_dir: Path, block_size: int, env: DistEnv,
+                        dtype: torch.dtype | None, echo: Callable[[str], None] | None = None) -> list[Evaluator]:
     """The evaluators a `train:` section asks for (val loss, HellaSwag, samples), their data read before training."""
-    is_main, batch = rank == 0, train["val_batch"]
-    tokens = val_stream(shard_dir, train["val_tokens"], tok.vocab_size)
+    is_main, batch, tok, device = env.is_main, cfg.val_batch, data.tokenizer, env.device
+    tokens = val_stream(data, cfg.val_tokens)
     out: list[Evaluator] = [lambda model, step: {"val_loss": val_loss(model, tokens, block_size, batch, device, dtype,
-                                                                      rank, world_size, is_main)}]
-    if train["hellaswag"]:
-        examples = hellaswag_examples(tok, train["hellaswag_path"], train["hellaswag_examples"],
-                                      "train.hellaswag_path", progress=is_main, block_size=block_size)
+                                                                      env.rank, env.world_size, is_main)}]
+    if cfg.hellaswag:
+        examples = hellaswag_examples(tok, cfg.hellaswag_path, cfg.hellaswag_examples, "train.hellaswag_path",
+                                      progress=is_main, block_size=block_size)
 
         def hellaswag(model: torch.nn.Module, step: int) -> dict[str, float]:
             r = score_examples(model, examples, tok.vocab_size, device=device, batch_size=batch, dtype=dtype,
                                progress=is_main)
             return {"hellaswag_acc_norm": r.acc_norm, "hellaswag_acc": r.acc}
         out.append(hellaswag)
-    if train["samples"] > 0:
-        prompt = train["sample_prompt"]
+    if cfg.samples > 0:
 
         def samples(model: torch.nn.Module, step: int) -> dict[str, float]:
             """Rank 0 writes samples_dir/step_NNNNNNN.txt; seeded by (seed, step), never the global RNG, so a run
             with samples resumes bit-exactly."""
             if is_main:
-                texts = sample(model, tok, prompt, train["samples"], train["sample_tokens"],
-                               seed=train["seed"] * 1_000_003 + step, device=device, dtype=dtype)
-                body = "".join(f"--- step {step}, sample {i} ---\n{prompt}{t}\n\n" for i, t in enumerate(texts))
+                texts = sample(model, tok, cfg.sample_prompt, cfg.samples, cfg.sample_tokens,
+                               seed=cfg.seed * 1_000_003 + step, device=device, dtype=dtype)
+                body = "".join(f"--- step {step}, sample {i} ---\n{cfg.sample_prompt}{t}\n\n"
+                               for i, t in enumerate(texts))
                 write_text(samples_dir / f"step_{step:07d}.txt", body)
                 if echo is not None:
                     echo(body.rstrip())

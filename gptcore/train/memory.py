@@ -7,13 +7,19 @@ import os
 import re
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import psutil
 import torch
 
 from gptcore.distributed import all_gather_objects
 from gptcore.errors import UserError
+from gptcore.model.gpt import GPTConfig
+from gptcore.train.optimizers import OPTIMIZERS
+
+if TYPE_CHECKING:
+    from gptcore.model.load import ModelConfig
+    from gptcore.train.config import TrainConfig
 
 GIB = 1 << 30
 # a first step may peak at most this share of the memory the process may use: later steps, evals and the allocator's
@@ -26,20 +32,21 @@ class StepMemory(UserError):
     """A training step does not fit (or ran out of) the device's memory at this train.micro_batch."""
 
 
-def matrix_params(model: dict[str, Any], vocab_size: int) -> int:
-    """Weights in the matrices of a scratch model of this `model:` section (vocab_size already padded)."""
-    c = model["n_embd"]
+def matrix_params(model: GPTConfig, vocab_size: int) -> int:
+    """Weights in the matrices of a scratch model of this shape (vocab_size already padded)."""
+    c = model.n_embd
     per_block = 12 * c * c  # attention 4 c^2; MLP 8 c^2 (GELU/ReLU^2) or 3 c * 8/3 c (SwiGLU)
-    heads = 1 if model.get("tie_embeddings", True) else 2
-    return model["n_layer"] * per_block + heads * vocab_size * c
+    heads = 1 if model.tie_embeddings else 2
+    return model.n_layer * per_block + heads * vocab_size * c
 
 
-def train_bytes(model: dict[str, Any], train: dict[str, Any], vocab_size: int) -> int:
+def train_bytes(model: GPTConfig, train: TrainConfig, vocab_size: int) -> int:
     """A lower bound of one training process's memory in bytes: the matrices with their gradients and optimizer state
-    in fp32 (AdamW: 16 bytes a weight, Muon: 12) and the 10 n_embd values a token each block keeps for backward."""
-    state = 16 if train.get("optimizer", "adamw") == "adamw" else 12
-    act_bytes = 4 if train.get("dtype") == "float32" else 2
-    activations = train["micro_batch"] * model["block_size"] * model["n_layer"] * 10 * model["n_embd"] * act_bytes
+    in fp32 (the optimizer's `bytes_per_weight`: AdamW 16, Muon 12) and the 10 n_embd values a token each block keeps
+    for backward."""
+    state = OPTIMIZERS[train.optimizer].bytes_per_weight
+    act_bytes = 4 if train.dtype == "float32" else 2
+    activations = train.micro_batch * model.block_size * model.n_layer * 10 * model.n_embd * act_bytes
     return matrix_params(model, vocab_size) * state + activations
 
 
@@ -63,10 +70,10 @@ def available_bytes(device: torch.device) -> int | None:
     return None
 
 
-def check_fits(model: dict[str, Any], train: dict[str, Any], vocab_size: int, device: torch.device,
+def check_fits(model: ModelConfig, train: TrainConfig, vocab_size: int, device: torch.device,
                processes: int = 1) -> None:
     """A UserError naming the params when training a scratch `model` cannot fit in `device`'s free memory."""
-    free = available_bytes(device) if model.get("init_from", "scratch") == "scratch" else None
+    free = available_bytes(device) if model.init_from == "scratch" else None
     if free is None:  # a loaded model's weights are known to fit; MPS cannot tell
         return
     sharing = processes if device.type == "cpu" else 1
@@ -75,8 +82,8 @@ def check_fits(model: dict[str, Any], train: dict[str, Any], vocab_size: int, de
         return
     on = f"{processes} processes on the cpu" if sharing > 1 else str(device)
     raise UserError(
-        f"params.yaml model.n_layer={model['n_layer']}, model.n_embd={model['n_embd']}, "
-        f"train.micro_batch={train['micro_batch']}, model.block_size={model['block_size']}: training needs at least "
+        f"params.yaml model.n_layer={model.n_layer}, model.n_embd={model.n_embd}, "
+        f"train.micro_batch={train.micro_batch}, model.block_size={model.block_size}: training needs at least "
         f"{need / GIB:,.1f} GiB ({matrix_params(model, vocab_size) / 1e6:,.0f}M weights with their gradients and "
         f"optimizer state, and the activations of one micro-batch) and {on} has {free / GIB:,.1f} GiB free: make the "
         f"model smaller or lower train.micro_batch")

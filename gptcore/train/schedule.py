@@ -44,7 +44,7 @@ class LRSchedule:
     decay_frac: float = 0.2
 
     def __post_init__(self) -> None:
-        # the train schema validated these (TRAIN in gptcore/train/config.py)
+        # TrainConfig checked these (gptcore/train/config.py)
         assert 0 <= self.warmup_steps <= self.max_steps, (self.warmup_steps, self.max_steps)
         assert self.kind in SCHEDULES, self.kind
 

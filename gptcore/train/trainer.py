@@ -1,9 +1,11 @@
-"""The training loop: gradient accumulation, DDP, mixed precision, clipping, evals at a cadence, checkpoints and
-bit-exact resume. It knows a model, a batch source (`next_batch`, `state_dict`, `grad_accum`), a checkpoint folder
-and a logger; not shards, not DVC."""
+"""The Trainer: a run wired from its params sections and data (`Trainer.build`), then the loop (gradient accumulation,
+DDP, mixed precision, clipping, evals at a cadence, checkpoints, bit-exact resume) and the export of model/. The loop
+itself knows a model, a batch source (`next_batch`, `state_dict`, `grad_accum`), a checkpoint folder and a logger;
+nothing here knows what a DVC stage is."""
 from __future__ import annotations
 
 import math
+import os
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
@@ -14,21 +16,36 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from gptcore import distributed
+from gptcore import device, distributed
+from gptcore.data.loader import TokenLoader
+from gptcore.data.shard_set import ShardSet
 from gptcore.device import autocast_context, resolve_dtype
 from gptcore.distributed import DistEnv
 from gptcore.errors import UserError
+from gptcore.lifetime import under_torchrun
 from gptcore.model.checkpoint_file import strip_prefixes
+from gptcore.model.export import export_model
 from gptcore.model.gpt import GPT
+from gptcore.model.load import ModelConfig, init_model
 from gptcore.report.flops import estimate_mfu, model_sizes
-from gptcore.report.steplog import StepLogger
+from gptcore.report.steplog import StepLogger, wandb_sinks
 from gptcore.train import checkpoints, memory
-from gptcore.train.config import TrainConfig
-from gptcore.train.evaluators import Evaluator
-from gptcore.train.optim import build_optimizers, set_lr
+from gptcore.train.config import TrainConfig, check_run, fingerprint_params
+from gptcore.train.evaluators import Evaluator, samples_folder, training_evaluators
+from gptcore.train.optimizers import build_optimizers, set_lr
 from gptcore.train.schedule import LRSchedule
 
 TIMINGS = ("tokens_per_sec", "step_ms", "mfu")  # vary between two runs of the same params: metrics/train only
+
+
+def preflight(model: ModelConfig, train: TrainConfig, data: ShardSet) -> None:
+    """Every check of the `model:` and `train:` sections against the processes, the data and the memory, before any
+    weights exist: the same in a torchrun launcher (which keeps off the GPUs: its ranks check theirs) and a rank."""
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else train.nproc
+    check_run(model, train, world, data.tokens["val"])
+    dev = device.pick_device(train.device, int(os.environ.get("LOCAL_RANK", "0")), key="train.device")
+    if dev.type != "cuda" or world == 1 or under_torchrun():
+        memory.check_fits(model, train, model.vocab(data.vocab_size), dev, world)
 
 
 class NonFiniteLoss(UserError):
@@ -52,10 +69,7 @@ class Trainer:
             torch.backends.cudnn.allow_tf32 = True
 
         self.raw_model = model.to(self.device)
-        self.optimizer = build_optimizers(
-            self.raw_model, cfg.optimizer, cfg.max_lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.eps,
-            self.device.type, muon_lr=cfg.muon_lr, muon_momentum=cfg.muon_momentum, embed_lr=cfg.embed_lr,
-            head_lr=cfg.head_lr, scalar_lr=cfg.scalar_lr, muon_clip=cfg.muon_clip)
+        self.optimizer = build_optimizers(self.raw_model, cfg, self.device.type)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         self.schedule = LRSchedule(cfg.max_lr, cfg.max_lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.max_steps,
                                    cfg.schedule, cfg.decay_frac)
@@ -72,6 +86,26 @@ class Trainer:
         self.model: torch.nn.Module = torch.compile(self.raw_model) if cfg.compile else self.raw_model
         if env.ddp:
             self.model = DDP(self.model, device_ids=[env.local_rank] if self.device.type == "cuda" else None)
+
+    @classmethod
+    def build(cls, model_cfg: ModelConfig, cfg: TrainConfig, data: ShardSet, ckpt_dir: Path,
+              live_dir: Path) -> tuple[Trainer, list[str]]:
+        """A run wired from its sections and its data: this process's place in the process group, the starting
+        weights, the loader, the evaluators, the step logger, and the checkpoint to resume from (a collective: rank 0
+        decides, moving a previous run aside); also what resuming decided, as lines to show."""
+        env = distributed.setup(cfg.device, key="train.device")
+        model = init_model(model_cfg, data.vocab_size, seed=cfg.seed)
+        loader = TokenLoader(data.splits["train"], cfg.micro_batch, model.config.block_size, cfg.total_batch_tokens,
+                             env.rank, env.world_size, shuffle=cfg.shuffle, seed=cfg.seed, vocab_size=data.vocab_size)
+        evaluators = training_evaluators(cfg, data, live_dir / "samples", model.config.block_size, env,
+                                         resolve_dtype(cfg.dtype, env.device), echo=tqdm.write)
+        run_params = fingerprint_params(model_cfg, cfg, data.record())
+        resume, notes = checkpoints.prepare_resume(ckpt_dir, run_params, env.is_main, also=[live_dir])
+        samples_folder(live_dir / "samples", cfg.samples, env.is_main)  # after a previous run's moved aside
+        sinks = wandb_sinks(cfg, {"model": asdict(model_cfg), "train": asdict(cfg)}, env.is_main)
+        logger = StepLogger(live_dir, enabled=env.is_main, resume_step=resume["step"] if resume else None,
+                            also=sinks)
+        return cls(model, loader, cfg, env, ckpt_dir, logger, run_params, evaluators, resume_from=resume), notes
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def _restore(self, ckpt: dict[str, Any]) -> None:
@@ -113,6 +147,17 @@ class Trainer:
         n = sum(p.numel() for p in self.raw_model.parameters())
         return (f"{n / 1e6:.2f}M params, {self.env.world_size} x {self.device}, {self.dtype}, grad accumulation "
                 f"{self.loader.grad_accum}, {self.cfg.total_batch_tokens:,} tokens/step")
+
+    def export(self, model_dir: Path, data: ShardSet, final: dict[str, float]) -> list[str]:
+        """After `fit`: close the step logger, and on rank 0 write model/ (train.export's weights, the record of the
+        run and its data, the tokenizer); the lines worth showing."""
+        self.logger.close()
+        if not self.env.is_main:
+            return []
+        weights, record = self.export_weights()
+        record.update(final=final, shards_digest=data.identity)  # the shards it trained on
+        return export_model(model_dir, weights, data.tokenizer, record,
+                            {"device": self.device.type, "processes": self.env.world_size})
 
     def export_weights(self) -> tuple[GPT, dict[str, Any]]:
         """What model/ gets (train.export: the last weights, or the lowest val loss's) and the record saying so."""

@@ -5,11 +5,18 @@ the distractors are spans of that length from elsewhere. Scored by gptcore.eval.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
+from gptcore.data.tokenizers import Tokenizer
 from gptcore.errors import UserError
 from gptcore.eval.scorer import Example
+from gptcore.eval.tasks import TASKS, Task
 from gptcore.params import ParamError
+
+if TYPE_CHECKING:
+    from gptcore.eval.config import EvalConfig
 
 
 def clean_windows(tokens: np.ndarray, eot: int, window: int) -> int:
@@ -79,3 +86,17 @@ def build_cloze(tokens: np.ndarray, eot: int, n_examples: int, context_len: int,
         examples.append(Example(context=tokens[start:start + context_len].tolist(), endings=endings,
                                 label=label, index=len(examples)))
     return examples
+
+
+def cloze_examples(cfg: EvalConfig, tok: Tokenizer, tokens: np.ndarray, block_size: int,
+                   progress: bool = False) -> list[Example]:
+    """eval.cloze_examples questions cut from the scored val tokens, each of which must fit the model's block."""
+    if cfg.cloze_context + cfg.cloze_ending > block_size:
+        raise ParamError("eval.cloze_context", cfg.cloze_context,
+                         f"plus eval.cloze_ending={cfg.cloze_ending} must be <= the model's block_size = "
+                         f"{block_size} (a question is seen whole): lower one of them")
+    return build_cloze(tokens[:cfg.val_tokens], tok.eot, cfg.cloze_examples, cfg.cloze_context, cfg.cloze_ending,
+                       cfg.seed, key="eval.cloze_examples")
+
+
+TASKS.register("cloze", Task(cloze_examples))

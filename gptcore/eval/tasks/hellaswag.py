@@ -8,14 +8,19 @@ import json
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
+import numpy as np
 from tqdm import tqdm
 
 from gptcore.atomic import atomic_write, file_sha256
 from gptcore.data.tokenizers import Tokenizer
 from gptcore.errors import UserError
 from gptcore.eval.scorer import Example, fit_example
+from gptcore.eval.tasks import TASKS, Task
+
+if TYPE_CHECKING:
+    from gptcore.eval.config import EvalConfig
 
 HELLASWAG_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 HELLASWAG_VAL_SIZE = 12_246_618
@@ -154,3 +159,12 @@ def hellaswag_file(path: str | Path | None, dest_dir: str | Path = "data/hellasw
     """What a HellaSwag figure was measured on: the file read (`path`, else the verified download) and its sha256."""
     file = Path(path) if path is not None else Path(dest_dir) / HELLASWAG_VAL_NAME
     return {"file": str(file), "sha256": file_sha256(file)}
+
+
+def _examples(cfg: EvalConfig, tok: Tokenizer, tokens: np.ndarray, block_size: int,
+              progress: bool = False) -> list[Example]:
+    return hellaswag_examples(tok, cfg.hellaswag_path, cfg.max_examples, "eval.hellaswag_path", progress=progress,
+                              block_size=block_size)
+
+
+TASKS.register("hellaswag", Task(_examples, record=lambda cfg: hellaswag_file(cfg.hellaswag_path)))

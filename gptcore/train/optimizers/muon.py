@@ -1,0 +1,78 @@
+"""Muon (Nesterov momentum, each update orthogonalised by Newton-Schulz) for the blocks' hidden matrices, each fused
+q/k/v or gate/up matrix per matrix, and AdamW for the rest, as the NanoGPT speedrun (docs/modern-recipe.md)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+# torch.optim.Muon's private Newton-Schulz iteration and shape scaling: a matrix Muon updates whole gets torch's update
+from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
+
+from gptcore.model.gpt import GPT
+from gptcore.train.optimizers import OPTIMIZERS, OptimizerKind, Optimizers
+from gptcore.train.optimizers.adamw import make_adamw
+
+if TYPE_CHECKING:
+    from gptcore.train.config import TrainConfig
+
+
+def hidden_matrices(model: GPT) -> list[nn.Parameter]:
+    """The 2-D weights inside the blocks (attention and MLP projections): what Muon updates."""
+    return [p for p in model.transformer.h.parameters() if p.dim() == 2 and p.requires_grad]
+
+
+class Muon(torch.optim.Muon):
+    """torch.optim.Muon whose groups may carry "row_blocks" k: each parameter stores k matrices stacked by rows (the
+    fused q/k/v), each orthogonalised and shape-scaled on its own; with k = 1 the update is torch's, step for step."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One update: momentum, decoupled decay, then each stored matrix's orthogonalised step."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params, grads, bufs = [], [], []
+            self._init_group(group, params, grads, bufs)
+            lr, wd, momentum, k = group["lr"], group["weight_decay"], group["momentum"], group.get("row_blocks", 1)
+            for param, grad, buf in zip(params, grads, bufs):
+                buf.lerp_(grad, 1 - momentum)
+                update = grad.lerp(buf, momentum) if group["nesterov"] else buf
+                param.mul_(1 - lr * wd)  # momentum and decay are elementwise: the same fused or not
+                for p_part, u_part in zip(param.chunk(k, dim=0), update.chunk(k, dim=0)):
+                    ortho = _zeropower_via_newtonschulz(u_part, group["ns_coefficients"], group["ns_steps"],
+                                                        group["eps"])
+                    p_part.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p_part.shape))
+        return loss
+
+
+def muon_groups(model: GPT) -> list[dict[str, Any]]:
+    """Muon's non-empty groups: "muon" (whole matrices), "muon_qkv" (c_attn) and "muon_gate_up" (SwiGLU's c_fc)."""
+    stacked = {}  # id(weight) -> the matrices it stores by rows
+    for block in model.transformer.h:
+        stacked[id(block.attn.c_attn.weight)] = 3
+        if block.mlp.kind == "swiglu":
+            stacked[id(block.mlp.c_fc.weight)] = 2
+    names = {1: "muon", 3: "muon_qkv", 2: "muon_gate_up"}
+    groups = {k: {"name": name, "params": [], "row_blocks": k} for k, name in names.items()}
+    for p in hidden_matrices(model):
+        groups[stacked.get(id(p), 1)]["params"].append(p)
+    return [g for g in groups.values() if g["params"]]
+
+
+def build(model: GPT, cfg: TrainConfig, device_type: str) -> Optimizers:
+    """Muon at muon_lr for the hidden matrices, AdamW for the rest; with muon_clip false the clip (and grad_norm)
+    covers AdamW's parameters only, as modded-nanogpt, which clips nothing Muon updates."""
+    hidden = hidden_matrices(model)
+    adamw = make_adamw(model, cfg, device_type, exclude=hidden)
+    muon = Muon(muon_groups(model), lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay,
+                nesterov=True)
+    clip = None if cfg.muon_clip else [p for g in adamw.param_groups for p in g["params"]]
+    return Optimizers({"adamw": adamw, "muon": muon}, clip)
+
+
+# fp32 weight, gradient and one momentum buffer
+OPTIMIZERS.register("muon", OptimizerKind(build, bytes_per_weight=12))
