@@ -14,15 +14,17 @@ The sentence-splitting rule:
    that starts with `-`, `*`, `+` or `N.`, indented or not); a line that follows without a blank line joins its
    block. The end of a block always ends a sentence. A list marker at the start of a block (`- `, `1. `, also
    inside bold, as `**1. The bracket.**`) is not a word.
-2. Full stops. Inside a block a sentence ends at `.`, `!` or `?` (closing brackets, quotes or emphasis marks may
-   follow it) followed by whitespace and then a token that can start a sentence: a capital letter, a digit, an
-   opening bracket or quote, or inline code. The CJK full stop `。` always ends one.
-3. Not full stops: the `.` of `e.g.`, `i.e.`, `cf.`, `vs.`, `etc.` and `approx.`. A `.` with no whitespace after
-   it (`0.25`, `gptcore.config`, `...,`) never ends a sentence. Colons and semicolons never end one.
+2. Full stops. Inside a block a sentence ends at `.`, `!` or `?` followed by whitespace (closing brackets, quotes
+   or emphasis marks may come between), whatever follows: these pages start many sentences with a lower-case
+   name (`compare writes ...`, `bf16 rounds ...`). The CJK full stop `。` always ends one.
+3. Not full stops: the `.` of `e.g.`, `i.e.`, `cf.`, `vs.`, `etc.`, `approx.` and `et al.`, and an ellipsis (`...`,
+   `…`). A `.` with no whitespace after it (`0.25`, `gptcore.config`, `...,`) never ends a sentence. Colons and
+   semicolons never end one.
 
     python bench/doc_sentences.py                  # the table: README.md, docs/*.md, all
     python bench/doc_sentences.py --longest 20     # and the 20 longest sentences, with file and line
     python bench/doc_sentences.py --over 30        # and every sentence of more than 30 words
+    python bench/doc_sentences.py --root ../other  # the pages of another checkout (a before/after table)
 """
 from __future__ import annotations
 
@@ -40,8 +42,8 @@ IMAGE_LINE = re.compile(r"^\s*!\[[^\]]*\]\([^)]*\)\s*$")
 CODE = re.compile(r"`+[^`]+?`+")
 LINK = re.compile(r"!?\[([^\]]*)\]\([^)\s]*\)")
 CODE_WORD = "\x00CODE\x00"  # one word, and a token that can start a sentence
-ABBREVIATIONS = ("e.g.", "i.e.", "cf.", "vs.", "etc.", "approx.")
-SENTENCE_END = re.compile(r"(?:[.!?][)\]\"'*]*)(?=\s+[A-Z0-9(\[\"'\x00“‘])|。")
+ABBREVIATIONS = ("e.g.", "i.e.", "cf.", "vs.", "etc.", "approx.", "al.", "...", "…")
+SENTENCE_END = re.compile(r"(?:[.!?][)\]\"'”’]*)(?=\s+\S)|。")
 WORD = re.compile(r"\w")
 
 
@@ -119,7 +121,7 @@ def sentences_of(block: list[tuple[int, str]], path: str) -> list[Sentence]:
     out, begin = [], 0
     for m in SENTENCE_END.finditer(joined):
         piece = joined[begin:m.end()]
-        last = piece.split()[-1].lower().strip("*)]\"'") if piece.split() else ""
+        last = piece.split()[-1].lower().rstrip(")]\"'”’") if piece.split() else ""
         if m.group() != "。" and any(last.endswith(a) for a in ABBREVIATIONS):
             continue
         out.append((begin, piece))
@@ -166,13 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="*", type=Path, help="pages to measure (default: README.md and docs/*.md)")
+    parser.add_argument("--root", type=Path, default=ROOT, help="measure README.md and docs/*.md under this folder")
     parser.add_argument("--longest", type=int, default=0, metavar="N", help="also print the N longest sentences")
     parser.add_argument("--over", type=int, default=0, metavar="W", help="also print every sentence over W words")
     args = parser.parse_args(argv)
-    files = [p.resolve() for p in args.files] or pages()
+    root = args.root.resolve()
+    files = [p.resolve() for p in args.files] or pages(root)
     per_page = {}
     for path in files:
-        found = page_sentences(path)
+        found = page_sentences(path, root)
         per_page[found[0].path if found else path.name] = found
     print("\n".join(table(per_page)))
     every = [s for f in per_page.values() for s in f]
