@@ -5,9 +5,10 @@ What counts as prose: every line except fenced code blocks (``` or ~~~, indented
 that start with `|`), headings (lines that start with `#`), image lines (`![alt](src)` alone on a line) and HTML
 comments. A leading `>` (a quote) is dropped.
 
-Words: inline `code` counts as one word, whatever it holds; a [link](url) counts as the words of its text; `*`
-outside code (emphasis marks) is dropped. A word is then a whitespace-separated token holding at least one letter or digit
-(so `-`, `±`, `→` and `=` standing alone are not words).
+Words: inline `code` counts as one word, whatever it holds (a code span may go on over a line break); a
+[link](url) counts as the words of its text; `*` outside code (emphasis marks) is dropped. A word is then a
+whitespace-separated token holding at least one letter or digit, or inline code (so `-`, `±`, `→` and `=` standing
+alone are not words).
 
 The sentence-splitting rule:
 1. Blocks. The prose splits into blocks at blank lines, at the lines left out above and at each list item (a line
@@ -41,7 +42,6 @@ LEAD_MARKER = re.compile(r"^\s*(?:[-+]\s+)?(?:\d+\.\s+)?")  # after plain(), whi
 IMAGE_LINE = re.compile(r"^\s*!\[[^\]]*\]\([^)]*\)\s*$")
 CODE = re.compile(r"`+[^`]+?`+")
 LINK = re.compile(r"!?\[([^\]]*)\]\([^)\s]*\)")
-CODE_WORD = "\x00CODE\x00"  # one word, and a token that can start a sentence
 ABBREVIATIONS = ("e.g.", "i.e.", "cf.", "vs.", "etc.", "approx.", "al.", "...", "…")
 SENTENCE_END = re.compile(r"(?:[.!?][)\]\"'”’]*)(?=\s+\S)|。")
 WORD = re.compile(r"\w")
@@ -97,14 +97,15 @@ def prose_blocks(text: str) -> list[list[tuple[int, str]]]:
 
 
 def plain(text: str) -> str:
-    """Inline code as one word, links as their text, emphasis marks dropped."""
-    text = CODE.sub(CODE_WORD, text)
-    text = LINK.sub(r"\1", text)
-    return text.replace("*", "")
+    """Inline code as one word (a run of \\x00), links as their text, emphasis marks dropped; every character keeps
+    its position, so that a sentence can be traced to its line."""
+    text = CODE.sub(lambda m: "\x00" * len(m.group()), text)
+    text = LINK.sub(lambda m: " " + m.group(1) + " " * (len(m.group()) - len(m.group(1)) - 1), text)
+    return text.replace("*", " ")
 
 
 def count_words(text: str) -> int:
-    return sum(1 for token in text.split() if WORD.search(token.replace(CODE_WORD, "c")))
+    return sum(1 for token in text.split() if "\x00" in token or WORD.search(token))
 
 
 def sentences_of(block: list[tuple[int, str]], path: str) -> list[Sentence]:
@@ -112,7 +113,8 @@ def sentences_of(block: list[tuple[int, str]], path: str) -> list[Sentence]:
     starts, joined = [], ""
     for number, line in block:
         starts.append((len(joined), number))
-        joined += plain(line) + " "
+        joined += line + " "
+    joined = plain(joined)  # after joining: a code span may go on over a line break
     joined = LEAD_MARKER.sub(lambda m: " " * len(m.group()), joined, count=1)  # positions kept for line_at
 
     def line_at(position: int) -> int:
@@ -132,7 +134,8 @@ def sentences_of(block: list[tuple[int, str]], path: str) -> list[Sentence]:
         n = count_words(piece)
         if n:
             lead = len(piece) - len(piece.lstrip())
-            result.append(Sentence(path, line_at(position + lead), n, " ".join(piece.replace(CODE_WORD, "`…`").split())))
+            text = " ".join(re.sub("\x00+", "`…`", piece).split())
+            result.append(Sentence(path, line_at(position + lead), n, text))
     return result
 
 
