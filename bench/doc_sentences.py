@@ -123,8 +123,8 @@ def sentences_of(block: list[tuple[int, str]], path: str) -> list[Sentence]:
     out, begin = [], 0
     for m in SENTENCE_END.finditer(joined):
         piece = joined[begin:m.end()]
-        last = piece.split()[-1].lower().rstrip(")]\"'”’") if piece.split() else ""
-        if m.group() != "。" and any(last.endswith(a) for a in ABBREVIATIONS):
+        last = piece.split()[-1].lower().rstrip(")]\"'”’").lstrip("([\"'“‘") if piece.split() else ""
+        if m.group() != "。" and (last in ABBREVIATIONS or last.endswith(("...", "…"))):
             continue
         out.append((begin, piece))
         begin = m.end()
