@@ -101,3 +101,18 @@ def test_the_device_check_parses_and_runs_files_that_exist():
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     named = re.findall(r"((?:bench|tests)/[\w/]+\.py)", script.read_text())
     assert "bench/bench_gpu.py" in named and all((ROOT / f).is_file() for f in named)
+
+
+def test_doc_sentences_counts_and_splits_as_its_docstring_says(tmp_path):
+    """bench/doc_sentences.py: code one word, a link its text, no split at e.g. or inside 0.25, tables, headings and
+    code blocks left out, a list item its own block."""
+    from bench import doc_sentences
+
+    page = tmp_path / "page.md"
+    page.write_text("# A heading. Not counted\n\nOne `two three` [four five](x.md) six. Seven (e.g. eight), 0.25 of `a`.\n"
+                    "`Code` starts this one; a semicolon: a colon\n\n| a. B | c |\n|---|---|\n\n```bash\nnot. Counted\n```\n"
+                    "- **1. Item.** Two words on\n  two lines, et al. 2021 eval. not `an\nabbreviation`.\n", encoding="utf-8")
+    found = doc_sentences.page_sentences(page, tmp_path)
+    assert [s.words for s in found] == [5, 6, 8, 1, 9, 2]
+    assert [s.line for s in found] == [3, 3, 4, 12, 12, 13]
+    assert doc_sentences.summary(found) == (6, 31 / 6, 9)
