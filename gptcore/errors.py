@@ -5,7 +5,10 @@ from __future__ import annotations
 import errno
 import os
 import re
+import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 DENIED_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
@@ -18,10 +21,32 @@ class UserError(Exception):
     file: str = ""
 
 
-def one_line(stage: str, e: UserError) -> str:
-    """How a stage or a command prints `e`: `[stage] <file> message`, on one line (a wrapped message may span lines)."""
+def message(e: UserError) -> str:
+    """`e` on one line: `<file> message` (a wrapped message may span lines)."""
     text = " ".join(str(e).split())
-    return f"[{stage}] {e.file} {text}" if e.file else f"[{stage}] {text}"
+    return f"{e.file} {text}" if e.file else text
+
+
+def one_line(label: str, e: UserError) -> str:
+    """How a stage or a command prints `e`: `[label] <file> message`."""
+    return f"[{label}] {message(e)}"
+
+
+@contextmanager
+def one_line_errors(label: str) -> Iterator[None]:
+    """A command's error contract (the console scripts'; the stage boundary adds ranks, locks and signals to it): a
+    user's mistake, or a full or forbidden disk, ends the process with one line `[label] ...` on stderr and exit 1;
+    Ctrl-C with one line and exit 130; anything else keeps its traceback."""
+    try:
+        yield
+    except (UserError, OSError) as e:
+        err = user_error(e)
+        if err is None:
+            raise
+        sys.exit(one_line(label, err))
+    except KeyboardInterrupt:
+        print(f"[{label}] interrupted (SIGINT)", file=sys.stderr)
+        sys.exit(130)
 
 
 class NotRepresentable(ValueError):

@@ -1,23 +1,38 @@
-"""Process lifetime: children that die with their parent, SIGTERM as Ctrl-C, and the torchrun launch."""
+"""Process lifetime: a stage dies with the program that started it; SIGINT, SIGTERM and SIGHUP stop it as Ctrl-C does
+(`Interrupted`: one line, exit 128 + the signal's number); and `train.nproc` ranks run under torch's own launcher,
+torchrun's agent, inside the stage's process, paused and continued with it (docs/resume-and-failures.md)."""
 from __future__ import annotations
 
-import contextlib
 import ctypes
+import logging
 import os
 import signal
-import subprocess
 import sys
-import threading
-import time
+import tempfile
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator
+
+import psutil
 
 _PR_SET_PDEATHSIG = 1
+# set by the stage that launches the ranks: the folder where a rank leaves its one line for the stage to say; a rank
+# that finds it takes no locks and says nothing itself
+LAUNCHED = "GPTCORE_RANK_LINES"
+
+
+class Interrupted(KeyboardInterrupt):
+    """The process was asked to stop by signal `signum` (SIGINT: Ctrl-C); finished work is kept."""
+
+    def __init__(self, signum: int = signal.SIGINT) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """Ask the kernel to send `sig` to this process when its parent exits (Linux PR_SET_PDEATHSIG, which survives
-    exec: a launcher sets it for torchrun); if the parent is already gone, die now."""
+    """Ask the kernel to send `sig` to this process when its parent exits (Linux PR_SET_PDEATHSIG); if the parent is
+    already gone, die now. dvc.yaml's commands `exec` the stage, so its parent is dvc itself, not a shell."""
     if not sys.platform.startswith("linux"):
         return
     parent = os.getppid()
@@ -28,112 +43,107 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         os.kill(os.getpid(), sig)
 
 
-# the shells dvc may run a stage's command through ($SHELL -c, /bin/sh when SHELL is unset), as /proc names them
-_SHELLS = frozenset({"sh", "dash", "bash", "zsh", "ksh", "mksh", "fish"})
-
-
-def _name_and_parent(pid: int) -> tuple[str, int] | None:
-    """(command name, parent pid) of `pid` from /proc/<pid>/stat, or None when it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    close = text.rindex(")")  # the name may itself hold spaces and parentheses
-    return text[text.index("(") + 1:close], int(text[close + 2:].split()[1])
-
-
-def ancestors(pid: int | None = None) -> list[int]:
-    """This process's parent, grandparent, ... up to init (from /proc; on other systems the parent alone)."""
-    out, pid = [], os.getpid() if pid is None else pid
-    while (name_parent := _name_and_parent(pid)) is not None:
-        if name_parent[1] <= 1:
-            return out
-        pid = name_parent[1]
-        out.append(pid)
-    return out or [os.getppid()]
-
-
-def die_with_the_shells_parent(sig: int = signal.SIGKILL, every: float = 0.2) -> None:
-    """Send `sig` to this process once the program above the shells between us dies (Linux): dash (`$SHELL -c` of
-    dvc) outlives a killed dvc, so a daemon thread watches for a shell in the chain given another parent."""
-    if not sys.platform.startswith("linux"):
-        return
-    links, pid = [], os.getppid()
-    while (name_parent := _name_and_parent(pid)) is not None and name_parent[0] in _SHELLS and name_parent[1] > 1:
-        links.append((pid, name_parent[1]))
-        pid = name_parent[1]
-    if not links:
-        return
-
-    def watch() -> None:
-        while True:
-            time.sleep(every)
-            for shell, parent in links:
-                now = _name_and_parent(shell)
-                if now is None or now[1] != parent:  # reparented (or gone): whoever started the shell died
-                    os.kill(os.getpid(), sig)
-
-    threading.Thread(target=watch, name="die-with-the-shells-parent", daemon=True).start()
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
-def mortal() -> None:
-    """Die with the parent when that is dvc or torchrun (a stage started by hand is left to the shell: nohup keeps
-    it), and turn SIGTERM into KeyboardInterrupt, so the stage boundary ends it with Ctrl-C's one line."""
-    if "DVC_STAGE" in os.environ or "LOCAL_RANK" in os.environ:  # under dvc or torchrun: its death abandons the run
-        die_with_parent()
-        die_with_the_shells_parent()
-    # a rank other than 0 says nothing and may sit in a C call (waiting for rank 0 at rendezvous) where a Python
-    # handler never runs: when torchrun stops it (rank 0 refused, say), it dies at once instead of after 30 s
-    quiet_rank = under_torchrun() and os.environ.get("RANK", "0") != "0"
-    signal.signal(signal.SIGTERM, signal.SIG_DFL if quiet_rank else _raise_interrupt)
-
-
 def under_torchrun() -> bool:
     """True in a process torchrun started (it sets LOCAL_RANK and WORLD_SIZE)."""
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def run_torchrun(module: str, nproc: int) -> int:
-    """Run `python -m module` under torchrun on `nproc` local processes as a child that dies with this one; its exit
-    status (128 + N for signal N). torchrun's failure report is left out: the failed rank has said its line."""
-    argv = [sys.executable, "-c", "import sys; from gptcore.lifetime import _torchrun; _torchrun(sys.argv[1:])",
-            "--standalone", f"--nproc_per_node={int(nproc)}", "-m", module]
-    sys.stdout.flush()
-    status = run_child(argv)
-    return status if status >= 0 else 128 - status
+def rank_lines() -> Path | None:
+    """In a rank a stage launched: the folder where it leaves its one line; else None."""
+    return Path(os.environ[LAUNCHED]) if under_torchrun() and LAUNCHED in os.environ else None
 
 
-def _torchrun(args: list[str]) -> None:
-    """torchrun's main without its failure report; exits with the first failed rank's status."""
-    import logging
+def _interrupt(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
 
+
+def mortal() -> None:
+    """Die with the parent when that is dvc or a launcher (a stage started by hand is left to the shell: nohup keeps
+    it). SIGTERM and SIGHUP stop the process as Ctrl-C does, with one line; a rank that says nothing itself (a launched
+    one, or one other than 0) dies at once instead, even inside a C call where no Python handler would run."""
+    if "DVC_STAGE" in os.environ or under_torchrun():
+        die_with_parent()
+    quiet = rank_lines() is not None or (under_torchrun() and os.environ.get("RANK", "0") != "0")
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL if quiet else _interrupt)
+
+
+@contextmanager
+def paused_together() -> Iterator[None]:
+    """Ctrl-Z (SIGTSTP) stops this process's descendants with it, and a SIGCONT (`fg`) continues them: torch's launcher
+    starts each rank in a session of its own, which the terminal's job control does not reach."""
+    def each_child(sig: int) -> None:
+        for child in psutil.Process().children(recursive=True):
+            with suppress(psutil.NoSuchProcess):
+                child.send_signal(sig)
+
+    def stop(signum: int, frame: object) -> None:
+        each_child(signal.SIGSTOP)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    old = signal.signal(signal.SIGTSTP, stop), signal.signal(signal.SIGCONT, lambda s, f: each_child(signal.SIGCONT))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTSTP, old[0])
+        signal.signal(signal.SIGCONT, old[1])
+
+
+@dataclass(frozen=True)
+class RanksEnded:
+    """How the ranks ended: the status to exit with, and the line to say, if any, with the rank that said it (a bug
+    says nothing here: its rank printed its traceback)."""
+
+    status: int
+    line: str | None = None
+    rank: int = 0
+
+
+def run_ranks(module: str, nproc: int) -> RanksEnded:
+    """`python -m module` on `nproc` local ranks under torchrun's agent, run in this process (which keeps its locks and
+    does no rank's work). A rank's mistake is said once, here: a rank killed by a signal (the OOM killer) first, then
+    rank 0's line, then the lowest rank's. SIGINT, SIGTERM or SIGHUP to this process stops the ranks and raises
+    `Interrupted`."""
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    try:
-        run(parse_args(args))
-    except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
-        if failure.exitcode < 0:
-            name = signal.Signals(-failure.exitcode).name
-            stage = args[-1].rsplit(".", 1)[-1]  # the module: stages.<name>
-            print(f"[{stage}] rank {rank} (pid {failure.pid}) was killed by {name}; rerun to resume", file=sys.stderr)
-        sys.exit(failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode)
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # the ranks say what went wrong
+    with tempfile.TemporaryDirectory(prefix="gptcore-ranks-") as lines, paused_together():
+        os.environ[LAUNCHED] = lines
+        try:
+            run(parse_args(["--standalone", f"--nproc_per_node={int(nproc)}", "-m", module]))
+        except ChildFailedError as e:
+            return _ended(e.failures, Path(lines))
+        except SignalException as e:
+            raise Interrupted(e.sigval) from None
+        finally:
+            del os.environ[LAUNCHED]
+    return RanksEnded(0)
 
 
-def run_child(argv: Sequence[str], env: dict[str, str] | None = None) -> int:
-    """Run argv in its own session as a child that dies with this process; its exit status. On Ctrl-C or SIGTERM
-    (which reach only us) the child's group is killed and KeyboardInterrupt propagates: one line, no tracebacks."""
-    proc = subprocess.Popen(list(argv), env=env, preexec_fn=die_with_parent, start_new_session=True)
-    try:
-        return proc.wait()
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise
+def _ended(failures: dict, lines: Path) -> RanksEnded:
+    """The one outcome to say of torchrun's failures ({rank: ProcessFailure}) and the lines ranks left in `lines`. The
+    agent stops the other ranks with SIGTERM once one fails, so a SIGTERM is the cause only when nothing else is."""
+    said = {int(p.stem.removeprefix("rank")): p.read_text(encoding="utf-8") for p in lines.glob("rank*")}
+    deaths = sorted((f.timestamp, rank, f) for rank, f in failures.items() if f.exitcode < 0)
+    exited = said or any(f.exitcode > 0 for f in failures.values())  # a rank failed on its own
+    causes = [d for d in deaths if d[2].exitcode != -signal.SIGTERM] or ([] if exited else deaths)
+    if causes:
+        _, rank, f = causes[0]
+        name = signal.Signals(-f.exitcode).name
+        why = " (out of memory, or a kill)" if f.exitcode == -signal.SIGKILL else ""
+        return RanksEnded(128 - f.exitcode, f"rank {rank} (pid {f.pid}) was killed by {name}{why}; the other ranks "
+                                            f"were stopped and finished checkpoints are kept: rerun to resume")
+    if said:
+        rank = min(said)  # rank 0's line when it has one
+        return RanksEnded(1, said[rank], rank)
+    _, rank, f = min((f.timestamp, rank, f) for rank, f in failures.items())
+    return RanksEnded(f.exitcode if f.exitcode > 0 else 1)  # a bug: its rank printed the traceback
+
+
+def leave_line(text: str) -> None:
+    """In a launched rank: leave `text`, this rank's one line, for the stage that launched it to say."""
+    folder = rank_lines()
+    assert folder is not None, "only a launched rank leaves its line"
+    (folder / f"rank{os.environ['RANK']}").write_text(text, encoding="utf-8")

@@ -1,16 +1,14 @@
-"""Folder locks: one writer per folder, readers share it, never opened through a symlink."""
+"""Folder locks: one writer per folder, readers share it, never opened through a symlink (Unix flock)."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 import time
 from pathlib import Path
 
-from filelock import lock_descriptor, unlock_descriptor
-
 from gptcore.errors import UserError
-from gptcore.lifetime import ancestors
 
 LOCK_NAME = ".lock"
 
@@ -30,29 +28,21 @@ _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBL
 
 class FolderLock:
     """A non-blocking flock on folder/.lock until release() or exit, exclusive or `shared` (readers); `what` ("train")
-    names the holder. A lock this process holds already (the stage boundary's) is held again for free."""
-
-    _held: dict[tuple[int, int], bool] = {}  # (device, inode) of each lock file this process holds -> shared
+    names the holder. The stage boundary takes each of a stage's locks once; the library takes none."""
 
     def __init__(self, folder: str | Path, what: str, shared: bool = False) -> None:
         self.folder, self.what, self.shared = Path(folder), what, shared
         self.path = self.folder / LOCK_NAME
         self._fd: int | None = None
-        self._key: tuple[int, int] | None = None
 
-    def acquire(self) -> "FolderLock":
+    def acquire(self) -> FolderLock:
         """Take the lock now (never waits) or raise FolderBusyError naming the holder, NotALockFile for a symlink."""
         if self.shared and not self.folder.is_dir():
             return self  # a missing folder: nothing a writer could swap under this reader
         self.folder.mkdir(parents=True, exist_ok=True)
         fd = self._open()
-        st = os.fstat(fd)
-        key = (st.st_dev, st.st_ino)
-        if key in self._held and (self.shared or not self._held[key]):
-            os.close(fd)  # held here already, at least as strongly
-            return self
         try:
-            got = _lock_shared(fd) if self.shared else lock_descriptor(fd, blocking=False)
+            got = _flock(fd, fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX)
             if got:
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
                 os.ftruncate(fd, 0)  # with several readers, the last one to start is named
@@ -64,7 +54,8 @@ class FolderLock:
                 e.filename = str(self.path)  # pwrite's ENOSPC names no file; the one-line error must name this one
             raise
         if not got:
-            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "a process that has not written its pid yet"
+            holder = (os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+                      or "a process that has not written its pid yet")
             os.close(fd)
             if self.shared:
                 raise FolderBusyError(f"{self.folder} is being written by another run ({holder}); {self.what} cannot "
@@ -74,8 +65,7 @@ class FolderLock:
                                       f"change it under that run: wait for it to finish or stop it")
             raise FolderBusyError(f"{self.folder} is in use by another run ({holder}); only one {self.what} may write "
                                   f"there at a time: wait for it to finish or stop it")
-        self._fd, self._key = fd, key
-        self._held[key] = self.shared
+        self._fd = fd
         return self
 
     def _open(self) -> int:
@@ -96,43 +86,26 @@ class FolderLock:
         """Give the lock up (the kernel does it anyway when this process exits)."""
         if self._fd is not None:
             # a reader clears the holder's name only when it is the last one (it can then lock exclusively)
-            if not self.shared or lock_descriptor(self._fd, blocking=False):
+            if not self.shared or _flock(self._fd, fcntl.LOCK_EX):
                 os.ftruncate(self._fd, 0)
-            unlock_descriptor(self._fd)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
-            self._held.pop(self._key, None)
-            self._fd = self._key = None
+            self._fd = None
 
-    def __enter__(self) -> "FolderLock":
+    def __enter__(self) -> FolderLock:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:
         self.release()
 
 
-def reading(folder: str | Path, what: str) -> FolderLock:
-    """The reader's side of `folder`'s lock (`with reading("data/shards", "train")`): no writer starts meanwhile."""
-    return FolderLock(folder, what, shared=True)
-
-
-def _lock_shared(fd: int) -> bool:
-    import fcntl  # Unix only, as the stages are (filelock has no shared lock)
-
+def _flock(fd: int, kind: int) -> bool:
+    """Take flock `kind` (LOCK_SH or LOCK_EX) on `fd` without waiting; False when another process holds it."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
     return True
-
-
-def writer_lock(folder: str | Path, what: str) -> FolderLock | None:
-    """The writer's lock on `folder`, or None when an ancestor (the stage that started this torchrun) holds it."""
-    try:
-        return FolderLock(folder, what).acquire()
-    except FolderBusyError:
-        if holder_pid(folder) in ancestors():
-            return None
-        raise
 
 
 def holder_pid(folder: str | Path) -> int | None:

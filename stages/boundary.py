@@ -1,28 +1,28 @@
-"""The one stage boundary every recipe enters: `with stage("train", reads=[...], writes=[...]) as s:`. It owns dying
-with dvc or torchrun, the folder locks (readers share, one writer; held until the stage ends), the params sections
-read (still params.yaml's at the end, or DVC would record params the outputs were not made with), the torchrun launch
-and the one-line error contract: a user's error is one line and exit 1, Ctrl-C or SIGTERM one line and 130, anything
-else a traceback. Under torchrun only rank 0 speaks and takes the writer locks (or the stage that launched it)."""
+"""The one stage boundary every recipe enters: `with stage("train", reads=[...], writes=[...]) as s:`.
+
+It holds the stage's promises (docs/resume-and-failures.md says each): the stage dies with dvc (gptcore.lifetime);
+its folder locks, readers sharing and one writer, are held until it ends; the params sections it read are still
+params.yaml's at the end, or DVC would record params its outputs were not made with; `s.launch` runs the ranks; and a
+user's mistake is one line with exit 1, a signal one line with exit 128 + its number, anything else a traceback.
+Under a stage's launch the ranks take no locks and say nothing: the stage says the one line for all of them.
+"""
 from __future__ import annotations
 
 import os
 import sys
-import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence, TypeVar
 
-from gptcore.errors import UserError, one_line, user_error
-from gptcore.lifetime import mortal, run_torchrun, under_torchrun
-from gptcore.locks import reading, writer_lock
+from tqdm import tqdm
+
+from gptcore.errors import UserError, message, user_error
+from gptcore.lifetime import Interrupted, leave_line, mortal, rank_lines, run_ranks, under_torchrun
+from gptcore.locks import FolderLock
 from gptcore.params import ParamError, Section, read_params_file
 
 S = TypeVar("S", bound=Section)
-
 PARAMS = Path("params.yaml")
-# how long a rank other than 0 that fails waits for rank 0, which meets the same mistakes, to say it (torchrun then
-# ends this rank): starting a moment sooner, it would exit first and torchrun's SIGTERM would be all rank 0 said
-QUIET_RANK_GRACE_S = 10.0
 
 
 class ParamsChanged(UserError):
@@ -30,11 +30,13 @@ class ParamsChanged(UserError):
 
 
 class Stage:
-    """What a recipe gets from the boundary: its params sections, its lines, the torchrun launch."""
+    """What a recipe gets from the boundary: its params sections, its lines, the launch of its ranks."""
 
     def __init__(self, name: str, params_file: Path) -> None:
         self.name, self.params_file = name, params_file
-        self.quiet = os.environ.get("RANK", "0") != "0"  # ranks other than 0 meet the same mistakes
+        self.rank = int(os.environ.get("RANK", "0")) if under_torchrun() else 0
+        self.launched = rank_lines() is not None  # a rank whose stage says its lines
+        self.quiet = self.launched or self.rank != 0
         self.sections: dict[str, Any] = {}  # each section read, as params.yaml gave it
         self.status = 0
 
@@ -48,16 +50,20 @@ class Stage:
 
     def say(self, *lines: str) -> None:
         """Print each line as this stage's (rank 0 only)."""
-        for line in lines if not self.quiet else ():
+        for line in lines if self.rank == 0 else ():
             print(f"[{self.name}] {line}", flush=True)
 
     def launch(self, nproc: int) -> bool:
-        """With `nproc` > 1 outside torchrun, run this stage under torchrun on `nproc` processes (this process keeps
-        the locks and does no rank's work) and return True: the recipe returns, the stage exits with torchrun's
-        status. False where this process is to do the work itself."""
+        """With `nproc` > 1 outside torchrun, run this stage on `nproc` ranks (this process keeps the locks, does no
+        rank's work and says the ranks' one line) and return True: the recipe returns. False where this process is to
+        do the work itself."""
         if nproc <= 1 or under_torchrun():
             return False
-        self.status = run_torchrun(f"stages.{self.name}", nproc)
+        ended = run_ranks(f"stages.{self.name}", nproc)
+        self.status = ended.status
+        if ended.line is not None:  # on a line of its own: a rank's progress bar may be half drawn on the current one
+            label = self.name if ended.rank == 0 else f"{self.name} rank {ended.rank}"
+            print(f"\n[{label}] {ended.line}", file=sys.stderr, flush=True)
         return True
 
     def check_params(self) -> None:
@@ -84,42 +90,63 @@ class Stage:
 def stage(name: str, reads: Sequence[str | Path] = (), writes: Sequence[str | Path] = (),
           params: str | Path = PARAMS) -> Iterator[Stage]:
     """Run a stage's recipe inside the boundary (see the module docstring); `reads` and `writes` are the folders
-    whose locks it holds (shared and exclusive)."""
+    whose locks it holds (shared and exclusive). Under torchrun rank 0 takes the locks, unless a stage launched the
+    ranks and holds them."""
     mortal()
     s = Stage(name, Path(params))
     try:
         with ExitStack() as locks:
-            for folder in reads:
-                locks.enter_context(reading(folder, name))
-            for folder in writes if not s.quiet else ():
-                if (lock := writer_lock(folder, name)) is not None:
-                    locks.enter_context(lock)
+            if not s.launched:
+                for folder in reads:
+                    locks.enter_context(FolderLock(folder, name, shared=True))
+                for folder in writes if s.rank == 0 else ():
+                    locks.enter_context(FolderLock(folder, name))
             yield s
-            if "gptcore.distributed" in sys.modules:  # the recipe joined a process group: leave it with every rank
-                sys.modules["gptcore.distributed"].teardown()
-            if s.status == 0:
+            if s.status == 0 and s.rank == 0:
                 s.check_params()
     except (UserError, OSError) as e:
         err = user_error(e)
         if err is None:
             raise
-        who = name
-        if s.quiet:  # a rank other than 0 (QUIET_RANK_GRACE_S)
-            time.sleep(QUIET_RANK_GRACE_S)
-            s.quiet, who = False, f"{name} rank {os.environ['RANK']}"  # still here: a mistake of this rank's alone
-        _fail(s, one_line(who, err), 1)
-    except KeyboardInterrupt as e:
-        _fail(s, f"[{name}] interrupted ({str(e) or 'SIGINT'}); finished work is kept, rerun to resume", 130)
+        if s.launched:
+            leave_line(message(err))  # the stage that launched this rank says it
+            os._exit(1)
+        _say(f"[{name if s.rank == 0 else f'{name} rank {s.rank}'}] {message(err)}")
+        sys.exit(1)
+    except Interrupted as e:  # a signal, or Ctrl-C
+        _interrupted(s, e.signum)
+    except KeyboardInterrupt:
+        _interrupted(s, 2)
+    except RuntimeError as e:
+        if not (under_torchrun() and _peer_lost(e)):
+            raise
+        os._exit(1)  # a collective failed because another rank went away: the launcher says why, not this rank
     if s.status:
         sys.exit(s.status)
 
 
-def _fail(s: Stage, line: str, status: int) -> None:
-    if not s.quiet:
-        # on a line of its own where a progress bar may be half drawn on the current one (an interrupt: also a rank's)
-        bar = status == 130 or "tqdm" in sys.modules and len(getattr(sys.modules["tqdm"].tqdm, "_instances", ())) > 0
-        print(("\n" if bar else "") + line, file=sys.stderr, flush=True)
+def _peer_lost(e: RuntimeError) -> bool:
+    from gptcore.distributed import peer_lost  # a rank: torch is loaded already
+
+    return peer_lost(e)
+
+
+def _say(line: str) -> None:
+    """Print `line` on stderr clear of any progress bar of this process (tqdm.write moves its bars out of the way)."""
     sys.stdout.flush()
-    if status == 130:
-        os._exit(130)  # no interpreter teardown: no traceback from threads, atexit or half-shut pools
-    sys.exit(status)
+    tqdm.write(line, file=sys.stderr)
+    sys.stderr.flush()
+
+
+def _interrupted(s: Stage, signum: int) -> None:
+    """One line and exit 128 + signum, without interpreter teardown: no traceback from threads, atexit or half-shut
+    pools. A rank that says nothing itself leaves at once."""
+    if not s.quiet:
+        import signal
+
+        name = signal.Signals(signum).name
+        # on a line of its own: a progress bar, this process's or a rank's, may be half drawn on the current one
+        print(f"\n[{s.name}] interrupted ({name}); finished work is kept, rerun to resume", file=sys.stderr,
+              flush=True)
+    sys.stdout.flush()
+    os._exit(128 + signum)

@@ -56,6 +56,7 @@ def main() -> None:
                                            **({"lm_eval": lm_eval} if lm_eval else {})})  # lm-eval's own names
             s.say(f"{spec}: val_loss {loss:.4f} ({bpc:.4f} bits/char), {cfg.task} acc {result.acc:.4f} acc_norm "
                   f"{result.acc_norm:.4f} ({result.count} examples)", *harness.describe(lm_eval, seconds))
+        distributed.teardown()  # every rank, once rank 0 has written metrics/
 
 
 if __name__ == "__main__":

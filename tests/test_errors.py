@@ -11,14 +11,11 @@ import torch
 
 from gptcore.atomic import write_text
 from gptcore.errors import UserError, disk_error, one_line, user_error
-from gptcore.locks import FolderBusyError
 from gptcore.model.checkpoint_file import atomic_torch_save
 from gptcore.params import ParamError
 
 
-def test_param_and_busy_folder_errors_are_user_errors_and_bugs_are_not():
-    assert issubclass(ParamError, UserError) and issubclass(FolderBusyError, UserError)
-    assert not issubclass(UserError, ValueError)  # a handler of ValueError never takes a user's error for its own
+def test_bugs_and_faults_the_user_cannot_fix_are_not_user_errors():
     assert user_error(KeyError("x")) is None and user_error(ValueError("a bug")) is None
     assert user_error(OSError(errno.EIO, "I/O error")) is None  # not one the user can fix from here
 

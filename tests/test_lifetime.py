@@ -39,11 +39,19 @@ def tree(pid: int) -> list[psutil.Process]:
     return [p] + p.children(recursive=True)
 
 
+def _running(p: psutil.Process) -> bool:
+    """Alive and not a zombie (a process that ends while it is asked counts as gone)."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def seconds_until_gone(procs: list[psutil.Process], limit: float = 10.0) -> float:
     """Wait until none of `procs` runs (zombies count as gone); fail after `limit` seconds naming the survivors."""
     t0 = time.monotonic()
     while True:
-        alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in procs if _running(p)]
         if not alive:
             return time.monotonic() - t0
         if time.monotonic() - t0 > limit:
@@ -93,9 +101,8 @@ def test_folder_lock_refuses_a_second_holder_naming_the_pid_and_a_dead_holder_bl
 
 
 def test_readers_share_a_folder_and_exclude_its_writer_each_refusal_naming_the_holder(tmp_path):
-    from gptcore.locks import reading
-
-    code = ("import sys, time; from gptcore.locks import reading; reading(sys.argv[1], 'train').acquire(); "
+    code = ("import sys, time; from gptcore.locks import FolderLock; FolderLock(sys.argv[1], 'train', shared=True)"
+            ".acquire(); "
             "print('locked', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env(), stdout=subprocess.PIPE, text=True)
     try:
@@ -103,29 +110,27 @@ def test_readers_share_a_folder_and_exclude_its_writer_each_refusal_naming_the_h
         with pytest.raises(FolderBusyError, match=rf"^{tmp_path} is being read by another run \(pid {holder.pid}, "
                                                   r"train reading since .*\); tokenize would change it under that run"):
             FolderLock(tmp_path, "tokenize").acquire()
-        with reading(tmp_path, "evaluate"):  # readers do not exclude each other
+        with FolderLock(tmp_path, "evaluate", shared=True):  # readers do not exclude each other
             assert holder_pid(tmp_path) == os.getpid()
         assert holder_pid(tmp_path) == os.getpid()  # not the last reader: the name stays (a live reader's pid)
     finally:
         holder.kill()
         holder.wait()
-    with reading(tmp_path, "evaluate"):
+    with FolderLock(tmp_path, "evaluate", shared=True):
         pass
     assert (tmp_path / ".lock").read_text() == ""  # the last reader out clears it
-    writer = subprocess.Popen([sys.executable, "-c", code.replace("reading(sys.argv[1], 'train')",
-                                                               "FolderLock(sys.argv[1], 'tokenize')").replace(
-        "import reading", "import FolderLock"), str(tmp_path)], env=env(), stdout=subprocess.PIPE, text=True)
+    writer = subprocess.Popen([sys.executable, "-c", code.replace("FolderLock(sys.argv[1], 'train', shared=True)",
+                                                               "FolderLock(sys.argv[1], 'tokenize')"),
+                               str(tmp_path)], env=env(), stdout=subprocess.PIPE, text=True)
     try:
         assert writer.stdout.readline().strip() == "locked"
         with pytest.raises(FolderBusyError, match=rf"^{tmp_path} is being written by another run \(pid "
                                                   rf"{writer.pid}, tokenize since .*\); train cannot read it meanwhile"):
-            reading(tmp_path, "train").acquire()
+            FolderLock(tmp_path, "train", shared=True).acquire()
     finally:
         writer.kill()
         writer.wait()
-    with FolderLock(tmp_path, "tokenize"), reading(tmp_path, "train"):  # a process may read what it writes
-        assert holder_pid(tmp_path) == os.getpid()
-    with reading(tmp_path / "absent", "train"):  # nothing there to protect: no lock, no folder made
+    with FolderLock(tmp_path / "absent", "train", shared=True):  # nothing there to protect: no lock, no folder made
         assert not (tmp_path / "absent").exists()
 
 
@@ -371,21 +376,98 @@ def test_killing_torchrun_takes_its_workers_and_the_rerun_matches_an_uninterrupt
     same_run(solo, project)
 
 
+def start_train(project: Path) -> subprocess.Popen:
+    """The train stage as a terminal's foreground job of its own (its process group is the job), once its step-40
+    checkpoint is written."""
+    from stagekit import env as stage_env
+
+    stage = subprocess.Popen([sys.executable, "-m", "stages.train"], cwd=project, env=stage_env(), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                             preexec_fn=as_foreground_job)
+    wait_for(lambda: (project / "checkpoints" / "ckpt_0000040.pt").exists(), stage, timeout=300)
+    return stage
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_stage_running_two_ranks_is_one_line_and_143_and_the_rerun_resumes(tmp_path, gpt2_shards,
+                                                                                          solo):
+    """What scancel or a job's kill sends: the stage, which runs the ranks under torchrun's agent, stops them and says
+    one line; no launcher traceback, and the exit status is the signal's."""
+    from stagekit import make_project, run_stage
+
+    project = make_project(tmp_path / "p", gpt2_shards, **LONG, nproc=2)
+    stage = start_train(project)
+    procs = tree(stage.pid)
+    assert len(procs) == 3, [p.cmdline() for p in procs]  # the stage and its two ranks
+    stage.send_signal(signal.SIGTERM)
+    out, err = stage.communicate(timeout=60)
+    seconds_until_gone(procs)
+    assert stage.returncode == 143, err[-2000:]
+    assert err.strip().splitlines()[-1] == "[train] interrupted (SIGTERM); finished work is kept, rerun to resume"
+    assert "Traceback" not in err and "SignalException" not in err
+    assert "resuming from" in run_stage(project, "train", nproc=1).stdout
+    same_run(solo, project)
+
+
+@pytest.mark.slow
+def test_rank_0_killed_like_the_oom_killer_is_one_line_naming_it_and_the_rerun_resumes(tmp_path, gpt2_shards, solo):
+    """Rank 1's collective then fails: that is no bug of rank 1's, so it says nothing; the stage names the killed
+    rank once and exits with the signal's status."""
+    from stagekit import make_project, run_stage
+
+    project = make_project(tmp_path / "p", gpt2_shards, **LONG, nproc=2)
+    stage = start_train(project)
+    procs = tree(stage.pid)
+    [rank0] = [p for p in procs if p.environ().get("RANK") == "0"]
+    rank0.kill()
+    out, err = stage.communicate(timeout=120)
+    seconds_until_gone(procs)
+    said = [line for line in err.splitlines() if line.startswith("[train")]
+    assert stage.returncode == 137 and said == [
+        f"[train] rank 0 (pid {rank0.pid}) was killed by SIGKILL (out of memory, or a kill); the other ranks were "
+        f"stopped and finished checkpoints are kept: rerun to resume"], err[-2000:]
+    assert "Traceback" not in err and "Connection" not in err
+    assert "resuming from" in run_stage(project, "train", nproc=1).stdout
+    same_run(solo, project)
+
+
+@pytest.mark.slow
+def test_ctrl_z_stops_every_rank_and_fg_continues_them(tmp_path, gpt2_shards, solo):
+    """torchrun's agent starts each rank in a session of its own, out of the terminal's reach: the stage stops them
+    with itself on SIGTSTP and continues them on SIGCONT; the run then finishes as if never paused."""
+    from stagekit import make_project
+
+    project = make_project(tmp_path / "p", gpt2_shards, **LONG, nproc=2)
+    stage = start_train(project)
+    procs = tree(stage.pid)
+    os.killpg(stage.pid, signal.SIGTSTP)  # Ctrl-Z: SIGTSTP to the terminal's foreground job
+    wait_for(lambda: all(p.status() == psutil.STATUS_STOPPED for p in procs), timeout=30)
+    saved = sorted((project / "checkpoints").glob("ckpt_*.pt"))
+    time.sleep(3)
+    assert all(p.status() == psutil.STATUS_STOPPED for p in procs)
+    assert sorted((project / "checkpoints").glob("ckpt_*.pt")) == saved  # nothing ran meanwhile
+    os.killpg(stage.pid, signal.SIGCONT)  # fg
+    out, err = stage.communicate(timeout=300)
+    assert stage.returncode == 0, err[-2000:]
+    same_run(solo, project)
+
+
 STAGE_BODY = ("import os, time; from stages.boundary import stage\n"
               "with stage('x'):\n    print(os.getpid(), flush=True); time.sleep(60)")
 
 
 @pytest.mark.parametrize("shell", ["/bin/sh", "bash"])
-def test_a_stage_behind_a_shell_dies_with_the_program_that_started_the_shell(tmp_path, shell):
-    """What dvc does: `$SHELL -c cmd`, where the shell stays the stage's parent (dash always; bash when the command is
-    not a lone one). SIGKILL of the starting program must take the stage with it, though its parent, the shell, lives on."""
+def test_a_stage_run_as_dvc_runs_it_dies_with_dvc(tmp_path, shell):
+    """What dvc does: `$SHELL -c <dvc.yaml's cmd>`. Each cmd execs its stage, so no shell stands between dvc and the
+    stage (dash would stay and outlive a killed dvc), and SIGKILL of the starting program takes the stage with it."""
+    cmds = [s["cmd"] for s in yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"].values()]
+    assert cmds and all(c.startswith("exec python -m stages.") for c in cmds), cmds
     (tmp_path / "stage.py").write_text(STAGE_BODY)
-    cmd = f"{sys.executable} stage.py; exit $?"
     starter = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:])",
-                                shell, "-c", cmd], cwd=tmp_path, env=dict(env(), DVC_STAGE="x"),
-                               stdout=subprocess.PIPE, text=True)
+                                shell, "-c", f"exec {sys.executable} stage.py"], cwd=tmp_path,
+                               env=dict(env(), DVC_STAGE="x"), stdout=subprocess.PIPE, text=True)
     stage = psutil.Process(int(starter.stdout.readline()))
-    assert psutil.Process(stage.ppid()).name() in ("sh", "dash", "bash")  # a shell stands between
+    assert stage.ppid() == starter.pid  # the shell became the stage
     starter.kill()
     starter.wait()
     seconds_until_gone([stage], limit=5.0)

@@ -219,7 +219,7 @@ def test_cli_reads_dvc_json_from_a_file_or_stdin(tmp_path, monkeypatch, capsys):
 
 def test_cli_bad_input_exits_with_a_reason(tmp_path, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO('{"errors": [], "data": {}}'))
-    with pytest.raises(SystemExit, match="gptcore-render-plots: no plots"):
+    with pytest.raises(SystemExit, match=r"\[gptcore-render-plots\] no plots"):
         plots.main(["--out", str(tmp_path / "png")])
     (tmp_path / "x.json").write_text("Running stage...", encoding="utf-8")
     with pytest.raises(SystemExit, match="x.json: not JSON; expected the output of `dvc plots show --json`"):

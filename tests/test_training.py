@@ -247,9 +247,10 @@ def test_export_best_keeps_the_lowest_val_loss_weights(tmp_path, tiny_shards):
     metrics = json.loads((project / "metrics/train/metrics.json").read_text())
     assert metrics["best_step"] == best_step and metrics["best_val_loss"] == pytest.approx(best_loss, abs=1e-6)
     # the exported weights are those of best_step: their val loss is the best one, not the last one
+    from gptcore.data.shard_set import ShardSet
     from gptcore.eval.val_loss import val_loss, val_stream
     model = load_model(project / "model" / "model.pt")
-    toks = val_stream(tiny_shards, 1024)
+    toks = val_stream(ShardSet.open(tiny_shards), 1024)
     assert val_loss(model, toks, 32, 8, torch.device("cpu"), torch.float32) == pytest.approx(best_loss, abs=1e-5)
     # only the best file the last checkpoint points at is kept
     best_files = checkpoints.list_checkpoints(project / "checkpoints", checkpoints.BEST_RE)

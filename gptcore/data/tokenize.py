@@ -24,7 +24,6 @@ from gptcore.data.corpus import TASK_BYTES, Corpus, ReadTask, open_corpus, read_
 from gptcore.data.tokenizers import Tokenizer, clear_tokenizer_files, has_tokenizer_file, kind_for, prepare_tokenizer
 from gptcore.errors import UserError
 from gptcore.lifetime import die_with_parent
-from gptcore.locks import FolderLock
 from gptcore.params import REQUIRED, ParamError, Section, param
 
 # a worker converts, encodes and writes its task in runs of this much text: its memory is one run's, not the task's
@@ -276,19 +275,14 @@ def check_val_fits(corpus: Corpus, p: TokenizeConfig) -> None:
 
 
 def tokenize(raw_dir: str | Path, shard_dir: str | Path, p: TokenizeConfig, progress: bool = True) -> dict:
-    """The tokenize stage: documents of raw_dir/fetch.json -> shard_dir by `p` (TOKENIZE.validate's); the manifest.
+    """The tokenize stage: documents of raw_dir/fetch.json -> shard_dir by `p` (TokenizeConfig); the manifest.
     A finished run with the same params fingerprint is left as it is, an unfinished one resumed. A finished run of
     other params stays in place while the new one is written beside it (staged_dir, resumed there) and is replaced
-    only once the new run is complete; an unfinished run of other params is cleared first."""
+    only once the new run is complete; an unfinished run of other params is cleared first. The caller holds
+    shard_dir's lock (the stage boundary: one tokenize per folder); its lock file moves aside with the old folder."""
     corpus = open_corpus(raw_dir)
     check_val_fits(corpus, p)
     shard_dir = Path(shard_dir)
-    # one tokenize per folder: a second run refuses here, before it clears or writes anything
-    with FolderLock(shard_dir, "tokenize"):
-        return _tokenize_locked(p, corpus, shard_dir, progress)
-
-
-def _tokenize_locked(p: TokenizeConfig, corpus: Corpus, shard_dir: Path, progress: bool) -> dict:
     fp = shards_fingerprint(p, corpus)
     old, staged = _manifest_or_none(shard_dir), staged_dir(shard_dir)
     done = old is not None and old.get("fingerprint") == fp and old.get("complete") and has_tokenizer_file(p, shard_dir)
@@ -297,14 +291,12 @@ def _tokenize_locked(p: TokenizeConfig, corpus: Corpus, shard_dir: Path, progres
     next_run = _manifest_or_none(staged)
     if (old is None or old.get("fingerprint") != fp) and (
             (old is not None and old.get("complete")) or (next_run is not None and next_run.get("fingerprint") == fp)):
-        # the staged folder's lock becomes shard_dir's in the swap, so this run holds shard_dir's lock throughout
-        with FolderLock(staged, "tokenize"):
-            try:
-                manifest = _write_run(p, corpus, staged, fp, next_run, progress)
-            except shard_writer.CannotFinish:  # e.g. val_tokens > the corpus: a rerun would fail again, keep no half run
-                shutil.rmtree(staged)
-                raise
-            swap_dir(staged, shard_dir)
+        try:
+            manifest = _write_run(p, corpus, staged, fp, next_run, progress)
+        except shard_writer.CannotFinish:  # e.g. val_tokens > the corpus: a rerun would fail again, keep no half run
+            shutil.rmtree(staged)
+            raise
+        swap_dir(staged, shard_dir)
         return manifest
     if staged.exists():  # an unfinished run of other params
         shutil.rmtree(staged)

@@ -6,7 +6,6 @@ CLI (nanoGPT's sample.py as a console script; docs/export-and-sampling.md):
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import NoReturn
 
@@ -17,7 +16,7 @@ from gptcore.data.shard_set import ShardSet
 from gptcore.data.shards import MANIFEST
 from gptcore.data.tokenizers import GPT2Tokenizer, Tokenizer, load_tokenizer
 from gptcore.device import DEVICES, DTYPES, autocast_context, pick_device, resolve_dtype
-from gptcore.errors import UserError, one_line, user_error
+from gptcore.errors import UserError, one_line_errors
 from gptcore.model.gpt import GPT
 from gptcore.model.load import load_model
 from gptcore.params import Param, ParamError
@@ -100,15 +99,8 @@ OPTIONS = {
 
 def main(argv: list[str] | None = None) -> None:
     """gptcore-sample: print samples from a model spec (see gptcore.model.load); a mistake is one line, exit 1."""
-    try:
+    with one_line_errors("gptcore-sample"):
         _main(argv)
-    except (UserError, OSError) as e:
-        err = user_error(e)
-        if err is None:
-            raise
-        if isinstance(err, ParamError):
-            err.file = ""  # the option's name says where the value came from
-        sys.exit(one_line("gptcore-sample", err))
 
 
 def _main(argv: list[str] | None) -> None:
@@ -121,7 +113,10 @@ def _main(argv: list[str] | None) -> None:
         ap.add_argument("--" + name.replace("_", "-"), type=param.kind, default=param.default, help=param.doc or None)
     args = ap.parse_args(argv)
     for name, param in OPTIONS.items():
-        setattr(args, name, param.check("--" + name.replace("_", "-"), getattr(args, name)))
+        try:
+            setattr(args, name, param.check("--" + name.replace("_", "-"), getattr(args, name)))
+        except ParamError as e:  # the option's name says where the value came from, not params.yaml
+            raise UserError(str(e)) from None
     prompt = read_prompt(args.prompt)  # a missing prompt file is refused before the model loads
     device = pick_device(args.device, key="--device")
     if args.tokenizer_dir is not None and not Path(args.tokenizer_dir).is_dir():

@@ -36,26 +36,35 @@ def _from_checkpoint(path: Path) -> GPT:
     return model
 
 
-def load_model(spec: str | Path, block_size: int | None = None, dropout: float | None = None) -> GPT:
-    """A GPT with the weights `spec` names (see the module docstring); `block_size` crops, `dropout` is set if given."""
+def check_spec(spec: str | Path) -> None:
+    """A UserError naming `spec` when it names no weights: 'scratch', a missing path, or a folder of neither form.
+    Cheap (nothing is read), so a launcher checks it before any rank starts."""
     name, path = str(spec), Path(spec)
     if name == "scratch":
         raise UserError("'scratch' names no weights: only model.init_from starts a model from scratch")
+    if name in HF_GPT2_NAMES or path.is_file():
+        return
+    if path.is_dir() and not ((path / MODEL_FILE).is_file() or (path / "config.json").is_file()):
+        raise UserError(f"{path}: a folder with neither {MODEL_FILE} (this project's model/ folder) nor config.json "
+                        f"(a Hugging Face GPT-2 folder)")
+    if not path.is_dir():
+        raise UserError(f"model {name!r}: no such file or folder; expected 'scratch', one of "
+                        f"{', '.join(HF_GPT2_NAMES)}, a Hugging Face GPT-2 folder, this project's model/ folder, or a "
+                        f"checkpoint file (.pt)")
+
+
+def load_model(spec: str | Path, block_size: int | None = None, dropout: float | None = None) -> GPT:
+    """A GPT with the weights `spec` names (see the module docstring); `block_size` crops, `dropout` is set if given."""
+    check_spec(spec)
+    name, path = str(spec), Path(spec)
     if name in HF_GPT2_NAMES:
         model = load_hf_gpt2(name)
     elif path.is_dir() and (path / MODEL_FILE).is_file():
         model = _from_checkpoint(path / MODEL_FILE)
-    elif path.is_dir() and (path / "config.json").is_file():
-        model = load_hf_gpt2(path)
     elif path.is_dir():
-        raise UserError(f"{path}: a folder with neither {MODEL_FILE} (this project's model/ folder) nor config.json "
-                         f"(a Hugging Face GPT-2 folder)")
-    elif path.is_file():
-        model = _from_checkpoint(path)
+        model = load_hf_gpt2(path)
     else:
-        raise UserError(f"model {name!r}: no such file or folder; expected 'scratch', one of "
-                        f"{', '.join(HF_GPT2_NAMES)}, a Hugging Face GPT-2 folder, this project's model/ folder, or a "
-                        f"checkpoint file (.pt)")
+        model = _from_checkpoint(path)
     if block_size is not None and block_size != model.config.block_size:
         if block_size > model.config.block_size:
             raise UserError(f"block_size={block_size} is larger than {name}'s {model.config.block_size}: "

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from gptcore.atomic import atomic_write
-from gptcore.errors import UserError
+from gptcore.errors import UserError, one_line_errors
 from gptcore.report.baselines import baseline_values
 from gptcore.report.steplog import read_step_tsv, write_tsv
 
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
                     help=f"write {OFFLINE_PAGE} instead (the page .dvc/config makes `dvc plots show` fill: Vega "
                          "inlined, drawn offline; the compare stage writes it too) and print its path")
     args = ap.parse_args(argv)
-    try:
+    with one_line_errors("gptcore-render-plots"):
         if args.page:  # into the DVC repository holding the current folder: the first one upwards with a .dvc/
             root = next((f for f in (Path.cwd(), *Path.cwd().parents) if (f / ".dvc").is_dir()), None)
             if root is None:
@@ -281,8 +281,6 @@ def main(argv: list[str] | None = None) -> None:
             return
         plots = read_plots_json(args.json)
         files = render_plots(plots, args.out, args.format, args.scale, log=lambda m: print(m, file=sys.stderr))
-    except UserError as e:  # a bug keeps its traceback
-        sys.exit(f"gptcore-render-plots: {e}")
     for path in files:
         print(path)
 

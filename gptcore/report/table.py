@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
+from gptcore.errors import UserError, one_line_errors
+
 # metric columns: dotted keys over the metrics files merged (each key lives in one file)
 METRICS = ("eval.val_loss", "speedrun.tokens_to_target", "speedrun.hours_to_target", "params",
            "params_non_embedding", "flops_per_token")
@@ -163,38 +165,39 @@ def main(argv: list[str] | None = None) -> None:
                          "difference from it in the first metric and whether it exceeds twice the seed-to-seed sd")
     ap.add_argument("--json-out", action="store_true", help="print the groups as JSON instead of a table")
     args = ap.parse_args(argv)
-    for flag, pattern in (("--only", args.only), ("--baseline", args.baseline)):
+    with one_line_errors("gptcore-exp-table"):
+        for flag, pattern in (("--only", args.only), ("--baseline", args.baseline)):
+            try:
+                re.compile(pattern or "")
+            except re.error as e:
+                raise UserError(f"{flag} {pattern!r}: not a regular expression ({e})") from None
         try:
-            re.compile(pattern or "")
-        except re.error as e:
-            sys.exit(f"gptcore-exp-table: {flag} {pattern!r}: not a regular expression ({e})")
-    try:
-        doc = json.loads(sys.stdin.read() if args.json == "-" else Path(args.json).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        sys.exit(f"gptcore-exp-table: {args.json}: not readable as dvc exp show --json output ({e})")
-    rows = experiments(doc if isinstance(doc, list) else [])
-    if args.only:
-        rows = [r for r in rows if re.search(args.only, str(r["name"]))]
-    if not rows:
-        sys.exit(f"gptcore-exp-table: {args.json}: no finished experiment (run `dvc exp show --json` in the repo "
-                 f"where the experiments ran)")
-    varying, groups = summarize(rows, args.metrics, args.ignore)
-    if args.sort:
-        groups.sort(key=lambda g: [_order(g["params"].get(k)) for k in args.sort])
-    base = None
-    if args.baseline:
-        hits = [g for g in groups if any(re.search(args.baseline, str(n)) for n in g["names"])]
-        if len(hits) != 1:
-            sys.exit(f"gptcore-exp-table: --baseline {args.baseline!r}: names experiments of {len(hits)} groups "
-                     f"({', '.join(str(g['names'][0]) for g in hits) or 'none'}); it must name one group")
-        base = hits[0]
-    if args.json_out:
-        if base is not None:  # the table computes its own differences; JSON carries them per group
-            for g, d in zip(groups, versus(groups, base, args.metrics[0])):
-                g["versus_baseline"] = d
-        print(json.dumps({"varying": varying, "groups": groups}, indent=1))
-    else:
-        print(markdown(varying, groups, args.metrics, args.show, base, args.names))
+            doc = json.loads(sys.stdin.read() if args.json == "-" else Path(args.json).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise UserError(f"{args.json}: not readable as dvc exp show --json output ({e})") from None
+        rows = experiments(doc if isinstance(doc, list) else [])
+        if args.only:
+            rows = [r for r in rows if re.search(args.only, str(r["name"]))]
+        if not rows:
+            raise UserError(f"{args.json}: no finished experiment (run `dvc exp show --json` in the repo "
+                            f"where the experiments ran)")
+        varying, groups = summarize(rows, args.metrics, args.ignore)
+        if args.sort:
+            groups.sort(key=lambda g: [_order(g["params"].get(k)) for k in args.sort])
+        base = None
+        if args.baseline:
+            hits = [g for g in groups if any(re.search(args.baseline, str(n)) for n in g["names"])]
+            if len(hits) != 1:
+                raise UserError(f"--baseline {args.baseline!r}: names experiments of {len(hits)} groups "
+                                f"({', '.join(str(g['names'][0]) for g in hits) or 'none'}); it must name one group")
+            base = hits[0]
+        if args.json_out:
+            if base is not None:  # the table computes its own differences; JSON carries them per group
+                for g, d in zip(groups, versus(groups, base, args.metrics[0])):
+                    g["versus_baseline"] = d
+            print(json.dumps({"varying": varying, "groups": groups}, indent=1))
+        else:
+            print(markdown(varying, groups, args.metrics, args.show, base, args.names))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from gptcore.lifetime import under_torchrun
 from gptcore.model.checkpoint_file import strip_prefixes
 from gptcore.model.export import export_model
 from gptcore.model.gpt import GPT
-from gptcore.model.load import ModelConfig, init_model
+from gptcore.model.load import ModelConfig, check_spec, init_model
 from gptcore.report.flops import estimate_mfu, model_sizes
 from gptcore.report.steplog import StepLogger, wandb_sinks
 from gptcore.train import checkpoints, memory
@@ -43,6 +43,11 @@ def preflight(model: ModelConfig, train: TrainConfig, data: ShardSet) -> None:
     weights exist: the same in a torchrun launcher (which keeps off the GPUs: its ranks check theirs) and a rank."""
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else train.nproc
     check_run(model, train, world, data.tokens["val"])
+    if model.init_from != "scratch":
+        try:
+            check_spec(model.init_from)
+        except UserError as e:
+            raise UserError(f"model.init_from={model.init_from!r}: {e}") from None
     dev = device.pick_device(train.device, int(os.environ.get("LOCAL_RANK", "0")), key="train.device")
     if dev.type != "cuda" or world == 1 or under_torchrun():
         memory.check_fits(model, train, model.vocab(data.vocab_size), dev, world)
@@ -149,15 +154,17 @@ class Trainer:
                 f"{self.loader.grad_accum}, {self.cfg.total_batch_tokens:,} tokens/step")
 
     def export(self, model_dir: Path, data: ShardSet, final: dict[str, float]) -> list[str]:
-        """After `fit`: close the step logger, and on rank 0 write model/ (train.export's weights, the record of the
-        run and its data, the tokenizer); the lines worth showing."""
+        """After `fit`: close the step logger, on rank 0 write model/ (train.export's weights, the record of the run and
+        its data, the tokenizer), then leave the process group; the lines worth showing."""
         self.logger.close()
-        if not self.env.is_main:
-            return []
-        weights, record = self.export_weights()
-        record.update(final=final, shards_digest=data.identity)  # the shards it trained on
-        return export_model(model_dir, weights, data.tokenizer, record,
-                            {"device": self.device.type, "processes": self.env.world_size})
+        notes = []
+        if self.env.is_main:
+            weights, record = self.export_weights()
+            record.update(final=final, shards_digest=data.identity)  # the shards it trained on
+            notes = export_model(model_dir, weights, data.tokenizer, record,
+                                 {"device": self.device.type, "processes": self.env.world_size})
+        distributed.teardown()  # every rank leaves the process group once rank 0 has written model/
+        return notes
 
     def export_weights(self) -> tuple[GPT, dict[str, Any]]:
         """What model/ gets (train.export: the last weights, or the lowest val loss's) and the record saying so."""
