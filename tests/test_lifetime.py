@@ -117,8 +117,9 @@ def test_readers_share_a_folder_and_exclude_its_writer_each_refusal_naming_the_h
         "import reading", "import FolderLock"), str(tmp_path)], env=env(), stdout=subprocess.PIPE, text=True)
     try:
         assert writer.stdout.readline().strip() == "locked"
-        with pytest.raises(FolderBusyError, match=rf"^{tmp_path} is being written by another run \(pid "
-                                                  rf"{writer.pid}, tokenize since .*\); train cannot read it meanwhile"):
+        with pytest.raises(FolderBusyError,
+                           match=rf"^{tmp_path} is being written by another run \(pid "
+                                 rf"{writer.pid}, tokenize since .*\); train cannot read it meanwhile"):
             reading(tmp_path, "train").acquire()
     finally:
         writer.kill()
@@ -378,7 +379,8 @@ STAGE_BODY = ("import os, time; from stages.boundary import stage\n"
 @pytest.mark.parametrize("shell", ["/bin/sh", "bash"])
 def test_a_stage_behind_a_shell_dies_with_the_program_that_started_the_shell(tmp_path, shell):
     """What dvc does: `$SHELL -c cmd`, where the shell stays the stage's parent (dash always; bash when the command is
-    not a lone one). SIGKILL of the starting program must take the stage with it, though its parent, the shell, lives on."""
+    not a lone one). SIGKILL of the starting program must take the stage with it, though its parent, \
+the shell, lives on."""
     (tmp_path / "stage.py").write_text(STAGE_BODY)
     cmd = f"{sys.executable} stage.py; exit $?"
     starter = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:])",
