@@ -76,7 +76,8 @@ def build(name: str, args: argparse.Namespace) -> tuple[GPT, TrainConfig]:
 def synthetic_examples(n: int, seed: int = 0) -> list[Example]:
     rng = np.random.default_rng(seed)
     return [Example(rng.integers(0, 50257, int(rng.integers(10, 40))).tolist(),
-                    [rng.integers(0, 50257, int(rng.integers(5, 25))).tolist() for _ in range(4)], int(rng.integers(4)), i)
+                    [rng.integers(0, 50257, int(rng.integers(5, 25))).tolist() for _ in range(4)],
+                    int(rng.integers(4)), i)
             for i in range(n)]
 
 
@@ -129,7 +130,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--examples", type=int, default=256, help="synthetic multiple-choice examples timed")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--no-compile", action="store_true", help="eager even where the preset compiles")
-    ap.add_argument("--tiny", action="store_true", help="2-layer 64-wide models, 3 steps, eager: checks the script runs")
+    ap.add_argument("--tiny", action="store_true",
+                    help="2-layer 64-wide models, 3 steps, eager: checks the script runs")
     args = ap.parse_args(argv)
     if args.tiny:
         args.micro_batch, args.steps, args.warmup, args.val_tokens, args.examples = 2, 3, 1, 256, 4

@@ -11,7 +11,8 @@ The corpus (--corpus):
 It is fetched as the local source; then, in the same run:
   - single-process GPT-2 tokens/s (one core): `encode_ordinary` and `encode_numpy` (what the workers use),
   - the parallel ceiling: `cores` independent processes that each build a tokenizer and encode their share of the
-    corpus (in the form the stage hands that encoder its documents: UTF-8 bytes for gigatoken), with no pipeline (cores that share a physical core or a turbo budget run slower together than alone),
+    corpus (in the form the stage hands that encoder its documents: UTF-8 bytes for gigatoken), with no pipeline \
+(cores that share a physical core or a turbo budget run slower together than alone),
   - the tokenize stage with all cores (workers=0): tokens/s, and its ratio to the ceiling ('stage/ceil'),
   - the serial fraction s: the stage's parent process CPU time (its threads included) over the CPU time of the
     whole stage (parent + workers). The parent alone plans tasks, takes results in order and records shards; all
@@ -468,7 +469,8 @@ def main() -> None:
     ap.add_argument("--encoders", nargs="+", default=["tiktoken", "gigatoken"], choices=["tiktoken", "gigatoken"])
     ap.add_argument("--no-imap", action="store_true", help="skip the per-document Pool.imap comparison")
     ap.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
-                    help=f"timed rounds after one warm-up round, the encoders (and imap) taking turns ({DEFAULT_ROUNDS})")
+                    help="timed rounds after one warm-up round, the encoders (and imap) taking turns "
+                         f"({DEFAULT_ROUNDS})")
     ap.add_argument("--tiny", action="store_true",
                     help="a smoke run for CI: a 2 MB corpus, 200,000-token shards, no imap, 2 rounds (figures not "
                          "meaningful)")
@@ -491,7 +493,8 @@ def main() -> None:
             for name, mb in (("corpus", size),):
                 if args.corpus == "fineweb":
                     built[name] = fineweb_like_corpus(d / f"{name}.parquet", mb, args.ref_docs, args.novel)
-                    what = f"FineWeb-Edu-like ({args.ref_docs.name} repeated, {args.novel:.0%} of words respelled per copy)"
+                    what = (f"FineWeb-Edu-like ({args.ref_docs.name} repeated, {args.novel:.0%} of words "
+                            "respelled per copy)")
                 else:
                     built[name] = english_like_corpus(d / f"{name}.parquet", mb)
                     what = "synthetic, documents of 2-8 KB"
@@ -528,18 +531,23 @@ def main() -> None:
           "(parent + workers) / 1-core np tokens per CPU-second: the share of CPU spent encoding, which other load "
           "on the machine does not change. 'ceiling' = cores independent encode_numpy processes with no pipeline, "
           "as a share of cores x 1-core np: the most any pipeline can reach here; 'stage/ceil' = stage tokens/s / "
-          "that; 'stage/read+enc' = the stage's steady rate (tokens taken between its first and last task result, over that time: no start-up, no last shard, no final reread) / that of cores independent processes that read their share of the "
-          "parquet and encode it (the work no pipeline avoids; only writing, hashing and coordination are left). 'load' = 1-min load average after the run (> cores means contention). 'vs tiktoken' = this "
+          "that; 'stage/read+enc' = the stage's steady rate (tokens taken between its first and last task result, "
+          "over that time: no start-up, no last shard, no final reread) / that of cores independent processes that "
+          "read their share of the parquet and encode it (the work no pipeline avoids; only writing, hashing and "
+          "coordination are left). 'load' = 1-min load average after the run (> cores means contention). "
+          "'vs tiktoken' = this "
           "encoder's stage tokens/s / tiktoken's stage tokens/s on the same corpus.")
     head = (f"{'encoder':>9} {'corpus':>9} {'tokens':>8} {'1-core ord':>10} {'1-core np':>9} {'stage':>7} "
             f"{'ratio ord':>9} {'ratio np':>8}")
     head += "" if args.no_imap else f" {'imap/doc':>8} {'imap ratio':>10}"
-    head += f" {'cpu eff':>7} {'ceiling':>7} {'stage/ceil':>10} {'stage/read+enc':>14} {'vs tiktoken':>11} {'RSS sum':>8} {'PSS sum':>8} {'load':>5}"
+    head += (f" {'cpu eff':>7} {'ceiling':>7} {'stage/ceil':>10} {'stage/read+enc':>14} {'vs tiktoken':>11}"
+             f" {'RSS sum':>8} {'PSS sum':>8} {'load':>5}")
     head += f" {'serial':>7}" + "".join(f" {f'E{n}':>6}" for n in AMDAHL_CORES)
     print(head)
     base = {r["mb"]: r["stage"] for r in rows if r["encoder"] == "tiktoken"}
     for r in rows:
-        line = (f"{r['encoder']:>9} {r['mb']:>6.0f} MB {r['stage_tokens'] / 1e6:>7.1f}M {r['encode_ordinary'] / 1e6:>10.2f} "
+        line = (f"{r['encoder']:>9} {r['mb']:>6.0f} MB {r['stage_tokens'] / 1e6:>7.1f}M "
+                f"{r['encode_ordinary'] / 1e6:>10.2f} "
                 f"{r['encode_numpy'] / 1e6:>9.2f} {r['stage'] / 1e6:>7.2f} "
                 f"{r['stage'] / (cores * r['encode_ordinary']):>9.1%} {r['stage'] / (cores * r['encode_numpy']):>8.1%}")
         if not args.no_imap:
@@ -547,7 +555,8 @@ def main() -> None:
                      else f" {'':>8} {'':>10}")
         vs = f"{r['stage'] / base[r['mb']]:.2f}x" if r["mb"] in base else "-"
         line += (f" {r['stage_cpu'] / r['encode_numpy_cpu']:>7.1%} {r['ceiling'] / (cores * r['encode_numpy']):>7.1%}"
-                 f" {r['stage'] / r['ceiling']:>10.1%} {r['steady'] / r['read_ceiling']:>14.1%} {vs:>11} {r['rss'] / 2**20:>5.0f} MB {r['pss'] / 2**20:>5.0f} MB"
+                 f" {r['stage'] / r['ceiling']:>10.1%} {r['steady'] / r['read_ceiling']:>14.1%} {vs:>11}"
+                 f" {r['rss'] / 2**20:>5.0f} MB {r['pss'] / 2**20:>5.0f} MB"
                  f" {r['load']:>5.1f} {r['serial']:>7.2%}")
         line += "".join(f" {amdahl_efficiency(r['serial'], n):>6.1%}" for n in AMDAHL_CORES)
         print(line)
@@ -565,9 +574,11 @@ def main() -> None:
         pr = r["per_round"]
         vs = f"; {fmt(pr['vs tiktoken'], '.2f', unit='x')} tiktoken's stage" if r["encoder"] != "tiktoken" and \
             pr["vs tiktoken"] else ""
-        print(f"{r['encoder']:>9} {r['mb']:>4.0f} MB: stage at {fmt(pr['stage/ceil'], '.1f', 100, '%')} of the parallel "
+        print(f"{r['encoder']:>9} {r['mb']:>4.0f} MB: stage at "
+              f"{fmt(pr['stage/ceil'], '.1f', 100, '%')} of the parallel "
               f"ceiling on {cores} cores (its steady rate {fmt(pr['steady/read+enc'], '.1f', 100, '%')} of reading + "
-              f"encoding alone{vs}); serial fraction {fmt(pr['serial'], '.3f', 100, '%')} -> Amdahl efficiency {effs} (fixed start-up "
+              f"encoding alone{vs}); serial fraction "
+              f"{fmt(pr['serial'], '.3f', 100, '%')} -> Amdahl efficiency {effs} (fixed start-up "
               f"{r['fixed_s']:.2f} CPU-s; the parent's share of this whole run {r['serial_all']:.2%}, of its pass "
               f"over the corpus {r['serial_pass']:.2%})")
     if parts:

@@ -91,7 +91,8 @@ def matmul_variant(m: int, k: int, n: int, dtype: torch.dtype, device: torch.dev
     return run, 2.0 * m * k * n * repeats
 
 
-def head_variants(rows: int, n_embd: int, vocab: int, device: torch.device) -> dict[str, tuple[int, Callable[[], None]]]:
+def head_variants(rows: int, n_embd: int, vocab: int,
+                  device: torch.device) -> dict[str, tuple[int, Callable[[], None]]]:
     """The LM head + cross-entropy alone, forward and backward in fp32: the plain full-logits path (0 rows) and
     lm_loss at the built-in chunk for this device and at half and twice that many rows; name -> (rows, callable)."""
     h = torch.randn(rows, n_embd, device=device, requires_grad=True)

@@ -31,7 +31,8 @@ def temp_beside(path: str | Path) -> Path:
 
 
 def fsync_dir(path: str | Path) -> None:
-    """fsync a folder, so that a rename or unlink in it survives a power cut (a no-op where folders cannot be opened)."""
+    """fsync a folder, so that a rename or unlink in it survives a power cut (a no-op where folders cannot be
+    opened)."""
     with contextlib.suppress(OSError):  # some filesystems refuse fsync on a directory: nothing more to do there
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -194,5 +195,6 @@ def file_sha256(path: str | Path) -> str:
 
 
 def json_sha256(obj: Any) -> str:
-    """sha256 hex digest of `obj` as canonical JSON (sorted keys; non-JSON values as str): the one params fingerprint."""
+    """sha256 hex digest of `obj` as canonical JSON (sorted keys; non-JSON values as str): the one params
+    fingerprint."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()

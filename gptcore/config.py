@@ -1,4 +1,5 @@
-"""Every params.yaml section's config class in pipeline order, and conf/config.yaml written from them: one source for each
+"""Every params.yaml section's config class in pipeline order, and conf/config.yaml written from them: one source \
+for each
 key's default and description.
 
     python -m gptcore.config            # rewrite conf/config.yaml from the config classes
@@ -102,7 +103,8 @@ def list_presets(folder: Path = PRESETS) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Write conf/config.yaml from the config classes (--check: say whether it is up to date; --presets: list the presets)."""
+    """Write conf/config.yaml from the config classes (--check: say whether it is up to date; --presets: list \
+the presets)."""
     ap = argparse.ArgumentParser(prog="python -m gptcore.config", description=main.__doc__)
     ap.add_argument("--check", action="store_true", help="exit 1 if the file differs from what the classes give")
     ap.add_argument("--presets", action="store_true", help="list the presets of conf/preset/ with their descriptions")

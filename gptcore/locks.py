@@ -115,4 +115,5 @@ def holder_pid(folder: str | Path) -> int | None:
     except OSError:
         return None
     parts = text.split()
-    return int(parts[1].rstrip(",")) if len(parts) > 1 and parts[0] == "pid" and parts[1].rstrip(",").isdigit() else None
+    pid = parts[1].rstrip(",") if len(parts) > 1 and parts[0] == "pid" else ""
+    return int(pid) if pid.isdigit() else None

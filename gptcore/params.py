@@ -50,7 +50,8 @@ class Param:
     pattern: str = ""  # for str: a regular expression the whole value must match
     what: str = ""  # what is allowed, in words, where the kind and bounds would not say it well
     also: tuple = ()  # literal values accepted besides the kind: None from `| None`, "auto" from `| Literal["auto"]`
-    resume_ok: bool = False  # may differ from the checkpoint's run on resume: changes how a run executes, not its weights
+    # may differ from the checkpoint's run on resume: changes how a run executes, not its weights
+    resume_ok: bool = False
     # whether the key shapes the run's weights for this config (the run's fingerprint); False for resume_ok keys
     applies: Callable[[Any], bool] | None = None
 
@@ -110,7 +111,8 @@ class Param:
                 raise bad
             value = float(value)
         if ((self.min is not None and value < self.min) or (self.max is not None and value > self.max)
-                or (self.above is not None and value <= self.above) or (self.below is not None and value >= self.below)):
+                or (self.above is not None and value <= self.above)
+                or (self.below is not None and value >= self.below)):
             raise bad
         return value
 

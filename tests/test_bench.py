@@ -83,7 +83,8 @@ def test_bench_tokenize_tiny():
     header = next(line for line in lines if line.lstrip().startswith("encoder") and "serial" in line)
     assert all(col in header.split() for col in ("stage/ceil", "serial", "E16", "E64", "E128"))
     for encoder in ("tiktoken", "gigatoken"):
-        summary = [line for line in lines if line.lstrip().startswith(f"{encoder} ") and "of the parallel ceiling" in line]
+        summary = [line for line in lines
+                   if line.lstrip().startswith(f"{encoder} ") and "of the parallel ceiling" in line]
         assert len(summary) == 1, out[-3000:]
         assert "serial fraction" in summary[0] and all(f"{n} cores" in summary[0] for n in (16, 64, 128))
         assert ")% of the parallel ceiling" in summary[0]  # a median with its range over rounds
@@ -109,9 +110,12 @@ def test_doc_sentences_counts_and_splits_as_its_docstring_says(tmp_path):
     from bench import doc_sentences
 
     page = tmp_path / "page.md"
-    page.write_text("# A heading. Not counted\n\nOne `two three` [four five](x.md) six. Seven (e.g. eight), 0.25 of `a`.\n"
-                    "`Code` starts this one; a semicolon: a colon\n\n| a. B | c |\n|---|---|\n\n```bash\nnot. Counted\n```\n"
-                    "- **1. Item.** Two words on\n  two lines, et al. 2021 eval. not `an\nabbreviation`.\n", encoding="utf-8")
+    page.write_text("# A heading. Not counted\n\n"
+                    "One `two three` [four five](x.md) six. Seven (e.g. eight), 0.25 of `a`.\n"
+                    "`Code` starts this one; a semicolon: a colon\n\n"
+                    "| a. B | c |\n|---|---|\n\n```bash\nnot. Counted\n```\n"
+                    "- **1. Item.** Two words on\n  two lines, et al. 2021 eval. not `an\nabbreviation`.\n",
+                    encoding="utf-8")
     found = doc_sentences.page_sentences(page, tmp_path)
     assert [s.words for s in found] == [5, 6, 8, 1, 9, 2]
     assert [s.line for s in found] == [3, 3, 4, 12, 12, 13]

@@ -131,7 +131,8 @@ def test_the_atomic_writer_never_writes_through_a_symlink(tmp_path, monkeypatch)
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "eval.json").symlink_to(victim)
     atomic.write_text(tmp_path / "out" / "eval.json", "ours\n")
-    assert (tmp_path / "out" / "eval.json").read_text() == "ours\n" and not (tmp_path / "out" / "eval.json").is_symlink()
+    assert ((tmp_path / "out" / "eval.json").read_text() == "ours\n"
+            and not (tmp_path / "out" / "eval.json").is_symlink())
     made = atomic.temp_beside
 
     def swapped_for_a_link(path):

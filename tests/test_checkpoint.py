@@ -151,14 +151,16 @@ def test_a_checkpoint_of_another_format_version_is_refused_not_guessed_at(tmp_pa
 def test_fingerprint_and_diff():
     a = {"train": {"max_lr": 6e-4, "seed": 1}, "model": {"n_layer": 2}}
     b = {"train": {"max_lr": 1e-3, "seed": 1}, "model": {"n_layer": 2}}
-    assert checkpoints.run_fingerprint(a) == checkpoints.run_fingerprint({"model": {"n_layer": 2}, "train": {"seed": 1, "max_lr": 6e-4}})
+    assert checkpoints.run_fingerprint(a) == checkpoints.run_fingerprint(
+        {"model": {"n_layer": 2}, "train": {"seed": 1, "max_lr": 6e-4}})
     assert checkpoints.run_fingerprint(a) != checkpoints.run_fingerprint(b)
     assert checkpoints.param_diff(a, b) == ["train.max_lr: 0.0006 -> 0.001"]
 
 
 def test_find_resume_refuses_other_params(tmp_path):
     params = {"train": {"max_lr": 6e-4}}
-    checkpoints.save_checkpoint(tmp_path, 5, {"step": 5, "params": params, "fingerprint": checkpoints.run_fingerprint(params)}, 2)
+    checkpoints.save_checkpoint(tmp_path, 5,
+                                {"step": 5, "params": params, "fingerprint": checkpoints.run_fingerprint(params)}, 2)
     path, ckpt, why = checkpoints.find_resume(tmp_path, params)
     assert path is not None and ckpt["step"] == 5 and "resuming" in why
     path, ckpt, why = checkpoints.find_resume(tmp_path, {"train": {"max_lr": 1e-3}})
@@ -323,7 +325,8 @@ def test_a_run_is_never_resumed_onto_another_run_s_curves(tmp_path):
     a = {"model": {"init_from": "scratch"}, "train": {"max_lr": 6e-4}}
     b = {"model": {"init_from": "scratch"}, "train": {"max_lr": 1e-3}}
     assert checkpoints.prepare_resume(ckpts, b, is_main=True, also=[live])[0] is None
-    checkpoints.save_checkpoint(ckpts, 6, {"step": 6, "params": b, "fingerprint": checkpoints.run_fingerprint(b)}, keep=2)
+    checkpoints.save_checkpoint(ckpts, 6, {"step": 6, "params": b, "fingerprint": checkpoints.run_fingerprint(b)},
+                                keep=2)
     assert (live / checkpoints.CURVES_STAMP).read_text().strip() == checkpoints.run_fingerprint(b)
     assert checkpoints.prepare_resume(ckpts, b, is_main=True, also=[live])[0]["step"] == 6  # its own curves: resumed
     (live / checkpoints.CURVES_STAMP).write_text(checkpoints.run_fingerprint(a) + "\n")  # what exp apply A leaves

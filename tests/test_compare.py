@@ -1,4 +1,5 @@
-"""gptcore.report.compare.summarize: a delta only where the run measured what the baseline measured, labelled with it."""
+"""gptcore.report.compare.summarize: a delta only where the run measured what the baseline measured, \
+labelled with it."""
 import copy
 
 import pytest
@@ -92,7 +93,8 @@ def test_lm_eval_deltas_where_task_metric_fewshot_and_full_set_match():
                                         "lm_eval_lambada_openai_perplexity_vs_gpt2": 45.0 - 40.06})
     # the completion-style HellaSwag deltas stay apart, with their own rule
     assert s["comparable"]["hellaswag_acc_norm_vs_gpt2"]["comparable"] is False
-    assert any(line.startswith("lm_eval_hellaswag_acc_norm_vs_gpt2: run - OpenAI GPT-2 124M") and line.endswith("+0.0086")
+    assert any(line.startswith("lm_eval_hellaswag_acc_norm_vs_gpt2: run - OpenAI GPT-2 124M")
+               and line.endswith("+0.0086")
                for line in describe(s, BASELINES))
 
 
@@ -108,7 +110,8 @@ def test_lm_eval_delta_absent_says_why(change, why):
     c = s["comparable"]["lm_eval_hellaswag_acc_norm_vs_gpt2"]
     assert c["comparable"] is False and why in c["reason"]
     assert "lm_eval_hellaswag_acc_norm_vs_gpt2" not in s["delta"]
-    assert "did not score lm-eval task lambada_openai" in s["comparable"]["lm_eval_lambada_openai_acc_vs_gpt2"]["reason"]
+    assert ("did not score lm-eval task lambada_openai"
+            in s["comparable"]["lm_eval_lambada_openai_acc_vs_gpt2"]["reason"])
 
 
 def test_no_lm_eval_run_no_lm_eval_lines():
@@ -153,7 +156,8 @@ def test_an_include_folder_task_named_hellaswag_gets_no_lm_eval_delta():
     own = summarize(run, BASELINES, FINEWEB)
     assert own["delta"]["lm_eval_hellaswag_acc_norm_vs_gpt2"] == pytest.approx(0.32 - 0.3114)  # the like case
     theirs = copy.deepcopy(FINEWEB)
-    theirs["lm_eval"]["tasks"]["hellaswag"] = {"task_from": "eval.lm_eval_include", "yaml": "conf/lm_eval/hellaswag.yaml"}
+    theirs["lm_eval"]["tasks"]["hellaswag"] = {"task_from": "eval.lm_eval_include",
+                                               "yaml": "conf/lm_eval/hellaswag.yaml"}
     s = summarize(run, BASELINES, theirs)
     assert "lm_eval_hellaswag_acc_norm_vs_gpt2" not in s["delta"]
     reason = s["comparable"]["lm_eval_hellaswag_acc_norm_vs_gpt2"]["reason"]

@@ -99,7 +99,8 @@ def test_compiled_training_equals_eager_without_recompiling(recipe, shard_dir):
     cfg = TrainConfig.read({
         "device": "cpu", "micro_batch": 4, "total_batch_tokens": 256, "max_steps": 4, "warmup_steps": 1,
         "max_lr": 1e-3, "eval_every": 0, "val_tokens": 33, "ckpt_every": 100, "dtype": "float32", **train_over})
-    val_tokens = shard_io.load_tokens(ShardSet.open(shard_dir).splits["val"][0])[: 32 * 3 + 10 + 1]  # a short last window
+    # a short last window
+    val_tokens = shard_io.load_tokens(ShardSet.open(shard_dir).splits["val"][0])[: 32 * 3 + 10 + 1]
 
     def evaluate_and_sample(trainer: Trainer) -> None:
         # what the loop and the stages do between steps: val loss (a short last window included) and a sample,

@@ -384,7 +384,8 @@ def test_metrics_diff_between_experiments(two_runs):
 @pytest.mark.slow
 def test_plots_diff_overlays_runs_and_renders_offline(two_runs, tmp_path):
     assert (two_runs / "metrics" / "plots" / "baselines.tsv").is_file(), (
-        "the compare stage wrote no metrics/plots/: stages/compare.py must call gptcore.report.plots.write_plot_data and "
+        "the compare stage wrote no metrics/plots/: stages/compare.py must call "
+        "gptcore.report.plots.write_plot_data and "
         "dvc.yaml's compare stage declare metrics/plots (cache: false) as an out")
     diff = json.loads(run(two_runs, "dvc", "plots", "diff", "micro-base", "micro-lr", "--json"))
     loss = diff["data"]["loss"][0]["content"]["data"]["values"]
@@ -498,7 +499,8 @@ def test_train_nproc_through_dvc_exp_run_never_reaches_a_shell(two_runs):
     bad = subprocess.run(["dvc", "exp", "run", "-S", "preset=micro", "-S", "train.nproc='1 --version; echo X > pwned'"],
                          cwd=two_runs, env=env(two_runs), capture_output=True, text=True, timeout=600)
     assert bad.returncode != 0
-    assert "[train] params.yaml train.nproc='1 --version; echo X > pwned': must be an integer >= 1" in bad.stderr + bad.stdout
+    assert ("[train] params.yaml train.nproc='1 --version; echo X > pwned': must be an integer >= 1"
+            in bad.stderr + bad.stdout)
     assert not (two_runs / "pwned").exists()
 
 

@@ -103,7 +103,8 @@ def test_auto_encoder_is_gigatoken_where_installed_else_tiktoken(monkeypatch):
 
     want = "gigatoken" if iu.find_spec("gigatoken") is not None else "tiktoken"
     assert T.GPT2Tokenizer("auto").encoder == want
-    assert TokenizeConfig.read({"tokenizer": "qwen2", "val_tokens": 0}).encoder == "auto"  # the default, valid for every tokenizer
+    # the default, valid for every tokenizer
+    assert TokenizeConfig.read({"tokenizer": "qwen2", "val_tokens": 0}).encoder == "auto"
     real = iu.find_spec
     monkeypatch.setattr(iu, "find_spec", lambda name, *a: None if name == "gigatoken" else real(name, *a))
     tok = T.GPT2Tokenizer("auto")

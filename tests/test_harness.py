@@ -27,7 +27,9 @@ from gptcore.model.hf import save_hf_gpt2
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"
 BLOCK = 64
-WORDS = ["the", "cat", "dog", "sat", "ran", "on", "a", "mat", "hill", "fast", "slow", "red", "blue", "green", "house", "tree", "river", "and", "then", "it", "was", "very", "old", "new", "big", "small", "man", "woman", "child", "saw", "found", "took", "gave"]
+WORDS = ["the", "cat", "dog", "sat", "ran", "on", "a", "mat", "hill", "fast", "slow", "red", "blue", "green", "house",
+         "tree", "river", "and", "then", "it", "was", "very", "old", "new", "big", "small", "man", "woman", "child",
+         "saw", "found", "took", "gave"]
 
 
 def tiny_model(seed: int = 0, block_size: int = BLOCK) -> GPT:
@@ -255,7 +257,8 @@ def test_unreachable_task_data_is_one_line(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def lm_evals_own_index_once():
-    """lm-eval indexes its thousands of built-in YAMLs (4-5 s on 2 quiet cores) whenever a TaskManager includes them: this
+    """lm-eval indexes its thousands of built-in YAMLs (4-5 s on 2 quiet cores) whenever a TaskManager \
+includes them: this
     module's tests that need that index share one build of it (a folder of the package, the same for every test);
     a test's own folder is indexed afresh each time."""
     from lm_eval.tasks import _index
@@ -318,8 +321,10 @@ def test_evaluate_stage_lm_eval_tasks(tmp_path):
     out = run_stage(project, "evaluate").stdout
     metrics = json.loads((project / "metrics/eval.json").read_text())
     assert set(metrics["lm_eval"]) == {"synth_choice", "synth_word"} and "cloze" in metrics
-    assert metrics["lm_eval"]["synth_choice"]["samples"] == 10 and metrics["lm_eval"]["synth_choice"]["samples_total"] == 30
-    assert {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "num_fewshot"} <= set(metrics["lm_eval"]["synth_choice"])
+    assert (metrics["lm_eval"]["synth_choice"]["samples"] == 10
+            and metrics["lm_eval"]["synth_choice"]["samples_total"] == 30)
+    assert ({"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "num_fewshot"}
+            <= set(metrics["lm_eval"]["synth_choice"]))
     assert {"acc", "perplexity", "perplexity_stderr"} <= set(metrics["lm_eval"]["synth_word"])
     assert "[evaluate] lm-eval synth_choice: acc " in out
     # what the figures were measured on, apart from the metrics: the folder's tasks, the val split

@@ -124,8 +124,9 @@ def test_readers_share_a_folder_and_exclude_its_writer_each_refusal_naming_the_h
                                str(tmp_path)], env=env(), stdout=subprocess.PIPE, text=True)
     try:
         assert writer.stdout.readline().strip() == "locked"
-        with pytest.raises(FolderBusyError, match=rf"^{tmp_path} is being written by another run \(pid "
-                                                  rf"{writer.pid}, tokenize since .*\); train cannot read it meanwhile"):
+        with pytest.raises(FolderBusyError,
+                           match=rf"^{tmp_path} is being written by another run \(pid "
+                                 rf"{writer.pid}, tokenize since .*\); train cannot read it meanwhile"):
             FolderLock(tmp_path, "train", shared=True).acquire()
     finally:
         writer.kill()

@@ -9,7 +9,8 @@ from gptcore.model.lm_loss import lm_loss
 
 
 def plain_loss(model: GPT, idx: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-    """The obvious computation, written here: every logit materialised, soft-cap by its formula, then F.cross_entropy."""
+    """The obvious computation, written here: every logit materialised, soft-cap by its formula, \
+then F.cross_entropy."""
     logits = model.lm_head(model.hidden_states(idx))
     cap = model.config.logit_softcap
     if cap is not None:
@@ -102,7 +103,8 @@ def test_without_grad_mode_only_the_loss_is_computed():
     assert torch.allclose(loss, F.cross_entropy(h @ w.t(), y), atol=1e-6)
     with FlopCounterMode(display=False) as counted:
         lm_loss(h, w, y, chunk_rows=8).backward()
-    assert counted.get_total_flops() >= 4 * n * v * c  # the gradients' matmuls too (an in-place addmm_ may go uncounted)
+    # the gradients' matmuls too (an in-place addmm_ may go uncounted)
+    assert counted.get_total_flops() >= 4 * n * v * c
 
 
 # -----------------------------------------------------------------------------

@@ -93,5 +93,6 @@ if __name__ == "__main__":
         losses = train_losses(Path(work))
     model, train = config()
     REF.write_text(json.dumps({"made_by": "PYTHONPATH=. python tests/test_loss_curve.py", "torch": torch.__version__,
-                               "model": asdict(model), "train": asdict(train), "losses": losses}, indent=1) + "\n", encoding="utf-8")
+                               "model": asdict(model), "train": asdict(train), "losses": losses}, indent=1) + "\n",
+                   encoding="utf-8")
     print(f"wrote {REF}: {len(losses)} losses, {losses[0]:.4f} -> {losses[-1]:.4f}", file=sys.stderr)

@@ -102,6 +102,7 @@ def test_compare_on_real_records(hub_and_local, tmp_path):
 def test_another_split_rule_is_no_like(tmp_path, parquet):
     shards = shards_from(tmp_path, {"source": "hub", "name": "HuggingFaceFW/fineweb-edu", "config": "sample-10BT"},
                          FileHub(parquet), val_tokens=2048)
-    reason = summarize({"eval": {"val_loss": 4.0}}, yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text()),
-                       {"val_split": val_split(ShardSet.open(shards), 1024)})["comparable"]["val_loss_vs_gpt2"]["reason"]
+    reason = summarize(
+        {"eval": {"val_loss": 4.0}}, yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text()),
+        {"val_split": val_split(ShardSet.open(shards), 1024)})["comparable"]["val_loss_vs_gpt2"]["reason"]
     assert "first 2048 tokens (tokenize.val_tokens: 2048), the baseline's the first 100,000,000" in reason

@@ -238,7 +238,8 @@ def test_forward_loss_and_hidden_states():
     logits, _ = model(idx)
     none, loss = model(idx, targets)
     assert logits.shape == (2, 16, 100) and none is None  # with targets the logits are never materialised
-    assert loss.item() == pytest.approx(torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).item())
+    assert loss.item() == pytest.approx(
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten()).item())
     # -1 targets are ignored: equal to the loss over the rest
     masked = targets.clone()
     masked[:, :8] = -1
@@ -296,7 +297,8 @@ def test_cuda_matches_cpu_and_trains_in_bf16():
     model = model.cuda()
     idx_cuda = idx.cuda()
     torch.testing.assert_close(our_logits(model, idx_cuda).cpu(), cpu_logits, atol=1e-4, rtol=0)
-    opt = build_optimizers(model, train_config(optimizer="adamw", max_lr=1e-3, weight_decay=0.1), "cuda").optimizers["adamw"]
+    opt = build_optimizers(model, train_config(optimizer="adamw", max_lr=1e-3, weight_decay=0.1),
+                           "cuda").optimizers["adamw"]
     assert opt.defaults.get("fused") is True
     model.train()
     losses = []

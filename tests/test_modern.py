@@ -175,7 +175,8 @@ def test_the_schema_rejects_unknown_switch_values():
 
 def test_muon_gets_the_blocks_matrices_and_adamw_the_rest():
     model = tiny(**{**MODERN, "bias": True})
-    opt = build_optimizers(model, train_config(optimizer="muon", max_lr=3e-3, weight_decay=0.1, muon_lr=0.02, muon_momentum=0.9), "cpu")
+    opt = build_optimizers(model, train_config(optimizer="muon", max_lr=3e-3, weight_decay=0.1, muon_lr=0.02,
+                                               muon_momentum=0.9), "cpu")
     assert isinstance(opt, Optimizers) and list(opt.optimizers) == ["adamw", "muon"]
     assert isinstance(opt.optimizers["muon"], torch.optim.Muon)
     names = {id(p): n for n, p in model.named_parameters()}
@@ -206,7 +207,8 @@ def test_optimizers_state_round_trip():
     fresh.load_state_dict(state)
     assert fresh.state_dict()["muon"]["state"][0]["momentum_buffer"].equal(state["muon"]["state"][0]["momentum_buffer"])
     with pytest.raises(ValueError, match="optimizer state holds"):
-        build_optimizers(tiny(**MODERN), train_config(optimizer="adamw", max_lr=3e-3, weight_decay=0.0), "cpu").load_state_dict(state)
+        build_optimizers(tiny(**MODERN), train_config(optimizer="adamw", max_lr=3e-3, weight_decay=0.0),
+                         "cpu").load_state_dict(state)
     with pytest.raises(ParamError, match="train.optimizer='sgd': must be one of adamw, muon"):
         train_config(optimizer="sgd")
 

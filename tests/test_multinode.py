@@ -1,4 +1,5 @@
-"""README's two-node torchrun recipe, run as two nodes on one machine: the same weights as one node with two processes."""
+"""README's two-node torchrun recipe, run as two nodes on one machine: \
+the same weights as one node with two processes."""
 import re
 import shlex
 import socket

@@ -96,10 +96,11 @@ def test_adamw_groups_cover_every_parameter_once_with_their_rates():
     assert names_of(untied, groups["embed"]["params"]) == ["transformer.wte.weight"]
     assert names_of(untied, groups["head"]["params"]) == ["lm_head.weight"]
     assert all(g["lr"] == 1e-3 for g in groups.values())  # None: max_lr
-    opt = build_optimizers(model, train_config(optimizer="adamw", max_lr=6e-4, weight_decay=0.1), "cpu").optimizers["adamw"]
+    opt = build_optimizers(model, train_config(optimizer="adamw", max_lr=6e-4, weight_decay=0.1),
+                           "cpu").optimizers["adamw"]
     assert opt.defaults.get("fused") is True  # the fused kernel on the CPU too
-    assert not build_optimizers(model, train_config(optimizer="adamw", max_lr=6e-4, weight_decay=0.1), "mps").optimizers["adamw"].defaults.get(
-        "fused")
+    assert not build_optimizers(model, train_config(optimizer="adamw", max_lr=6e-4, weight_decay=0.1),
+                                "mps").optimizers["adamw"].defaults.get("fused")
 
 
 def test_gpt2_with_the_adamw_a_run_builds_overfits_one_batch():
@@ -155,7 +156,8 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_muon_orthogonalises_q_k_v_and_gate_up_each_as_its_own_matrix():
     model = tiny(**MODERN)
     C = model.config.n_embd
-    opt = build_optimizers(model, train_config(optimizer="muon", max_lr=1e-3, weight_decay=0.0, muon_lr=0.02, muon_momentum=0.95), "cpu")
+    opt = build_optimizers(model, train_config(optimizer="muon", max_lr=1e-3, weight_decay=0.0, muon_lr=0.02,
+                                               muon_momentum=0.95), "cpu")
     muon = opt.optimizers["muon"]
     assert isinstance(muon, Muon) and isinstance(muon, torch.optim.Muon)
     assert {g["name"]: g.get("row_blocks") for g in muon.param_groups} == {"muon": 1, "muon_qkv": 3,

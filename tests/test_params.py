@@ -56,11 +56,13 @@ def test_the_fingerprint_holds_what_shapes_the_weights_and_only_what_applies():
                               "max_lr": 1e-3, "eval_every": 0, "val_tokens": 200, "ckpt_every": 1})
     fp = train.fingerprint()
     assert {"max_lr", "max_steps", "warmup_steps", "total_batch_tokens", "seed", "shuffle", "dtype"} <= set(fp)
-    assert not {"nproc", "micro_batch", "device", "compile", "val_tokens", "ckpt_every", "muon_lr", "decay_frac"} & set(fp)
+    assert not ({"nproc", "micro_batch", "device", "compile", "val_tokens", "ckpt_every", "muon_lr", "decay_frac"}
+                & set(fp))
     muon = replace(train, optimizer="muon", schedule="wsd")
     assert {"muon_lr", "muon_momentum", "muon_clip", "decay_frac"} <= set(muon.fingerprint())
     # a key that does not apply never tells two runs apart
-    assert replace(train, muon_lr=0.5).fingerprint() == fp and replace(muon, muon_lr=0.5).fingerprint() != muon.fingerprint()
+    assert (replace(train, muon_lr=0.5).fingerprint() == fp
+            and replace(muon, muon_lr=0.5).fingerprint() != muon.fingerprint())
     model = ModelConfig.read({"n_layer": 1, "n_head": 1, "n_embd": 8, "block_size": 8})
     assert fingerprint_params(model, train, {"name": "gpt2"}) == {"model": asdict(model), "train": fp,
                                                                   "data": {"name": "gpt2"}}
@@ -79,7 +81,8 @@ def _train(**kw):
     (TrainConfig, _train(ckpt_every=0), "train.ckpt_every=0: must be an integer >= 1"),
     (TrainConfig, _train(micro_batch=-8), "train.micro_batch=-8: must be an integer >= 1"),
     (TrainConfig, _train(total_batch_tokens=-512), "train.total_batch_tokens=-512: must be an integer >= 1"),
-    (TrainConfig, _train(nproc="1 --version; echo X > f"), "train.nproc='1 --version; echo X > f': must be an integer >= 1"),
+    (TrainConfig, _train(nproc="1 --version; echo X > f"),
+     "train.nproc='1 --version; echo X > f': must be an integer >= 1"),
     (TrainConfig, _train(dtype="fp8"), "train.dtype='fp8': must be one of bfloat16, float16, float32"),
     (TrainConfig, _train(device="gpu"), "train.device='gpu': must be auto, cpu, cuda, cuda:N or mps"),
     (TrainConfig, _train(hellaswag_examples=0), "train.hellaswag_examples=0: must be an integer >= 1 or null"),
@@ -87,7 +90,8 @@ def _train(**kw):
     (TrainConfig, _train(lr=1), "train.lr=1: unknown param (known: nproc, device, micro_batch,"),
     (TrainConfig, {k: v for k, v in _train().items() if k != "max_lr"},
      "train.max_lr=None: required (no default): set it in the preset or params.yaml"),
-    (EvalConfig, {"task": "unknown", "val_tokens": 100, "sample_prompt": ""}, "eval.task='unknown': must be one of cloze, hellaswag"),
+    (EvalConfig, {"task": "unknown", "val_tokens": 100, "sample_prompt": ""},
+     "eval.task='unknown': must be one of cloze, hellaswag"),
     (EvalConfig, {"task": "cloze", "val_tokens": 0, "sample_prompt": ""}, "eval.val_tokens=0: must be an integer >= 1"),
     (EvalConfig, {"task": "cloze", "val_tokens": 100, "sample_prompt": "", "batch_size": 0},
      "eval.batch_size=0: must be an integer >= 1"),
@@ -122,7 +126,8 @@ def test_checks_between_sections():
     model = ModelConfig.read({"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 64})
     train = TrainConfig.read(_train())
     check_run(model, train, world_size=2)  # 512 = 4 * 64 * 2
-    with pytest.raises(ParamError, match=r"train.total_batch_tokens=512: must be a multiple of .* = 4 \* 64 \* 4 = 1024"):
+    with pytest.raises(ParamError,
+                       match=r"train.total_batch_tokens=512: must be a multiple of .* = 4 \* 64 \* 4 = 1024"):
         check_run(model, train, world_size=4)
     with pytest.raises(ParamError, match=r"train.val_tokens=63: must be >= the model's block_size = 64"):
         check_run(model, TrainConfig.read(_train(val_tokens=63)), world_size=1)

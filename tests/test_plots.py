@@ -1,4 +1,5 @@
-"""gptcore.report.plots and baselines: the plot data the compare stage writes, dvc.yaml's plot definitions, offline rendering."""
+"""gptcore.report.plots and baselines: the plot data the compare stage writes, dvc.yaml's plot definitions, \
+offline rendering."""
 import io
 import json
 import os
@@ -471,7 +472,8 @@ def test_dvc_config_points_dvc_plots_at_the_offline_page():
 
 @pytest.fixture(scope="module")
 def diff_page(two_run_repo) -> Path:
-    """`gptcore-render-plots --page` run in a subfolder writes the repository's page; plain `dvc plots diff` fills it."""
+    """`gptcore-render-plots --page` run in a subfolder writes the repository's page; \
+plain `dvc plots diff` fills it."""
     proc = subprocess.run([sys.executable, "-m", "gptcore.report.plots", "--page"], cwd=two_run_repo / "metrics",
                           capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert proc.returncode == 0 and Path(proc.stdout.strip()) == two_run_repo / plots.OFFLINE_PAGE, proc
@@ -494,7 +496,8 @@ def browser_draws(page: Path, plot_ids: Iterable[str]) -> None:
     browser = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
     if browser is None:
         pytest.skip("no headless Chromium here: the page was checked for its inlined bundle only")
-    proc = subprocess.run([browser, "--headless", "--disable-gpu", "--no-sandbox", "--host-resolver-rules=MAP * ~NOTFOUND",
+    proc = subprocess.run([browser, "--headless", "--disable-gpu", "--no-sandbox",
+                           "--host-resolver-rules=MAP * ~NOTFOUND",
                            "--virtual-time-budget=20000", "--dump-dom", page.as_uri()],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

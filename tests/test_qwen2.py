@@ -152,7 +152,8 @@ def test_any_tiktoken_ranks_file_with_a_named_pattern(tmp_path):
     with pytest.raises(UserError, match="tokenize.tiktoken_pattern=None: tokenizer .* is a tiktoken ranks file"):
         TokenizeConfig.read({"tokenizer": str(shard_dir / T.TIKTOKEN_FILE), "val_tokens": 0})
     with pytest.raises(UserError, match="tokenize.tiktoken_pattern='nope': must be one of qwen2, gpt2, cl100k"):
-        TokenizeConfig.read({"tokenizer": str(shard_dir / T.TIKTOKEN_FILE), "val_tokens": 0, "tiktoken_pattern": "nope"})
+        TokenizeConfig.read({"tokenizer": str(shard_dir / T.TIKTOKEN_FILE), "val_tokens": 0,
+                             "tiktoken_pattern": "nope"})
     bad = tmp_path / "bad.tiktoken"
     bad.write_text("not base64!! x\n")
     with pytest.raises(UserError, match="bad.tiktoken:1"):

@@ -162,7 +162,8 @@ def test_list_shards_with_and_without_manifest(tmp_path):
     nano.mkdir()
     for name in ["edufineweb_train_000010.npy", "edufineweb_train_000002.npy", "edufineweb_val_000000.npy"]:
         np.save(nano / name, np.zeros(3, np.uint16))
-    assert [p.name for p in S.list_shards(nano, "train")] == ["edufineweb_train_000002.npy", "edufineweb_train_000010.npy"]
+    assert [p.name for p in S.list_shards(nano, "train")] == ["edufineweb_train_000002.npy",
+                                                              "edufineweb_train_000010.npy"]
     assert [p.name for p in S.list_shards(nano, "val")] == ["edufineweb_val_000000.npy"]
     with pytest.raises(ValueError, match="split 'test'"):
         S.list_shards(tmp_path, "test")

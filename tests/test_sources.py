@@ -307,9 +307,10 @@ def test_hub_download_that_does_not_match_the_listing_is_refused_and_deleted(tmp
     name = "sample/10BT/001_00000.parquet"
     good = hub.blobs[name]
     hub.serve[name] = good[:-8] + bytes(8)  # a corrupted transfer: right size, wrong bytes
-    with pytest.raises(UserError, match=rf"hub/{name}: the download does not match the hub's listing of "
-                                         rf"HuggingFaceFW/fineweb-edu@{FakeHub.COMMIT} \(sha256 [0-9a-f]+, the hub lists "
-                                         rf"{hashlib.sha256(good).hexdigest()}\); the file was deleted, fetch again"):
+    with pytest.raises(UserError,
+                       match=rf"hub/{name}: the download does not match the hub's listing of "
+                             rf"HuggingFaceFW/fineweb-edu@{FakeHub.COMMIT} \(sha256 [0-9a-f]+, the hub lists "
+                             rf"{hashlib.sha256(good).hexdigest()}\); the file was deleted, fetch again"):
         fetch({**HUB, "max_files": 2}, tmp_path / "raw", transport=hub)
     assert not (tmp_path / "raw" / "hub" / name).exists() and not (tmp_path / "raw" / "fetch.json").exists()
 
@@ -319,7 +320,8 @@ def test_hub_file_without_lfs_hash_is_checked_by_its_git_blob_id(tmp_path):
     blob.write_bytes(b"hello\n")
     # `git hash-object` of "hello\n"
     assert src.git_blob_sha1(blob) == "ce013625030ba8dba906f756967f9e9ca394464a"
-    assert src.hub_file_mismatch(blob, {"size": 6, "sha256": None, "git_sha1": "ce013625030ba8dba906f756967f9e9ca394464a"}) is None
+    assert src.hub_file_mismatch(
+        blob, {"size": 6, "sha256": None, "git_sha1": "ce013625030ba8dba906f756967f9e9ca394464a"}) is None
     why = src.hub_file_mismatch(blob, {"size": 6, "sha256": None, "git_sha1": "0" * 40})
     assert why.startswith("git blob id ce013625") and why.endswith("the hub lists " + "0" * 40)
     assert src.hub_file_mismatch(blob, {"size": 7, "sha256": None}) == "6 bytes, the hub lists 7"

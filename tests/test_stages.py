@@ -77,8 +77,8 @@ def test_evaluate_hellaswag_on_real_validation_examples(tmp_path, trained):
 
 @needs_hellaswag
 def test_hellaswag_inside_training(tmp_path, trained):
-    project = make_project(tmp_path / "p", trained / "data/shards", model=BIG_BLOCK, total_batch_tokens=512, max_steps=4,
-                           eval_every=2, hellaswag=True,
+    project = make_project(tmp_path / "p", trained / "data/shards", model=BIG_BLOCK, total_batch_tokens=512,
+                           max_steps=4, eval_every=2, hellaswag=True,
                            hellaswag_path=str(HELLASWAG), hellaswag_examples=12)
     run_stage(project, "train")
     rows = tsv(project, "hellaswag_acc_norm")

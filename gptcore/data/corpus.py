@@ -63,7 +63,8 @@ def open_parquet(path: Path, text_column: str, fix: str = "") -> pq.ParquetFile:
         raise UserError(f"{path}: no text column {text_column!r} (columns: {', '.join(schema.names)}); "
                         f"set fetch.text_column")
     t = schema.field(text_column).type
-    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or getattr(pa.types, "is_string_view", lambda _: False)(t)):
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t)
+            or getattr(pa.types, "is_string_view", lambda _: False)(t)):
         raise UserError(f"{path}: text column {text_column!r} holds {t}, not strings")
     return pf
 
@@ -117,7 +118,8 @@ class Corpus:
         return [md.row_group(rg).column(col).total_uncompressed_size for rg in range(md.num_row_groups)]
 
     def text_bytes(self) -> int:
-        """The text column's size over all files, uncompressed, from parquet metadata alone (an estimate of the text)."""
+        """The text column's size over all files, uncompressed, from parquet metadata alone (an estimate of \
+the text)."""
         return sum(sum(self._text_sizes(open_parquet(path, self.text_column).metadata)) for path, _ in self.files())
 
     def tasks(self, start_doc: int = 0, task_bytes: int = TASK_BYTES) -> Iterator[ReadTask]:
@@ -157,7 +159,8 @@ class Corpus:
             if group is not None:
                 yield group
             if left > 0:
-                raise UserError(f"{path}: has {n_docs - left} documents, {FETCH_RECORD} lists {n_docs}; run fetch again")
+                raise UserError(f"{path}: has {n_docs - left} documents, {FETCH_RECORD} lists {n_docs}; "
+                                "run fetch again")
 
     def texts(self) -> Iterator[str]:
         """Every document, one at a time (for building a char vocabulary or training BPE)."""

@@ -110,7 +110,8 @@ class TokenLoader:
     def load_state_dict(self, d: dict) -> None:
         """Resume at a position saved by state_dict, for the same tokens per step and the same shards only."""
         if d.get("step_tokens", self.step_tokens) != self.step_tokens:
-            raise ValueError(f"loader state is for {d['step_tokens']} tokens per step, this run uses {self.step_tokens}")
+            raise ValueError(f"loader state is for {d['step_tokens']} tokens per step, "
+                             f"this run uses {self.step_tokens}")
         if "shards" in d and [list(s) for s in d["shards"]] != self._shards():
             raise ValueError(f"loader state is for other shards ({len(d['shards'])} listed) than this run reads "
                              f"({len(self.paths)} in {self.paths[0].parent}): it cannot resume there")

@@ -213,7 +213,8 @@ def write_documents(batches: Iterable[list[str]], out_dir: str | Path, max_docs:
         writer.close()
         dst = out_dir / f"documents_{len(records):06d}.parquet"
         publish(tmp, dst)
-        records.append({"path": dst.name, "documents": in_file, "bytes": dst.stat().st_size, "sha256": file_sha256(dst)})
+        records.append({"path": dst.name, "documents": in_file, "bytes": dst.stat().st_size,
+                        "sha256": file_sha256(dst)})
         writer, in_file = None, 0
 
     bar = tqdm(total=max_docs, unit="doc", unit_scale=True, desc="fetch", disable=not progress, dynamic_ncols=True)
@@ -317,7 +318,8 @@ def _offline_help(repo_id: str, config: str | None, why: str, revision: str = "m
     return (f"cannot reach the Hugging Face hub for {repo_id}: {why}. "
             f"To fetch without the hub: on a machine with internet, download the parquet files of {where}, "
             f"e.g. `hf download {repo_id} --repo-type dataset{rev} --include '{include}*' --local-dir {local}`, "
-            f"copy that folder here, then set in params.yaml fetch: {{source: local, path: {local}, text_column: text}}")
+            "copy that folder here, then set in params.yaml fetch: "
+            f"{{source: local, path: {local}, text_column: text}}")
 
 
 def select_config_files(files: Iterable[str], config: str | None) -> list[str]:

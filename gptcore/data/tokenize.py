@@ -61,8 +61,8 @@ class TokenizeConfig(Section):
             raise ParamError("tokenize.eot_token", self.eot_token, "a tiktoken ranks file gets <|endoftext|> after "
                                                                    "its ranks; set it to null")
         if not is_ranks and self.tiktoken_pattern is not None:
-            raise ParamError("tokenize.tiktoken_pattern", self.tiktoken_pattern, f"only for a .tiktoken ranks file "
-                                                                                 f"(tokenizer is {tok!r}); set it to null")
+            raise ParamError("tokenize.tiktoken_pattern", self.tiktoken_pattern,
+                             f"only for a .tiktoken ranks file (tokenizer is {tok!r}); set it to null")
 
 
 def cpu_count() -> int:
@@ -105,8 +105,9 @@ def encode_documents(tok: Tokenizer, docs: list[str] | list[bytes], dtype: np.dt
     if flat.size and (int(flat.max()) > limit or (flat.dtype.kind == "i" and int(flat.min()) < 0)):
         bad = int(np.argmax((flat > limit) | (flat < 0)))
         doc = first_doc + int(np.searchsorted(np.cumsum(lengths), bad, side="right"))
-        raise shard_writer.CannotFinish(f"tokenizer {tok.name}: token id {int(flat[bad])} in document {doc} does not fit "
-                                  f"{dtype} (vocab_size {tok.vocab_size}); the tokenizer's vocab_size is wrong")
+        raise shard_writer.CannotFinish(
+            f"tokenizer {tok.name}: token id {int(flat[bad])} in document {doc} does not fit "
+            f"{dtype} (vocab_size {tok.vocab_size}); the tokenizer's vocab_size is wrong")
     starts = np.zeros(len(docs), dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
     return flat.astype(dtype, copy=False), starts
@@ -269,9 +270,10 @@ def check_val_fits(corpus: Corpus, p: TokenizeConfig) -> None:
         bound += sum(len(d.encode("utf-8")) + 1 for d in docs)
         if bound > p.val_tokens:
             return
-    raise shard_writer.CannotFinish(f"the corpus has at most {bound:,} tokens ({corpus.documents:,} documents: their UTF-8 "
-                              f"bytes plus one end-of-text each), fewer than tokenize.val_tokens={p.val_tokens:,}; "
-                              f"lower val_tokens")
+    raise shard_writer.CannotFinish(
+        f"the corpus has at most {bound:,} tokens ({corpus.documents:,} documents: their UTF-8 "
+        f"bytes plus one end-of-text each), fewer than tokenize.val_tokens={p.val_tokens:,}; "
+        f"lower val_tokens")
 
 
 def tokenize(raw_dir: str | Path, shard_dir: str | Path, p: TokenizeConfig, progress: bool = True) -> dict:

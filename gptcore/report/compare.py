@@ -94,7 +94,8 @@ def summarize(run: dict[str, Any], baselines: dict[str, Any], measured: dict[str
     """The run beside the baselines: `run` is evaluate's eval.json, `measured` its measured_on.json ({} or None when
     evaluate wrote none: no delta). Returns {"baseline": {"<entry>_<figure>": value}, "delta": {...}, "comparable":
     {...}}: each delta key names the baseline it subtracts (`_vs_gpt2`: OpenAI GPT-2 124M, `_vs_gpt3`: GPT-3 Small);
-    `comparable[key]` is {"baseline": entry, "comparable": whether the delta was written, "reason": why not (or SAME)}."""
+    `comparable[key]` is {"baseline": entry, "comparable": whether the delta was written, \
+"reason": why not (or SAME)}."""
     ours = {"val_loss": run.get("eval", {}).get("val_loss"),
             "hellaswag_acc_norm": run.get("hellaswag", {}).get("acc_norm")}
     baseline = {**baseline_values(baselines), **lm_eval_values(baselines)}  # the names plots and README use
