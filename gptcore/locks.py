@@ -8,6 +8,7 @@ import stat
 import time
 from pathlib import Path
 
+from gptcore.atomic import check_writable
 from gptcore.errors import UserError
 
 LOCK_NAME = ".lock"
@@ -39,6 +40,8 @@ class FolderLock:
         """Take the lock now (never waits) or raise FolderBusyError naming the holder, NotALockFile for a symlink."""
         if self.shared and not self.folder.is_dir():
             return self  # a missing folder: nothing a writer could swap under this reader
+        if not self.shared:  # nothing above the folder is a link (the folder's own link is judged where it is written)
+            check_writable(self.folder.parent, self.what)
         self.folder.mkdir(parents=True, exist_ok=True)
         fd = self._open()
         try:

@@ -227,7 +227,7 @@ def test_a_real_sigterm_at_several_moments_then_one_rerun_is_byte_identical(tmp_
             time.sleep(0.005)
         proc.send_signal(signal.SIGTERM)
         err = proc.communicate(timeout=60)[1]
-        assert proc.returncode == 130 and "interrupted (SIGTERM)" in err, (proc.returncode, err)
+        assert proc.returncode == 143 and "interrupted (SIGTERM)" in err, (proc.returncode, err)
     assert not json.loads(manifest.read_text())["complete"]
     assert_one_rerun_finishes(raw, tmp_path / "shards", want, cfg)
 
@@ -406,7 +406,9 @@ def test_swap_dir_and_staged_dir_refuse_links(tmp_path):
     (target / "model.pt").write_text("shared")
     final = tmp_path / "model"
     final.symlink_to(target)
-    staged = atomic.staged_dir(final)
+    with pytest.raises(atomic.LinkedFolder, match=f"{final} is a symbolic link"):
+        atomic.staged_dir(final)  # refused before anything is built
+    staged = atomic.next_path(final)
     staged.mkdir()
     (staged / "model.pt").write_text("new")
     with pytest.raises(atomic.LinkedFolder, match=f"{final} is a symbolic link"):

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from gptcore.atomic import json_sha256, refuse_link, staged_dir, swap_dir
+from gptcore.atomic import json_sha256, next_path, refuse_link, staged_dir, swap_dir
 from gptcore.data import shard_writer, shards, tokenizers
 from gptcore.data.corpus import TASK_BYTES, Corpus, ReadTask, open_corpus, read_task_chunks
 from gptcore.data.tokenizers import Tokenizer, clear_tokenizer_files, has_tokenizer_file, kind_for, prepare_tokenizer
@@ -286,10 +286,15 @@ def tokenize(raw_dir: str | Path, shard_dir: str | Path, p: TokenizeConfig, prog
     check_val_fits(corpus, p)
     shard_dir = Path(shard_dir)
     fp = shards_fingerprint(p, corpus)
-    old, staged = _manifest_or_none(shard_dir), staged_dir(shard_dir)
+    old = _manifest_or_none(shard_dir)
     done = old is not None and old.get("fingerprint") == fp and old.get("complete") and has_tokenizer_file(p, shard_dir)
-    if not done:  # this run writes shards: never through a link, nor over one
-        refuse_link(shard_dir, "tokenize", "the shards it points to may be shared")
+    if done:  # a finished run of these params: read, never written (so it may be a link to shared shards)
+        leftover = next_path(shard_dir)  # another run's, half written or swapped out by a kill
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover)
+        return _write_run(p, corpus, shard_dir, fp, old, progress)
+    refuse_link(shard_dir, "tokenize", "the shards it points to may be shared")  # this run writes shards
+    staged = staged_dir(shard_dir)
     next_run = _manifest_or_none(staged)
     if (old is None or old.get("fingerprint") != fp) and (
             (old is not None and old.get("complete")) or (next_run is not None and next_run.get("fingerprint") == fp)):

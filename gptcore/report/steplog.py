@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Iterable
 
-from gptcore.atomic import atomic_write, write_json
+from gptcore.atomic import atomic_write, check_writable, write_json
 from gptcore.errors import UserError
 
 
@@ -92,6 +92,7 @@ class StepLogger:
             return
         from dvclive import Live
 
+        check_writable(live_dir, "train")  # dvclive writes the folder directly, not through the atomic writer
         resume = bool(resume_step)
         if resume:
             truncate_step_metrics(live_dir, resume_step)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from gptcore import distributed
-from gptcore.atomic import TMP_SUFFIX, json_sha256, write_text
+from gptcore.atomic import TMP_SUFFIX, NotRenamable, check_writable, json_sha256, write_text
 from gptcore.errors import UserError
 from gptcore.model.checkpoint_file import CheckpointRefused, CorruptCheckpoint, atomic_torch_save
 from gptcore.model.checkpoint_file import read_checkpoint as load_checkpoint
@@ -194,6 +194,7 @@ def move_aside(ckpt_dir: Path, also: list[Path] = ()) -> Path | None:
     others = [Path(p) for p in also if Path(p).exists() and any(f.is_file() for f in Path(p).rglob("*"))]
     if not ckpts and not others:
         return None
+    _check_previous(ckpt_dir)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     dest, n = ckpt_dir / PREVIOUS / stamp, 1
     while dest.exists():  # two fresh starts within one second
@@ -207,6 +208,17 @@ def move_aside(ckpt_dir: Path, also: list[Path] = ()) -> Path | None:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(p), str(target))
     return dest
+
+
+def _check_previous(ckpt_dir: Path) -> None:
+    """ckpt_dir/previous/ takes a run by rename: no symbolic link on the way there, and the same file system as
+    ckpt_dir (a rename cannot cross one). Checked before anything moves."""
+    previous = ckpt_dir / PREVIOUS
+    check_writable(previous, "a fresh run")
+    if previous.is_dir() and os.stat(previous).st_dev != os.stat(ckpt_dir).st_dev:
+        raise NotRenamable(f"{previous} is on another file system than {ckpt_dir}: a fresh run keeps the previous run "
+                           f"there by rename, which cannot cross file systems; make {previous} a folder on the same "
+                           f"disk (move what it holds out first), then run again (nothing was moved)")
 
 
 def remove_temp_files(ckpt_dir: Path) -> list[str]:
