@@ -13,6 +13,7 @@ from gptcore.eval.measured import measured_on
 from gptcore.eval.scorer import score_examples, write_predictions
 from gptcore.eval.tasks import TASKS
 from gptcore.eval.val_loss import bits_per_char, val_loss, val_stream
+from gptcore.model.lm_loss import loss_chunk_rows
 from gptcore.params import check_val_tokens
 from stages.boundary import stage
 
@@ -37,6 +38,8 @@ def main() -> None:
         examples = TASKS[cfg.task].examples(cfg, tok, tokens, block, env.is_main)
         record = measured_on(cfg, data, lm_tasks)  # what the figures are measured on, read before any pass
         model.to(env.device).eval()
+        model.loss_chunk_rows = loss_chunk_rows(env.device.type, model.config.vocab_size, model.config.n_embd)
+        record["lm_loss_chunk_rows"] = model.loss_chunk_rows  # the val loss's path: a switch changes its rounding
         dtype = device.resolve_dtype(cfg.dtype, env.device)
         run = dict(device=env.device, dtype=dtype, batch_size=cfg.batch_size)
         loss = val_loss(model, tokens, block, cfg.batch_size, env.device, dtype, env.rank, env.world_size,

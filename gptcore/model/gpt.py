@@ -216,6 +216,9 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
+        # rows a chunk of the LM head's loss: set by whoever records the run (the Trainer, evaluate); None: lm_loss's
+        # default at each call (GPTCORE_LOSS_CHUNK_ELEMENTS, else the device's)
+        self.loss_chunk_rows: int | None = None
         modules = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))
         if config.pos_encoding == "learned":
             modules["wpe"] = nn.Embedding(config.block_size, config.n_embd)
@@ -281,7 +284,8 @@ class GPT(nn.Module):
         hidden = self.hidden_states(idx)
         if targets is None:
             return self.logits(hidden), None
-        return None, lm_loss(hidden, self.lm_head.weight, targets, self.config.logit_softcap, reduction)
+        return None, lm_loss(hidden, self.lm_head.weight, targets, self.config.logit_softcap, reduction,
+                             self.loss_chunk_rows)
 
     def get_num_params(self, non_embedding: bool = True) -> int:
         """Parameter count, the tied wte/lm_head matrix once; non_embedding leaves out the lookup tables: wpe, and wte

@@ -2,35 +2,25 @@
 while its logits are in cache, so all the logits are never held at once (as fused linear-cross-entropy kernels do)."""
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.nn import functional as F
 
-from gptcore.errors import UserError
+from gptcore import switches
 
-if TYPE_CHECKING:
-    pass
-
-
-# Logits lm_loss holds at once (about a server L3 of fp32 on the CPU; more on a GPU, for launch cost): a fixed switch,
-# never a timing taken at run time. Off a GPU only heads up to CHUNKED_MAX_EMBD_OFF_GPU wide gain from chunking; a
-# GPU always chunks, for memory (the measurements: docs/benchmarks.md).
+# Logits lm_loss holds at once (about a server L3 of fp32 on the CPU; more on a GPU, for launch cost): a fixed default,
+# never a timing taken at run time. Chunking is never slower than the plain path in any machine's median measured
+# (docs/benchmarks.md: 1.0-1.4x on CPUs, and on a GPU it saves the logits' memory), so every device chunks.
 LOSS_CHUNK_ELEMENTS = {"cpu": 1 << 23, "cuda": 1 << 26}
-LOSS_CHUNK_ENV = "GPTCORE_LOSS_CHUNK_ELEMENTS"
-CHUNKED_MAX_EMBD_OFF_GPU = 256
 
 
 def loss_chunk_rows(device_type: str, vocab_size: int, n_embd: int) -> int:
-    """Rows per chunk of lm_loss's default on `device_type` for a (vocab_size, n_embd) head; 0: the plain path."""
-    raw = os.environ.get(LOSS_CHUNK_ENV)
-    if raw is not None and not raw.strip().isdigit():
-        raise UserError(f"{LOSS_CHUNK_ENV}={raw!r}: expected a whole number of logits per chunk, or 0 for the plain "
-                        f"full-logits path (or unset it)")
-    if raw is None and device_type != "cuda" and n_embd > CHUNKED_MAX_EMBD_OFF_GPU:
-        return 0
-    budget = int(raw) if raw is not None else LOSS_CHUNK_ELEMENTS["cuda" if device_type == "cuda" else "cpu"]
+    """Rows per chunk of lm_loss on `device_type` for a (vocab_size, n_embd) head (GPTCORE_LOSS_CHUNK_ELEMENTS, else
+    the default); 0: the plain path."""
+    budget = switches.count(switches.LOSS_CHUNK_ELEMENTS)
+    if budget is None:
+        budget = LOSS_CHUNK_ELEMENTS["cuda" if device_type == "cuda" else "cpu"]
     # at least n_embd rows: each chunk also reads and writes the (vocab, n_embd) weight gradient, which should cost
     # no more memory traffic than the chunk's own (rows, vocab) logits
     return max(budget // vocab_size, n_embd, 1) if budget else 0

@@ -26,6 +26,7 @@ from gptcore.lifetime import under_torchrun
 from gptcore.model.checkpoint_file import strip_prefixes
 from gptcore.model.export import export_model
 from gptcore.model.gpt import GPT
+from gptcore.model.lm_loss import loss_chunk_rows
 from gptcore.model.load import ModelConfig, check_spec, init_model
 from gptcore.report.flops import estimate_mfu, model_sizes
 from gptcore.report.steplog import StepLogger, wandb_sinks
@@ -74,6 +75,9 @@ class Trainer:
             torch.backends.cudnn.allow_tf32 = True
 
         self.raw_model = model.to(self.device)
+        # the LM head's path, recorded with the run (a resume keeps it, whatever GPTCORE_LOSS_CHUNK_ELEMENTS says now)
+        head = self.raw_model.lm_head.weight
+        self.raw_model.loss_chunk_rows = loss_chunk_rows(self.device.type, head.size(0), head.size(1))
         self.optimizer = build_optimizers(self.raw_model, cfg, self.device.type)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         self.schedule = LRSchedule(cfg.max_lr, cfg.max_lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.max_steps,
@@ -121,6 +125,8 @@ class Trainer:
         self.loader.load_state_dict(ckpt["loader"])
         self.step = int(ckpt["step"])
         self.final = dict(ckpt.get("final") or {})
+        if "lm_loss_chunk_rows" in ckpt:  # the path the run started with
+            self.raw_model.loss_chunk_rows = int(ckpt["lm_loss_chunk_rows"])
         best = ckpt.get("best") or {}
         if best.get("step") is not None:
             self.best_val_loss, self.best_step = float(best["val_loss"]), int(best["step"])
@@ -141,17 +147,21 @@ class Trainer:
                  "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
                  "loader": self.loader.state_dict(), "rng": rngs, "step": self.step,
                  "params": self.run_params, "fingerprint": self.fingerprint,
-                 "best": {"val_loss": self.best_val_loss, "step": self.best_step}, "final": dict(self.final)}
+                 "best": {"val_loss": self.best_val_loss, "step": self.best_step}, "final": dict(self.final),
+                 "lm_loss_chunk_rows": self.raw_model.loss_chunk_rows}
         path = checkpoints.save_checkpoint(self.ckpt_dir, self.step, state, self.cfg.keep_checkpoints)
         # best weights of steps before this checkpoint that it does not point at can go (newer ones never exist here)
         checkpoints.prune_best(self.ckpt_dir, keep_step=self.best_step)
         return path
 
     def describe(self) -> str:
-        """One line: parameters, processes x device, precision, gradient accumulation, tokens per step."""
+        """One line: parameters, processes x device, precision, gradient accumulation, tokens per step, the LM head's
+        path."""
         n = sum(p.numel() for p in self.raw_model.parameters())
+        rows = self.raw_model.loss_chunk_rows
+        head = f"LM head loss in chunks of {rows} rows" if rows else "LM head loss over all logits at once"
         return (f"{n / 1e6:.2f}M params, {self.env.world_size} x {self.device}, {self.dtype}, grad accumulation "
-                f"{self.loader.grad_accum}, {self.cfg.total_batch_tokens:,} tokens/step")
+                f"{self.loader.grad_accum}, {self.cfg.total_batch_tokens:,} tokens/step, {head}")
 
     def export(self, model_dir: Path, data: ShardSet, final: dict[str, float]) -> list[str]:
         """After `fit`: close the step logger, on rank 0 write model/ (train.export's weights, the record of the run and
@@ -168,7 +178,8 @@ class Trainer:
 
     def export_weights(self) -> tuple[GPT, dict[str, Any]]:
         """What model/ gets (train.export: the last weights, or the lowest val loss's) and the record saying so."""
-        record: dict[str, Any] = {"step": self.step, "export": self.cfg.export}
+        record: dict[str, Any] = {"step": self.step, "export": self.cfg.export,
+                                  "lm_loss_chunk_rows": self.raw_model.loss_chunk_rows}
         if self.cfg.export != "best":
             return self.raw_model, record
         if self.best_step is None:
@@ -258,6 +269,8 @@ class Trainer:
         same for a rerun: checkpoints carry them). The host waits for the device only at train.log_every and around
         evals and saves; tokens_per_sec and step_ms are the mean since the last log."""
         cfg, env, final = self.cfg, self.env, self.final
+        if 0 < cfg.max_steps <= self.step:  # a finished run resumed: its final eval and checkpoint stand as they are
+            return {k: v for k, v in final.items() if k not in TIMINGS}
         step_tokens = cfg.total_batch_tokens
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", disable=not env.is_main,
                    dynamic_ncols=True)
