@@ -18,7 +18,7 @@ def main() -> None:
     with stage("train", reads=[SHARDS], writes=[CKPT_DIR]) as s:  # its lock covers model/ and metrics/train/ too
         model_cfg, cfg = s.config(ModelConfig), s.config(TrainConfig)
         data = ShardSet.open(SHARDS)
-        preflight(model_cfg, cfg, data)
+        preflight(model_cfg, cfg, data, MODEL_DIR)
         if s.launch(cfg.nproc):
             return
         trainer, notes = Trainer.build(model_cfg, cfg, data, CKPT_DIR, LIVE_DIR)

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from gptcore.atomic import file_sha256, publish, read_utf8, refuse_link, swap_dir, temp_beside, write_json
+from gptcore.atomic import file_sha256, publish, read_utf8, staged_dir, swap_dir, temp_beside, write_json
 from gptcore.data.corpus import FETCH_RECORD, column_texts, open_parquet
 from gptcore.errors import UserError, cause
 from gptcore.params import REQUIRED, ParamError, Section, param
@@ -392,7 +392,7 @@ def fetch_hub(repo_id: str, config: str | None, out_dir: str | Path, *, text_col
 
 def fetch(p: FetchConfig, out_dir: str | Path, transport: HfHubTransport | None = None,
           progress: bool = False) -> dict:
-    """The fetch stage by `p` (the `fetch:` section as FETCH.validate returns it); returns the fetch.json record."""
+    """The fetch stage by `p` (the `fetch:` section); returns the fetch.json record."""
     out_dir = Path(out_dir)
     if p.source == "hub":
         return fetch_hub(p.name, p.config, out_dir, text_column=p.text_column, max_files=p.max_files,
@@ -405,8 +405,8 @@ def fetch(p: FetchConfig, out_dir: str | Path, transport: HfHubTransport | None 
         batches = (b for f in files for b in read_local_file(f, p.text_column))
         name, label = p.path, "local"
     # rewrite this source's folder from scratch into a folder aside, then swap it in whole
-    final, tmp_dir = out_dir / label, out_dir / f".{label}.next"
-    refuse_link(final, "fetch")  # before fetch.json goes: swap_dir would refuse it only after
+    final = out_dir / label
+    tmp_dir = staged_dir(final)  # a link or a mount point there is refused now, before anything is read or goes
     shutil.rmtree(tmp_dir, ignore_errors=True)
     try:
         recs = write_documents(batches, tmp_dir, max_docs=p.max_docs, progress=progress)

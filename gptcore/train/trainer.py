@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from gptcore import device, distributed
+from gptcore.atomic import staged_dir
 from gptcore.data.loader import TokenLoader
 from gptcore.data.shard_set import ShardSet
 from gptcore.device import autocast_context, resolve_dtype
@@ -39,9 +40,11 @@ from gptcore.train.schedule import LRSchedule
 TIMINGS = ("tokens_per_sec", "step_ms", "mfu")  # vary between two runs of the same params: metrics/train only
 
 
-def preflight(model: ModelConfig, train: TrainConfig, data: ShardSet) -> None:
-    """Every check of the `model:` and `train:` sections against the processes, the data and the memory, before any
-    weights exist: the same in a torchrun launcher (which keeps off the GPUs: its ranks check theirs) and a rank."""
+def preflight(model: ModelConfig, train: TrainConfig, data: ShardSet, model_dir: Path) -> None:
+    """Every check of the `model:` and `train:` sections against the processes, the data, the memory and the folder
+    model/ is swapped into at the end, before any weights exist: the same in a torchrun launcher (which keeps off the
+    GPUs: its ranks check theirs) and a rank."""
+    staged_dir(model_dir)  # a link or a mount point at model/ would refuse the export only after training
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else train.nproc
     check_run(model, train, world, data.tokens["val"])
     if model.init_from != "scratch":
@@ -112,8 +115,10 @@ class Trainer:
         resume, notes = checkpoints.prepare_resume(ckpt_dir, run_params, env.is_main, also=[live_dir])
         samples_folder(live_dir / "samples", cfg.samples, env.is_main)  # after a previous run's moved aside
         sinks = wandb_sinks(cfg, {"model": asdict(model_cfg), "train": asdict(cfg)}, env.is_main)
-        logger = StepLogger(live_dir, enabled=env.is_main, resume_step=resume["step"] if resume else None,
-                            also=sinks)
+        keep_to = resume["step"] if resume else None  # the curves after a checkpoint's step are redone on resume
+        if keep_to is not None and 0 < cfg.max_steps <= keep_to:
+            keep_to += 1  # a finished run is not redone (fit returns at once): its final eval's row stays
+        logger = StepLogger(live_dir, enabled=env.is_main, resume_step=keep_to, also=sinks)
         return cls(model, loader, cfg, env, ckpt_dir, logger, run_params, evaluators, resume_from=resume), notes
 
     # -- checkpoints -------------------------------------------------------------------------------------------
