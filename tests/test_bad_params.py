@@ -63,6 +63,10 @@ CASES = [
     ("tokenize", "tokenize", "val_tokens", -1, "tokenize.val_tokens=-1: must be an integer >= 0"),
     ("tokenize", "tokenize", "workers", "all", "tokenize.workers='all': must be an integer >= 0"),
     ("tokenize", "tokenize", "shard_size", 5, "tokenize.shard_size=5: unknown param"),
+    ("tokenize", "tokenize", "shard_tokens", 1, "tokenize.shard_tokens=1: must be an integer >= 1024"),
+    ("tokenize", "tokenize", "workers", 10**6, "tokenize.workers=1000000: must be an integer >= 0 and <= 1024"),
+    ("evaluate", "eval", "cloze_ending", 40, "eval.cloze_context=16: plus eval.cloze_ending=40 must be <= the "
+                                             "model's block_size = 32"),
     ("fetch", "fetch", "max_docs", 0, "fetch.max_docs=0: must be an integer >= 1 or null"),
     ("fetch", "fetch", "source", "ftp", "fetch.source='ftp': must be one of package, local, hub"),
 ]
@@ -301,6 +305,15 @@ def empty_hellaswag(**changes):
     return edit
 
 
+def repeated_hellaswag(project: Path) -> None:
+    """A HellaSwag file holding one example 20 times (each copy was once scored as an example of its own)."""
+    row = json.dumps({"ind": 7, "ctx": "A man is sitting on a roof. He", "label": 1,
+                      "endings": ["is using wrap to wrap a pair of skis.", "is ripping level tiles off.",
+                                  "is holding a rubik's cube.", "starts pulling up roofing on a roof."]})
+    (project / EMPTY_HELLASWAG).write_text((row + "\n") * 20, encoding="utf-8")
+    set_params(eval__task="hellaswag", eval__hellaswag_path=EMPTY_HELLASWAG)(project)
+
+
 def no_network(project: Path) -> dict[str, str]:
     """What a machine without internet sees, on any machine: a proxy that refuses every connection, the hub offline
     with an empty cache (so no copy of GPT-2 a developer has cached is found)."""
@@ -354,6 +367,8 @@ USER_CASES = [
          empty_hellaswag(eval__task="hellaswag", eval__hellaswag_path=EMPTY_HELLASWAG)),
     Case("HellaSwag file empty (train)", stage("train"), f"{EMPTY_HELLASWAG}: no HellaSwag examples in the file",
          empty_hellaswag(train__hellaswag=True, train__hellaswag_path=EMPTY_HELLASWAG)),
+    Case("HellaSwag file, one row 20 times", stage("evaluate"), f"{EMPTY_HELLASWAG}:2: example ind 7 again (first "
+         "on line 1): a HellaSwag file holds each example once", repeated_hellaswag),
     Case("manifest dtype: float64", stage("train"), "data/shards/manifest.json: dtype 'float64': must be uint16 or "
          "uint32", edit_manifest(lambda m: m.update(dtype="float64"))),
     Case("manifest shards: null", stage("evaluate"), "data/shards/manifest.json: shards None: must be a list",

@@ -205,15 +205,16 @@ def test_reference_file_scores_on_a_small_random_gpt(ref_examples):
         assert q["mean_losses"] == pytest.approx(p["mean_losses"], rel=1e-5)
 
 
-# issue 26: a row that cannot be scored is found when the file is read, named by its file and line
+# a row that cannot be scored is found when the file is read, named by its file and line
 
 @pytest.mark.parametrize("row, why", [
-    ({**ITEM, "ctx": ""}, "empty context"),
-    ({**ITEM, "endings": ["x" * 80, "b", "c", "d"]}, "an ending of 81 tokens does not fit block_size 64"),
+    ({**ITEM, "ind": 3, "ctx": ""}, "empty context"),
+    ({**ITEM, "ind": 3, "endings": ["x" * 80, "b", "c", "d"]}, "an ending of 81 tokens does not fit block_size 64"),
 ])
 def test_a_row_that_cannot_be_scored_is_refused_at_load_naming_file_and_line(tmp_path, row, why):
     path = tmp_path / "val.jsonl"
-    path.write_text(json.dumps(ITEM) + "\n\n" + json.dumps(ITEM) + "\n" + json.dumps(row) + "\n")
+    rows = [json.dumps({**ITEM, "ind": 1}), "", json.dumps({**ITEM, "ind": 2}), json.dumps(row)]
+    path.write_text("\n".join(rows) + "\n")
     with pytest.raises(UserError, match=f"^{path}:4: {why}"):
         hs.hellaswag_examples(CharCodes(), path, None, "eval.hellaswag_path", block_size=64, progress=False)
     assert len(load_hellaswag(path, CharCodes(), limit=2, block_size=64)) == 2  # the rows before it are fine

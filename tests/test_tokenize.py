@@ -128,7 +128,7 @@ def test_task_size_gives_each_worker_about_four_tasks_within_bounds():
 def test_char_tokenizer_end_to_end(tmp_path):
     docs = ["hello world", "红楼梦\n第一回", "", "café ☕"]
     raw = make_raw(tmp_path, docs * 50)
-    m = tokenize(raw, tmp_path / "shards", {"tokenizer": "char", "shard_tokens": 300, "val_tokens": 100,
+    m = tokenize(raw, tmp_path / "shards", {"tokenizer": "char", "shard_tokens": 1024, "val_tokens": 100,
                                            "workers": 2}, progress=False)
     assert (tmp_path / "shards" / "vocab.json").is_file() and m["tokenizer"]["file"] == "vocab.json"
     tok = load_tokenizer(tmp_path / "shards")

@@ -439,3 +439,19 @@ def test_a_resume_with_another_nproc_is_bit_identical(tmp_path, shards, before, 
     assert f"{after} x cpu" in out.stdout
     wa, wb = final_weights(straight), final_weights(resumed)
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_finished_run_rerun_only_exports_again(tmp_path, shards):
+    """A rerun of a finished run resumes at its last step: its checkpoints and curves stay byte for byte (no eval or
+    save is done again), and model/ is written anew from the same weights."""
+    project = make_project(tmp_path / "p", shards, max_steps=4, eval_every=2, ckpt_every=4)
+    run_train(project)
+    files = {p: p.read_bytes() for folder in ("checkpoints", "metrics/train") for p in (project / folder).rglob("*")
+             if p.is_file() and p.name not in (".lock", ".run_fingerprint")}
+    weights = final_weights(project)
+    out = run_train(project)
+    assert "resuming from checkpoints/ckpt_0000004.pt (step 4)" in out.stdout
+    after = {p: p.read_bytes() for p in files}
+    assert [str(p.relative_to(project)) for p in files if after[p] != files[p]] == []
+    again = final_weights(project)
+    assert all(torch.equal(weights[k], again[k]) for k in weights)

@@ -42,9 +42,10 @@ class TokenizeConfig(Section):
                                  "tiktoken | gigatoken", choices=tokenizers.ENCODERS)
     bpe_vocab_size: int = param(8192, "vocabulary size of a bpe tokenizer trained on the corpus (256 bytes + "
                                       "end-of-text at least)", min=257)
-    shard_tokens: int = param(100_000_000, "tokens per shard file", min=1)
+    shard_tokens: int = param(100_000_000, "tokens per shard file (at least 1,024: a GPT-2 context; fewer writes a "
+                                           "file every few tokens)", min=1024)
     val_tokens: int = param(REQUIRED, "the first val_tokens tokens of the corpus are the val split", min=0)
-    workers: int = param(0, "encoding processes (0: one per core)", min=0)
+    workers: int = param(0, "encoding processes (0: one per core)", min=0, max=1024)
     eot_token: str | None = param(None, "end-of-text token of a tokenizer.json (null: <|endoftext|> or its first "
                                         "special token)")
 

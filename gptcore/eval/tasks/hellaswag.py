@@ -119,12 +119,19 @@ def read_hellaswag(path: str | Path, limit: int | None = None) -> list[dict]:
     if not path.is_file():
         raise UserError(f"{path}: HellaSwag file not found; {_place_hint(path)}")
     items: list[dict] = []
+    seen: dict[int, int] = {}  # ind -> the line it first came on
     with open(path, "rb") as f:  # bytes: a non-UTF-8 line is reported with its number, not as a codec error
         for lineno, raw in enumerate(f, start=1):
             if limit is not None and len(items) >= limit:
                 break
             if raw.strip():
-                items.append({**parse_hellaswag_line(raw, f"{path}:{lineno}", len(items)), "line": lineno})
+                item = parse_hellaswag_line(raw, f"{path}:{lineno}", len(items))
+                if item["ind"] in seen:  # scored twice, it would count twice in every accuracy
+                    raise UserError(f"{path}:{lineno}: example ind {item['ind']} again (first on line "
+                                    f"{seen[item['ind']]}): a HellaSwag file holds each example once; "
+                                    f"{_place_hint(path)}")
+                seen[item["ind"]] = lineno
+                items.append({**item, "line": lineno})
     if not items and limit != 0:  # no accuracy is ever written from zero examples
         raise UserError(f"{path}: no HellaSwag examples in the file (it is empty or holds only blank lines); "
                         f"{_place_hint(path)}")
