@@ -86,14 +86,19 @@ def test_a_local_copy_of_the_very_files_has_the_same_val_tokens(hub_and_local):
 
 
 def test_compare_on_real_records(hub_and_local, tmp_path):
-    """Both records through compare against the baseline (its split rule set to this split's 4,096 tokens)."""
+    """Both records through compare against the baseline (its split rule set to this split's 4,096 tokens, its loss
+    to the first 1,024 of them); a loss over another count of the same split is no like."""
     hub, local = hub_and_local
     base = yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text(encoding="utf-8"))
-    base["gpt2_124m"]["val_loss_measured_on"]["split_tokens"] = 4096
+    base["gpt2_124m"]["val_loss_measured_on"].update(split_tokens=4096, scored_tokens=1024)
     run = {"eval": {"val_loss": 4.0}}
     p = EvalConfig.read({"task": "cloze", "val_tokens": 1024, "sample_prompt": "x"})
     hub_rec, local_rec = measured_on(p, ShardSet.open(hub), None), measured_on(p, ShardSet.open(local), None)
     assert "val_loss_vs_gpt2" in summarize(run, base, hub_rec)["delta"]
+    fewer = measured_on(EvalConfig.read({"task": "cloze", "val_tokens": 512, "sample_prompt": "x"}),
+                        ShardSet.open(hub), None)
+    assert summarize(run, base, fewer)["comparable"]["val_loss_vs_gpt2"]["reason"] == (
+        "the run's val loss is over 512 tokens of the split (eval.val_tokens), the baseline's over its first 1,024")
     assert "from local files" in summarize(run, base, local_rec)["comparable"]["val_loss_vs_gpt2"]["reason"]
     base["gpt2_124m"]["val_loss_measured_on"]["val_sha256"] = hub_rec["val_split"]["val_sha256"]
     assert summarize(run, base, local_rec)["delta"]["val_loss_vs_gpt2"] == pytest.approx(4.0 - 3.2924)

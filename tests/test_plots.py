@@ -462,12 +462,32 @@ def test_offline_page_is_written_once(tmp_path):
     assert page.read_text(encoding="utf-8") == html  # another marker (an older vl-convert or page): rewritten
 
 
-def test_dvc_config_points_dvc_plots_at_the_offline_page():
+def test_dvc_config_points_dvc_plots_at_the_committed_offline_page():
+    """A fresh clone has the page `dvc plots show` fills (committed), and it is the page this code writes."""
     from configobj import ConfigObj
 
     template = ConfigObj(str(ROOT / ".dvc" / "config"))["plots"]["html_template"]
     assert (ROOT / ".dvc" / template).resolve() == (ROOT / plots.OFFLINE_PAGE).resolve()
-    assert f"/{plots.OFFLINE_PAGE.as_posix()}" in (ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
+    tracked = subprocess.run(["git", "ls-files", "--error-unmatch", str(plots.OFFLINE_PAGE)], cwd=ROOT,
+                             capture_output=True, text=True)
+    assert tracked.returncode == 0, "plots/offline.html is not committed: a fresh clone's `dvc plots show` fails"
+    page = (ROOT / plots.OFFLINE_PAGE).read_text(encoding="utf-8")
+    assert page == plots.offline_page(), "the committed page is stale: run `gptcore-render-plots --page` and commit it"
+
+
+@pytest.mark.slow
+def test_dvc_plots_show_works_on_a_fresh_clone_offline(tmp_path):
+    """What README tells a newcomer: clone, then `dvc plots show` on the committed run, with no network."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)
+    env = {**os.environ, "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9"}
+    proc = subprocess.run([str(Path(sys.executable).parent / "dvc"), "plots", "show"], cwd=clone, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    page = clone / "dvc_plots" / "index.html"
+    check_offline_page(page.read_text(encoding="utf-8"), ["loss", "loss_vs_tokens", "val_loss_vs_tokens_log",
+                                                          "acc_norm"])
+    browser_draws(page, ["loss", "loss_vs_tokens", "val_loss_vs_tokens_log", "acc_norm"])
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,10 @@ from gptcore.errors import UserError
 
 FIGURES = ("val_loss", "hellaswag_acc_norm")
 REQUIRED = {"gpt2_124m": FIGURES}  # the entry every run is set beside
-# what each figure was measured on: the val split (its data, tokenizer and size rule), the HellaSwag file
-MEASURED_ON = {"val_loss": ("tokenizer", "dataset", "config", "revision", "split_tokens", "val_sha256"),
+# what each figure was measured on: the val split (its data, tokenizer, size rule and scored tokens), the HellaSwag
+# file
+MEASURED_ON = {"val_loss": ("tokenizer", "dataset", "config", "revision", "split_tokens", "val_sha256",
+                            "scored_tokens"),
                "hellaswag_acc_norm": ("sha256", "examples")}
 # what a published lm-eval figure was measured on, besides its metrics (compare needs both to match the run's);
 # task_from: "lm-eval", the harness's own task of that name

@@ -21,7 +21,7 @@ def why_val_split_differs(split: dict[str, Any], base: dict[str, Any]) -> str | 
     """None when the run's val split (measured_on.json's `val_split`) is the baseline's; else the reason."""
     listed = split.get("val_sha256") and set(split["val_sha256"]) <= set(base["val_sha256"])
     if listed and split.get("val_tokens") == base["split_tokens"]:
-        return None  # the very tokens the baseline lists, wherever the files came from
+        return _scored_differ(split, base)  # the very tokens the baseline lists, wherever the files came from
     if split.get("source") == "local":
         return (f"the run's val split is from local files {split.get('dataset')!r}; a copy compares only when its val "
                 f"shards (sha256 {', '.join(split.get('val_sha256') or [])}) are listed in conf/baselines.yaml "
@@ -35,7 +35,15 @@ def why_val_split_differs(split: dict[str, Any], base: dict[str, Any]) -> str | 
     if split.get("split_tokens") != base["split_tokens"] or split.get("val_tokens") != base["split_tokens"]:
         return (f"the run's val split is its first {split.get('val_tokens')!r} tokens (tokenize.val_tokens: "
                 f"{split.get('split_tokens')!r}), the baseline's the first {base['split_tokens']:,}")
-    return None
+    return _scored_differ(split, base)
+
+
+def _scored_differ(split: dict[str, Any], base: dict[str, Any]) -> str | None:
+    """The reason a loss over another count of the split's tokens is not the baseline's loss (None: the same count)."""
+    if split.get("scored_tokens") == base["scored_tokens"]:
+        return None
+    return (f"the run's val loss is over {split.get('scored_tokens')!r} tokens of the split (eval.val_tokens), the "
+            f"baseline's over its first {base['scored_tokens']:,}")
 
 
 def why_not_comparable(figure: str, run: dict[str, Any], measured: dict[str, Any], base: dict[str, Any]) -> str | None:
