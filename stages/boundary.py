@@ -48,6 +48,11 @@ class Stage:
         self.sections[cls.section] = params[cls.section]
         return cls.read(params[cls.section])
 
+    def preset(self) -> str | None:
+        """The preset params.yaml was composed from (its top-level `preset`), or None."""
+        name = read_params_file(self.params_file).get("preset")
+        return name if isinstance(name, str) else None
+
     def say(self, *lines: str) -> None:
         """Print each line as this stage's (rank 0 only)."""
         for line in lines if self.rank == 0 else ():

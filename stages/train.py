@@ -7,6 +7,7 @@ from pathlib import Path
 from gptcore.data.shard_set import ShardSet
 from gptcore.model.load import ModelConfig
 from gptcore.train.config import TrainConfig
+from gptcore.train.presets import preset_values
 from gptcore.train.trainer import Trainer, preflight
 from stages.boundary import stage
 
@@ -21,7 +22,7 @@ def main() -> None:
         preflight(model_cfg, cfg, data, MODEL_DIR)
         if s.launch(cfg.nproc):
             return
-        trainer, notes = Trainer.build(model_cfg, cfg, data, CKPT_DIR, LIVE_DIR)
+        trainer, notes = Trainer.build(model_cfg, cfg, data, CKPT_DIR, LIVE_DIR, preset_values(s.preset()))
         s.say(*notes, trainer.describe())
         final = trainer.fit()
         s.say(*trainer.export(MODEL_DIR, data, final))

@@ -157,3 +157,22 @@ def test_the_memory_check_runs_once_and_not_where_the_budget_is_unknown(tmp_path
     t, _ = trainer(tmp_path)
     t.fit()
     assert budgets == [torch.device("cpu")] and t.step == 10
+
+
+def test_each_eval_prints_one_line_with_the_step_and_its_losses_rank_0_only(tmp_path, capsys):
+    """What nanoGPT prints at each eval: the step, the last train loss and the val loss (the same figures the step
+    metrics get), on a line of its own above the progress bar; ranks other than 0 print nothing."""
+    t, log = trainer(tmp_path, max_steps=4, eval_every=2)
+    t.evaluators = [lambda model, step: {"val_loss": 5.0 + step}]
+    t.fit()
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    rows = {step: m for step, m in log.rows if "val_loss" in m}
+    train = train_rows(log)
+    assert said == ["step 0: val loss 5.0000", f"step 2: train loss {train[1]['train_loss']:.4f}, val loss 7.0000",
+                    f"step 4: train loss {train[3]['train_loss']:.4f}, val loss 9.0000"]
+    assert [s for s in rows] == [0, 2, 4]
+    quiet, _ = trainer(tmp_path / "r1", max_steps=2, eval_every=2)
+    quiet.env = DistEnv(rank=1, local_rank=1, world_size=1, device=torch.device("cpu"))
+    quiet.evaluators = [lambda model, step: {"val_loss": 1.0}]
+    quiet.fit()
+    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]

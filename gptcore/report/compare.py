@@ -128,12 +128,18 @@ def summarize(run: dict[str, Any], baselines: dict[str, Any], measured: dict[str
 
 
 def describe(summary: dict[str, Any], baselines: dict[str, Any]) -> list[str]:
-    """One line per delta: 'key: run - <the baseline's description> = +x', or why it is not given."""
-    lines = []
+    """One line per delta written ('key: run - <the baseline's description> = +x'), then one line for all the figures
+    not compared, each reason once with the keys it holds for (metrics/comparison.json keeps every reason)."""
+    lines, skipped = [], {}
     for key, c in summary["comparable"].items():
-        desc = baselines.get(c["baseline"], {}).get("description", c["baseline"])
-        lines.append(f"{key}: run - {desc} = {summary['delta'][key]:+.4f}" if c["comparable"]
-                     else f"{key}: not comparable with {desc}: {c['reason']}")
+        if c["comparable"]:
+            desc = baselines.get(c["baseline"], {}).get("description", c["baseline"])
+            lines.append(f"{key}: run - {desc} = {summary['delta'][key]:+.4f}")
+        else:
+            skipped.setdefault(c["reason"], []).append(key)
+    if skipped:
+        why = "; ".join(f"{', '.join(keys)}: {reason}" for reason, keys in skipped.items())
+        lines.append(f"not compared ({sum(map(len, skipped.values()))} figures; metrics/comparison.json): {why}")
     return lines
 
 

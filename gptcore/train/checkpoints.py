@@ -29,17 +29,22 @@ CURVES_STAMP = ".run_fingerprint"  # in metrics/train/: the run whose curves the
 run_fingerprint = json_sha256  # the hash of the params that shape a run's weights (as the shards' fingerprint)
 
 
-def param_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
-    """Human-readable differences between two nested params dicts, e.g. ['train.max_lr: 0.0006 -> 0.001']."""
+def param_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, old value, new value) for each key two nested params dicts give differently."""
     out = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key), new.get(key)
         name = f"{prefix}{key}"
         if isinstance(a, dict) and isinstance(b, dict):
-            out += param_diff(a, b, name + ".")
+            out += param_changes(a, b, name + ".")
         elif a != b:
-            out.append(f"{name}: {a!r} -> {b!r}")
+            out.append((name, a, b))
     return out
+
+
+def param_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Human-readable differences between two nested params dicts, e.g. ['train.max_lr: 0.0006 -> 0.001']."""
+    return [f"{key}: {a!r} -> {b!r}" for key, a, b in param_changes(old, new)]
 
 
 def list_checkpoints(ckpt_dir: Path, pattern: re.Pattern = CKPT_RE) -> list[Path]:
@@ -77,8 +82,8 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def find_resume(ckpt_dir: Path, run_params: dict[str, Any], also: list[Path] = ()
-                ) -> tuple[Path | None, dict[str, Any] | None, str]:
+def find_resume(ckpt_dir: Path, run_params: dict[str, Any], also: list[Path] = (),
+                preset: dict[str, Any] | None = None) -> tuple[Path | None, dict[str, Any] | None, str]:
     """(path, loaded checkpoint, what was decided, naming the params that differ): the newest readable checkpoint if
     a run with these params wrote it, else an earlier run of theirs in ckpt_dir/previous/ (see `bring_back`) or None
     (see `move_aside`): another run's is never resumed. Call on one process only: it renames damaged ones."""
@@ -93,7 +98,7 @@ def find_resume(ckpt_dir: Path, run_params: dict[str, Any], also: list[Path] = (
             notes.append(f"{e}; set aside as {aside}")
     else:
         path = ckpt = None
-    diff: list[str] = []
+    changes: list[tuple[str, Any, Any]] | None = None
     if path is not None and _same_run(ckpt, run_params):
         foreign = _foreign_curves(also, run_fingerprint(run_params))
         if foreign is None:
@@ -103,25 +108,32 @@ def find_resume(ckpt_dir: Path, run_params: dict[str, Any], also: list[Path] = (
     elif path is None:
         why = f"no readable checkpoint in {ckpt_dir}"
     else:
-        diff = param_diff(ckpt.get("params", {}), run_params) or ["(params not recorded)"]
+        changes = param_changes(ckpt.get("params", {}), run_params)
         why = f"{path} was written by a run with other params, so it is not resumed"
     earlier, skipped = _earlier_run(ckpt_dir, run_params, also)
     notes += skipped
     if earlier is not None:
         return earlier[0], earlier[1], "; ".join(notes + [f"{why}; {earlier[0].parent} holds a run with these "
                                                           f"params (step {earlier[1]['step']}): bringing it back"])
-    fresh = f"; {retrain_note(ckpt, diff)}" if diff else ": starting from step 0"
+    fresh = f"; {retrain_note(ckpt, changes, preset)}" if changes is not None else ": starting from step 0"
     return None, None, "; ".join(notes + [why + fresh])
 
 
-def retrain_note(ckpt: dict[str, Any], diff: list[str]) -> str:
-    """Why a checkpoint of other params is not resumed, its keys old -> new (`param_diff`); when that run had
-    finished, also the likely cause: `dvc exp run` composes params.yaml from conf/ again, dropping an earlier -S."""
-    note = f"starting fresh ({'; '.join(diff)})"
+def retrain_note(ckpt: dict[str, Any], changes: list[tuple[str, Any, Any]],
+                 preset: dict[str, Any] | None = None) -> str:
+    """Why a checkpoint of other params is not resumed, its keys old -> new. When the run it replaces had finished and
+    a key went back to the preset's value (`preset`: {dotted key: value}, what `dvc exp run` composes with no -S),
+    also the likely cause: `dvc exp run` composes params.yaml from conf/ afresh, so an earlier -S is gone unless
+    repeated. A change the user asked for (a value that is not the preset's) gets no such sentence."""
+    note = f"starting fresh ({'; '.join(f'{k}: {a!r} -> {b!r}' for k, a, b in changes) or '(params not recorded)'})"
     max_steps = (ckpt.get("params") or {}).get("train", {}).get("max_steps")
-    if isinstance(max_steps, int) and max_steps > 0 and ckpt.get("step", -1) >= max_steps:
-        note += (f": the run it replaces had finished (step {ckpt['step']} of {max_steps}); `dvc exp run` composes "
-                 f"params.yaml from conf/ afresh, so an earlier experiment's -S values hold only where repeated")
+    finished = isinstance(max_steps, int) and max_steps > 0 and ckpt.get("step", -1) >= max_steps
+    reverted = [(k, a, b) for k, a, b in changes if preset and k in preset and preset[k] == b]
+    if finished and reverted:
+        keep = " ".join(f"-S {k}={a}" for k, a, _ in reverted)
+        note += (f": the finished run it replaces (step {ckpt['step']} of {max_steps}) had "
+                 f"{', '.join(f'{k}={a!r}' for k, a, _ in reverted)}, and this run has the preset's; `dvc exp run` "
+                 f"composes params.yaml from conf/ afresh, so an earlier -S holds only where repeated ({keep})")
     return note
 
 
@@ -243,8 +255,8 @@ def check_init_from(init_from: str | None, ckpt_dir: Path) -> None:
                          f"copy it out first (cp {init_from} init.pt) and set model.init_from: init.pt")
 
 
-def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, also: list[Path] = ()
-                   ) -> tuple[dict[str, Any] | None, list[str]]:
+def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, also: list[Path] = (),
+                   preset: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, list[str]]:
     """Collective: the checkpoint every rank resumes from (None: a fresh start), and what rank 0 decided, as lines.
     Rank 0 decides (`find_resume`), moving the run in ckpt_dir and `also` aside and an earlier one back; the others
     then load what it left: the run to resume, if any."""
@@ -252,7 +264,7 @@ def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, al
     resume, notes = None, []
     if is_main:
         notes += remove_temp_files(ckpt_dir)
-        path, resume, why = find_resume(ckpt_dir, run_params, also)
+        path, resume, why = find_resume(ckpt_dir, run_params, also, preset)
         notes.append(why)
         earlier = path is not None and path.parent != Path(ckpt_dir)
         if resume is None or earlier:

@@ -57,6 +57,16 @@ def preflight(model: ModelConfig, train: TrainConfig, data: ShardSet, model_dir:
         memory.check_fits(model, train, model.vocab(data.vocab_size), dev, world)
 
 
+EVAL_LINE = {"val_loss": "val loss", "hellaswag_acc_norm": "hellaswag acc_norm"}  # what an eval's line shows
+
+
+def eval_line(step: int, train_loss: float | None, measured: dict[str, float]) -> str:
+    """`step N: train loss X, val loss Y, hellaswag acc_norm Z`: what an eval measured, with the last train loss."""
+    parts = [f"train loss {train_loss:.4f}"] if train_loss is not None else []
+    parts += [f"{label} {measured[name]:.4f}" for name, label in EVAL_LINE.items() if name in measured]
+    return f"step {step}: {', '.join(parts)}"
+
+
 class NonFiniteLoss(UserError):
     """The training loss became NaN or infinite; the run stops without saving."""
 
@@ -100,11 +110,12 @@ class Trainer:
             self.model = DDP(self.model, device_ids=[env.local_rank] if self.device.type == "cuda" else None)
 
     @classmethod
-    def build(cls, model_cfg: ModelConfig, cfg: TrainConfig, data: ShardSet, ckpt_dir: Path,
-              live_dir: Path) -> tuple[Trainer, list[str]]:
+    def build(cls, model_cfg: ModelConfig, cfg: TrainConfig, data: ShardSet, ckpt_dir: Path, live_dir: Path,
+              preset: dict[str, Any] | None = None) -> tuple[Trainer, list[str]]:
         """A run wired from its sections and its data: this process's place in the process group, the starting
         weights, the loader, the evaluators, the step logger, and the checkpoint to resume from (a collective: rank 0
-        decides, moving a previous run aside); also what resuming decided, as lines to show."""
+        decides, moving a previous run aside); also what resuming decided, as lines to show. `preset`: the preset's
+        values by dotted key (config.preset_values), so a replaced run's note names the -S it lost."""
         env = distributed.setup(cfg.device, key="train.device")
         model = init_model(model_cfg, data.vocab_size, seed=cfg.seed)
         loader = TokenLoader(data.splits["train"], cfg.micro_batch, model.config.block_size, cfg.total_batch_tokens,
@@ -112,7 +123,7 @@ class Trainer:
         evaluators = training_evaluators(cfg, data, live_dir / "samples", model.config.block_size, env,
                                          resolve_dtype(cfg.dtype, env.device), echo=tqdm.write)
         run_params = fingerprint_params(model_cfg, cfg, data.record())
-        resume, notes = checkpoints.prepare_resume(ckpt_dir, run_params, env.is_main, also=[live_dir])
+        resume, notes = checkpoints.prepare_resume(ckpt_dir, run_params, env.is_main, also=[live_dir], preset=preset)
         samples_folder(live_dir / "samples", cfg.samples, env.is_main)  # after a previous run's moved aside
         sinks = wandb_sinks(cfg, {"model": asdict(model_cfg), "train": asdict(cfg)}, env.is_main)
         keep_to = resume["step"] if resume else None  # the curves after a checkpoint's step are redone on resume
@@ -210,6 +221,8 @@ class Trainer:
                     checkpoints.save_best(self.ckpt_dir, self.step, self.raw_model, val_loss, self.fingerprint)
             out.update(best_val_loss=self.best_val_loss, best_step=self.best_step)
         self.logger.log(self.step, out)
+        if self.env.is_main:  # nanoGPT's line, above the progress bar
+            tqdm.write(eval_line(self.step, self.final.get("train_loss"), out))
         self.final.update(out)
         return out
 
