@@ -194,17 +194,6 @@ class Section:
                 if not p.resume_ok and (p.applies is None or p.applies(self))}
 
 
-def check_val_tokens(key: str, val_tokens: int, block_size: int, val_split_tokens: int | None = None) -> None:
-    """A val loss over `val_tokens` (train.val_tokens, eval.val_tokens) needs one full window of the model's context
-    and no more tokens than the val split holds."""
-    if val_tokens < block_size:
-        raise ParamError(key, val_tokens, f"must be >= the model's block_size = {block_size} (at least one full "
-                                          f"window of targets)")
-    if val_split_tokens is not None and val_tokens > val_split_tokens:
-        raise ParamError(key, val_tokens, f"must be <= the {val_split_tokens:,} tokens of the val split "
-                                          f"(tokenize.val_tokens)")
-
-
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader refusing a key given twice in one mapping (PyYAML keeps the last one silently; DVC
     refuses the file, so the stages do too)."""

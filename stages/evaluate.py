@@ -8,13 +8,12 @@ from gptcore import device, distributed
 from gptcore.atomic import write_json
 from gptcore.data.shard_set import ShardSet
 from gptcore.eval import harness, sampling
-from gptcore.eval.config import EvalConfig
+from gptcore.eval.config import EvalConfig, scored_tokens
 from gptcore.eval.measured import measured_on
 from gptcore.eval.scorer import score_examples, write_predictions
 from gptcore.eval.tasks import TASKS
-from gptcore.eval.val_loss import bits_per_char, val_loss, val_stream
+from gptcore.eval.val_loss import bits_per_char, val_loss
 from gptcore.model.lm_loss import loss_chunk_rows
-from gptcore.params import check_val_tokens
 from stages.boundary import stage
 
 # model/ is train's output, under train's lock on checkpoints/; metrics/'s lock covers evaluate's and compare's files
@@ -33,10 +32,9 @@ def main() -> None:
         spec = str(MODEL) if cfg.model == "checkpoint" else cfg.model
         model = sampling.model_for_shards(spec, data)
         block, tok = model.config.block_size, data.tokenizer
-        check_val_tokens("eval.val_tokens", cfg.val_tokens, block, data.tokens["val"])
-        tokens = val_stream(data, cfg.val_tokens)
+        tokens = scored_tokens(cfg, block, data)
         examples = TASKS[cfg.task].examples(cfg, tok, tokens, block, env.is_main)
-        record = measured_on(cfg, data, lm_tasks)  # what the figures are measured on, read before any pass
+        record = measured_on(cfg, data, lm_tasks, len(tokens) - 1)  # what the figures are measured on, before any pass
         model.to(env.device).eval()
         model.loss_chunk_rows = loss_chunk_rows(env.device.type, model.config.vocab_size, model.config.n_embd)
         record["lm_loss_chunk_rows"] = model.loss_chunk_rows  # the val loss's path: a switch changes its rounding

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gptcore.data.sources import FetchConfig, fetch
+from gptcore.data.sources import WATCHED, FetchConfig, fetch, watched
 from stages.boundary import stage
 
 RAW = Path("data/raw")
@@ -12,7 +12,11 @@ RAW = Path("data/raw")
 def main() -> None:
     """Fetch params.yaml's `fetch:` source into data/raw/; one line naming the problem on bad input."""
     with stage("fetch", writes=[RAW]) as s:  # a second fetch, or one while tokenize reads, refuses before it deletes
-        rec = fetch(s.config(FetchConfig), RAW, progress=True)
+        cfg = s.config(FetchConfig)
+        rec = fetch(cfg, RAW, progress=True)
+        if cfg.source == "local" and not watched(cfg.path):  # DVC would not rerun fetch after those files change
+            s.say(f"note: fetch.path={cfg.path} is outside {WATCHED}/, which DVC watches: after changing its files, "
+                  f"run `dvc repro -f fetch` (or move them into {WATCHED}/)")
         s.say(f"{rec['documents']:,} documents from {rec['source']} {rec['name']} in {len(rec['files'])} file(s) "
               f"-> {RAW}")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gptcore.data.shard_set import ShardSet
+from gptcore.eval.config import EvalConfig
 from gptcore.model.load import ModelConfig
 from gptcore.train.config import TrainConfig
 from gptcore.train.presets import preset_values
@@ -19,7 +20,7 @@ def main() -> None:
     with stage("train", reads=[SHARDS], writes=[CKPT_DIR]) as s:  # its lock covers model/ and metrics/train/ too
         model_cfg, cfg = s.config(ModelConfig), s.config(TrainConfig)
         data = ShardSet.open(SHARDS)
-        preflight(model_cfg, cfg, data, MODEL_DIR)
+        preflight(model_cfg, cfg, data, MODEL_DIR, s.config(EvalConfig))  # eval's too: checked before training
         if s.launch(cfg.nproc):
             return
         trainer, notes = Trainer.build(model_cfg, cfg, data, CKPT_DIR, LIVE_DIR, preset_values(s.preset()))

@@ -14,8 +14,9 @@ from gptcore import config
 from gptcore.data.sources import FetchConfig
 from gptcore.data.tokenize import TokenizeConfig
 from gptcore.eval.config import EvalConfig
+from gptcore.eval.val_loss import scored_count
 from gptcore.model.load import ModelConfig
-from gptcore.params import REQUIRED, ParamError, Section, check_val_tokens, param
+from gptcore.params import REQUIRED, ParamError, Section, param
 from gptcore.report.speedrun import CompareConfig
 from gptcore.train.config import TrainConfig, check_run, fingerprint_params
 
@@ -131,11 +132,22 @@ def test_checks_between_sections():
         check_run(model, train, world_size=4)
     with pytest.raises(ParamError, match=r"train.val_tokens=63: must be >= the model's block_size = 64"):
         check_run(model, TrainConfig.read(_train(val_tokens=63)), world_size=1)
-    with pytest.raises(ParamError, match="train.val_tokens=200: must be <= the 150 tokens of the val split"):
-        check_run(model, train, world_size=1, val_split_tokens=150)
+    check_run(model, train, world_size=1, val_split_tokens=150)  # val_tokens=200 is at most: the split's 150 count
+    with pytest.raises(ParamError, match="train.val_tokens=200: the val split holds 60 tokens, under one window of the "
+                                         "model's block_size = 64: tokenize a larger val split"):
+        check_run(model, train, world_size=1, val_split_tokens=60)
     ev = EvalConfig.read({"task": "cloze", "val_tokens": 1000, "sample_prompt": ""})
     with pytest.raises(ParamError, match=r"eval.val_tokens=1000: must be >= the model's block_size = 1024"):
-        check_val_tokens("eval.val_tokens", ev.val_tokens, 1024)
+        scored_count("eval.val_tokens", ev.val_tokens, 1024)
+
+
+def test_a_val_loss_scores_at_most_val_tokens_and_null_is_the_whole_split():
+    """As lm-eval's --limit: the count asked for where the split holds it, the split where it holds fewer."""
+    assert scored_count("eval.val_tokens", 100, 64, 1000) == 100
+    assert scored_count("eval.val_tokens", 5000, 64, 1000) == 1000
+    assert scored_count("eval.val_tokens", None, 64, 1000) == 1000
+    with pytest.raises(ParamError, match=r"eval.val_tokens=None: the val split holds 50 tokens, under one window"):
+        scored_count("eval.val_tokens", None, 64, 50)
 
 
 def test_a_field_s_annotation_is_its_type_and_null_or_a_literal_are_allowed_by_it():

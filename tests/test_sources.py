@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 import time
 from itertools import accumulate
 from pathlib import Path
@@ -10,6 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from test_tokenize import fetch
 
 from gptcore.data import corpus as corpus_mod
@@ -450,3 +454,23 @@ def test_text_that_is_not_utf8_is_one_line_naming_file_and_line_or_row(tmp_path)
         [corpus_mod.read_task(t, utf8=True) for t in corpus.tasks()]
     pq.write_table(pa.table({"text": ["ok", "fine", "née"]}), raw / "c.parquet")
     assert [d for t in corpus.tasks() for d in corpus_mod.read_task(t, utf8=True)] == [b"ok", b"fine", "née".encode()]
+
+
+def test_dvc_reruns_fetch_when_a_file_under_data_local_changes_and_says_when_it_cannot(tmp_path, monkeypatch):
+    """dvc.yaml's fetch stage depends on data/local/, so files there are watched; a fetch.path elsewhere is read
+    when fetch runs, and the stage says that a change there reruns nothing."""
+    root = Path(__file__).resolve().parents[1]
+    assert "data/local" in yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8"))["stages"]["fetch"]["deps"]
+    monkeypatch.chdir(tmp_path)
+    for path in ("data/local/*.txt", "data/local", "./data/local/a/**/*.txt", "data/local/b.jsonl"):
+        assert src.watched(path), path
+    for path in ("/elsewhere/a.txt", "data/localx/a.txt", "data/*/a.txt", "../a.txt", "a.txt"):
+        assert not src.watched(path), path
+    outside = tmp_path / "mine.txt"
+    outside.write_text("Hello there.\n", encoding="utf-8")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"fetch": {"source": "local", "path": str(outside)}}))
+    out = subprocess.run([sys.executable, "-m", "stages.fetch"], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(root)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert (f"note: fetch.path={outside} is outside data/local/, which DVC watches: after changing its files, run "
+            f"`dvc repro -f fetch`" in out.stdout + out.stderr)

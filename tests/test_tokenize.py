@@ -431,3 +431,52 @@ def test_val_fits_check_reads_only_the_val_splits_worth(tmp_path, monkeypatch):
     # no bound known: reads nothing
     E.check_val_fits(corpus, TokenizeConfig.read({"tokenizer": "tokenizer.json", "val_tokens": 10**12}))
     assert read == []
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_null_val_tokens_splits_val_fraction_of_the_tokens_as_tiktoken_counts_them(tmp_path, corpus_docs, workers):
+    """nanoGPT's 90/10 by default: the val split is round(0.1 x the corpus's tokens), each document's tokens and its
+    end-of-text counted by tiktoken here (gigatoken encodes, where installed); the manifest records the share."""
+    from gptcore.data.tokenizers import gpt2_encoding
+
+    raw = make_raw(tmp_path, corpus_docs)
+    m = tokenize(raw, tmp_path / "shards", {"tokenizer": "gpt2", "shard_tokens": 9000, "workers": workers},
+                 progress=False)
+    total = sum(len(gpt2_encoding().encode_ordinary(d)) + 1 for d in corpus_docs)
+    assert m["tokens"] == {"val": round(0.1 * total), "train": total - round(0.1 * total)}
+    assert m["val_tokens"] == round(0.1 * total) and m["params"]["val_fraction"] == 0.1
+    assert all_tokens(tmp_path / "shards").tolist() == expected_tokens(get_tokenizer("gpt2"), corpus_docs)
+    quarter = tokenize(raw, tmp_path / "quarter", {"tokenizer": "gpt2", "shard_tokens": 9000, "val_fraction": 0.25,
+                                                   "workers": workers}, progress=False)
+    assert quarter["val_tokens"] == round(0.25 * total) and quarter["fingerprint"] != m["fingerprint"]
+
+
+def test_a_val_fraction_that_leaves_a_split_empty_is_one_line(tmp_path):
+    raw = make_raw(tmp_path, ["Hello world."])  # 4 tokens: 10% of them rounds to none
+    with pytest.raises(shard_writer.CannotFinish, match=r"the corpus has 4 tokens: tokenize.val_fraction=0.1 of them "
+                                                        r"leaves no val split; add text, or set tokenize.val_tokens"):
+        tokenize(raw, tmp_path / "shards", {"tokenizer": "gpt2", "workers": 1}, progress=False)
+    assert not (tmp_path / "shards").exists() or not list((tmp_path / "shards").glob("*.npy"))
+
+
+def test_an_interrupted_run_with_a_val_fraction_resumes_with_the_split_it_began(tmp_path, corpus_docs, monkeypatch):
+    """The count is made once: a resumed run takes the split its manifest records and counts nothing again."""
+    raw = make_raw(tmp_path, corpus_docs)
+    cfg = {"tokenizer": "gpt2", "shard_tokens": 2_000, "workers": 1}
+    ref = tokenize(raw, tmp_path / "ref", cfg, progress=False)
+    real_publish = shard_writer.ShardWriter._publish
+    calls = []
+
+    def publish_then_die(self, *a):
+        real_publish(self, *a)
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(shard_writer.ShardWriter, "_publish", publish_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        tokenize(raw, tmp_path / "shards", cfg, progress=False)
+    monkeypatch.setattr(shard_writer.ShardWriter, "_publish", real_publish)
+    monkeypatch.setattr(E, "val_share", lambda *a, **k: pytest.fail("a resumed run counted the corpus again"))
+    assert tokenize(raw, tmp_path / "shards", cfg, progress=False)["val_tokens"] == ref["val_tokens"]
+    assert shard_bytes(tmp_path / "shards") == shard_bytes(tmp_path / "ref")

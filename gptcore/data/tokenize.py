@@ -44,7 +44,10 @@ class TokenizeConfig(Section):
                                       "end-of-text at least)", min=257)
     shard_tokens: int = param(100_000_000, "tokens per shard file (at least 1,024: a GPT-2 context; fewer writes a "
                                            "file every few tokens)", min=1024)
-    val_tokens: int = param(REQUIRED, "the first val_tokens tokens of the corpus are the val split", min=0)
+    val_tokens: int | None = param(None, "the first val_tokens tokens of the corpus are the val split (null: "
+                                         "val_fraction of the corpus, counted in a pass of its own)", min=0)
+    val_fraction: float = param(0.1, "with val_tokens null: the val split's share of the corpus's tokens (0.1: "
+                                     "nanoGPT's 90/10)", above=0.0, below=1.0)
     workers: int = param(0, "encoding processes (0: one per core)", min=0, max=1024)
     eot_token: str | None = param(None, "end-of-text token of a tokenizer.json (null: <|endoftext|> or its first "
                                         "special token)")
@@ -129,6 +132,13 @@ def _encode_task(task: ReadTask, piece_dir: str, tok: Tokenizer | None = None,
             n += len(tokens)
             tokens.tofile(f)  # raw bytes, not fsynced: the shard made of them is
     return task.first_doc, n, np.concatenate(starts) if starts else np.empty(0, np.int64), str(path)
+
+
+def _count_task(task: ReadTask, tok: Tokenizer | None = None) -> int:
+    """The tokens of one task's documents, each with its end-of-text (in a worker: the tokenizer of _init_worker)."""
+    tok = tok or _TOK
+    return sum(len(tok.encode_numpy(d)) + 1 for _, docs in read_task_chunks(task, CHUNK_BYTES, utf8=tok.takes_utf8)
+               for d in docs)
 
 
 def _start_pool(workers: int, tok: Tokenizer, dtype: np.dtype) -> ProcessPoolExecutor:
@@ -248,6 +258,8 @@ def shards_fingerprint(p: TokenizeConfig, corpus: Corpus) -> str:
     inputs = [{k: f.get(k) for k in ("path", "documents", "bytes", "sha256")} for f in corpus.record["files"]]
     blob = {"format": shards.FORMAT, **kind_for(str(p.tokenizer)).identity(p), "shard_tokens": p.shard_tokens,
             "val_tokens": p.val_tokens, "text_column": corpus.text_column, "inputs": inputs}
+    if p.val_tokens is None:  # the split is a share of the corpus: the share shapes the bytes
+        blob["val_fraction"] = p.val_fraction
     return json_sha256(blob)
 
 
@@ -264,8 +276,8 @@ def check_val_fits(corpus: Corpus, p: TokenizeConfig) -> None:
     """Refuse a tokenize.val_tokens the corpus cannot hold, before any pass over it: a byte-bounded tokenizer makes at
     most one id per UTF-8 byte plus one end-of-text a document, and reading stops once that bound passes val_tokens.
     (A val_tokens between the exact count and this bound still fails, after the full pass.)"""
-    if not kind_for(str(p.tokenizer)).bounded_by_bytes:
-        return  # e.g. any tokenizer.json: no bound known
+    if p.val_tokens is None or not kind_for(str(p.tokenizer)).bounded_by_bytes:
+        return  # a share of the corpus always fits; any tokenizer.json: no bound known
     bound = 0
     for _, docs in corpus.batches():
         bound += sum(len(d.encode("utf-8")) + 1 for d in docs)
@@ -320,10 +332,37 @@ def _write_run(p: TokenizeConfig, corpus: Corpus, shard_dir: Path, fp: str, old:
         clear_tokenizer_files(shard_dir)
         old = None
     tok = prepare_tokenizer(p, shard_dir, corpus.texts, reuse)
+    val_tokens = p.val_tokens
+    if val_tokens is None:  # a resumed run keeps the split its manifest records
+        val_tokens = old["val_tokens"] if old is not None else val_share(corpus, tok, p, progress)
     # the encoder (which program made the ids) is recorded, but is not in the fingerprint: the ids are the same
     header = {"fingerprint": fp, "encoder": tok.encoder,
               "params": {k: getattr(p, k) for k in ("tokenizer", "bpe_vocab_size", "eot_token", "tiktoken_pattern",
-                                           "shard_tokens", "val_tokens")},
+                                                    "shard_tokens", "val_tokens", "val_fraction")},
               "source": {k: corpus.record.get(k) for k in ("source", "name", "config", "revision", "documents")}}
-    return write_shards(corpus, shard_dir, tok, shard_tokens=p.shard_tokens, val_tokens=p.val_tokens,
+    return write_shards(corpus, shard_dir, tok, shard_tokens=p.shard_tokens, val_tokens=val_tokens,
                         workers=p.workers, header=header, resume=old, progress=progress)
+
+
+def val_share(corpus: Corpus, tok: Tokenizer, p: TokenizeConfig, progress: bool = True) -> int:
+    """tokenize.val_fraction of the corpus's tokens (each document's, plus its end-of-text), counted in a pass of its
+    own over every document; CannotFinish when that leaves the val split or the train split empty."""
+    workers = p.workers or cpu_count()
+    pool = _start_pool(workers, tok, shards.dtype_for_vocab(tok.vocab_size)) if workers > 1 else None
+    total = 0
+    try:
+        size = task_size(corpus.text_bytes(), workers)
+        tasks = corpus.tasks(task_bytes=size)
+        counts = pool.map(_count_task, tasks) if pool is not None else (_count_task(t, tok) for t in tasks)
+        for n in tqdm(counts, desc="count tokens", unit="task", disable=not progress, leave=False):
+            total += n
+    finally:
+        if pool is not None:
+            _stop_pool(pool)
+        gc.unfreeze()
+    share = round(p.val_fraction * total)
+    if not 0 < share < total:
+        raise shard_writer.CannotFinish(
+            f"the corpus has {total:,} tokens: tokenize.val_fraction={p.val_fraction} of them leaves "
+            f"{'no val split' if share <= 0 else 'nothing to train on'}; add text, or set tokenize.val_tokens")
+    return share

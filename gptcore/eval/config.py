@@ -3,8 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from gptcore.data.shard_set import ShardSet
 from gptcore.device import DEVICES, DTYPES
 from gptcore.eval.tasks import TASKS
+from gptcore.eval.val_loss import scored_count, val_stream
 from gptcore.params import REQUIRED, Section, param
 
 # conf/lm_eval or a folder below it, written relative to the project, with no "." or ".." step out of it
@@ -24,8 +28,10 @@ class EvalConfig(Section):
                         what="auto, cpu, cuda, cuda:N or mps")
     dtype: str = param("bfloat16", "autocast precision (float32 turns it off)", choices=tuple(sorted(DTYPES)))
     batch_size: int = param(32, "sequences per forward pass", min=1)
-    val_tokens: int = param(REQUIRED, "val loss over the first val_tokens tokens of the val split", min=1)
-    cloze_examples: int = param(500, "cloze questions cut from the val split", min=1)
+    val_tokens: int | None = param(None, "val loss over at most the first val_tokens tokens of the val split (null: "
+                                         "all of it)", min=1)
+    cloze_examples: int | None = param(500, "cloze questions cut from the scored val tokens (null: as many as they "
+                                            "hold, at most 500)", min=1)
     cloze_context: int = param(64, "context tokens of a cloze question", min=1)
     cloze_ending: int = param(16, "tokens of each cloze ending", min=1)
     seed: int = param(1337, "seed of the cloze questions and the samples", min=0)
@@ -43,3 +49,17 @@ class EvalConfig(Section):
     lm_eval_include: str | None = param(None, "a folder of your own lm-eval task YAMLs under conf/lm_eval/ (null: "
                                               "lm-eval's tasks only)", pattern=INCLUDE_PATTERN,
                                         what="a folder under conf/lm_eval/ (DVC tracks that folder for evaluate)")
+
+
+def scored_tokens(cfg: EvalConfig, block_size: int, data: ShardSet) -> np.ndarray:
+    """The val tokens evaluate scores (eval.val_tokens at most; null: all of the split) and the one after them, checked
+    against the model's block first: evaluate calls it before its first pass, and train before it trains, for
+    the model it will export."""
+    return val_stream(data, scored_count("eval.val_tokens", cfg.val_tokens, block_size, data.tokens["val"]))
+
+
+def check_scoring(cfg: EvalConfig, block_size: int, data: ShardSet) -> None:
+    """What evaluate will meet before its passes, checked now: the val tokens, and a task cut from them (cloze)."""
+    tokens = scored_tokens(cfg, block_size, data)
+    if cfg.task == "cloze":  # HellaSwag's file is evaluate's own to read (or download)
+        TASKS["cloze"].examples(cfg, data.tokenizer, tokens, block_size, False)

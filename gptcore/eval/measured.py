@@ -23,9 +23,10 @@ def val_split(data: ShardSet, scored_tokens: int) -> dict[str, Any]:
             "scored_tokens": scored_tokens}
 
 
-def measured_on(cfg: EvalConfig, data: ShardSet, lm_tasks: Tasks | None) -> dict[str, Any]:
-    """The record for an `eval:` section, made before any pass, once the data has been read."""
-    record: dict[str, Any] = {"val_split": val_split(data, cfg.val_tokens)}
+def measured_on(cfg: EvalConfig, data: ShardSet, lm_tasks: Tasks | None, scored_tokens: int) -> dict[str, Any]:
+    """The record for an `eval:` section whose val loss scores `scored_tokens`, made before any pass, once the data
+    has been read."""
+    record: dict[str, Any] = {"val_split": val_split(data, scored_tokens)}
     if (task := TASKS[cfg.task].record(cfg)) is not None:
         record[cfg.task] = task
     if lm_tasks is not None:

@@ -15,6 +15,7 @@ from gptcore.data import shards
 from gptcore.data.shard_set import ShardSet
 from gptcore.device import autocast_context
 from gptcore.errors import UserError
+from gptcore.params import ParamError
 
 
 def first_tokens(paths: Sequence[Path], n: int, vocab_size: int | None = None) -> np.ndarray:
@@ -30,6 +31,23 @@ def first_tokens(paths: Sequence[Path], n: int, vocab_size: int | None = None) -
     if need > 0:
         raise ValueError(f"the shards hold {n - need} tokens, fewer than the {n} asked for")
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def scored_count(key: str, val_tokens: int | None, block_size: int, split_tokens: int | None = None) -> int | None:
+    """How many val tokens a val loss scores: `val_tokens` (train.val_tokens, eval.val_tokens) at most, all of the split
+    where it holds fewer or with null, as lm-eval's --limit; one full window of the model's context at least. With the
+    split's size unknown, only `val_tokens` is checked (None comes back for null)."""
+    if val_tokens is not None and val_tokens < block_size:
+        raise ParamError(key, val_tokens, f"must be >= the model's block_size = {block_size} (at least one full "
+                                          f"window of targets)")
+    if split_tokens is None:
+        return val_tokens
+    n = split_tokens if val_tokens is None else min(val_tokens, split_tokens)
+    if n < block_size:
+        raise ParamError(key, val_tokens, f"the val split holds {split_tokens:,} tokens, under one window of the "
+                                          f"model's block_size = {block_size}: tokenize a larger val split "
+                                          f"(tokenize.val_tokens, or val_fraction with val_tokens null)")
+    return n
 
 
 def val_stream(data: ShardSet, val_tokens: int) -> np.ndarray:

@@ -6,8 +6,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gptcore.device import DEVICES, DTYPES
+from gptcore.eval.val_loss import scored_count
 from gptcore.model.load import ModelConfig
-from gptcore.params import REQUIRED, ParamError, Section, check_val_tokens, param
+from gptcore.params import REQUIRED, ParamError, Section, param
 from gptcore.train.optimizers import OPTIMIZERS
 from gptcore.train.schedule import SCHEDULES, wsd_decay_steps
 
@@ -66,8 +67,8 @@ class TrainConfig(Section):
     compile: bool = param(False, "torch.compile the model", resume_ok=True)
     seed: int = param(1337, "seed of the initial weights, dropout and shuffling", min=0)
     eval_every: int = param(REQUIRED, "evaluate every this many steps (0: only at the end)", min=0, resume_ok=True)
-    val_tokens: int = param(REQUIRED, "val loss over the first val_tokens tokens of the val split", min=1,
-                            resume_ok=True)
+    val_tokens: int | None = param(None, "val loss over at most the first val_tokens tokens of the val split (null: "
+                                         "all of it)", min=1, resume_ok=True)
     val_batch: int = param(32, "sequences per forward pass when evaluating", min=1, resume_ok=True)
     ckpt_every: int = param(REQUIRED, "save a checkpoint every this many steps", min=1, resume_ok=True)
     keep_checkpoints: int = param(2, "newest checkpoints kept in checkpoints/", min=1, resume_ok=True)
@@ -106,7 +107,7 @@ def check_run(model: ModelConfig, train: TrainConfig, world_size: int, val_split
         raise ParamError("train.total_batch_tokens", train.total_batch_tokens,
                          f"must be a multiple of train.micro_batch * model.block_size * processes = "
                          f"{train.micro_batch} * {block} * {world_size} = {per_step}")
-    check_val_tokens("train.val_tokens", train.val_tokens, block, val_split_tokens)
+    scored_count("train.val_tokens", train.val_tokens, block, val_split_tokens)
 
 
 def fingerprint_params(model: ModelConfig, train: TrainConfig, data: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from gptcore.distributed import DistEnv
 from gptcore.eval.sampling import sample
 from gptcore.eval.scorer import score_examples
 from gptcore.eval.tasks.hellaswag import hellaswag_examples
-from gptcore.eval.val_loss import val_loss, val_stream
+from gptcore.eval.val_loss import scored_count, val_loss, val_stream
 
 if TYPE_CHECKING:
     from gptcore.train.config import TrainConfig
@@ -33,7 +33,7 @@ def training_evaluators(cfg: TrainConfig, data: ShardSet, samples_dir: Path, blo
                         dtype: torch.dtype | None, echo: Callable[[str], None] | None = None) -> list[Evaluator]:
     """The evaluators a `train:` section asks for (val loss, HellaSwag, samples), their data read before training."""
     is_main, batch, tok, device = env.is_main, cfg.val_batch, data.tokenizer, env.device
-    tokens = val_stream(data, cfg.val_tokens)
+    tokens = val_stream(data, scored_count("train.val_tokens", cfg.val_tokens, block_size, data.tokens["val"]))
     out: list[Evaluator] = [lambda model, step: {"val_loss": val_loss(model, tokens, block_size, batch, device, dtype,
                                                                       env.rank, env.world_size, is_main)}]
     if cfg.hellaswag:

@@ -23,6 +23,7 @@ from gptcore.data.shard_set import ShardSet
 from gptcore.device import autocast_context, resolve_dtype
 from gptcore.distributed import DistEnv
 from gptcore.errors import UserError
+from gptcore.eval.config import EvalConfig, check_scoring
 from gptcore.lifetime import under_torchrun
 from gptcore.model.checkpoint_file import strip_prefixes
 from gptcore.model.export import export_model
@@ -40,11 +41,15 @@ from gptcore.train.schedule import LRSchedule
 TIMINGS = ("tokens_per_sec", "step_ms", "mfu")  # vary between two runs of the same params: metrics/train only
 
 
-def preflight(model: ModelConfig, train: TrainConfig, data: ShardSet, model_dir: Path) -> None:
+def preflight(model: ModelConfig, train: TrainConfig, data: ShardSet, model_dir: Path,
+              evaluation: EvalConfig | None = None) -> None:
     """Every check of the `model:` and `train:` sections against the processes, the data, the memory and the folder
     model/ is swapped into at the end, before any weights exist: the same in a torchrun launcher (which keeps off the
-    GPUs: its ranks check theirs) and a rank."""
+    GPUs: its ranks check theirs) and a rank. With `evaluation` (the eval: section), also what evaluate will check
+    of this run's model, so a mistake there never waits for the end of training."""
     staged_dir(model_dir)  # a link or a mount point at model/ would refuse the export only after training
+    if evaluation is not None and evaluation.model == "checkpoint":
+        check_scoring(evaluation, model.block_size, data)
     world = int(os.environ["WORLD_SIZE"]) if under_torchrun() else train.nproc
     check_run(model, train, world, data.tokens["val"])
     if model.init_from != "scratch":

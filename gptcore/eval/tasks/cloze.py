@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from gptcore.eval.config import EvalConfig
 
 
+MOST = 500  # cloze questions a null eval.cloze_examples asks for, where the val tokens hold that many
+
+
 def clean_windows(tokens: np.ndarray, eot: int, window: int) -> int:
     """How many window starts hold no document boundary (an eot may only open the window): the most examples."""
     n_starts = len(tokens) - window + 1
@@ -95,8 +98,15 @@ def cloze_examples(cfg: EvalConfig, tok: Tokenizer, tokens: np.ndarray, block_si
         raise ParamError("eval.cloze_context", cfg.cloze_context,
                          f"plus eval.cloze_ending={cfg.cloze_ending} must be <= the model's block_size = "
                          f"{block_size} (a question is seen whole): lower one of them")
-    return build_cloze(tokens[:cfg.val_tokens], tok.eot, cfg.cloze_examples, cfg.cloze_context, cfg.cloze_ending,
-                       cfg.seed, key="eval.cloze_examples")
+    scored = tokens[:-1]  # the val stream's last token is only a target
+    n = cfg.cloze_examples
+    if n is None:  # as many as the tokens hold, at most MOST
+        n = min(MOST, clean_windows(scored, tok.eot, cfg.cloze_context + cfg.cloze_ending))
+        if n == 0:
+            raise ParamError("eval.cloze_examples", None, f"the {len(scored):,} scored val tokens hold no window of "
+                                                          f"{cfg.cloze_context + cfg.cloze_ending} tokens inside one "
+                                                          f"document: shorten eval.cloze_context or cloze_ending")
+    return build_cloze(scored, tok.eot, n, cfg.cloze_context, cfg.cloze_ending, cfg.seed, key="eval.cloze_examples")
 
 
 TASKS.register("cloze", Task(cloze_examples))
