@@ -9,11 +9,13 @@ Under a stage's launch the ranks take no locks and say nothing: the stage says t
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence, TypeVar
 
+import yaml
 from tqdm import tqdm
 
 from gptcore.errors import UserError, message, user_error
@@ -23,6 +25,8 @@ from gptcore.params import ParamError, Section, read_params_file
 
 S = TypeVar("S", bound=Section)
 PARAMS = Path("params.yaml")
+DVC_YAML = Path("dvc.yaml")
+RESULTS = "metrics"  # the folder of every stage's metrics and plots (model/, checkpoints/ and data/ are not results)
 
 
 class ParamsChanged(UserError):
@@ -99,6 +103,9 @@ def stage(name: str, reads: Sequence[str | Path] = (), writes: Sequence[str | Pa
     ranks and holds them."""
     mortal()
     s = Stage(name, Path(params))
+    if not s.launched and s.rank == 0:
+        for path in copied_results(name):
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     try:
         with ExitStack() as locks:
             if not s.launched:
@@ -128,6 +135,27 @@ def stage(name: str, reads: Sequence[str | Path] = (), writes: Sequence[str | Pa
         os._exit(1)  # a collective failed because another rank went away: the launcher says why, not this rank
     if s.status:
         sys.exit(s.status)
+
+
+def copied_results(name: str) -> list[Path]:
+    """The results (files under metrics/) of stage `name` and every later stage, where DVC runs this experiment in a
+    copy of the project (a queued run: DVC_ROOT names the project it was queued from, not this folder). The copy
+    carries them from the workspace it was queued from: another run's figures, which `dvc exp show` would set beside
+    this run's params until it writes its own. In the project itself nothing is listed: a run never deletes the
+    previous one's results before it has new ones."""
+    root = os.environ.get("DVC_ROOT")
+    if not root or Path(root).resolve() == Path.cwd().resolve() or not DVC_YAML.is_file():
+        return []
+    stages = yaml.safe_load(DVC_YAML.read_text(encoding="utf-8"))["stages"]  # in pipeline order
+    if name not in stages:
+        return []
+    paths = []
+    for spec in list(stages.values())[list(stages).index(name):]:
+        for entry in (e for kind in ("outs", "metrics", "plots") for e in spec.get(kind) or []):
+            path = Path(next(iter(entry)) if isinstance(entry, dict) else entry)
+            if path.parts[0] == RESULTS and path.exists():
+                paths.append(path)
+    return paths
 
 
 def _peer_lost(e: RuntimeError) -> bool:

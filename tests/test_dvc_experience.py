@@ -82,6 +82,8 @@ def test_every_preset_composes_to_a_complete_valid_params_file(preset):
         asked = p[key.split(".")[0]]["val_tokens"]
         scored = scored_count(key, asked, p["model"]["block_size"], split)
         assert split is None or scored == asked, f"{preset}: {key}={asked} would score only the split's {split}"
+    if p["eval"]["task"] == "cloze" and p["eval"]["model"] == "checkpoint":  # a question is seen whole by the model
+        assert p["eval"]["cloze_context"] + p["eval"]["cloze_ending"] <= p["model"]["block_size"], preset
 
 
 def test_gpt2_124m_is_the_reproduction_recipe():
@@ -489,8 +491,11 @@ def test_modern_quickstart_on_a_micro_budget_reports_tokens_to_target(two_runs):
     assert out.returncode == 0, out.stderr
     groups = {tuple(g["names"]): g for g in json.loads(out.stdout)["groups"]}
     modern = groups[("modern-micro",)]
-    train = json.loads((two_runs / "metrics" / "train" / "metrics.json").read_text(encoding="utf-8"))
-    assert modern["n"] == 1 and modern["metrics"]["params"]["mean"] == train["params"] > 0
+    # the count computed from params equals the trained weights' own count (untied: wte and lm_head both counted)
+    import torch
+    weights = torch.load(two_runs / "model" / "model.pt", map_location="cpu", weights_only=True)["model"]
+    assert "lm_head.weight" in weights and "transformer.wpe.weight" not in weights  # rotary, untied head
+    assert modern["n"] == 1 and modern["metrics"]["params"]["mean"] == sum(t.numel() for t in weights.values()) > 0
     assert modern["params"]["preset"] == "modern_quickstart"
 
 
@@ -555,3 +560,99 @@ def test_a_refused_param_through_dvc_keeps_every_output(clone, key, value, stage
         assert f"[{stage}] params.yaml {key}={value}: must be" in proc.stdout + proc.stderr
     assert after_repro == before
     assert _tree_digest(clone, KEPT) == before
+
+
+def readme_line(start: str) -> list[str]:
+    """README's command that starts with `start`, split as a shell would, its trailing comment left out."""
+    import shlex
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    line = next(ln for ln in text.splitlines() if ln.startswith(start))
+    return shlex.split(line, comments=True)
+
+
+def wait_until(check, timeout: float = 300, every: float = 0.5, why=lambda: ""):
+    """Poll `check()` until it returns something true; that value (a failure after `timeout` seconds, saying
+    `why()`)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if got := check():
+            return got
+        time.sleep(every)
+    pytest.fail(f"still waiting after {timeout} s: {why()}")
+
+
+def exp_states(repo: Path) -> dict[str, tuple[str | None, dict]]:
+    """`dvc exp show --json` -> {experiment name: (DVC's state of it, its metrics files)}; {} where DVC failed, as it
+    may while a queued run moves between states (a task's files come and go)."""
+    proc = subprocess.run(["dvc", "exp", "show", "--json"], cwd=repo, env=env(repo), capture_output=True, text=True,
+                          timeout=600)
+    if proc.returncode:
+        return {}
+    out = {}
+    for commit in json.loads(proc.stdout):
+        for exp in commit.get("experiments") or []:
+            for rev in exp["revs"]:
+                metrics = {k: v.get("data") for k, v in ((rev.get("data") or {}).get("metrics") or {}).items()}
+                out[rev["name"]] = ((exp.get("executor") or {}).get("state"), metrics)
+    return out
+
+
+@pytest.mark.slow
+def test_after_readme_s_sweep_its_views_keep_the_changed_param_and_no_run_shows_another_s_results(two_runs, tmp_path):
+    """README's flow on the micro budget through a real DVC queue: a workspace experiment (its results stay in the
+    workspace), then a queued run read while it runs, and README's sweep. A running row shows only figures its own run
+    wrote, and gptcore-exp-table lists it under the table, never in it; afterwards README's `dvc exp show` line fits
+    200 columns with no `…` and shows train.max_lr for every run."""
+    repo = tmp_path / "repo"
+    shutil.copytree(two_runs, repo, symlinks=True, ignore=shutil.ignore_patterns("checkpoints"))
+    run(repo, "dvc", "exp", "apply", "micro-base")  # HEAD holds a run, as a fresh clone's holds the quick start
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "the micro run")
+    micro = ("-S", "preset=micro")
+    run(repo, "dvc", "exp", "run", "-n", "qs-lr", *micro, "-S", "train.max_lr=3e-3")  # its results: the workspace's
+    stale = json.loads((repo / "metrics/eval.json").read_text(encoding="utf-8"))
+    run(repo, "dvc", "exp", "run", "--queue", "-n", "long", *micro, "-S", "train.max_steps=500",
+        "-S", "train.eval_every=0", "-S", "train.ckpt_every=500")  # trains long enough to be read while running
+    for lr in ("6e-4", "2e-3"):
+        run(repo, "dvc", "exp", "run", "--queue", "-n", f"lr{lr}", *micro, "-S", f"train.max_lr={lr}")
+    worker = subprocess.Popen(["dvc", "queue", "start", "-j", "1"], cwd=repo, env=env(repo),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # `long` trains: its row may show its own live train figures, never qs-lr's evaluation
+        log = lambda: subprocess.run(["dvc", "queue", "logs", "long"], cwd=repo, env=env(repo),  # noqa: E731
+                                     capture_output=True, text=True).stdout
+        wait_until(lambda: "Running stage 'train'" in log())
+        for _ in range(3):
+            state, metrics = wait_until(lambda: exp_states(repo))["long"]
+            assert state == "running" and "metrics/eval.json" not in {k for k, v in metrics.items() if v}, metrics
+            assert stale not in metrics.values()
+            time.sleep(2)
+        doc = run(repo, "dvc", "exp", "show", "--json")
+        (tmp_path / "running.json").write_text(doc, encoding="utf-8")
+        table = run(repo, "gptcore-exp-table", str(tmp_path / "running.json"), "--names", "--show", "train.max_lr")
+        assert "not finished, no figures: " in table and "long (running)" in table
+        assert not [ln for ln in table.splitlines() if ln.startswith("|") and "long" in ln]
+        queue = lambda: subprocess.run(["dvc", "queue", "status"], cwd=repo, env=env(repo),  # noqa: E731
+                                       capture_output=True, text=True).stdout
+        wait_until(lambda: (states := exp_states(repo)) and {"lr6e-4", "lr2e-3"} <= set(states)
+                   and all(s in ("success", None, "failed") for s, _ in states.values()), timeout=300, every=3,
+                   why=lambda: f"{ {k: v[0] for k, v in exp_states(repo).items()} }\n{queue()}")
+    finally:
+        worker.kill()
+        worker.wait()
+    view = readme_line("dvc exp show --only-changed")
+    e = {**env(repo), "COLUMNS": "200"}
+    shown = subprocess.run(view + ["--no-pager"], cwd=repo, env=e, capture_output=True, text=True, timeout=600)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert "…" not in shown.stdout and max(len(ln) for ln in lines) <= 200, shown.stdout
+    assert "train.max_lr" in lines[1].split(), lines[1]
+    for name, lr in (("qs-lr", "0.003"), ("lr6e-4", "0.0006"), ("lr2e-3", "0.002"), ("long", "0.001")):
+        assert re.search(rf"\[{re.escape(name)}\].*\s{re.escape(lr)}(\s|$)", shown.stdout, re.M), (name, shown.stdout)
+    assert not {"params", "params_non_embedding", "flops_per_token"} & set(lines[1].split())
+    (tmp_path / "done.json").write_text(run(repo, "dvc", "exp", "show", "--json"), encoding="utf-8")
+    table = run(repo, "gptcore-exp-table", str(tmp_path / "done.json"), "--names", "--show", "train.max_lr")
+    rows = [ln for ln in table.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
+    assert {ln.split(" | ")[1] for ln in rows} >= {"0.003", "0.0006", "0.002"}, table
+    assert "not finished" not in table

@@ -114,11 +114,8 @@ class StepLogger:
             sink.log(step, kept)
 
     def log_constants(self, metrics: Mapping[str, float | int]) -> None:
-        """Write `metrics` into metrics.json only (no curve): figures of the whole run, e.g. its parameter count."""
-        if self.live is None:
-            return
-        self.live.summary.update(metrics)
-        self.live.make_summary()
+        """Figures of the whole run's config (its parameter count, ...) to the `also` sinks' summaries, never to
+        dvclive: in DVC they are no metric, and gptcore-exp-table computes them from each experiment's params."""
         for sink in self.also:
             sink.log_constants(metrics)
 

@@ -1,5 +1,8 @@
 """The comparison table of a sweep, from `dvc exp show --json`: experiments grouped by the params they differ in
-(seeds pooled), each metric as mean and standard deviation over the group's seeds.
+(seeds pooled), each metric as mean and standard deviation over the group's seeds. A queued, running or failed
+experiment has no figures of its own yet (DVC shows it the files of the workspace it was queued from): it is listed
+under the table, never in it. Parameter counts and FLOPs per token are computed from each experiment's `model:`
+params, as constants of its config.
 
     dvc exp show --json > exps.json && python -m gptcore.report.table exps.json
 
@@ -8,6 +11,7 @@ docs/modern-recipe.md says what the groups, columns and `--baseline`'s differenc
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import re
@@ -22,6 +26,7 @@ from gptcore.errors import UserError, one_line_errors
 METRICS = ("eval.val_loss", "speedrun.tokens_to_target", "speedrun.hours_to_target", "params",
            "params_non_embedding", "flops_per_token")
 IGNORED = ("train.seed",)
+SIZES = ("params", "params_non_embedding", "flops_per_token")  # of the config: counted from the model params
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -36,22 +41,54 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def experiments(doc: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The finished experiments of a `dvc exp show --json` document: [{"name", "params", "metrics"}], params and
-    metrics flattened to dotted keys (params of params.yaml; metrics of every metrics file, merged). Experiments
-    with no metrics (queued, failed) are left out."""
+    """The experiments of a `dvc exp show --json` document: [{"name", "state", "params", "metrics"}], params and
+    metrics flattened to dotted keys (params of params.yaml; metrics of every metrics file, merged, and the constants
+    of SIZES). `state` is None for a finished experiment, else DVC's (queued, running, failed), and then `metrics`
+    is empty: what DVC shows for one is the queuing workspace's files, another run's figures. A finished experiment
+    without metrics (stopped outside DVC's queue) is left out."""
     rows = []
     for commit in doc:
         for exp in commit.get("experiments") or []:
+            state = (exp.get("executor") or {}).get("state")
+            state = None if state in (None, "success") else state
             for rev in exp.get("revs") or []:
                 data = rev.get("data") or {}
                 metrics: dict[str, Any] = {}
                 for file in (data.get("metrics") or {}).values():
                     metrics.update(flatten(file.get("data") or {}))
-                if not metrics:
-                    continue
                 params = flatten(((data.get("params") or {}).get("params.yaml") or {}).get("data") or {})
-                rows.append({"name": rev.get("name") or rev.get("rev"), "params": params, "metrics": metrics})
+                if state is not None:
+                    metrics = {}
+                elif not metrics:
+                    continue
+                else:
+                    metrics.update(config_sizes(json.dumps({k[6:]: v for k, v in params.items()
+                                                             if k.startswith("model.")}, sort_keys=True)) or {})
+                rows.append({"name": rev.get("name") or rev.get("rev"), "state": state, "params": params,
+                             "metrics": metrics})
     return rows
+
+
+@functools.cache
+def config_sizes(model_section: str) -> dict[str, int] | None:
+    """SIZES of a `model:` section (JSON), counted on the model built on the meta device (no memory, no init); None
+    where the shape is not in the params: a vocabulary read from the data (vocab_size: auto), weights loaded
+    (init_from), or a section this code does not read."""
+    import torch
+
+    from gptcore.model.gpt import GPT, GPTConfig
+    from gptcore.model.load import ModelConfig
+    from gptcore.report.flops import model_sizes
+
+    try:
+        cfg = ModelConfig.read(json.loads(model_section))
+    except UserError:
+        return None
+    if cfg.vocab_size == "auto" or cfg.init_from != "scratch":
+        return None
+    with torch.device("meta"):
+        model = GPT(GPTConfig(**{k: getattr(cfg, k) for k in GPTConfig.params()}))
+    return model_sizes(model)
 
 
 def summarize(rows: list[dict[str, Any]], metrics: Iterable[str] = METRICS, ignore: Iterable[str] = IGNORED
@@ -178,6 +215,8 @@ def main(argv: list[str] | None = None) -> None:
         rows = experiments(doc if isinstance(doc, list) else [])
         if args.only:
             rows = [r for r in rows if re.search(args.only, str(r["name"]))]
+        waiting = [r for r in rows if r["state"] is not None]
+        rows = [r for r in rows if r["state"] is None]
         if not rows:
             raise UserError(f"{args.json}: no finished experiment (run `dvc exp show --json` in the repo "
                             f"where the experiments ran)")
@@ -198,6 +237,8 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps({"varying": varying, "groups": groups}, indent=1))
         else:
             print(markdown(varying, groups, args.metrics, args.show, base, args.names))
+            if waiting:  # their params only: no figure of theirs exists yet
+                print("\nnot finished, no figures: " + ", ".join(f"{r['name']} ({r['state']})" for r in waiting))
 
 
 if __name__ == "__main__":

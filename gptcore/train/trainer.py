@@ -299,7 +299,7 @@ class Trainer:
                    dynamic_ncols=True)
         started, elapsed, steps = None, 0.0, 0  # the timer: wall time of the steps since the last log
         sync = torch.cuda.synchronize if self.device.type == "cuda" else lambda: None
-        # beside the curves: what makes runs of other shapes comparable (dvc exp show lists them)
+        # what makes runs of other shapes comparable, in W&B's summary (DVC's table computes them from params)
         self.logger.log_constants(model_sizes(self.raw_model))
 
         def pause() -> float:
