@@ -57,6 +57,11 @@ def active() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def world_size() -> int:
+    """The processes of the group (1 outside one)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     """Sum a tensor over ranks in place (no-op in a single process)."""
     if active():

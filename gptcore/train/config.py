@@ -10,6 +10,7 @@ from gptcore.model.load import ModelConfig
 from gptcore.params import REQUIRED, ParamError, Section, check_val_tokens, param
 from gptcore.train.optimizers import OPTIMIZERS
 from gptcore.train.schedule import SCHEDULES, wsd_decay_steps
+from gptcore.train.sharding import PARALLEL
 
 
 def _muon(cfg: TrainConfig) -> bool:
@@ -27,6 +28,9 @@ class TrainConfig(Section):
 
     section = "train"
     nproc: int = param(1, "processes (GPUs) torchrun starts on this machine", min=1, resume_ok=True)
+    parallel: str = param("ddp", "ddp (every process holds the whole model) | fsdp (FSDP2: weights, gradients and "
+                                 "optimizer state sharded over the processes, sharded checkpoints)",
+                          choices=PARALLEL, resume_ok=True)
     device: str = param("auto", "auto (cuda, else mps, else cpu) | cpu | cuda | cuda:N | mps", pattern=DEVICES,
                         what="auto, cpu, cuda, cuda:N or mps", resume_ok=True)
     micro_batch: int = param(REQUIRED, "sequences per forward pass on each process", min=1, resume_ok=True)
@@ -88,7 +92,11 @@ class TrainConfig(Section):
                         choices=("final", "best"))
 
     def check(self) -> None:
-        """Warmup fits in the run, and with WSD so does the decay."""
+        """Warmup fits in the run, and with WSD so does the decay; fsdp computes in bf16 or fp32."""
+        if self.parallel == "fsdp" and self.dtype == "float16":
+            raise ParamError("train.dtype", self.dtype, "with train.parallel fsdp needs bfloat16 or float32 (float16's "
+                                                        "loss scaling is not sharded here): set train.dtype: bfloat16, "
+                                                        "or train.parallel: ddp")
         if self.warmup_steps > self.max_steps:
             raise ParamError("train.warmup_steps", self.warmup_steps, f"must be <= train.max_steps={self.max_steps}")
         decay = wsd_decay_steps(self.max_steps, self.decay_frac)

@@ -16,6 +16,7 @@ from gptcore.distributed import all_gather_objects
 from gptcore.errors import UserError
 from gptcore.model.gpt import GPTConfig
 from gptcore.train.optimizers import OPTIMIZERS
+from gptcore.train.sharding import local
 
 if TYPE_CHECKING:
     from gptcore.model.load import ModelConfig
@@ -71,7 +72,7 @@ def available_bytes(device: torch.device) -> int | None:
 
 
 def check_fits(model: ModelConfig, train: TrainConfig, vocab_size: int, device: torch.device,
-               processes: int = 1) -> None:
+               processes: int = 1, parallel: str = "ddp") -> None:
     """A UserError naming the params when training a scratch `model` cannot fit in `device`'s free memory."""
     free = available_bytes(device) if model.init_from == "scratch" else None
     if free is None:  # a loaded model's weights are known to fit; MPS cannot tell
@@ -134,9 +135,10 @@ def budget_bytes(device: torch.device) -> int | None:
 
 
 def state_bytes(params: Iterable[torch.Tensor], optimizers: Iterable[torch.optim.Optimizer]) -> int:
-    """Bytes of the gradients of `params` and of the optimizers' state tensors."""
-    grads = sum(p.grad.nbytes for p in params if p.grad is not None)
-    return grads + sum(v.nbytes for opt in optimizers for st in opt.state.values() for v in st.values()
+    """Bytes this process holds of the gradients of `params` and of the optimizers' state tensors (of a sharded one,
+    its shards)."""
+    grads = sum(local(p.grad).nbytes for p in params if p.grad is not None)
+    return grads + sum(local(v).nbytes for opt in optimizers for st in opt.state.values() for v in st.values()
                        if isinstance(v, torch.Tensor))
 
 
