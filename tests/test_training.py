@@ -94,12 +94,14 @@ def kill_after_checkpoint(project: Path, nproc: int, ckpt_step: int) -> None:
     """Start training, SIGKILL every process of it once ckpt_step is saved and a later step was logged."""
     proc = subprocess.Popen(train_cmd(nproc), cwd=project, env=env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
-    target = project / "checkpoints" / f"ckpt_{ckpt_step:07d}.pt"
+    # a checkpoint file (ddp), or a sharded checkpoint's folder (fsdp): it appears whole, by one rename
+    targets = [project / "checkpoints" / f"ckpt_{ckpt_step:07d}{suffix}" for suffix in (".pt", ".dcp")]
     loss_tsv = project / "metrics/train/plots/metrics/train_loss.tsv"
     deadline = time.time() + 300
     try:
         while time.time() < deadline and proc.poll() is None:
-            if target.exists() and loss_tsv.exists() and len(loss_tsv.read_text().splitlines()) > ckpt_step + 1:
+            saved = any(t.exists() for t in targets)
+            if saved and loss_tsv.exists() and len(loss_tsv.read_text().splitlines()) > ckpt_step + 1:
                 break
             time.sleep(0.02)
     finally:

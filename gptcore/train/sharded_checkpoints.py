@@ -124,25 +124,25 @@ def read_record(folder: Path) -> dict[str, Any]:
     files = record.get("files")
     if not isinstance(files, dict) or METADATA not in files:
         raise CorruptCheckpoint(f"{folder}: its {RECORD} lists no {METADATA} (not a record of a whole save)")
-    for name, size in files.items():
+    sizes = {}
+    for name in files:
         path = folder / name
         try:
-            found = path.stat().st_size
+            sizes[name] = path.stat().st_size
         except FileNotFoundError:
             raise CorruptCheckpoint(f"{folder}: {name} is missing (one of the {len(files)} files it was saved "
                                     f"with)") from None
         except OSError as e:
             raise CheckpointRefused(read_failure(path, e)) from e
-        if found != size:
-            raise CorruptCheckpoint(f"{folder}: {name} is {found:,} bytes, but it was saved with {size:,} (cut short "
-                                    f"or replaced)")
+    # the index first: one of another save (say of another number of processes) is named as such
     for item in _read_metadata(folder / METADATA).storage_data.values():
         if item.relative_path not in files:
-            raise CorruptCheckpoint(f"{folder}: its {METADATA} names {item.relative_path}, which the save did not "
+            raise CorruptCheckpoint(f"{folder}: its {METADATA} names {item.relative_path}, which this save did not "
                                     f"write ({METADATA} of another save, say of another number of processes)")
-        if item.offset + item.length > files[item.relative_path]:
-            raise CorruptCheckpoint(f"{folder}: its {METADATA} reads {item.relative_path} past its end ({METADATA} "
-                                    f"of another save)")
+    for name, size in files.items():
+        if sizes[name] != size:
+            raise CorruptCheckpoint(f"{folder}: {name} is {sizes[name]:,} bytes, but it was saved with {size:,} (cut "
+                                    f"short or replaced)")
     return {**record, FOLDER_KEY: str(folder)}
 
 
@@ -166,8 +166,8 @@ def _read_metadata(path: Path) -> Any:
         if "never holds" in str(e):
             raise CheckpointRefused(f"{path}: not read ({e}); the folder is kept: move it away to go on without "
                                     f"it") from e
-        raise CorruptCheckpoint(f"{path.parent}: its {METADATA} is damaged ({cause(e)})") from e
-    except (EOFError, ValueError, AttributeError, TypeError) as e:
+        raise CorruptCheckpoint(f"{path.parent}: its {METADATA} is damaged or cut short ({cause(e)})") from e
+    except (EOFError, ValueError, AttributeError, TypeError, IndexError) as e:  # what a cut or garbled pickle raises
         raise CorruptCheckpoint(f"{path.parent}: its {METADATA} is damaged or cut short ({cause(e)})") from e
     if not hasattr(metadata, "storage_data") or not isinstance(metadata.storage_data, dict):
         raise CorruptCheckpoint(f"{path.parent}: its {METADATA} is not an index of shards")

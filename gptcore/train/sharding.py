@@ -15,6 +15,7 @@ from typing import Any, Iterable, Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -23,17 +24,20 @@ from gptcore.model.gpt import GPT, GPTConfig
 PARALLEL = ("ddp", "fsdp")  # train.parallel's choices
 
 
-def shard_model(model: GPT, dtype: torch.dtype) -> None:
+def shard_model(model: GPT, dtype: torch.dtype, device: torch.device) -> None:
     """Shard `model` in place over the default process group (a group of one is made for a lone process): each block
-    a unit that is gathered for its forward and backward and resharded after each, then the root."""
+    a unit gathered for its forward and its backward and resharded after each, then the root. The weights may still
+    be on the CPU: each unit moves to `device` as it is sharded, so the whole model is never on the device at once."""
     if not dist.is_initialized():  # one process: FSDP still needs a group, here of one
-        backend = "nccl" if next(model.parameters()).device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        cuda = device.type == "cuda"
+        dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1,
+                                device_id=device if cuda else None)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     blocks = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if dtype == torch.bfloat16 else None,
                                   reduce_dtype=torch.float32, cast_forward_inputs=False)
     for block in model.transformer.h:
-        fully_shard(block, mp_policy=blocks)
-    fully_shard(model)
+        fully_shard(block, mesh=mesh, mp_policy=blocks)
+    fully_shard(model, mesh=mesh)  # the root's unit also moves the buffers no block holds (the rotary table)
     # the root must be FSDP's root before anything calls a block alone (an evaluator's hidden_states): the first
     # module to run forward would become the root otherwise; torch exposes no public call for it
     model._get_fsdp_state()._lazy_init()

@@ -78,16 +78,17 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
 
-        self.raw_model = model.to(self.device)
+        self.sharded = cfg.parallel == "fsdp"  # even on one process: its checkpoints are sharded ones
+        self.raw_model = model if self.sharded else model.to(self.device)  # fsdp moves each shard there itself
         # the LM head's path, recorded with the run (a resume keeps it, whatever GPTCORE_LOSS_CHUNK_ELEMENTS says now)
         head = self.raw_model.lm_head.weight
         self.raw_model.loss_chunk_rows = loss_chunk_rows(self.device.type, head.size(0), head.size(1))
-        self.sharded = cfg.parallel == "fsdp"  # even on one process: its checkpoints are sharded ones
         if self.sharded:
             if self.dtype == torch.float16:  # bf16 asked for on a GPU without it (TrainConfig refuses float16 itself)
                 raise UserError(f"train.parallel=fsdp: {self.device} has no bf16, and float16's loss scaling is not "
                                 f"sharded here: set train.dtype: float32, or train.parallel: ddp")
-            sharding.shard_model(self.raw_model, self.dtype)  # the optimizers below hold this rank's shards only
+            # the optimizers below hold this rank's shards only
+            sharding.shard_model(self.raw_model, self.dtype, self.device)
         self.optimizer = build_optimizers(self.raw_model, cfg, self.device.type)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         self.schedule = LRSchedule(cfg.max_lr, cfg.max_lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.max_steps,
