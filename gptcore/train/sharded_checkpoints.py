@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
 
 from gptcore import distributed
 from gptcore.atomic import TMP_SUFFIX, check_writable, fsync_dir, swap_dir
@@ -73,7 +73,7 @@ def save(ckpt_dir: Path, step: int, model: nn.Module, optimizers: Any, record: d
         # one file per rank, fsynced before .metadata is written; rank 0 writes .metadata last
         dcp.save(tensors_of(model, optimizers), storage_writer=FileSystemWriter(tmp, single_file_per_rank=True,
                                                                                   sync_files=True, thread_count=1))
-    except Exception as e:
+    except (Exception, CheckpointException) as e:  # dcp gathers the ranks' failures into a BaseException
         if is_main:
             shutil.rmtree(tmp, ignore_errors=True)
         raise _save_failure(e, tmp) from e
@@ -88,18 +88,26 @@ def save(ckpt_dir: Path, step: int, model: nn.Module, optimizers: Any, record: d
     return final
 
 
-def _save_failure(e: Exception, tmp: Path) -> Exception:
-    """A full or unwritable disk under a rank's write as the one line (dcp gathers every rank's failure into one
-    CheckpointException: the first OSError among them decides); else `e`, a bug."""
+def _causes(e: BaseException) -> list[BaseException]:
+    """What failed under `e`: each rank's exception where dcp gathered them into one CheckpointException (as
+    (exception, traceback) pairs), else `e`; each followed down its causes to the first OSError, if any."""
     failures = getattr(e, "failures", None)
-    errors = list(failures.values()) if isinstance(failures, dict) else [e]
-    for err in errors:
-        while err is not None and not isinstance(err, OSError):
-            err = err.__cause__ or err.__context__
-        if isinstance(err, OSError):
-            said = disk_error(err, tmp)
-            if isinstance(said, UserError):
-                return said
+    found = []
+    for err in failures.values() if isinstance(failures, dict) and failures else [e]:
+        err = err[0] if isinstance(err, tuple) else err
+        inner = err
+        while inner is not None and not isinstance(inner, OSError):
+            inner = inner.__cause__ or inner.__context__
+        found.append(inner if inner is not None else err)
+    return found
+
+
+def _save_failure(e: Exception, tmp: Path) -> Exception:
+    """A full or unwritable disk under a rank's write as the one line (the first OSError among the ranks' failures
+    decides); else `e`, a bug."""
+    for err in _causes(e):
+        if isinstance(err, OSError) and isinstance(said := disk_error(err, tmp), UserError):
+            return said
     return e
 
 
@@ -183,11 +191,9 @@ def load(record: dict[str, Any], model: nn.Module, optimizers: Any, collective: 
     tensors = tensors_of(model, optimizers)
     try:
         dcp.load(tensors, storage_reader=FileSystemReader(folder), no_dist=not collective)
-    except Exception as e:
-        failures = getattr(e, "failures", None)
-        first = next(iter(failures.values())) if isinstance(failures, dict) and failures else e
-        while not isinstance(first, OSError) and (first.__cause__ or first.__context__) is not None:
-            first = first.__cause__ or first.__context__
+    except (Exception, CheckpointException) as e:  # nothing is known of the bytes here: read_record checked them
+        causes = _causes(e)
+        first = next((c for c in causes if isinstance(c, OSError)), causes[0])
         if isinstance(first, OSError):
             raise CheckpointRefused(read_failure(folder, first)) from e
         raise CheckpointRefused(f"{folder}: cannot load it ({cause(first)}); the folder is kept: move it away to go "
