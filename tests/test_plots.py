@@ -230,12 +230,22 @@ def test_cli_bad_input_exits_with_a_reason(tmp_path, monkeypatch):
     assert not (tmp_path / "png").exists()
 
 
+# GPT-2 350M, 774M and 1558M (conf/baselines.yaml: llm.c's and build-nanogpt's HellaSwag figures)
+FAMILY_HELLASWAG = {"gpt2_350m_hellaswag_acc_norm": 0.375224, "gpt2_774m_hellaswag_acc_norm": 0.431986,
+                    "gpt2_1558m_hellaswag_acc_norm": 0.4893}
+
+
 def test_baselines_file_is_checked_and_named(tmp_path):
     figures = read_baselines(ROOT / "conf" / "baselines.yaml")
     assert baseline_values(figures) == {"gpt2_124m_val_loss": 3.2924, "gpt2_124m_hellaswag_acc_norm": 0.2955,
-                                        "gpt3_124m_hellaswag_acc_norm": 0.337}
+                                        "gpt3_124m_hellaswag_acc_norm": 0.337, **FAMILY_HELLASWAG}
     (tmp_path / "b.yaml").write_text("gpt2_124m: {val_loss: 3.0}\n", encoding="utf-8")
     with pytest.raises(UserError, match="b.yaml: gpt2_124m needs numeric hellaswag_acc_norm"):
+        read_baselines(tmp_path / "b.yaml")
+    bad = yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text(encoding="utf-8"))
+    bad["gpt2_350m"]["shape"]["n_layer"] = "24"
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump(bad), encoding="utf-8")
+    with pytest.raises(UserError, match="gpt2_350m.shape must give the model's n_layer, n_head and n_embd"):
         read_baselines(tmp_path / "b.yaml")
 
 
