@@ -248,3 +248,47 @@ def test_export_best_under_fsdp_gathers_the_best_weights(tmp_path):
     kept = checkpoints.load_checkpoint(runs["fsdp"] / "checkpoints" / f"best_{best['fsdp']:07d}.pt")["model"]
     assert all(torch.equal(kept[k], v) for k, v in weights(runs["fsdp"]).items())
     assert largest_difference(runs["fsdp"], runs["ddp"]) < 1e-4
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fsdp_on_one_cuda_device_compiled_in_bf16_saves_and_resumes(tmp_path):
+    """bench/device_check.sh runs this where a GPU is lent (in-process, random tokens: the device image has torch
+    but not every package the stage uses): FSDP2 over NCCL (a group of one), its bf16 blocks and fp32 root,
+    torch.compile, the rotary table moved to the GPU with the root, sharded checkpoints of CUDA tensors, and a
+    resume from step 3 of 6 (the printed difference says whether CUDA's kernels kept it bit-identical)."""
+    from gptcore import distributed
+    from gptcore.data.loader import TokenLoader
+    from gptcore.model.gpt import GPT, GPTConfig
+    from gptcore.report.steplog import StepLogger
+    from gptcore.train import sharding
+    from gptcore.train.config import TrainConfig
+    from gptcore.train.trainer import Trainer
+
+    shard = tmp_path / "train_000000.npy"
+    np.save(shard, np.random.default_rng(0).integers(0, 50257, 200_000, dtype=np.uint16))
+    cfg = TrainConfig.read({"parallel": "fsdp", "device": "cuda", "dtype": "bfloat16", "compile": True,
+                            "micro_batch": 4, "total_batch_tokens": 512, "max_steps": 6, "warmup_steps": 1,
+                            "max_lr": 1e-3, "eval_every": 0, "val_tokens": 64, "ckpt_every": 3,
+                            "keep_checkpoints": 10, **MODERN_TRAIN})
+    shape = {k: v for k, v in MODERN_MODEL.items()}
+    env = distributed.setup("cuda")
+
+    def trainer(ckpt_dir, resume_from=None):
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=64, vocab_size=50304, **shape))
+        loader = TokenLoader([shard], 4, 64, 512)
+        return Trainer(model, loader, cfg, env, ckpt_dir, StepLogger(tmp_path, enabled=False), {},
+                       resume_from=resume_from)
+
+    straight = trainer(tmp_path / "a")
+    assert "1 x cuda:0 (fsdp" in straight.describe()
+    straight.fit()
+    assert checkpoints.latest_checkpoint(tmp_path / "a").name == "ckpt_0000006.dcp"
+    shutil.copytree(tmp_path / "a" / "ckpt_0000003.dcp", tmp_path / "b" / "ckpt_0000003.dcp")
+    again = trainer(tmp_path / "b", checkpoints.read_run_checkpoint(tmp_path / "b" / "ckpt_0000003.dcp"))
+    assert again.step == 3
+    again.fit()
+    wa, wb = sharding.full_state_dict(straight.raw_model), sharding.full_state_dict(again.raw_model)
+    worst = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+    print(f"cuda, fsdp, bf16, compiled: resumed at step 3 of 6, largest weight difference {worst:.2e}")
+    assert all(torch.isfinite(v).all() for v in wa.values()) and worst < 1e-2
