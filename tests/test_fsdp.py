@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from stagekit import env, make_project, run_stage, stage_cmd, tsv, write_gpt2_shards
+from stagekit import REF_DATA, env, make_project, run_stage, stage_cmd, tsv, write_gpt2_shards
 from test_training import (
     MODERN_MODEL,
     MODERN_TRAIN,
@@ -109,33 +109,40 @@ def test_fsdp_on_two_ranks_trains_as_ddp_and_one_process(straight):
     assert files == [".metadata", "__0_0.distcp", "__1_0.distcp", "record.pt"]  # a shard from each rank
 
 
-def test_the_modern_recipe_with_muon_on_sharded_weights_trains_as_ddp(tmp_path, shards):
-    """Muon orthogonalises each sharded matrix whole: the same updates as ddp's, to fp32 precision (see above)."""
+def test_the_modern_recipe_with_muon_on_sharded_weights_trains_as_ddp_and_one_process(tmp_path, shards):
+    """Muon orthogonalises each sharded matrix whole: the same updates as ddp's and one process's, to fp32
+    precision (see above)."""
     opts = dict(model=MODERN_MODEL, **{**RUN, **MODERN_TRAIN})
-    runs = [make_project(tmp_path / mode, shards, parallel=mode, **opts) for mode in ("fsdp", "ddp")]
-    for project in runs:
+    runs = {mode: make_project(tmp_path / mode, shards, parallel=mode, **opts) for mode in ("fsdp", "ddp")}
+    runs["one"] = make_project(tmp_path / "one", shards, **{**opts, "nproc": 1})
+    for project in runs.values():
         train(project, GPTCORE_TEST_NS_FP32="1")
-    a, b = (tsv(p, "train_loss") for p in runs)
-    np.testing.assert_allclose([v for _, v in a], [v for _, v in b], atol=1e-5, rtol=0)
-    wa, wb = weights(runs[0]), weights(runs[1])
-    for k in wa:
-        diff = (wa[k] - wb[k]).abs()
-        if k == "transformer.wte.weight":
-            print(f"token table: largest difference {float(diff.max()):.2e}, {int((diff > TOL).sum())} of "
-                  f"{diff.numel():,} elements over {TOL}")
-            assert float(diff.max()) < 2e-3 and int((diff > TOL).sum()) <= 1e-4 * diff.numel()
-        else:
-            assert float(diff.max()) < TOL, k
+    for other in ("ddp", "one"):
+        a, b = (tsv(runs[m], "train_loss") for m in ("fsdp", other))
+        np.testing.assert_allclose([v for _, v in a], [v for _, v in b], atol=1e-5, rtol=0)
+        wa, wb = weights(runs["fsdp"]), weights(runs[other])
+        for k in wa:
+            diff = (wa[k] - wb[k]).abs()
+            if k == "transformer.wte.weight":
+                print(f"against {other}, token table: largest difference {float(diff.max()):.2e}, "
+                      f"{int((diff > TOL).sum())} of {diff.numel():,} elements over {TOL}")
+                assert float(diff.max()) < 2e-3 and int((diff > TOL).sum()) <= 1e-4 * diff.numel()
+            else:
+                assert float(diff.max()) < TOL, (other, k)
 
 
 def test_kill_9_in_training_then_a_rerun_is_bit_identical(tmp_path, shards, straight):
-    killed = make_project(tmp_path / "killed", shards, parallel="fsdp", **RUN)
+    """With text samples at each eval: every rank draws them in lockstep (each token a gather of every block), rank 0
+    writes them; their own generator leaves the training bit-identical to the run without them."""
+    killed = make_project(tmp_path / "killed", shards, parallel="fsdp", samples=1, sample_tokens=4, **RUN)
     kill_after_checkpoint(killed, 1, ckpt_step=6)
     newest = sorted((killed / "checkpoints").glob("ckpt_*"))[-1]
     out = train(killed)
     assert f"resuming from checkpoints/{newest.name}" in out
     assert same_weights(killed, straight["fsdp"])
     assert tsv(killed, "train_loss") == tsv(straight["fsdp"], "train_loss")
+    assert sorted(p.name for p in (killed / "metrics/train/samples").iterdir()) == [
+        f"step_{s:07d}.txt" for s in (0, 5, 10, 12)]
 
 
 @pytest.mark.parametrize("point,rank", [("shard", "1"), ("rename", "0")])
@@ -292,3 +299,19 @@ def test_fsdp_on_one_cuda_device_compiled_in_bf16_saves_and_resumes(tmp_path):
     worst = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
     print(f"cuda, fsdp, bf16, compiled: resumed at step 3 of 6, largest weight difference {worst:.2e}")
     assert all(torch.isfinite(v).all() for v in wa.values()) and worst < 1e-2
+
+
+HELLASWAG = REF_DATA / "hellaswag_val_preprocessed.jsonl"
+
+
+@pytest.mark.skipif(not HELLASWAG.is_file(), reason="needs ../shared/ref-data's HellaSwag sample")
+def test_hellaswag_inside_fsdp_training_scores_in_lockstep_as_ddp(tmp_path, shards):
+    """9 examples in batches of 4 over 2 ranks: rank 0 scores 5 in two batches, rank 1 4 in one, and repeats one so
+    that both run the same gathers. The scores are ddp's."""
+    opts = dict(nproc=2, max_steps=4, eval_every=2, val_batch=4, hellaswag=True, hellaswag_path=str(HELLASWAG),
+                hellaswag_examples=9)
+    runs = {m: make_project(tmp_path / m, shards, parallel=m, **opts) for m in ("fsdp", "ddp")}
+    for project in runs.values():
+        train(project)
+    curves = {m: tsv(p, "hellaswag_acc_norm") for m, p in runs.items()}
+    assert [s for s, _ in curves["fsdp"]] == [0, 2, 4] and curves["fsdp"] == curves["ddp"]

@@ -28,9 +28,6 @@ class TrainConfig(Section):
 
     section = "train"
     nproc: int = param(1, "processes (GPUs) torchrun starts on this machine", min=1, resume_ok=True)
-    parallel: str = param("ddp", "ddp (every process holds the whole model) | fsdp (FSDP2: weights, gradients and "
-                                 "optimizer state sharded over the processes, sharded checkpoints)",
-                          choices=PARALLEL, resume_ok=True)
     device: str = param("auto", "auto (cuda, else mps, else cpu) | cpu | cuda | cuda:N | mps", pattern=DEVICES,
                         what="auto, cpu, cuda, cuda:N or mps", resume_ok=True)
     micro_batch: int = param(REQUIRED, "sequences per forward pass on each process", min=1, resume_ok=True)
@@ -68,6 +65,9 @@ class TrainConfig(Section):
     grad_clip: float = param(1.0, "clip the global gradient norm to this", above=0.0)
     dtype: str = param("bfloat16", "autocast precision (float32 turns it off)", choices=tuple(sorted(DTYPES)))
     compile: bool = param(False, "torch.compile the model", resume_ok=True)
+    parallel: str = param("ddp", "ddp (every process holds the whole model) | fsdp (FSDP2: weights, gradients and "
+                                 "optimizer state sharded over the processes, sharded checkpoints)",
+                          choices=PARALLEL, resume_ok=True)
     seed: int = param(1337, "seed of the initial weights, dropout and shuffling", min=0)
     eval_every: int = param(REQUIRED, "evaluate every this many steps (0: only at the end)", min=0, resume_ok=True)
     val_tokens: int = param(REQUIRED, "val loss over the first val_tokens tokens of the val split", min=1,

@@ -44,7 +44,7 @@ def training_evaluators(cfg: TrainConfig, data: ShardSet, samples_dir: Path, blo
 
         def hellaswag(model: torch.nn.Module, step: int) -> dict[str, float]:
             r = score_examples(model, examples, tok.vocab_size, device=device, batch_size=batch, dtype=dtype,
-                               progress=is_main)
+                               progress=is_main, lockstep=lockstep)
             return {"hellaswag_acc_norm": r.acc_norm, "hellaswag_acc": r.acc}
         out.append(hellaswag)
     if cfg.samples > 0:
