@@ -544,3 +544,19 @@ def test_two_ranks_shards_load_whole_into_one_process_exactly_as_torch_reads_the
     for i, s in state.items():
         for key, t in s.items():
             assert torch.equal(t, saved[str(i)][key]), (i, key)
+
+
+@pytest.mark.slow
+def test_sharded_checkpoints_move_aside_whole_and_come_back(sharded_saves, tmp_path):
+    """A fresh start with other params moves the sharded run's folders to previous/, each whole; the same params
+    again bring them back and resume from the newest."""
+    folder, before = sharded_copy(sharded_saves, tmp_path)
+    other = {"model": {"init_from": "scratch"}, "train": {"max_lr": 1e-3}}
+    resume, notes = checkpoints.prepare_resume(folder, other, is_main=True)
+    assert resume is None and "train.max_lr: 0.0006 -> 0.001" in notes[0]
+    (kept,) = (folder / checkpoints.PREVIOUS).iterdir()
+    assert sorted(p.name for p in kept.iterdir()) == ["ckpt_0000003.dcp", "ckpt_0000006.dcp"]
+    assert checkpoints.list_checkpoints(folder) == []
+    resume, notes = checkpoints.prepare_resume(folder, SHARDED_PARAMS, is_main=True)
+    assert resume["step"] == 6 and resume["sharded"] == str(folder / "ckpt_0000006.dcp")
+    assert {k: v for k, v in sharded_tree(folder).items() if k.startswith("ckpt_")} == before
