@@ -308,9 +308,10 @@ HELLASWAG = REF_DATA / "hellaswag_val_preprocessed.jsonl"
 def test_hellaswag_inside_fsdp_training_scores_in_lockstep_as_ddp(tmp_path, shards):
     """9 examples in batches of 4 over 2 ranks: rank 0 scores 5 in two batches, rank 1 4 in one, and repeats one so
     that both run the same gathers. The scores are ddp's."""
-    opts = dict(nproc=2, max_steps=4, eval_every=2, val_batch=4, hellaswag=True, hellaswag_path=str(HELLASWAG),
-                hellaswag_examples=9)
-    runs = {m: make_project(tmp_path / m, shards, parallel=m, **opts) for m in ("fsdp", "ddp")}
+    opts = dict(nproc=2, micro_batch=2, total_batch_tokens=512, max_steps=4, eval_every=2, val_batch=4,
+                hellaswag=True, hellaswag_path=str(HELLASWAG), hellaswag_examples=9)
+    runs = {m: make_project(tmp_path / m, shards, model={"block_size": 128}, parallel=m, **opts)
+            for m in ("fsdp", "ddp")}
     for project in runs.values():
         train(project)
     curves = {m: tsv(p, "hellaswag_acc_norm") for m, p in runs.items()}
