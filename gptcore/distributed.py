@@ -27,7 +27,8 @@ class DistEnv:
 
     @property
     def ddp(self) -> bool:
-        """More than one process: the model is wrapped in DistributedDataParallel."""
+        """More than one process (the Trainer wraps the model in DistributedDataParallel then, unless it shards it
+        under train.parallel fsdp)."""
         return self.world_size > 1
 
 
