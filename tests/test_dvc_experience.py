@@ -549,9 +549,10 @@ def test_train_nproc_through_dvc_exp_run_never_reaches_a_shell(two_runs):
 @pytest.mark.slow
 def test_train_parallel_fsdp_through_dvc_exp_run(two_runs):
     """-S train.parallel=fsdp -S train.nproc=2: the stage shards the model over its two ranks, writes sharded
-    checkpoints, and evaluate and compare run on its model/ as on any other."""
+    checkpoints, and evaluate and compare run on its model/ as on any other. (Another seed: train.parallel, nproc
+    and micro_batch alone leave the run the same, whose finished checkpoint would only be exported again.)"""
     out = run(two_runs, "dvc", "exp", "run", "-n", "micro-fsdp", "-S", "preset=micro", "-S", "train.parallel=fsdp",
-              "-S", "train.nproc=2", "-S", "train.micro_batch=4")
+              "-S", "train.nproc=2", "-S", "train.micro_batch=4", "-S", "train.seed=7")
     assert "2 x cpu (fsdp: weights, gradients and optimizer state sharded)" in out
     for stage in ("train", "evaluate", "compare"):
         assert f"Running stage '{stage}'" in out
