@@ -7,13 +7,19 @@ reads them, on one process with no gradient accumulation): compile time (the fir
 build-nanogpt about 1.5M tokens/s on 8 x A100 (about 190k per A100 at the 124M shape, bf16 + compile + flash
 attention) and llm.c about 60% MFU on an A100. Runs on the CPU too (no MFU there: no known peak).
 
+--parallel ddp fsdp gives each preset a row per mode (train.parallel). On one device ddp is the unwrapped model and
+fsdp a group of one: the rows show what FSDP's hooks, gathers and bf16 copies cost, and that its memory estimate
+(memory.train_bytes, the "est GiB" column) holds on CUDA; what sharding saves needs two or more devices.
+
     python bench/bench_gpu.py                       # one CUDA device: both presets, 30 steps each, a few minutes
+    python bench/bench_gpu.py --presets gpt2_124m gpt2_350m --parallel ddp fsdp --train-only --no-compile
     python bench/bench_gpu.py --tiny                # a seconds-long CPU smoke run (CI), compile off
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import sys
 import tempfile
 import time
@@ -31,8 +37,10 @@ from gptcore.data.loader import TokenLoader  # noqa: E402
 from gptcore.eval.scorer import Example, score_examples  # noqa: E402
 from gptcore.eval.val_loss import val_loss  # noqa: E402
 from gptcore.model.gpt import GPT, GPTConfig  # noqa: E402
+from gptcore.model.load import ModelConfig  # noqa: E402
 from gptcore.report.flops import device_peak_flops, flops_per_token  # noqa: E402
 from gptcore.report.steplog import StepLogger  # noqa: E402
+from gptcore.train import memory, sharding  # noqa: E402
 from gptcore.train.config import TrainConfig  # noqa: E402
 from gptcore.train.trainer import Trainer  # noqa: E402
 
@@ -56,7 +64,7 @@ def preset_sections(name: str) -> tuple[dict, dict]:
     return model, train
 
 
-def build(name: str, args: argparse.Namespace) -> tuple[GPT, TrainConfig]:
+def build(name: str, args: argparse.Namespace, parallel: str = "ddp") -> tuple[GPT, TrainConfig, ModelConfig]:
     model_p, train_p = preset_sections(name)
     if args.tiny:
         model_p.update(n_layer=2, n_head=2, n_embd=64, block_size=64)
@@ -64,13 +72,15 @@ def build(name: str, args: argparse.Namespace) -> tuple[GPT, TrainConfig]:
     torch.manual_seed(1337)
     model = GPT(shape)
     T = model.config.block_size
-    train_p.update(nproc=1, device=args.device, micro_batch=args.micro_batch, total_batch_tokens=args.micro_batch * T,
+    train_p.update(nproc=1, parallel=parallel, device=args.device, micro_batch=args.micro_batch,
+                   total_batch_tokens=args.micro_batch * T,
                    max_steps=max(args.steps, 1), warmup_steps=min(int(train_p.get("warmup_steps", 0)), args.steps),
                    eval_every=0, ckpt_every=args.steps, val_tokens=T + 1, val_batch=args.micro_batch)
     if args.no_compile:
         train_p["compile"] = False
     cfg = TrainConfig.read({k: v for k, v in train_p.items() if k in TrainConfig.params()})
-    return model, cfg
+    model_cfg = ModelConfig.read({k: v for k, v in model_p.items() if k in ModelConfig.params() and k != "vocab_size"})
+    return model, cfg, model_cfg
 
 
 def synthetic_examples(n: int, seed: int = 0) -> list[Example]:
@@ -81,12 +91,14 @@ def synthetic_examples(n: int, seed: int = 0) -> list[Example]:
             for i in range(n)]
 
 
-def run(name: str, args: argparse.Namespace, shard: Path) -> dict:
-    model, cfg = build(name, args)
+def run(name: str, args: argparse.Namespace, shard: Path, parallel: str = "ddp") -> dict:
+    model, cfg, model_cfg = build(name, args, parallel)
     env = distributed.setup(args.device)
     dev = env.device
     loader = TokenLoader([shard], args.micro_batch, model.config.block_size, cfg.total_batch_tokens)
+    gc.collect()  # the last row's trainer, gone before this one's peak is measured
     if dev.type == "cuda":
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
     times = []
     with tempfile.TemporaryDirectory() as ckpt:
@@ -103,21 +115,25 @@ def run(name: str, args: argparse.Namespace, shard: Path) -> dict:
         dt = float(np.median(times))
         tps = cfg.total_batch_tokens / dt
         peak_mem = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
-        # evaluation speed on the raw (uncompiled) model, as the loop's evaluators run it
-        tokens = np.load(shard, mmap_mode="r")[: args.val_tokens + 1]
-        t0 = time.perf_counter()
-        val_loss(trainer.raw_model, tokens, model.config.block_size, args.micro_batch, dev, trainer.dtype)
-        val_tps = args.val_tokens / (time.perf_counter() - t0)
-        examples = synthetic_examples(args.examples)
-        t0 = time.perf_counter()
-        score_examples(trainer.raw_model, examples, 50257, device=dev, dtype=trainer.dtype,  # GPT-2 BPE ids
-                       batch_size=args.micro_batch, progress=False)
-        ex_s = len(examples) / (time.perf_counter() - t0)
+        estimate = memory.train_bytes(model_cfg, cfg, model.config.vocab_size, env.world_size, parallel) / 2**30
+        val_tps = ex_s = float("nan")
+        if not args.train_only:  # evaluation speed on the raw (uncompiled) model, as the loop's evaluators run it
+            tokens = np.load(shard, mmap_mode="r")[: args.val_tokens + 1]
+            t0 = time.perf_counter()
+            with sharding.evaluating(trainer.raw_model):
+                val_loss(trainer.raw_model, tokens, model.config.block_size, args.micro_batch, dev, trainer.dtype)
+                val_tps = args.val_tokens / (time.perf_counter() - t0)
+                examples = synthetic_examples(args.examples)
+                t0 = time.perf_counter()
+                score_examples(trainer.raw_model, examples, 50257, device=dev, dtype=trainer.dtype,  # GPT-2 BPE ids
+                               batch_size=args.micro_batch, progress=False)
+                ex_s = len(examples) / (time.perf_counter() - t0)
     peak = device_peak_flops(dev)
     fpt = flops_per_token(trainer.raw_model)
-    return {"name": name, "dtype": str(trainer.dtype).replace("torch.", ""), "compile": cfg.compile,
-            "first": first, "tps": tps, "step_ms": dt * 1e3, "mfu": fpt * tps / peak if peak else None,
-            "mem": peak_mem, "val_tps": val_tps, "ex_s": ex_s, "loss": loss, "fpt": fpt, "peak": peak}
+    return {"name": name, "parallel": parallel, "dtype": str(trainer.dtype).replace("torch.", ""),
+            "compile": cfg.compile, "first": first, "tps": tps, "step_ms": dt * 1e3,
+            "mfu": fpt * tps / peak if peak else None, "mem": peak_mem, "est": estimate, "val_tps": val_tps,
+            "ex_s": ex_s, "loss": loss, "fpt": fpt, "peak": peak}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -130,6 +146,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--examples", type=int, default=256, help="synthetic multiple-choice examples timed")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--no-compile", action="store_true", help="eager even where the preset compiles")
+    ap.add_argument("--parallel", nargs="+", choices=("ddp", "fsdp"), default=["ddp"],
+                    help="a row per preset and mode (train.parallel; one device: fsdp is a group of one)")
+    ap.add_argument("--train-only", action="store_true", help="time the steps only, not val loss or scoring")
     ap.add_argument("--tiny", action="store_true",
                     help="2-layer 64-wide models, 3 steps, eager: checks the script runs")
     args = ap.parse_args(argv)
@@ -147,15 +166,18 @@ def main(argv: list[str] | None = None) -> None:
         shard = Path(d) / "train_000000.npy"
         need = (args.steps + 2) * args.micro_batch * 1024 + args.val_tokens + 1
         np.save(shard, np.random.default_rng(0).integers(0, 50257, need, dtype=np.uint16))
-        rows = [run(p, args, shard) for p in args.presets]
-    print(f"{'preset':12} {'dtype':9} {'compile':7} {'warm-up s':>9} {'tok/s':>9} {'ms/step':>8} {'MFU':>6} "
-          f"{'peak GiB':>8} {'val tok/s':>10} {'choice ex/s':>11} {'loss':>7}")
+        rows = [run(p, args, shard, mode) for p in args.presets for mode in args.parallel]
+    print(f"{'preset':12} {'parallel':8} {'dtype':9} {'compile':7} {'warm-up s':>9} {'tok/s':>9} {'ms/step':>8} "
+          f"{'MFU':>6} {'peak GiB':>8} {'est GiB':>7} {'val tok/s':>10} {'choice ex/s':>11} {'loss':>7}")
     for r in rows:
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-        print(f"{r['name']:12} {r['dtype']:9} {str(r['compile']):7} {r['first']:9.1f} {r['tps']:9.0f} "
-              f"{r['step_ms']:8.1f} {mfu:>6} {r['mem']:8.1f} {r['val_tps']:10.0f} {r['ex_s']:11.1f} {r['loss']:7.3f}")
+        print(f"{r['name']:12} {r['parallel']:8} {r['dtype']:9} {str(r['compile']):7} {r['first']:9.1f} "
+              f"{r['tps']:9.0f} {r['step_ms']:8.1f} {mfu:>6} {r['mem']:8.1f} {r['est']:7.1f} {r['val_tps']:10.0f} "
+              f"{r['ex_s']:11.1f} {r['loss']:7.3f}")
     print("expected from published figures:")
     for r in rows:
+        if r["parallel"] != args.parallel[0]:
+            continue  # one line a preset
         if r["peak"]:
             scale = r["peak"] / A100_PEAK
             print(f"  {r['name']}: build-nanogpt's ~{BUILD_NANOGPT_PER_A100 * scale:,.0f} tokens/s (1.5M/8 per A100, "

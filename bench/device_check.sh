@@ -13,3 +13,8 @@ python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_devic
 timeout 240 python3 bench/bench_gpu.py 2>&1 | tee "$out/bench_gpu.txt"
 timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_model.py tests/test_modern.py -k cuda 2>&1 |
   tee "$out/cuda_tests.txt"
+# train.parallel (issue 36): ddp and fsdp rows at 124M and 350M (one device: fsdp is a group of one, so the rows show
+# FSDP's cost and its memory estimate against CUDA's peak), then FSDP2 over NCCL through the train stage
+timeout 180 python3 bench/bench_gpu.py --presets gpt2_124m gpt2_350m --parallel ddp fsdp --train-only --no-compile \
+  --steps 20 --warmup 5 2>&1 | tee "$out/bench_gpu_parallel.txt"
+timeout 120 python3 -m pytest -q -rs -s -p no:cacheprovider tests/test_fsdp.py -k cuda 2>&1 | tee "$out/fsdp_cuda.txt"

@@ -27,7 +27,8 @@ class DistEnv:
 
     @property
     def ddp(self) -> bool:
-        """More than one process: the model is wrapped in DistributedDataParallel."""
+        """More than one process (the Trainer wraps the model in DistributedDataParallel then, unless it shards it
+        under train.parallel fsdp)."""
         return self.world_size > 1
 
 
@@ -55,6 +56,11 @@ def teardown() -> None:
 def active() -> bool:
     """True inside a process group of more than one rank."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def world_size() -> int:
+    """The processes of the group (1 outside one)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:

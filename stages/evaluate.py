@@ -35,6 +35,8 @@ def main() -> None:
         tokens = scored_tokens(cfg, block, data)
         examples = TASKS[cfg.task].examples(cfg, tok, tokens, block, env.is_main)
         record = measured_on(cfg, data, lm_tasks, len(tokens) - 1)  # what the figures are measured on, before any pass
+        # the model's shape: compare sets the run beside the published model of the same one
+        record["model"] = {k: getattr(model.config, k) for k in ("n_layer", "n_head", "n_embd")}
         model.to(env.device).eval()
         model.loss_chunk_rows = loss_chunk_rows(env.device.type, model.config.vocab_size, model.config.n_embd)
         record["lm_loss_chunk_rows"] = model.loss_chunk_rows  # the val loss's path: a switch changes its rounding

@@ -57,8 +57,14 @@ def make_project(root: Path, shards: Path, model: dict | None = None, eval: dict
     return root
 
 
-def env() -> dict[str, str]:
-    e = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+INJECT = Path(__file__).resolve().parent / "inject"  # tests/inject/sitecustomize.py: faults for every process
+
+
+def env(**inject: str) -> dict[str, str]:
+    """The environment a stage runs in here; `inject` sets tests/inject/sitecustomize.py's variables (a fault or
+    test-only numerics in every process of the run), e.g. env(GPTCORE_TEST_NS_FP32="1")."""
+    path = f"{INJECT}{os.pathsep}{ROOT}" if inject else str(ROOT)
+    e = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", **inject)
     e["PATH"] = f"{Path(sys.executable).parent}:{e['PATH']}"
     return e
 
@@ -70,8 +76,8 @@ def stage_cmd(stage: str, nproc: int = 1) -> list[str]:
             f"stages.{stage}"]
 
 
-def run_stage(project: Path, stage: str, nproc: int = 1) -> subprocess.CompletedProcess:
-    proc = subprocess.run(stage_cmd(stage, nproc), cwd=project, env=env(), capture_output=True, text=True,
+def run_stage(project: Path, stage: str, nproc: int = 1, **inject: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run(stage_cmd(stage, nproc), cwd=project, env=env(**inject), capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc

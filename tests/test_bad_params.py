@@ -353,7 +353,11 @@ USER_CASES = [
     Case("eval.device: cuda, no GPU", stage("evaluate"), "params.yaml eval.device='cuda': no CUDA GPU is visible",
          set_param("eval", "device", "cuda"), needs_no_gpu=True),
     Case("model.n_layer: 1000000", stage("train"), "model.n_layer=1000000, model.n_embd=32, train.micro_batch=4, "
-         "model.block_size=32: training needs at least", set_param("model", "n_layer", 1_000_000)),
+         "model.block_size=32: training with train.parallel=ddp needs at least",
+         set_param("model", "n_layer", 1_000_000)),
+    Case("train.dtype: float16 with fsdp", stage("train"), "params.yaml train.dtype='float16': with "
+         "train.parallel fsdp needs bfloat16 or float32 (float16's loss scaling is not sharded here): set "
+         "train.dtype: bfloat16, or train.parallel: ddp", set_params(train__parallel="fsdp", train__dtype="float16")),
     Case("eval.cloze_examples: 10**6", stage("evaluate"), "params.yaml eval.cloze_examples=1000000: must be <= the",
          set_param("eval", "cloze_examples", 10**6)),
     Case("GPT-2 weights offline", stage("train"), "model 'gpt2': cannot fetch openai-community/gpt2 from the Hugging "

@@ -71,8 +71,20 @@ def test_bench_hellaswag_tiny():
 
 @pytest.mark.slow
 def test_bench_gpu_tiny():
-    out = run_bench("bench_gpu.py", "--tiny")
+    out = run_bench("bench_gpu.py", "--tiny", "--parallel", "ddp", "fsdp")
     assert "gpt2_124m" in out and "modern_124m" in out and "expected from published figures" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith(("gpt2_124m ", "modern_124m "))]
+    assert [(r[0], r[1]) for r in rows] == [(p, m) for p in ("gpt2_124m", "modern_124m") for m in ("ddp", "fsdp")]
+
+
+@pytest.mark.slow
+def test_bench_parallel_tiny():
+    """ddp against fsdp at two gloo ranks: each mode's peak, estimate and step time, medians with their ranges."""
+    out = run_bench("bench_parallel.py", "--tiny")
+    assert "2 gloo ranks on the CPU" in out and "2 rounds" in out
+    rows = {line.split()[0]: line for line in out.splitlines() if re.match(r"(ddp|fsdp) +\d", line)}
+    assert set(rows) == {"ddp", "fsdp"} and all(re.search(r"\d+ \(\d+-\d+\)", r) for r in rows.values())
+    assert re.search(r"fsdp / ddp: peak [\d.]+ \([\d.]+-[\d.]+\), step time", out)
 
 
 @pytest.mark.slow

@@ -1,10 +1,14 @@
 import datetime
 import errno
 import os
+import pickle
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -341,3 +345,218 @@ def test_a_run_is_never_resumed_onto_another_run_s_curves(tmp_path):
     assert (live / checkpoints.CURVES_STAMP).read_text().strip() == checkpoints.run_fingerprint(b)
     resume, notes = checkpoints.prepare_resume(ckpts, b, is_main=True, also=[live])  # nor is that pair brought back
     assert resume is None and (kept / "ckpt_0000006.pt").is_file()
+
+
+# -- sharded checkpoints (train.parallel fsdp) ---------------------------------------------------------------------
+# saves of a sharded model, by the trainer's own save, on 2 ranks (torchrun) or 1 process: each step given
+SHARDED_SAVE = r"""
+import sys
+from pathlib import Path
+
+import torch
+
+from gptcore import distributed
+from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.train import checkpoints, sharded_checkpoints, sharding
+from gptcore.train.config import TrainConfig
+from gptcore.train.optimizers import build_optimizers
+
+folder, steps = Path(sys.argv[1]), [int(s) for s in sys.argv[2:]]
+env = distributed.setup("cpu")
+torch.manual_seed(0)
+model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64))
+sharding.shard_model(model, torch.float32, torch.device("cpu"))
+cfg = TrainConfig.read({"parallel": "fsdp", "micro_batch": 1, "total_batch_tokens": 16, "max_steps": 9,
+                        "warmup_steps": 0, "max_lr": 6e-4, "eval_every": 0, "val_tokens": 16, "ckpt_every": 3})
+optimizers = build_optimizers(model, cfg, "cpu")
+sharding.init_optimizer_state(optimizers)
+params = {"model": {"init_from": "scratch"}, "train": {"max_lr": 6e-4}}
+for step in steps:
+    record = {"step": step, "params": params, "fingerprint": checkpoints.run_fingerprint(params)}
+    sharded_checkpoints.save(folder, step, model, optimizers, record, env.is_main)
+distributed.teardown()
+"""
+SHARDED_PARAMS = {"model": {"init_from": "scratch"}, "train": {"max_lr": 6e-4}}
+
+
+@pytest.fixture(scope="module")
+def sharded_saves(tmp_path_factory):
+    """Two checkpoint folders, each with ckpt_0000003.dcp and ckpt_0000006.dcp: of 2 ranks, and of 1 process."""
+    root = tmp_path_factory.mktemp("sharded")
+    script = root / "save.py"
+    script.write_text(SHARDED_SAVE, encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=os.getcwd(), OMP_NUM_THREADS="1")
+    launch = {2: [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"],
+              1: [sys.executable]}
+    for nproc, cmd in launch.items():
+        proc = subprocess.run([*cmd, str(script), str(root / f"ranks{nproc}"), "3", "6"], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return root
+
+
+def sharded_copy(sharded_saves, tmp_path, nproc: int = 2):
+    """A fresh copy of the saves of `nproc` processes, and its tree of files."""
+    folder = tmp_path / "checkpoints"
+    shutil.copytree(sharded_saves / f"ranks{nproc}", folder)
+    return folder, sharded_tree(folder)
+
+
+def sharded_tree(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_is_its_record_and_one_shard_a_rank(sharded_saves, tmp_path):
+    folder, _ = sharded_copy(sharded_saves, tmp_path)
+    newest = folder / "ckpt_0000006.dcp"
+    assert sorted(p.name for p in newest.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "record.pt"]
+    resume, notes = checkpoints.prepare_resume(folder, SHARDED_PARAMS, is_main=True)
+    assert resume["step"] == 6 and resume["world_size"] == 2 and resume["sharded"] == str(newest)
+    assert notes == [f"resuming from {newest} (step 6)"]
+    assert set(resume["files"]) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
+    checkpoints.remove_old(folder, keep=1)  # a folder goes by a hidden rename first: never half deleted in place
+    assert [p.name for p in folder.iterdir()] == ["ckpt_0000006.dcp"]
+
+
+def cut_shard(c):
+    (c / "__1_0.distcp").write_bytes((c / "__1_0.distcp").read_bytes()[:100])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage,line", [
+    (cut_shard, r"__1_0.distcp is 100 bytes, but it was saved with [\d,]+ \(cut short or replaced\)"),
+    (lambda c: (c / "__0_0.distcp").unlink(), r"__0_0.distcp is missing \(one of the 3 files it was saved with\)"),
+    (lambda c: (c / "record.pt").unlink(), r"a sharded checkpoint without its record.pt"),
+    (lambda c: (c / "record.pt").write_bytes(b""), r"record.pt: cannot read checkpoint: an empty file"),
+    (lambda c: (c / ".metadata").write_bytes((c / ".metadata").read_bytes()[:50]),
+     r"its .metadata is damaged or cut short"),
+])
+def test_a_damaged_sharded_checkpoint_is_named_set_aside_and_the_older_one_resumes(sharded_saves, tmp_path, damage,
+                                                                                   line):
+    folder, _ = sharded_copy(sharded_saves, tmp_path)
+    damage(folder / "ckpt_0000006.dcp")
+    path, ckpt, why = checkpoints.find_resume(folder, SHARDED_PARAMS)
+    assert path == folder / "ckpt_0000003.dcp" and ckpt["step"] == 3
+    assert re.search(line, why), why
+    assert f"set aside as {folder / 'ckpt_0000006.dcp.corrupt'}" in why
+    assert not (folder / "ckpt_0000006.dcp").exists() and (folder / "ckpt_0000006.dcp.corrupt").is_dir()
+
+
+@pytest.mark.slow
+def test_the_index_of_a_save_of_another_number_of_processes_is_named(sharded_saves, tmp_path):
+    """The 2 ranks' .metadata put into the one process's checkpoint of the same step: it names a shard that save
+    never wrote. (A whole checkpoint of 2 ranks resumes on 1 or 3: tests/test_fsdp.py.)"""
+    folder, _ = sharded_copy(sharded_saves, tmp_path, nproc=1)
+    shutil.copy(sharded_saves / "ranks2" / "ckpt_0000006.dcp" / ".metadata", folder / "ckpt_0000006.dcp")
+    path, ckpt, why = checkpoints.find_resume(folder, SHARDED_PARAMS)
+    assert path.name == "ckpt_0000003.dcp"
+    assert ("its .metadata names __1_0.distcp, which this save did not write (.metadata of another save, say of "
+            "another number of processes); set aside as") in why
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["__1_0.distcp", ".metadata", "record.pt"])
+def test_an_io_error_reading_a_sharded_checkpoint_stops_in_one_line_with_every_file_in_place(
+        sharded_saves, tmp_path, monkeypatch, where):
+    """EIO where the check reads: a shard's size, the index, the record. Nothing is set aside: rerun once fixed."""
+    folder, before = sharded_copy(sharded_saves, tmp_path)
+    target = folder / "ckpt_0000006.dcp" / where
+    eio = OSError(errno.EIO, "Input/output error")
+    if where == "__1_0.distcp":
+        real_stat = Path.stat
+        monkeypatch.setattr(Path, "stat", lambda p, **k: (_ for _ in ()).throw(eio) if p == target
+                            else real_stat(p, **k))
+    else:
+        real_open = open
+        monkeypatch.setattr("builtins.open", lambda f, *a, **k: (_ for _ in ()).throw(eio) if Path(f) == target
+                            else real_open(f, *a, **k))
+    with pytest.raises(CheckpointRefused, match=re.escape(f"{target}: cannot read it (EIO: Input/output error); "
+                                                          f"the file is kept as it is")):
+        checkpoints.prepare_resume(folder, SHARDED_PARAMS, is_main=True)
+    monkeypatch.undo()
+    assert sharded_tree(folder) == before
+    resume, _ = checkpoints.prepare_resume(folder, SHARDED_PARAMS, is_main=True)
+    assert resume["step"] == 6
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_of_another_format_or_with_code_in_its_index_is_refused_and_kept(sharded_saves,
+                                                                                          tmp_path):
+    folder, _ = sharded_copy(sharded_saves, tmp_path)
+    newest = folder / "ckpt_0000006.dcp"
+    record = checkpoints.load_checkpoint(newest / "record.pt")
+    (newest / "record.pt").write_bytes(torch_zip(tmp_path, {**record, "sharded_format": 2}))
+    before = sharded_tree(folder)
+    with pytest.raises(CheckpointRefused, match="ckpt_0000006.dcp: sharded checkpoint format 2, but this gptcore "
+                                                "reads format 1; the folder is kept"):
+        checkpoints.find_resume(folder, SHARDED_PARAMS)
+    assert sharded_tree(folder) == before
+    older = folder / "ckpt_0000003.dcp"
+    planted = tmp_path / "planted"
+
+    class Plant:
+        def __reduce__(self):
+            return (os.mkdir, (str(planted),))
+
+    (older / ".metadata").write_bytes(pickle.dumps(Plant()))
+    shutil.rmtree(newest)
+    with pytest.raises(CheckpointRefused, match=r"\.metadata: not read \(a global posix.mkdir that a checkpoint's "
+                                                r"\.metadata never holds\); the folder is kept"):
+        checkpoints.find_resume(folder, SHARDED_PARAMS)
+    assert not planted.exists()
+
+
+@pytest.mark.slow
+def test_a_sharded_save_s_temp_folder_is_removed_by_the_next_run(sharded_saves, tmp_path):
+    folder, _ = sharded_copy(sharded_saves, tmp_path)
+    half = folder / ".ckpt_0000009.dcp.tmp"
+    half.mkdir()
+    (half / "__0_0.distcp").write_bytes(b"x" * 4096)
+    assert checkpoints.remove_temp_files(folder) == [
+        f"removed 1 temp file(s) of interrupted saves (0.0 MB) from {folder}"]
+    assert not half.exists() and len(checkpoints.list_checkpoints(folder)) == 2
+
+
+@pytest.mark.slow
+def test_two_ranks_shards_load_whole_into_one_process_exactly_as_torch_reads_them(sharded_saves, tmp_path):
+    """The 2 ranks' shards read by one process into a whole model and optimizer (a resume on 1 process, or under
+    ddp) against torch.distributed.checkpoint's own conversion of the folder to one torch.save file: equal."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from gptcore.train import sharded_checkpoints
+    from gptcore.train.config import TrainConfig
+    from gptcore.train.optimizers import build_optimizers
+
+    folder = sharded_saves / "ranks2" / "ckpt_0000006.dcp"
+    dcp_to_torch_save(folder, tmp_path / "whole.pt")
+    reference = torch.load(tmp_path / "whole.pt", weights_only=False)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64))
+    cfg = TrainConfig.read({"micro_batch": 1, "total_batch_tokens": 16, "max_steps": 9, "warmup_steps": 0,
+                            "max_lr": 6e-4, "eval_every": 0, "val_tokens": 16, "ckpt_every": 3})
+    optimizers = build_optimizers(model, cfg, "cpu")
+    sharded_checkpoints.load(checkpoints.read_run_checkpoint(folder), model, optimizers, collective=False)
+    for name, t in model.state_dict().items():
+        assert torch.equal(t, reference["model"][name]), name
+    state = optimizers.state_dict()["adamw"]["state"]
+    saved = reference["optimizer"]["adamw"]  # torch's conversion names the weights' numbers as strings
+    assert sorted(map(str, state)) == sorted(saved)
+    for i, s in state.items():
+        for key, t in s.items():
+            assert torch.equal(t, saved[str(i)][key]), (i, key)
+
+
+@pytest.mark.slow
+def test_sharded_checkpoints_move_aside_whole_and_come_back(sharded_saves, tmp_path):
+    """A fresh start with other params moves the sharded run's folders to previous/, each whole; the same params
+    again bring them back and resume from the newest."""
+    folder, before = sharded_copy(sharded_saves, tmp_path)
+    other = {"model": {"init_from": "scratch"}, "train": {"max_lr": 1e-3}}
+    resume, notes = checkpoints.prepare_resume(folder, other, is_main=True)
+    assert resume is None and "train.max_lr: 0.0006 -> 0.001" in notes[0]
+    (kept,) = (folder / checkpoints.PREVIOUS).iterdir()
+    assert sorted(p.name for p in kept.iterdir()) == ["ckpt_0000003.dcp", "ckpt_0000006.dcp"]
+    assert checkpoints.list_checkpoints(folder) == []
+    resume, notes = checkpoints.prepare_resume(folder, SHARDED_PARAMS, is_main=True)
+    assert resume["step"] == 6 and resume["sharded"] == str(folder / "ckpt_0000006.dcp")
+    assert {k: v for k, v in sharded_tree(folder).items() if k.startswith("ckpt_")} == before

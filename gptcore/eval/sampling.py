@@ -41,7 +41,8 @@ def sample(model: GPT, tokenizer: Tokenizer, prompt: str = "", num_samples: int 
     ids = ids[-model.config.block_size :]
     x = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)
     gen = torch.Generator(device=device).manual_seed(seed)
-    model = model.to(device)
+    if next(model.parameters()).device != device:  # .to() on an FSDP model would reshard its gathered root
+        model = model.to(device)
     with autocast_context(device, dtype):
         out = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen,
                              vocab_limit=tokenizer.vocab_size)

@@ -125,10 +125,12 @@ def _batch_scores(model: nn.Module, rows: Sequence[Row], vocab_size: int, device
 @torch.no_grad()
 def score_rows(model: nn.Module, rows: Sequence[Row], vocab_size: int, *, device: str | torch.device,
                dtype: torch.dtype | None = None, batch_size: int = 32, greedy: bool = False,
-               progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+               progress: bool = False, passes: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """log P(continuation | context) per continuation id (float64 [n], n the rows' ids) and, with `greedy`, whether
     every token is the argmax. `model` needs `hidden_states(idx, pos=, attn_mask=)`, `logits` and `config`;
-    `vocab_size` is the tokenizer's; `dtype` bf16/fp16 runs under autocast; the train/eval mode is restored."""
+    `vocab_size` is the tokenizer's; `dtype` bf16/fp16 runs under autocast; the train/eval mode is restored.
+    `passes`: run at least this many batches (a sharded model's passes are collectives every rank makes alike), the
+    extra ones scoring the first batch again, or a one-token row, and keeping nothing."""
     device = torch.device(device)
     if not 0 < vocab_size <= model.config.vocab_size:
         raise ValueError(f"vocab_size={vocab_size}: must be in 1..{model.config.vocab_size}, the model's head")
@@ -138,11 +140,14 @@ def score_rows(model: nn.Module, rows: Sequence[Row], vocab_size: int, *, device
     was_training = model.training
     model.eval()
     try:
-        for b in tqdm(range(0, len(rows), batch_size), desc="scoring", unit="batch", disable=not progress):
-            chunk = rows[b:b + batch_size]
+        batches = [rows[b:b + batch_size] for b in range(0, len(rows), batch_size)]
+        spare = batches[0] if batches else [Row([0], [[0, 0]], [0])]
+        for k in tqdm(range(max(len(batches), passes)), desc="scoring", unit="batch", disable=not progress):
+            chunk = batches[k] if k < len(batches) else spare
             sums, hits = _batch_scores(model, chunk, vocab_size, device, dtype, greedy)
-            ids = [i for row in chunk for i in row.ids]
-            logprob[ids], is_greedy[ids] = sums.double(), hits
+            if k < len(batches):
+                ids = [i for row in chunk for i in row.ids]
+                logprob[ids], is_greedy[ids] = sums.double(), hits
     finally:
         model.train(was_training)
     return logprob, is_greedy
@@ -173,11 +178,12 @@ def _prediction(example: Example, sums: list[float], lengths: list[int]) -> dict
 
 def score_examples(model: nn.Module, examples: Sequence[Example], vocab_size: int, *, device: str | torch.device,
                    batch_size: int = 32, dtype: torch.dtype | None = None, rank: int | None = None,
-                   world_size: int | None = None, progress: bool = True) -> ChoiceResult:
+                   world_size: int | None = None, progress: bool = True, lockstep: bool = False) -> ChoiceResult:
     """Multiple-choice examples, one row each through `score_rows`: the pick is the ending of least summed loss (acc)
     and of least mean loss per token (acc_norm); contexts longer than the block are cut from the left, endings never.
     rank/world_size default to torch.distributed's (else 0/1): this rank scores examples[rank::world_size] and every
-    rank gets all predictions back in input order, so every rank must call this."""
+    rank gets all predictions back in input order, so every rank must call this. `lockstep`: every rank makes as
+    many passes (a sharded model's), one with fewer examples repeating a batch."""
     joined = dist.is_available() and dist.is_initialized()
     rank = (dist.get_rank() if joined else 0) if rank is None else rank
     world_size = (dist.get_world_size() if joined else 1) if world_size is None else world_size
@@ -190,8 +196,9 @@ def score_examples(model: nn.Module, examples: Sequence[Example], vocab_size: in
         rows.append(Row(context, endings, list(range(n, n + len(endings)))))
         n += len(endings)
     t0 = time.perf_counter()
+    passes = max(-(-len(range(r, len(examples), world_size)) // batch_size) for r in range(world_size))
     logprob, _ = score_rows(model, rows, vocab_size, device=device, dtype=dtype, batch_size=batch_size,
-                            progress=progress and rank == 0)
+                            progress=progress and rank == 0, passes=passes if lockstep else 0)
     losses = (-logprob).tolist()
     predictions = [_prediction(examples[i], [losses[k] for k in r.ids], [len(e) for e in r.continuations])
                    for i, r in zip(positions, rows)]

@@ -61,10 +61,12 @@ def val_stream(data: ShardSet, val_tokens: int) -> np.ndarray:
 
 @torch.no_grad()
 def val_loss(model: torch.nn.Module, tokens: np.ndarray, block_size: int, batch_size: int, device: torch.device,
-             dtype: torch.dtype | None = None, rank: int = 0, world_size: int = 1, progress: bool = False) -> float:
+             dtype: torch.dtype | None = None, rank: int = 0, world_size: int = 1, progress: bool = False,
+             lockstep: bool = False) -> float:
     """Mean next-token cross-entropy over the len(tokens) - 1 targets of `tokens` (`model(x, y, reduction="sum")`),
     whatever the world size or batch size: block_size windows (the last may be shorter) dealt round-robin to ranks,
-    as build-nanogpt does."""
+    as build-nanogpt does. `lockstep`: every rank runs as many passes (a sharded model's passes are collectives), a
+    rank with fewer windows scoring its first batch again and counting nothing of it."""
     n = len(tokens) - 1
     if n < 1:
         raise ValueError(f"{len(tokens)} val tokens hold no target")
@@ -72,21 +74,33 @@ def val_loss(model: torch.nn.Module, tokens: np.ndarray, block_size: int, batch_
     full = [s for s in starts if s + block_size <= n]
     # a shorter last window, when block_size does not divide n, goes in a batch of its own (it can only be the last)
     batches = [full[i : i + batch_size] for i in range(0, len(full), batch_size)] + [[s] for s in starts[len(full):]]
+    counted = len(batches)
+    if lockstep and world_size > 1:
+        most = max(_batch_count(n, block_size, batch_size, r, world_size) for r in range(world_size))
+        batches += [batches[0] if batches else [0]] * (most - len(batches))
     was_training = model.training
     model.eval()
     total = torch.zeros(2, dtype=torch.float64, device=device)  # summed loss, token count
-    for batch in tqdm(batches, desc="val loss", unit="batch", disable=not progress, leave=False):
+    for i, batch in enumerate(tqdm(batches, desc="val loss", unit="batch", disable=not progress, leave=False)):
         length = min(block_size, n - batch[0])
         buf = np.stack([np.asarray(tokens[s : s + length + 1], dtype=np.int64) for s in batch])
         xy = torch.from_numpy(buf).to(device, non_blocking=True)
         x, y = xy[:, :-1], xy[:, 1:]
         with autocast_context(device, dtype):
             _, loss = model(x, y, reduction="sum")
-        total[0] += loss.double()
-        total[1] += y.numel()
+        if i < counted:
+            total[0] += loss.double()
+            total[1] += y.numel()
     distributed.all_reduce_sum(total)
     model.train(was_training)
     return (total[0] / total[1]).item()
+
+
+def _batch_count(n: int, block_size: int, batch_size: int, rank: int, world_size: int) -> int:
+    """How many batches val_loss makes for `rank`: its full windows in batches, and its shorter last one alone."""
+    starts = list(range(0, n, block_size))[rank::world_size]
+    full = sum(1 for s in starts if s + block_size <= n)
+    return -(-full // batch_size) + len(starts) - full
 
 
 def scored_chars(tokens: np.ndarray, tokenizer: object) -> int:

@@ -91,11 +91,23 @@ class RMSNorm(nn.RMSNorm):
         return F.rms_norm(x, self.normalized_shape, weight, self.eps)
 
 
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm whose gain and bias take the input's dtype: train.parallel fsdp keeps a block's weights in bf16
+    under bf16 while the residual stream it normalises stays fp32, and the CPU kernel refuses mixed dtypes. With fp32
+    weights, as everywhere else, it computes exactly what nn.LayerNorm does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """LayerNorm of `x`, the weight and bias cast to its dtype."""
+        weight = self.weight.to(x.dtype) if self.weight is not None else None
+        bias = self.bias.to(x.dtype) if self.bias is not None else None
+        return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
+
+
 def make_norm(config: GPTConfig) -> nn.Module:
     """The model's normalisation layer over n_embd: GPT-2's LayerNorm, or RMSNorm (a gain, no bias)."""
     if config.norm == "rmsnorm":
         return RMSNorm(config.n_embd, eps=NORM_EPS)
-    return nn.LayerNorm(config.n_embd, eps=NORM_EPS, bias=config.bias)
+    return LayerNorm(config.n_embd, eps=NORM_EPS, bias=config.bias)
 
 
 class Rotary(nn.Module):

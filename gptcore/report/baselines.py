@@ -57,6 +57,12 @@ def check_baselines(data: dict[str, Any], where: str | Path = "baselines") -> No
             if figure in body and not (isinstance(measured, dict) and set(MEASURED_ON[figure]) <= set(measured)):
                 raise UserError(f"{where}: {entry}.{figure}_measured_on must say what {figure} was measured on "
                                 f"({', '.join(MEASURED_ON[figure])})")
+        shape = body.get("shape")
+        if shape is not None and not (isinstance(shape, dict) and all(
+                isinstance(shape.get(k), int) and not isinstance(shape.get(k), bool) and shape[k] > 0
+                for k in ("n_layer", "n_head", "n_embd"))):
+            raise UserError(f"{where}: {entry}.shape must give the model's n_layer, n_head and n_embd as positive "
+                            f"integers, got {shape!r}")
         _check_lm_eval(body.get("lm_eval"), f"{where}: {entry}.lm_eval")
 
 

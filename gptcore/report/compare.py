@@ -1,20 +1,39 @@
 """Set a run's evaluation metrics beside published reference figures: baseline values and run - baseline deltas,
 each written only when the run measured what the baseline measured (metrics/measured_on.json against
-conf/baselines.yaml's `<figure>_measured_on`; docs/evaluation.md gives the rules); else `comparable` says why not."""
+conf/baselines.yaml's `<figure>_measured_on`; docs/evaluation.md gives the rules); else `comparable` says why not.
+A run is set beside the model of its own shape (an entry's `shape`, say GPT-2 350M's 24 x 1024), or, when no entry
+has its shape, beside the smallest of each family (gpt2_124m, gpt3_124m)."""
 from __future__ import annotations
 
 from typing import Any
 
 from gptcore.report.baselines import baseline_values, lm_eval_metrics, lm_eval_values
 
-# delta key -> (run figure, baseline entry in conf/baselines.yaml, that entry's figure)
+# delta key -> (run figure, family of baseline entries in conf/baselines.yaml, that entry's figure)
 DELTAS = {
-    "val_loss_vs_gpt2": ("val_loss", "gpt2_124m", "val_loss"),
-    "hellaswag_acc_norm_vs_gpt2": ("hellaswag_acc_norm", "gpt2_124m", "hellaswag_acc_norm"),
-    "hellaswag_acc_norm_vs_gpt3": ("hellaswag_acc_norm", "gpt3_124m", "hellaswag_acc_norm"),
+    "val_loss_vs_gpt2": ("val_loss", "gpt2", "val_loss"),
+    "hellaswag_acc_norm_vs_gpt2": ("hellaswag_acc_norm", "gpt2", "hellaswag_acc_norm"),
+    "hellaswag_acc_norm_vs_gpt3": ("hellaswag_acc_norm", "gpt3", "hellaswag_acc_norm"),
 }
+FAMILIES = {"gpt2": "GPT-2", "gpt3": "GPT-3"}  # an entry <family>_<size>; <family>_124m is a family's default
+SHAPE = ("n_layer", "n_head", "n_embd")  # what makes a model "of the same size" as a baseline's
 NO_RECORD = "evaluate recorded nothing of what it measured on (no metrics/measured_on.json): rerun evaluate"
 SAME = "the run measured what the baseline measured"  # the reason given beside a delta that was written
+
+
+def reference_entry(baselines: dict[str, Any], family: str, shape: dict[str, Any] | None) -> tuple[str, str | None]:
+    """The entry of `family` a run of `shape` (measured_on.json's `model`) is set beside, and why it is not set beside
+    any (None: it is). A shape some entry has picks that family's entry of that shape; any other the default."""
+    mine = {k: (shape or {}).get(k) for k in SHAPE}
+    shaped = {name: {k: (body.get("shape") or {}).get(k) for k in SHAPE} for name, body in baselines.items()
+              if isinstance(body, dict) and body.get("shape")}
+    if mine not in shaped.values():
+        return f"{family}_124m", None
+    for name, theirs in shaped.items():
+        if name.startswith(f"{family}_") and theirs == mine:
+            return name, None
+    return family, (f"no published {FAMILIES[family]} figure of a model of this run's shape ({mine['n_layer']} "
+                    f"blocks of {mine['n_embd']:,} wide)")
 
 
 def why_val_split_differs(split: dict[str, Any], base: dict[str, Any]) -> str | None:
@@ -107,20 +126,29 @@ def summarize(run: dict[str, Any], baselines: dict[str, Any], measured: dict[str
     ours = {"val_loss": run.get("eval", {}).get("val_loss"),
             "hellaswag_acc_norm": run.get("hellaswag", {}).get("acc_norm")}
     baseline = {**baseline_values(baselines), **lm_eval_values(baselines)}  # the names plots and README use
+    shape = (measured or {}).get("model")
+    chosen = {family: reference_entry(baselines, family, shape) for family in FAMILIES}
     judged = []  # (delta key, baseline entry, why it is not comparable or None, the run's figure, the baseline's)
-    for key, (figure, name, base_figure) in DELTAS.items():
-        if base_figure in baselines.get(name, {}):
-            reason = why_not_comparable(figure, run, measured or {}, baselines[name][f"{base_figure}_measured_on"])
-            judged.append((key, name, reason, ours[figure], baselines[name][base_figure]))
+    for key, (figure, family, base_figure) in DELTAS.items():
+        name, none = chosen[family]
+        body = baselines.get(name) or {}
+        if none is None and base_figure not in body:
+            none = (f"{body.get('description', name)} has no published {base_figure} (dvc exp run -S "
+                    f"preset={name}_openai measures one with this code)")
+        if none is not None:
+            judged.append((key, name, none, ours[figure], None))
+            continue
+        reason = why_not_comparable(figure, run, measured or {}, body[f"{base_figure}_measured_on"])
+        judged.append((key, name, reason, ours[figure], body[base_figure]))
     scored = run.get("lm_eval") or {}
     sources = ((measured or {}).get("lm_eval") or {}).get("tasks") or {}
     if scored:  # lm-eval deltas are explained only for runs that scored lm-eval tasks at all
-        for name, body in baselines.items():
-            for task, published in (body.get("lm_eval") or {}).items():
+        for family, (name, _) in chosen.items():
+            for task, published in ((baselines.get(name) or {}).get("lm_eval") or {}).items():
                 for metric, value in lm_eval_metrics(published).items():
                     reason = why_lm_eval_not_comparable(scored.get(task), task, metric, published,
                                                         sources.get(task, {}) if measured else None)
-                    judged.append((f"lm_eval_{task}_{metric}_vs_{name.split('_')[0]}", name, reason,
+                    judged.append((f"lm_eval_{task}_{metric}_vs_{family}", name, reason,
                                    (scored.get(task) or {}).get(metric), value))
     return {"baseline": baseline, "delta": {key: mine - theirs for key, _, why, mine, theirs in judged if why is None},
             "comparable": {key: {"baseline": name, "comparable": why is None, "reason": why or SAME}
@@ -146,8 +174,8 @@ def describe(summary: dict[str, Any], baselines: dict[str, Any]) -> list[str]:
 def comparable_figures(comparable: dict[str, Any]) -> dict[str, bool]:
     """summarize's `comparable` as {reference figure, a baselines.tsv column (e.g. gpt2_124m_val_loss): whether the run
     is comparable with it}: the plots draw only those."""
-    return {f"{name}_{figure}": comparable[key]["comparable"] for key, (_, name, figure) in DELTAS.items()
-            if key in comparable}
+    return {f"{comparable[key]['baseline']}_{figure}": comparable[key]["comparable"]
+            for key, (_, _, figure) in DELTAS.items() if key in comparable}
 
 
 CHANCE = 0.25  # HellaSwag and the cloze task both pick one of 4 endings

@@ -1,12 +1,12 @@
 """Checkpoints: atomic save, keep-last-K, a fingerprint of the params that shape a run, resume and moving aside; a
-`ckpt_{step:07d}.pt` holds all a bit-exact resume needs (docs/resume-and-failures.md lists it)."""
+`ckpt_{step:07d}.pt` (train.parallel ddp) or a sharded `ckpt_{step:07d}.dcp/` folder (fsdp: sharded_checkpoints.py)
+holds all a bit-exact resume needs (docs/resume-and-failures.md lists it). A run resumes from either kind."""
 from __future__ import annotations
 
 import os
 import re
 import shutil
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +17,10 @@ from gptcore.atomic import TMP_SUFFIX, NotRenamable, check_writable, json_sha256
 from gptcore.errors import UserError
 from gptcore.model.checkpoint_file import CheckpointRefused, CorruptCheckpoint, atomic_torch_save
 from gptcore.model.checkpoint_file import read_checkpoint as load_checkpoint
-from gptcore.model.gpt import GPT
 from gptcore.params import ParamError
+from gptcore.train import sharded_checkpoints
 
-CKPT_RE = re.compile(r"^ckpt_(\d{7})\.pt$")
+CKPT_RE = re.compile(r"^ckpt_(\d{7})\.(pt|dcp)$")  # a file, or (fsdp) a folder of shards
 BEST_RE = re.compile(r"^best_(\d{7})\.pt$")
 PREVIOUS = "previous"  # checkpoints/previous/<UTC time>/: what a fresh run moved aside
 CURVES_STAMP = ".run_fingerprint"  # in metrics/train/: the run whose curves the folder holds
@@ -57,9 +57,39 @@ def save_checkpoint(ckpt_dir: Path, step: int, state: dict[str, Any], keep: int)
     """Save `state` as ckpt_{step}.pt and delete all but the newest `keep` checkpoints."""
     path = Path(ckpt_dir) / f"ckpt_{step:07d}.pt"
     atomic_torch_save(state, path)
-    for old in list_checkpoints(ckpt_dir)[: -max(1, keep)]:
-        old.unlink(missing_ok=True)
+    remove_old(ckpt_dir, keep)
     return path
+
+
+def remove_old(ckpt_dir: Path, keep: int) -> None:
+    """Delete all but the newest `keep` checkpoints (after a new one is whole). A folder is first renamed to a hidden
+    temp name, so a kill half way through deleting it leaves no checkpoint with shards missing."""
+    for old in list_checkpoints(ckpt_dir)[: -max(1, keep)]:
+        if old.is_dir():
+            doomed = old.with_name(f".{old.name}.old{TMP_SUFFIX}")
+            shutil.rmtree(doomed, ignore_errors=True)
+            os.replace(old, doomed)
+            shutil.rmtree(doomed)
+        else:
+            old.unlink(missing_ok=True)
+
+
+def read_run_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
+    """A checkpoint's record, file or sharded folder (CorruptCheckpoint, CheckpointRefused as load_checkpoint): a
+    file whole; a folder its record and its shards' sizes checked, the tensors read when the run resumes."""
+    if Path(path).is_dir():
+        return sharded_checkpoints.read_record(path)
+    return load_checkpoint(path, mmap=mmap)
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a damaged checkpoint (file or folder) to <name>.corrupt (.corrupt-2, ... if taken); the new path."""
+    aside, n = path.with_name(path.name + ".corrupt"), 1
+    while path.is_dir() and aside.exists():  # a folder cannot replace a folder that holds files
+        n += 1
+        aside = path.with_name(f"{path.name}.corrupt-{n}")
+    os.replace(path, aside)
+    return aside
 
 
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
@@ -90,11 +120,10 @@ def find_resume(ckpt_dir: Path, run_params: dict[str, Any], also: list[Path] = (
     notes: list[str] = []
     for path in reversed(list_checkpoints(ckpt_dir)):
         try:
-            ckpt = load_checkpoint(path)
+            ckpt = read_run_checkpoint(path)
             break
         except CorruptCheckpoint as e:  # set aside; any other failure leaves every file in place for the rerun
-            aside = path.with_name(path.name + ".corrupt")
-            os.replace(path, aside)
+            aside = set_aside(path)
             notes.append(f"{e}; set aside as {aside}")
     else:
         path = ckpt = None
@@ -160,7 +189,7 @@ def _earlier_run(ckpt_dir: Path, run_params: dict[str, Any], also: list[Path] = 
     for folder in sorted(previous.iterdir(), reverse=True) if previous.is_dir() else []:
         for path in reversed(list_checkpoints(folder)):
             try:
-                ckpt = load_checkpoint(path, mmap=True)
+                ckpt = read_run_checkpoint(path, mmap=True)
             except CorruptCheckpoint:
                 continue
             except CheckpointRefused as e:
@@ -175,7 +204,7 @@ def _earlier_run(ckpt_dir: Path, run_params: dict[str, Any], also: list[Path] = 
 
 def _run_file(p: Path) -> bool:
     """A run's own file in a checkpoint folder: a checkpoint (set aside as corrupt or not) or best weights."""
-    return bool(CKPT_RE.match(p.name.removesuffix(".corrupt")) or BEST_RE.match(p.name))
+    return bool(CKPT_RE.match(re.sub(r"\.corrupt(-\d+)?$", "", p.name)) or BEST_RE.match(p.name))
 
 
 def _kept_in(folder: Path, p: Path) -> Path:
@@ -235,13 +264,17 @@ def _check_previous(ckpt_dir: Path) -> None:
 
 def remove_temp_files(ckpt_dir: Path) -> list[str]:
     """Delete what saves killed mid-write left in ckpt_dir (hidden `.ckpt_*` / `.best_*` temp files, as large as a
-    checkpoint); call only while holding the folder's lock, so no save is under way. A note if any were found."""
+    checkpoint, or a sharded save's temp folder); call only while holding the folder's lock, so no save is under
+    way. A note if any were found."""
     ckpt_dir = Path(ckpt_dir)
     found = [p for p in ckpt_dir.iterdir() if p.name.startswith((".ckpt_", ".best_")) and p.name.endswith(TMP_SUFFIX)
              ] if ckpt_dir.is_dir() else []
-    size = sum(p.stat().st_size for p in found)
+    size = sum(f.stat().st_size for p in found for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
     for p in found:
-        p.unlink(missing_ok=True)
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
     return [f"removed {len(found)} temp file(s) of interrupted saves ({size / 1e6:,.1f} MB) from {ckpt_dir}"
             ] if found else []
 
@@ -275,7 +308,7 @@ def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, al
                 notes.append(f"the previous run's checkpoints{others} are kept in {moved}")
         if earlier:
             bring_back(path.parent, ckpt_dir, also)
-            resume = load_checkpoint(Path(ckpt_dir) / path.name)
+            resume = read_run_checkpoint(Path(ckpt_dir) / path.name)
             notes.append(f"resuming from {Path(ckpt_dir) / path.name} (step {resume['step']})")
         for folder in map(Path, also):  # the step metrics are this run's: a resume never continues another run's
             folder.mkdir(parents=True, exist_ok=True)
@@ -283,7 +316,7 @@ def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, al
     distributed.barrier()
     if not is_main:
         last = latest_checkpoint(ckpt_dir)
-        resume = load_checkpoint(last) if last else None
+        resume = read_run_checkpoint(last) if last else None
     return resume, notes
 
 
@@ -296,9 +329,11 @@ def best_path(ckpt_dir: Path, step: int) -> Path:
     return Path(ckpt_dir) / f"best_{step:07d}.pt"
 
 
-def save_best(ckpt_dir: Path, step: int, model: GPT, val_loss: float, run_fingerprint: str) -> None:
-    """The weights of a new lowest val loss, atomically, with their step, val loss and the run's fingerprint."""
-    atomic_torch_save({"model": model.state_dict(), "model_config": asdict(model.config), "step": step,
+def save_best(ckpt_dir: Path, step: int, model_state: dict[str, Any], model_config: dict[str, Any], val_loss: float,
+              run_fingerprint: str) -> None:
+    """The weights of a new lowest val loss (whole: fsdp gathers them first), atomically, with their step, val loss
+    and the run's fingerprint."""
+    atomic_torch_save({"model": model_state, "model_config": model_config, "step": step,
                        "val_loss": val_loss, "fingerprint": run_fingerprint}, best_path(ckpt_dir, step))
 
 

@@ -11,6 +11,7 @@ from gptcore.model.load import ModelConfig
 from gptcore.params import REQUIRED, ParamError, Section, param
 from gptcore.train.optimizers import OPTIMIZERS
 from gptcore.train.schedule import SCHEDULES, wsd_decay_steps
+from gptcore.train.sharding import PARALLEL
 
 
 def _muon(cfg: TrainConfig) -> bool:
@@ -65,6 +66,9 @@ class TrainConfig(Section):
     grad_clip: float = param(1.0, "clip the global gradient norm to this", above=0.0)
     dtype: str = param("bfloat16", "autocast precision (float32 turns it off)", choices=tuple(sorted(DTYPES)))
     compile: bool = param(False, "torch.compile the model", resume_ok=True)
+    parallel: str = param("ddp", "ddp (every process holds the whole model) | fsdp (FSDP2: weights, gradients and "
+                                 "optimizer state sharded over the processes, sharded checkpoints)",
+                          choices=PARALLEL, resume_ok=True)
     seed: int = param(1337, "seed of the initial weights, dropout and shuffling", min=0)
     eval_every: int = param(REQUIRED, "evaluate every this many steps (0: only at the end)", min=0, resume_ok=True)
     val_tokens: int | None = param(None, "val loss over at most the first val_tokens tokens of the val split (null: "
@@ -89,7 +93,11 @@ class TrainConfig(Section):
                         choices=("final", "best"))
 
     def check(self) -> None:
-        """Warmup fits in the run, and with WSD so does the decay."""
+        """Warmup fits in the run, and with WSD so does the decay; fsdp computes in bf16 or fp32."""
+        if self.parallel == "fsdp" and self.dtype == "float16":
+            raise ParamError("train.dtype", self.dtype, "with train.parallel fsdp needs bfloat16 or float32 (float16's "
+                                                        "loss scaling is not sharded here): set train.dtype: bfloat16, "
+                                                        "or train.parallel: ddp")
         if self.warmup_steps > self.max_steps:
             raise ParamError("train.warmup_steps", self.warmup_steps, f"must be <= train.max_steps={self.max_steps}")
         decay = wsd_decay_steps(self.max_steps, self.decay_frac)

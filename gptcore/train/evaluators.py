@@ -31,28 +31,31 @@ def samples_folder(folder: Path, samples: int, is_main: bool) -> None:
 
 def training_evaluators(cfg: TrainConfig, data: ShardSet, samples_dir: Path, block_size: int, env: DistEnv,
                         dtype: torch.dtype | None, echo: Callable[[str], None] | None = None) -> list[Evaluator]:
-    """The evaluators a `train:` section asks for (val loss, HellaSwag, samples), their data read before training."""
+    """The evaluators a `train:` section asks for (val loss, HellaSwag, samples), their data read before training.
+    With train.parallel fsdp every rank runs the same passes (each block's weights are gathered for each pass)."""
     is_main, batch, tok, device = env.is_main, cfg.val_batch, data.tokenizer, env.device
+    lockstep = cfg.parallel == "fsdp"
     tokens = val_stream(data, scored_count("train.val_tokens", cfg.val_tokens, block_size, data.tokens["val"]))
     out: list[Evaluator] = [lambda model, step: {"val_loss": val_loss(model, tokens, block_size, batch, device, dtype,
-                                                                      env.rank, env.world_size, is_main)}]
+                                                                      env.rank, env.world_size, is_main, lockstep)}]
     if cfg.hellaswag:
         examples = hellaswag_examples(tok, cfg.hellaswag_path, cfg.hellaswag_examples, "train.hellaswag_path",
                                       progress=is_main, block_size=block_size)
 
         def hellaswag(model: torch.nn.Module, step: int) -> dict[str, float]:
             r = score_examples(model, examples, tok.vocab_size, device=device, batch_size=batch, dtype=dtype,
-                               progress=is_main)
+                               progress=is_main, lockstep=lockstep)
             return {"hellaswag_acc_norm": r.acc_norm, "hellaswag_acc": r.acc}
         out.append(hellaswag)
     if cfg.samples > 0:
 
         def samples(model: torch.nn.Module, step: int) -> dict[str, float]:
             """Rank 0 writes samples_dir/step_NNNNNNN.txt; seeded by (seed, step), never the global RNG, so a run
-            with samples resumes bit-exactly."""
-            if is_main:
+            with samples resumes bit-exactly (with fsdp every rank draws the same samples, rank 0 writes them)."""
+            if is_main or lockstep:
                 texts = sample(model, tok, cfg.sample_prompt, cfg.samples, cfg.sample_tokens,
                                seed=cfg.seed * 1_000_003 + step, device=device, dtype=dtype)
+            if is_main:
                 body = "".join(f"--- step {step}, sample {i} ---\n{cfg.sample_prompt}{t}\n\n"
                                for i, t in enumerate(texts))
                 write_text(samples_dir / f"step_{step:07d}.txt", body)

@@ -16,6 +16,7 @@ from gptcore.distributed import all_gather_objects
 from gptcore.errors import UserError
 from gptcore.model.gpt import GPTConfig
 from gptcore.train.optimizers import OPTIMIZERS
+from gptcore.train.sharding import local
 
 if TYPE_CHECKING:
     from gptcore.model.load import ModelConfig
@@ -35,19 +36,34 @@ class StepMemory(UserError):
 def matrix_params(model: GPTConfig, vocab_size: int) -> int:
     """Weights in the matrices of a scratch model of this shape (vocab_size already padded)."""
     c = model.n_embd
-    per_block = 12 * c * c  # attention 4 c^2; MLP 8 c^2 (GELU/ReLU^2) or 3 c * 8/3 c (SwiGLU)
+    per_block = block_params(model)  # attention 4 c^2; MLP 8 c^2 (GELU/ReLU^2) or 3 c * 8/3 c (SwiGLU)
     heads = 1 if model.tie_embeddings else 2
     return model.n_layer * per_block + heads * vocab_size * c
 
 
-def train_bytes(model: GPTConfig, train: TrainConfig, vocab_size: int) -> int:
-    """A lower bound of one training process's memory in bytes: the matrices with their gradients and optimizer state
-    in fp32 (the optimizer's `bytes_per_weight`: AdamW 16, Muon 12) and the 10 n_embd values a token each block keeps
+def train_bytes(model: GPTConfig, train: TrainConfig, vocab_size: int, processes: int = 1,
+                parallel: str = "ddp") -> int:
+    """An estimate of one training process's memory in bytes under `parallel` with `processes` processes: the
+    matrices with their gradients and optimizer state in fp32 (the optimizer's `bytes_per_weight`: AdamW 16, Muon
+    12), whole (ddp, which also keeps a second copy of the gradients in its all-reduce buckets when there are other
+    processes) or sharded (fsdp, plus what it gathers: the root's matrices, and a block's weights and gradients,
+    twice, as the next block's gather overlaps the current one), and the 10 n_embd values a token each block keeps
     for backward."""
     state = OPTIMIZERS[train.optimizer].bytes_per_weight
     act_bytes = 4 if train.dtype == "float32" else 2
     activations = train.micro_batch * model.block_size * model.n_layer * 10 * model.n_embd * act_bytes
-    return matrix_params(model, vocab_size) * state + activations
+    weights = matrix_params(model, vocab_size)
+    if parallel == "fsdp":
+        root = weights - model.n_layer * block_params(model)
+        gathered = 8 * root + 2 * 2 * act_bytes * block_params(model)  # fp32 root; a block in the compute precision
+        return -(-weights * state // processes) + gathered + activations
+    buckets = 4 * weights if processes > 1 else 0
+    return weights * state + buckets + activations
+
+
+def block_params(model: GPTConfig) -> int:
+    """Weights in one block's matrices."""
+    return 12 * model.n_embd * model.n_embd
 
 
 def _cgroup_room() -> int | None:
@@ -71,22 +87,32 @@ def available_bytes(device: torch.device) -> int | None:
 
 
 def check_fits(model: ModelConfig, train: TrainConfig, vocab_size: int, device: torch.device,
-               processes: int = 1) -> None:
-    """A UserError naming the params when training a scratch `model` cannot fit in `device`'s free memory."""
+               processes: int = 1, parallel: str = "ddp") -> None:
+    """A UserError naming the params when training a scratch `model` cannot fit in `device`'s free memory, with the
+    need under fsdp where that would fit and ddp does not."""
     free = available_bytes(device) if model.init_from == "scratch" else None
     if free is None:  # a loaded model's weights are known to fit; MPS cannot tell
         return
-    sharing = processes if device.type == "cpu" else 1
-    need = train_bytes(model, train, vocab_size) * sharing
-    if need <= free:
+    sharing = processes if device.type == "cpu" else 1  # CPU processes share one RAM
+    need = train_bytes(model, train, vocab_size, processes, parallel)
+    if need * sharing <= free:
         return
-    on = f"{processes} processes on the cpu" if sharing > 1 else str(device)
-    raise UserError(
-        f"params.yaml model.n_layer={model.n_layer}, model.n_embd={model.n_embd}, "
-        f"train.micro_batch={train.micro_batch}, model.block_size={model.block_size}: training needs at least "
-        f"{need / GIB:,.1f} GiB ({matrix_params(model, vocab_size) / 1e6:,.0f}M weights with their gradients and "
-        f"optimizer state, and the activations of one micro-batch) and {on} has {free / GIB:,.1f} GiB free: make the "
-        f"model smaller or lower train.micro_batch")
+    weights = matrix_params(model, vocab_size) / 1e6
+    held = (f"1/{processes} of {weights:,.0f}M weights with their gradients and optimizer state, the blocks it "
+            f"gathers" if parallel == "fsdp" else f"{weights:,.0f}M weights with their gradients and optimizer state")
+    has = (f"the {processes} processes on the cpu need {need * sharing / GIB:,.1f} GiB together and it has"
+           if sharing > 1 else f"{device} has")
+    said = (f"params.yaml model.n_layer={model.n_layer}, model.n_embd={model.n_embd}, "
+            f"train.micro_batch={train.micro_batch}, model.block_size={model.block_size}: training with "
+            f"train.parallel={parallel} needs at least {need / GIB:,.1f} GiB a process ({held}, and the activations of "
+            f"one micro-batch); {has} {free / GIB:,.1f} GiB free")
+    sharded = train_bytes(model, train, vocab_size, processes, "fsdp")
+    if parallel == "ddp" and processes > 1 and sharded * sharing <= free:
+        raise UserError(f"{said}. With train.parallel: fsdp each of the {processes} processes would hold 1/{processes} "
+                        f"of the weights, gradients and optimizer state and need about {sharded / GIB:,.1f} GiB: set "
+                        f"train.parallel: fsdp")
+    more = ", or shard it over more GPUs (train.nproc, train.parallel: fsdp)" if sharing == 1 and processes == 1 else ""
+    raise UserError(f"{said}: make the model smaller or lower train.micro_batch{more}")
 
 
 def _proc_status_kib(field: str) -> int | None:
@@ -134,9 +160,10 @@ def budget_bytes(device: torch.device) -> int | None:
 
 
 def state_bytes(params: Iterable[torch.Tensor], optimizers: Iterable[torch.optim.Optimizer]) -> int:
-    """Bytes of the gradients of `params` and of the optimizers' state tensors."""
-    grads = sum(p.grad.nbytes for p in params if p.grad is not None)
-    return grads + sum(v.nbytes for opt in optimizers for st in opt.state.values() for v in st.values()
+    """Bytes this process holds of the gradients of `params` and of the optimizers' state tensors (of a sharded one,
+    its shards)."""
+    grads = sum(local(p.grad).nbytes for p in params if p.grad is not None)
+    return grads + sum(local(v).nbytes for opt in optimizers for st in opt.state.values() for v in st.values()
                        if isinstance(v, torch.Tensor))
 
 

@@ -1,7 +1,7 @@
 """The Trainer: a run wired from its params sections and data (`Trainer.build`), then the loop (gradient accumulation,
-DDP, mixed precision, clipping, evals at a cadence, checkpoints, bit-exact resume) and the export of model/. The loop
-itself knows a model, a batch source (`next_batch`, `state_dict`, `grad_accum`), a checkpoint folder and a logger;
-nothing here knows what a DVC stage is."""
+DDP or FSDP, mixed precision, clipping, evals at a cadence, checkpoints, bit-exact resume) and the export of model/.
+The loop itself knows a model, a batch source (`next_batch`, `state_dict`, `grad_accum`), a checkpoint folder and a
+logger; nothing here knows what a DVC stage is."""
 from __future__ import annotations
 
 import math
@@ -32,7 +32,7 @@ from gptcore.model.lm_loss import loss_chunk_rows
 from gptcore.model.load import ModelConfig, check_spec, init_model
 from gptcore.report.flops import estimate_mfu, model_sizes
 from gptcore.report.steplog import StepLogger, wandb_sinks
-from gptcore.train import checkpoints, memory
+from gptcore.train import checkpoints, memory, sharded_checkpoints, sharding
 from gptcore.train.config import TrainConfig, check_run, fingerprint_params
 from gptcore.train.evaluators import Evaluator, samples_folder, training_evaluators
 from gptcore.train.optimizers import build_optimizers, set_lr
@@ -59,7 +59,7 @@ def preflight(model: ModelConfig, train: TrainConfig, data: ShardSet, model_dir:
             raise UserError(f"model.init_from={model.init_from!r}: {e}") from None
     dev = device.pick_device(train.device, int(os.environ.get("LOCAL_RANK", "0")), key="train.device")
     if dev.type != "cuda" or world == 1 or under_torchrun():
-        memory.check_fits(model, train, model.vocab(data.vocab_size), dev, world)
+        memory.check_fits(model, train, model.vocab(data.vocab_size), dev, world, train.parallel)
 
 
 EVAL_LINE = {"val_loss": "val loss", "hellaswag_acc_norm": "hellaswag acc_norm"}  # what an eval's line shows
@@ -77,7 +77,8 @@ class NonFiniteLoss(UserError):
 
 
 class Trainer:
-    """The training loop over a GPT: DDP, gradient accumulation, mixed precision, clipping, evals, checkpoints."""
+    """The training loop over a GPT: DDP or FSDP, gradient accumulation, mixed precision, clipping, evals,
+    checkpoints."""
 
     def __init__(self, model: GPT, loader: Any, cfg: TrainConfig, env: DistEnv, ckpt_dir: Path, logger: StepLogger,
                  run_params: dict[str, Any], evaluators: list[Evaluator] | None = None,
@@ -92,10 +93,17 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
 
-        self.raw_model = model.to(self.device)
+        self.sharded = cfg.parallel == "fsdp"  # even on one process: its checkpoints are sharded ones
+        self.raw_model = model if self.sharded else model.to(self.device)  # fsdp moves each shard there itself
         # the LM head's path, recorded with the run (a resume keeps it, whatever GPTCORE_LOSS_CHUNK_ELEMENTS says now)
         head = self.raw_model.lm_head.weight
         self.raw_model.loss_chunk_rows = loss_chunk_rows(self.device.type, head.size(0), head.size(1))
+        if self.sharded:
+            if self.dtype == torch.float16:  # bf16 asked for on a GPU without it (TrainConfig refuses float16 itself)
+                raise UserError(f"train.parallel=fsdp: {self.device} has no bf16, and float16's loss scaling is not "
+                                f"sharded here: set train.dtype: float32, or train.parallel: ddp")
+            # the optimizers below hold this rank's shards only
+            sharding.shard_model(self.raw_model, self.dtype, self.device)
         self.optimizer = build_optimizers(self.raw_model, cfg, self.device.type)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         self.schedule = LRSchedule(cfg.max_lr, cfg.max_lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.max_steps,
@@ -111,7 +119,8 @@ class Trainer:
             torch.manual_seed(cfg.seed + env.rank)
 
         self.model: torch.nn.Module = torch.compile(self.raw_model) if cfg.compile else self.raw_model
-        if env.ddp:
+        self.ddp = env.world_size > 1 and not self.sharded
+        if self.ddp:
             self.model = DDP(self.model, device_ids=[env.local_rank] if self.device.type == "cuda" else None)
 
     @classmethod
@@ -139,8 +148,13 @@ class Trainer:
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def _restore(self, ckpt: dict[str, Any]) -> None:
-        self.raw_model.load_state_dict(strip_prefixes(ckpt["model"]))
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        if sharded_checkpoints.FOLDER_KEY in ckpt:  # a sharded checkpoint, into this run's layout, whichever it is
+            sharded_checkpoints.load(ckpt, self.raw_model, self.optimizer, collective=self.sharded)
+        elif self.sharded:  # a ddp run's checkpoint resumed with train.parallel fsdp
+            sharding.load_whole(self.raw_model, self.optimizer, strip_prefixes(ckpt["model"]), ckpt["optimizer"])
+        else:
+            self.raw_model.load_state_dict(strip_prefixes(ckpt["model"]))
+            self.optimizer.load_state_dict(ckpt["optimizer"])
         if ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
         self.loader.load_state_dict(ckpt["loader"])
@@ -158,19 +172,26 @@ class Trainer:
             torch.manual_seed(self.cfg.seed + self.env.rank + 7919 * self.step)
 
     def save(self) -> Path | None:
-        """After `check_finite`, collective (gathers every rank's RNG state); rank 0 writes."""
+        """After `check_finite`, collective (gathers every rank's RNG state); rank 0 writes, or with fsdp every rank
+        writes its shards and rank 0 the rest (the one place a rank other than 0 writes)."""
         self.check_finite()
         rngs = distributed.all_gather_objects(checkpoints.capture_rng())
+        record = {"model_config": asdict(self.raw_model.config),
+                  "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
+                  "loader": self.loader.state_dict(), "rng": rngs, "step": self.step,
+                  "params": self.run_params, "fingerprint": self.fingerprint,
+                  "best": {"val_loss": self.best_val_loss, "step": self.best_step}, "final": dict(self.final),
+                  "lm_loss_chunk_rows": self.raw_model.loss_chunk_rows}
+        if self.sharded:
+            path = sharded_checkpoints.save(self.ckpt_dir, self.step, self.raw_model, self.optimizer, record,
+                                            self.env.is_main)
+            if self.env.is_main:
+                checkpoints.remove_old(self.ckpt_dir, self.cfg.keep_checkpoints)
+        elif self.env.is_main:
+            state = {"model": self.raw_model.state_dict(), **record, "optimizer": self.optimizer.state_dict()}
+            path = checkpoints.save_checkpoint(self.ckpt_dir, self.step, state, self.cfg.keep_checkpoints)
         if not self.env.is_main:
             return None
-        state = {"model": self.raw_model.state_dict(), "model_config": asdict(self.raw_model.config),
-                 "optimizer": self.optimizer.state_dict(),
-                 "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-                 "loader": self.loader.state_dict(), "rng": rngs, "step": self.step,
-                 "params": self.run_params, "fingerprint": self.fingerprint,
-                 "best": {"val_loss": self.best_val_loss, "step": self.best_step}, "final": dict(self.final),
-                 "lm_loss_chunk_rows": self.raw_model.loss_chunk_rows}
-        path = checkpoints.save_checkpoint(self.ckpt_dir, self.step, state, self.cfg.keep_checkpoints)
         # best weights of steps before this checkpoint that it does not point at can go (newer ones never exist here)
         checkpoints.prune_best(self.ckpt_dir, keep_step=self.best_step)
         return path
@@ -178,10 +199,11 @@ class Trainer:
     def describe(self) -> str:
         """One line: parameters, processes x device, precision, gradient accumulation, tokens per step, the LM head's
         path."""
-        n = sum(p.numel() for p in self.raw_model.parameters())
+        n = sum(p.numel() for p in self.raw_model.parameters())  # a DTensor's numel is the whole weight's
         rows = self.raw_model.loss_chunk_rows
         head = f"LM head loss in chunks of {rows} rows" if rows else "LM head loss over all logits at once"
-        return (f"{n / 1e6:.2f}M params, {self.env.world_size} x {self.device}, {self.dtype}, grad accumulation "
+        how = " (fsdp: weights, gradients and optimizer state sharded)" if self.sharded else ""
+        return (f"{n / 1e6:.2f}M params, {self.env.world_size} x {self.device}{how}, {self.dtype}, grad accumulation "
                 f"{self.loader.grad_accum}, {self.cfg.total_batch_tokens:,} tokens/step, {head}")
 
     def export(self, model_dir: Path, data: ShardSet, final: dict[str, float]) -> list[str]:
@@ -189,27 +211,36 @@ class Trainer:
         its data, the tokenizer), then leave the process group; the lines worth showing."""
         self.logger.close()
         notes = []
-        if self.env.is_main:
+        if self.sharded or self.env.is_main:  # sharded weights are gathered by every rank together
             weights, record = self.export_weights()
+        if self.env.is_main:
             record.update(final=final, shards_digest=data.identity)  # the shards it trained on
             notes = export_model(model_dir, weights, data.tokenizer, record,
                                  {"device": self.device.type, "processes": self.env.world_size})
         distributed.teardown()  # every rank leaves the process group once rank 0 has written model/
         return notes
 
-    def export_weights(self) -> tuple[GPT, dict[str, Any]]:
-        """What model/ gets (train.export: the last weights, or the lowest val loss's) and the record saying so."""
+    def export_weights(self) -> tuple[GPT | None, dict[str, Any]]:
+        """What model/ gets (train.export: the last weights, or the lowest val loss's) and the record saying so; the
+        weights are on the CPU, whole (with fsdp a collective: every rank calls it, rank 0 gets them, the others
+        None), so that model/ is the same bytes whatever the device or train.parallel."""
         record: dict[str, Any] = {"step": self.step, "export": self.cfg.export,
                                   "lm_loss_chunk_rows": self.raw_model.loss_chunk_rows}
-        if self.cfg.export != "best":
-            return self.raw_model, record
-        if self.best_step is None:
+        if self.cfg.export == "best" and self.best_step is None:
             raise UserError("train.export=best: no finite val loss was measured, so there are no best weights to "
                              "export (see val_loss in metrics/train)")
-        best = checkpoints.load_best(self.ckpt_dir, self.best_step, self.fingerprint)
-        self.raw_model.load_state_dict(best["model"])
-        return self.raw_model, {**record, "step": self.best_step, "best_step": self.best_step,
-                                "best_val_loss": self.best_val_loss, "trained_steps": self.step}
+        if self.cfg.export == "best":
+            record.update(step=self.best_step, best_step=self.best_step, best_val_loss=self.best_val_loss,
+                          trained_steps=self.step)
+        if self.sharded and self.cfg.export != "best":
+            return sharding.whole_model(self.raw_model), record
+        if not self.env.is_main:
+            return None, record
+        weights = self.raw_model if not self.sharded else sharding.empty_gpt(self.raw_model.config)
+        if self.cfg.export == "best":
+            weights.load_state_dict(checkpoints.load_best(self.ckpt_dir, self.best_step, self.fingerprint)["model"])
+        weights.loss_chunk_rows = self.raw_model.loss_chunk_rows
+        return weights.to("cpu"), record
 
     # -- the steps ---------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -217,13 +248,16 @@ class Trainer:
         export=best, rank 0 keeps a new lowest val loss's weights (checkpoints/best_<step>.pt survives a kill)."""
         self.check_finite()
         out: dict[str, float] = {}
-        for ev in self.evaluators:
-            out.update(ev(self.raw_model, self.step))
+        with sharding.evaluating(self.raw_model):  # fsdp: every rank runs every evaluator's passes
+            for ev in self.evaluators:
+                out.update(ev(self.raw_model, self.step))
         if self.cfg.export == "best" and (val_loss := out.get("val_loss")) is not None:
             if val_loss < self.best_val_loss:  # NaN never counts as better
                 self.best_val_loss, self.best_step = val_loss, self.step
+                state = sharding.full_state_dict(self.raw_model) if self.sharded else self.raw_model.state_dict()
                 if self.env.is_main:
-                    checkpoints.save_best(self.ckpt_dir, self.step, self.raw_model, val_loss, self.fingerprint)
+                    checkpoints.save_best(self.ckpt_dir, self.step, state, asdict(self.raw_model.config), val_loss,
+                                          self.fingerprint)
             out.update(best_val_loss=self.best_val_loss, best_step=self.best_step)
         self.logger.log(self.step, out)
         if self.env.is_main:  # nanoGPT's line, above the progress bar
@@ -242,8 +276,10 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(accum):
             x, y = (t.to(self.device, non_blocking=True) for t in self.loader.next_batch())
-            # Only the last micro step all-reduces gradients.
-            sync = nullcontext() if (not self.env.ddp or micro == accum - 1) else self.model.no_sync()
+            # ddp: only the last micro step all-reduces gradients. fsdp reduce-scatters every micro step's: a rank
+            # holds only its shard of the gradients, never the whole (the memory fsdp is chosen for), and each
+            # block's weights are gathered again for each micro step's forward and backward
+            sync = nullcontext() if (not self.ddp or micro == accum - 1) else self.model.no_sync()
             with sync:
                 with self.autocast:
                     _, loss = self.model(x, y)
@@ -257,7 +293,7 @@ class Trainer:
             self.scaler.unscale_(opt)
         # train.muon_clip false: the clip (and grad_norm) covers AdamW's parameters only
         clipped = self.raw_model.parameters() if self.optimizer.clip_params is None else self.optimizer.clip_params
-        grad_norm = torch.nn.utils.clip_grad_norm_(clipped, cfg.grad_clip)
+        grad_norm = sharding.clip_grad_norm(clipped, cfg.grad_clip)
         for opt in self.optimizer:
             self.scaler.step(opt)
         self.scaler.update()

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 # torch.optim.Muon's private Newton-Schulz iteration and shape scaling: a matrix Muon updates whole gets torch's update
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
@@ -25,7 +26,11 @@ def hidden_matrices(model: GPT) -> list[nn.Parameter]:
 
 class Muon(torch.optim.Muon):
     """torch.optim.Muon whose groups may carry "row_blocks" k: each parameter stores k matrices stacked by rows (the
-    fused q/k/v), each orthogonalised and shape-scaled on its own; with k = 1 the update is torch's, step for step."""
+    fused q/k/v), each orthogonalised and shape-scaled on its own; with k = 1 the update is torch's, step for step.
+
+    A weight sharded by FSDP (a DTensor, each rank holding some of its rows) is orthogonalised whole: its update is
+    gathered, every rank runs Newton-Schulz on the whole matrix and keeps its own rows of the result. So the step is
+    the unsharded one, at the cost of one gather per matrix and the iteration repeated on every rank."""
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -42,11 +47,21 @@ class Muon(torch.optim.Muon):
                 buf.lerp_(grad, 1 - momentum)
                 update = grad.lerp(buf, momentum) if group["nesterov"] else buf
                 param.mul_(1 - lr * wd)  # momentum and decay are elementwise: the same fused or not
+                if isinstance(param, DTensor):  # this rank's rows only: orthogonalise the whole matrix
+                    whole = update.full_tensor()
+                    parts = [self._orthogonal(u, group) for u in whole.chunk(k, dim=0)]
+                    alpha = -_adjust_lr(lr, group["adjust_lr_fn"], parts[0].shape)  # the k parts share a shape
+                    mine = distribute_tensor(torch.cat(parts), param.device_mesh, param.placements, src_data_rank=None)
+                    param.add_(mine, alpha=alpha)
+                    continue
                 for p_part, u_part in zip(param.chunk(k, dim=0), update.chunk(k, dim=0)):
-                    ortho = _zeropower_via_newtonschulz(u_part, group["ns_coefficients"], group["ns_steps"],
-                                                        group["eps"])
+                    ortho = self._orthogonal(u_part, group)
                     p_part.add_(ortho, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p_part.shape))
         return loss
+
+    @staticmethod
+    def _orthogonal(update: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
+        return _zeropower_via_newtonschulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
 
 
 def muon_groups(model: GPT) -> list[dict[str, Any]]:

@@ -1,0 +1,184 @@
+"""ddp against fsdp at two gloo ranks on the CPU: each rank's peak memory and the step time, and the estimate
+gptcore/train/memory.py makes before allocating, against the measured peak.
+
+A round launches the two ranks once per mode, the modes taking turns (ddp, fsdp, ddp, fsdp, ...), so a drift of the
+machine lands on both alike. In a launch each rank builds the same GPT (the trainer's own path: Trainer with
+train.parallel ddp or fsdp, AdamW, fp32), steps it --warmup untimed steps then --steps timed ones on random tokens,
+and reports:
+- peak: the most its resident memory reached during the steps (Linux's high-water mark, reset once the model and
+  trainer are built), less what the process held before the model existed (Python, torch, gloo): what training
+  adds. glibc returns freed blocks over 128 KiB at once (MALLOC_MMAP_THRESHOLD_ fixed), so a freed gathered block
+  leaves the resident set and is not counted as held;
+- the step time, the median of its timed steps;
+- memory.train_bytes' estimate for that rank, made from the params alone.
+A round's figure of a mode is the worse of its two ranks. Each figure printed is the median over rounds with the
+range (min-max), and the fsdp/ddp ratios the medians of the per-round ratios. Not controlled: other work on the
+machine (the two ranks share its cores with it), the allocator's own rounding, the kernel's page accounting.
+
+    python bench/bench_parallel.py                  # 16 blocks of 512 wide, 5 rounds of each mode, a few minutes
+    python bench/bench_parallel.py --tiny           # 8 blocks of 64 wide, 2 rounds: checks the script runs (CI)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.rounds import fmt, ratios  # noqa: E402
+
+GIB = 1 << 30
+MODES = ("ddp", "fsdp")
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One rank of one launch (under torchrun): build, step, measure; rank 0 prints every rank's figures as JSON."""
+    import torch
+
+    from gptcore import distributed
+    from gptcore.model.gpt import GPT, GPTConfig
+    from gptcore.model.load import ModelConfig
+    from gptcore.train import memory
+    from gptcore.train.config import TrainConfig
+    from gptcore.train.trainer import Trainer
+
+    torch.set_num_threads(1)
+    env = distributed.setup("cpu")
+    cpu = torch.device("cpu")
+    base = memory.held_bytes(cpu)  # the process before any weight
+    shape = dict(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=args.block_size)
+    model_cfg = ModelConfig.read({**shape, "vocab_size": args.vocab})
+    tokens = args.micro_batch * args.block_size * env.world_size
+    cfg = TrainConfig.read(dict(parallel=args.parallel, micro_batch=args.micro_batch, total_batch_tokens=tokens,
+                                max_steps=args.warmup + args.steps, warmup_steps=0, max_lr=1e-3, dtype="float32",
+                                eval_every=0, val_tokens=args.block_size, ckpt_every=10**6))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**shape, vocab_size=args.vocab))
+
+    class Batches:
+        grad_accum = 1
+        gen = torch.Generator().manual_seed(env.rank)
+
+        def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+            b = torch.randint(0, args.vocab, (args.micro_batch, args.block_size + 1), generator=self.gen)
+            return b[:, :-1], b[:, 1:]
+
+        def state_dict(self) -> dict:
+            return {}
+
+    class Quiet:
+        def log(self, step: int, metrics: dict) -> None: ...
+        def log_constants(self, metrics: dict) -> None: ...
+        def close(self) -> None: ...
+
+    with tempfile.TemporaryDirectory() as ckpt:
+        trainer = Trainer(model, Batches(), cfg, env, Path(ckpt), Quiet(), {})
+        del model
+        memory.reset_peak(cpu)  # from here: the steps, with the weights (and gradients, state) they hold
+        times = []
+        for i in range(args.warmup + args.steps):
+            t0 = time.perf_counter()
+            float(trainer.train_step()["train_loss"])
+            trainer.step += 1
+            if i >= args.warmup:
+                times.append(time.perf_counter() - t0)
+        mine = {"rank": env.rank, "peak": memory.peak_bytes(cpu) - base, "base": base,
+                "step_s": statistics.median(times),
+                "estimate": memory.train_bytes(model_cfg, cfg, args.vocab, env.world_size, args.parallel)}
+        every = distributed.all_gather_objects(mine)
+    if env.is_main:
+        print("RESULT " + json.dumps(every), flush=True)
+    distributed.teardown()
+
+
+def launch(args: argparse.Namespace, mode: str) -> list[dict[str, Any]]:
+    """One launch of `--nproc` ranks in `mode`; every rank's figures."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+           str(Path(__file__).resolve()), "--worker", "--parallel", mode, *shape_args(args)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+    if out.returncode or not lines:
+        raise SystemExit(f"the {mode} launch failed (exit {out.returncode}):\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def shape_args(args: argparse.Namespace) -> list[str]:
+    return [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
+            ("n_layer", "n_head", "n_embd", "block_size", "vocab", "micro_batch", "steps", "warmup")]
+
+
+def measure(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
+    """--rounds rounds, the modes taking turns; per mode, per round: the worse rank's peak, step time, estimate."""
+    out = {m: {"peak": [], "step_s": [], "estimate": []} for m in MODES}
+    for r in range(args.rounds):
+        for mode in MODES:
+            ranks = launch(args, mode)
+            worst = max(ranks, key=lambda x: x["peak"])
+            for key in out[mode]:
+                out[mode][key].append(max(x[key] for x in ranks) if key != "estimate" else worst[key])
+        print(f"[rounds] round {r + 1} of {args.rounds} done", flush=True)
+    return out
+
+
+def report(args: argparse.Namespace, figures: dict[str, dict[str, list[float]]]) -> None:
+    """The table: each mode's peak, estimate and step time (medians with ranges), then fsdp / ddp."""
+    params = 12 * args.n_embd ** 2 * args.n_layer + args.vocab * args.n_embd
+    print(f"{args.nproc} gloo ranks on the CPU, 1 thread each; {args.n_layer} blocks x {args.n_embd} wide "
+          f"({params / 1e6:.1f}M matrix weights), block {args.block_size}, micro batch {args.micro_batch}, fp32, "
+          f"AdamW; {args.steps} timed steps a launch after {args.warmup}; {args.rounds} rounds")
+    print(f"{'mode':5} {'peak MiB (training adds)':>26} {'estimate MiB':>14} {'estimate / peak':>17} "
+          f"{'step ms':>22}")
+    for mode, f in figures.items():
+        share, estimate = ratios(f["estimate"], f["peak"]), statistics.median(f["estimate"]) / (1 << 20)
+        print(f"{mode:5} {fmt(f['peak'], '.0f', 1 / (1 << 20)):>26} {estimate:14.0f} {fmt(share, '.2f'):>17} "
+              f"{fmt(f['step_s'], '.0f', 1e3):>22}")
+    print(f"fsdp / ddp: peak {fmt(ratios(figures['fsdp']['peak'], figures['ddp']['peak']), '.2f')}, step time "
+          f"{fmt(ratios(figures['fsdp']['step_s'], figures['ddp']['step_s']), '.2f')}")
+
+
+def main_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's options (a test launches with them too)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n-layer", type=int, default=16)
+    ap.add_argument("--n-head", type=int, default=8)
+    ap.add_argument("--n-embd", type=int, default=512)
+    ap.add_argument("--block-size", type=int, default=64)
+    ap.add_argument("--vocab", type=int, default=512, help="a small vocabulary: the blocks' weights dominate")
+    ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=4, help="timed steps a launch")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed first steps (the optimizer state appears)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--tiny", action="store_true", help="8 blocks of 64 wide, 2 rounds: checks the script runs")
+    ap.add_argument("--json", action="store_true", help="print the per-round figures as JSON too")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--parallel", choices=MODES, help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Measure and print (see the module docstring); under torchrun with --worker, one rank of one launch."""
+    args = main_args(argv)
+    if args.worker:
+        worker(args)
+        return
+    if args.tiny:
+        args.n_layer, args.n_head, args.n_embd, args.rounds, args.steps, args.warmup = 8, 2, 64, 2, 2, 1
+    figures = measure(args)
+    report(args, figures)
+    if args.json:
+        print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
