@@ -21,6 +21,21 @@ class UserError(Exception):
     file: str = ""
 
 
+class MissingPackage(UserError):
+    """An optional package a param needs is not installed; the message says how to install it."""
+
+
+DEV_INSTALL = "pip install -r requirements-dev.txt"  # the pinned optional packages (README's test line)
+
+
+def require(module: str, key: str, install: str = DEV_INSTALL) -> None:
+    """MissingPackage naming `key` and `install` where `module` is not importable: said before any long pass."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise MissingPackage(f"{key} needs the package {module} (not installed): {install}")
+
+
 def message(e: UserError) -> str:
     """`e` on one line: `<file> message` (a wrapped message may span lines)."""
     text = " ".join(str(e).split())

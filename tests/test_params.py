@@ -170,3 +170,24 @@ def test_a_field_s_annotation_is_its_type_and_null_or_a_literal_are_allowed_by_i
                       ({}, "toy.need=None: required (no default)")):
         with pytest.raises(ParamError, match=re.escape(says)):
             Toy.read(bad)
+
+
+def test_a_param_whose_package_is_not_installed_is_refused_before_any_pass_with_the_install_line(monkeypatch):
+    """The quick start's install leaves out W&B and lm-eval: asking for them is one line naming the key and the pinned
+    install, from the checks train and evaluate run before their first step (not an ImportError mid-run)."""
+    import importlib.util
+
+    from gptcore.errors import MissingPackage
+    from gptcore.eval.config import check_scoring
+
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("wandb", "lm_eval")
+                        else find(name, *a))
+    params = yaml.safe_load((ROOT / "params.yaml").read_text(encoding="utf-8"))
+    with pytest.raises(MissingPackage, match=r"^train.wandb_log needs the package wandb \(not installed\): pip "
+                                             r"install -r requirements-dev.txt"):
+        TrainConfig.read({**params["train"], "wandb_log": True})
+    evaluation = EvalConfig.read({**params["eval"], "lm_eval_tasks": ["hellaswag"]})
+    with pytest.raises(MissingPackage, match=r"^eval.lm_eval_tasks needs the package lm_eval"):
+        check_scoring(evaluation, 64, None)
+    TrainConfig.read(params["train"])  # not asked for: nothing needed

@@ -23,7 +23,7 @@ from tiktoken_ext.openai_public import r50k_pat_str
 
 from gptcore.atomic import atomic_path, atomic_write, file_sha256, write_text
 from gptcore.data.shards import MANIFEST, read_manifest
-from gptcore.errors import NotRepresentable, UserError
+from gptcore.errors import MissingPackage, NotRepresentable, UserError
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as HFTokenizerObject
@@ -51,10 +51,6 @@ QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}
 CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|"""
                   r"""\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
 TIKTOKEN_PATTERNS = {"qwen2": (QWEN2_PATTERN, True), "gpt2": (r50k_pat_str, False), "cl100k": (CL100K_PATTERN, False)}
-
-
-class MissingPackage(UserError):
-    """An optional package a tokenizer or encoder needs is not installed; the message says how to install it."""
 
 
 def _byte_chars() -> tuple[str, ...]:

@@ -7,6 +7,7 @@ import numpy as np
 
 from gptcore.data.shard_set import ShardSet
 from gptcore.device import DEVICES, DTYPES
+from gptcore.errors import DEV_INSTALL, require
 from gptcore.eval.tasks import TASKS
 from gptcore.eval.val_loss import scored_count, val_stream
 from gptcore.params import REQUIRED, Section, param
@@ -60,6 +61,8 @@ def scored_tokens(cfg: EvalConfig, block_size: int, data: ShardSet) -> np.ndarra
 
 def check_scoring(cfg: EvalConfig, block_size: int, data: ShardSet) -> None:
     """What evaluate will meet before its passes, checked now: the val tokens, and a task cut from them (cloze)."""
+    if cfg.lm_eval_tasks:
+        require("lm_eval", "eval.lm_eval_tasks", f"{DEV_INSTALL} (or pip install -e '.[lm-eval]')")
     tokens = scored_tokens(cfg, block_size, data)
     if cfg.task == "cloze":  # HellaSwag's file is evaluate's own to read (or download)
         TASKS["cloze"].examples(cfg, data.tokenizer, tokens, block_size, False)

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gptcore.device import DEVICES, DTYPES
+from gptcore.errors import DEV_INSTALL, require
 from gptcore.eval.val_loss import scored_count
 from gptcore.model.load import ModelConfig
 from gptcore.params import REQUIRED, ParamError, Section, param
@@ -93,7 +94,9 @@ class TrainConfig(Section):
                         choices=("final", "best"))
 
     def check(self) -> None:
-        """Warmup fits in the run, and with WSD so does the decay; fsdp computes in bf16 or fp32."""
+        """Warmup fits in the run, and with WSD so does the decay; fsdp computes in bf16 or fp32; W&B is installed."""
+        if self.wandb_log:
+            require("wandb", "train.wandb_log", f"{DEV_INSTALL} (or pip install -e '.[wandb]')")
         if self.parallel == "fsdp" and self.dtype == "float16":
             raise ParamError("train.dtype", self.dtype, "with train.parallel fsdp needs bfloat16 or float32 (float16's "
                                                         "loss scaling is not sharded here): set train.dtype: bfloat16, "
