@@ -1,5 +1,6 @@
 """gptcore.report.plots and baselines: the plot data the compare stage writes, dvc.yaml's plot definitions, \
 offline rendering."""
+import html as html_module
 import io
 import json
 import os
@@ -331,34 +332,52 @@ def shifted_live(src: Path, dst: Path, shift: float) -> Path:
     return dst
 
 
-@pytest.fixture(scope="module")
-def two_run_repo(tmp_path_factory) -> Path:
-    """A git repository with this checkout's plot definitions (dvc.yaml's plots, .dvc/plots/, .dvc/config) and the
-    compare stage's plot data of two runs, committed and tagged: `base`, the committed quick start, comparable with
-    no baseline (as compare says of it); `lower`, the same 0.3 nats lower and comparable with GPT-2 124M's val loss."""
-    tmp = tmp_path_factory.mktemp("plots")
-    repo = tmp / "repo"
+def plots_repo(repo: Path) -> None:
+    """An empty git repository with this checkout's plot definitions: dvc.yaml's top-level plots, and the train stage
+    with its dvclive plots (DVC's per-metric plots, drawn with DVC's own template), .dvc/plots/, .dvc/config."""
     (repo / ".dvc").mkdir(parents=True)
     shutil.copy(ROOT / ".dvc" / "config", repo / ".dvc" / "config")
     shutil.copytree(ROOT / ".dvc" / "plots", repo / ".dvc" / "plots")
-    definitions = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["plots"]
-    (repo / "dvc.yaml").write_text(yaml.safe_dump({"plots": definitions}, sort_keys=False), encoding="utf-8")
+    dvc_yaml = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))
+    train = {"cmd": dvc_yaml["stages"]["train"]["cmd"], "plots": dvc_yaml["stages"]["train"]["plots"]}
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"train": train}, "plots": dvc_yaml["plots"]},
+                                                  sort_keys=False), encoding="utf-8")
     (repo / ".gitignore").write_text((ROOT / ".gitignore").read_text(encoding="utf-8"), encoding="utf-8")
+    git(repo, "init", "-q")
 
-    def git(*args: str) -> None:
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
-                       capture_output=True, timeout=60)
 
-    git("init", "-q")
-    baselines = read_baselines(ROOT / "conf" / "baselines.yaml")
-    for tag, shift, comparable, cloze in (("base", 0.0, False, 0.288), ("lower", -0.3, True, 0.301)):
-        live = shifted_live(QUICKSTART_LIVE, tmp / tag, shift)
-        judged = {"gpt2_124m_val_loss": comparable, "gpt2_124m_hellaswag_acc_norm": False,
-                  "gpt3_124m_hellaswag_acc_norm": False}
-        plots.write_plot_data(live, baselines, repo / "metrics" / "plots", {"cloze": cloze}, judged)
-        git("add", "-A")
-        git("commit", "-qm", tag)
-        git("tag", tag)
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                   capture_output=True, timeout=60)
+
+
+def commit_run(repo: Path, tag: str, live: Path, cloze: float, comparable: bool, extra: Iterable[str] = ()) -> None:
+    """The run whose dvclive curves are in `live` committed to `repo` and tagged: its dvclive folder (the per-metric
+    plots) and the compare stage's plot data, comparable with GPT-2 124M's val loss or not; `extra`: dvclive metrics
+    it logs besides (a flat curve each), which the other runs lack."""
+    for name in extra:
+        write_live(live, name, [(s, 0.5) for s in range(0, 200, 10)])
+    judged = {"gpt2_124m_val_loss": comparable, "gpt2_124m_hellaswag_acc_norm": False,
+              "gpt3_124m_hellaswag_acc_norm": False}
+    plots.write_plot_data(live, read_baselines(ROOT / "conf" / "baselines.yaml"), repo / PLOT_DATA,
+                          {"cloze": cloze}, judged)
+    shutil.rmtree(repo / LIVE_DIR, ignore_errors=True)
+    shutil.copytree(live / "plots", repo / LIVE_DIR / "plots")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", tag)
+    git(repo, "tag", tag)
+
+
+@pytest.fixture(scope="module")
+def two_run_repo(tmp_path_factory) -> Path:
+    """A git repository with this checkout's plot definitions (plots_repo) and two runs, committed and tagged
+    (commit_run): `base`, the committed quick start, comparable with no baseline (as compare says of it); `lower`, the
+    same 0.3 nats lower, comparable with GPT-2 124M's val loss, and with a learning-rate curve `base` lacks."""
+    tmp = tmp_path_factory.mktemp("plots")
+    repo = tmp / "repo"
+    plots_repo(repo)
+    commit_run(repo, "base", shifted_live(QUICKSTART_LIVE, tmp / "base", 0.0), 0.288, False)
+    commit_run(repo, "lower", shifted_live(QUICKSTART_LIVE, tmp / "lower", -0.3), 0.301, True, extra=["lr"])
     return repo
 
 
@@ -523,9 +542,8 @@ def test_dvc_plots_diff_page_draws_in_a_headless_browser(diff_page):
     browser_draws(diff_page, ["loss", "loss_vs_tokens", "val_loss_vs_tokens_log", "acc_norm"])
 
 
-def browser_draws(page: Path, plot_ids: Iterable[str]) -> None:
-    """Open the page in headless Chromium with the network cut off: every plot's div holds Vega's drawing (SVG marks
-    or a canvas), not only DVC's script."""
+def chromium_dom(page: Path) -> subprocess.CompletedProcess:
+    """The page's DOM after headless Chromium has drawn it, with the network cut off (stdout)."""
     browser = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
     if browser is None:
         pytest.skip("no headless Chromium here: the page was checked for its inlined bundle only")
@@ -534,12 +552,137 @@ def browser_draws(page: Path, plot_ids: Iterable[str]) -> None:
                            "--virtual-time-budget=20000", "--dump-dom", page.as_uri()],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
+def browser_draws(page: Path, plot_ids: Iterable[str]) -> None:
+    """Open the page in headless Chromium with the network cut off: every plot's div holds Vega's drawing (SVG marks
+    or a canvas), not only DVC's script."""
+    proc = chromium_dom(page)
     divs = {m.group(1): m.end() for m in re.finditer(r'<div id="([^"]+)" class="vega-embed', proc.stdout)}
     ends = sorted(divs.values()) + [len(proc.stdout)]
     for plot_id in plot_ids:
         assert plot_id in divs, f"{plot_id}: vegaEmbed drew nothing there\n{proc.stderr[-2000:]}"
         body = proc.stdout[divs[plot_id]: ends[ends.index(divs[plot_id]) + 1]]
         assert "role-mark" in body or "<canvas" in body, f"{plot_id}: no marks drawn"
+
+
+# Added to a copy of a page DVC wrote, to read what Vega draws there: after the page's own script has drawn the
+# plots (DVC's vegaEmbed calls wait in window.gptcoreQueued for it, which passes them on as it leaves them), each
+# queued spec is drawn again, off screen, by the page's vegaEmbed; the views' colour scale (revision -> colour), y
+# scale domain and y axis labels go into the page as JSON, per plot div.
+_PROBE = """<script type="module">
+const plots = {};
+for (const [el, spec, opt] of window.gptcoreQueued || []) {
+  const box = document.createElement("div");
+  document.body.append(box);
+  const {view} = await window.vegaEmbed(box, spec, opt);
+  await view.runAsync();
+  const color = view.scale("color"), y = view.scale("y"), yLabels = [];
+  const walk = (node, left) => {
+    for (const item of node.items || []) {
+      const inLeftAxis = left || (node.role === "axis" && item.orient === "left");
+      if (inLeftAxis && node.role === "axis-label") yLabels.push(item.text);
+      walk(item, inLeftAxis);
+    }
+  };
+  walk(view.scenegraph().root, false);
+  plots[el.replace(/^#/, "")] = {
+    colors: color ? Object.fromEntries(color.domain().map((rev) => [rev, color(rev)])) : null,
+    y: y ? y.domain() : null,
+    yLabels,
+  };
+  box.remove();
+}
+const out = document.createElement("pre");
+out.id = "gptcore-probe";
+out.textContent = JSON.stringify(plots);
+document.body.append(out);
+</script>"""
+
+
+def browser_probe(page: Path) -> dict[str, dict]:
+    """{plot div id: {"colors": {rev: colour}, "y": [y domain], "yLabels": [...]}} of the plots Vega draws on the
+    page (a copy of it, with _PROBE added) in headless Chromium."""
+    html = page.read_text(encoding="utf-8")
+    calls = len(re.findall(r"vegaEmbed\('#[^']+', spec\)", html))
+    assert calls, "no vegaEmbed call of DVC's on the page"
+    body, end, tail = html.rpartition("</body>")
+    probed = page.with_name("probed.html")
+    probed.write_text(body + _PROBE + end + tail, encoding="utf-8")
+    dom = chromium_dom(probed).stdout
+    found = re.search(r'<pre id="gptcore-probe">(.*?)</pre>', dom, re.S)
+    assert found, f"the probe wrote nothing: the page drew no view\n{dom[-2000:]}"
+    views = json.loads(html_module.unescape(found.group(1)))
+    assert len(views) == calls, f"{calls} plots on the page, {len(views)} drawn: {sorted(views)}"
+    return views
+
+
+@pytest.fixture(scope="module")
+def diff_views(diff_page) -> dict[str, dict]:
+    """What Vega draws on the page of `dvc plots diff base lower` (browser_probe)."""
+    return browser_probe(diff_page)
+
+
+def test_the_page_gives_each_run_one_colour_in_every_plot(diff_views):
+    """Ours and DVC's per-metric plots alike, and `lr`, which only `lower` logged: DVC colours each plot apart, by the
+    revisions that have data there, so `lower` took the first colour in it unless the page gives every plot one
+    scale."""
+    assert {"loss", "acc_norm", "metrics_train_plots_metrics_train_loss_tsv",
+            "metrics_train_plots_metrics_lr_tsv"} <= set(diff_views)
+    colours: dict[str, set[str]] = {}
+    for plot_id, view in diff_views.items():
+        assert view["colors"], f"{plot_id}: no colour scale"
+        for rev, colour in view["colors"].items():
+            colours.setdefault(rev, set()).add(colour)
+    assert set(colours) == {"base", "lower"}
+    assert all(len(c) == 1 for c in colours.values()), f"a run in more than one colour: {colours}"
+    # DVC's first two colours, in its order of the revisions: as its own plots have them where every plot has both
+    from dvc_render.vega import OPTIONAL_ANCHOR_RANGES
+
+    assert colours == {"base": {OPTIONAL_ANCHOR_RANGES["color"][0]}, "lower": {OPTIONAL_ANCHOR_RANGES["color"][1]}}
+
+
+def test_the_files_give_each_run_one_colour_in_every_plot(two_runs_specs):
+    """gptcore-render-plots colours as the page does: one scale, the revisions in DVC's order, DVC's colours."""
+    from dvc_render.vega import OPTIONAL_ANCHOR_RANGES
+
+    assert list(plots.RUN_COLORS) == OPTIONAL_ANCHOR_RANGES["color"]  # what DVC colours its own plots with
+    revs = plots.page_revisions(two_runs_specs.values())
+    assert revs == ["base", "lower"]
+    assert plots.page_revisions([two_runs_specs["metrics/train/plots/metrics/lr.tsv"]]) == ["lower"]
+    scales = []
+
+    def collect(node, key=""):
+        if isinstance(node, list):
+            for v in node:
+                collect(v)
+        elif isinstance(node, dict) and key != "data":
+            if key == "color" and node.get("field") == "rev":
+                scales.append(node["scale"])
+            for k, v in node.items():
+                collect(v, k)
+
+    for spec in two_runs_specs.values():
+        collect(plots.color_runs_alike(spec, revs))
+    assert len(scales) >= len(two_runs_specs)
+    assert all(s == {"domain": revs, "range": list(plots.RUN_COLORS[:2])} for s in scales), scales
+    # and the templates alone colour as DVC does where every plot has every run: its colours, in its order
+    for name in ("gptcore_lines", "gptcore_lines_logx", "gptcore_acc_norm"):
+        template = (ROOT / ".dvc" / "plots" / f"{name}.json").read_text(encoding="utf-8")
+        assert template.count('"field": "rev", "type": "nominal"') == template.count('"sort": null') >= 1, name
+        assert template.count(json.dumps(list(plots.RUN_COLORS))) == template.count('"sort": null'), name
+
+
+def test_readme_plot_command_sets_the_workspace_beside_the_committed_run(two_run_repo, tmp_path):
+    """`dvc plots diff` with no revision: the workspace alone while it is the committed run (above), the workspace
+    and HEAD once it holds another run's results (here `base`'s, checked out over `lower`'s)."""
+    repo = tmp_path / "repo"
+    shutil.copytree(two_run_repo, repo, ignore=shutil.ignore_patterns("dvc_plots*"))
+    subprocess.run(["git", "checkout", "base", "--", "metrics"], cwd=repo, check=True, capture_output=True)
+    out = json.loads(dvc(repo, "plots", "diff", "--json"))
+    assert not out.get("errors"), out["errors"]
+    assert out["data"]["loss"][0]["revisions"] == ["workspace", "HEAD"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from gptcore.atomic import atomic_write
 from gptcore.errors import UserError, one_line_errors
@@ -112,6 +112,43 @@ def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir:
     return [*written, out_dir / "baselines.tsv"]
 
 
+# --- one colour per run (DVC's revision) on the whole page ---
+
+# DVC's colours for revisions, given in the order it lists them: what its own plots (the per-metric ones) take, from
+# a template's <DVC_METRIC_COLOR>. Ours take them too (.dvc/plots/: `"sort": null`, the revisions in the data's order,
+# which is DVC's). DVC fills each plot apart, with the revisions that have data there, so a revision missing from one
+# plot would shift the others' colours in it: the page and the files give every plot one scale, page_revisions'
+# revisions over these colours.
+RUN_COLORS = ("#945dd6", "#13adc7", "#f46837", "#48bb78", "#4299e1", "#ed8936", "#f56565")
+
+
+def page_revisions(specs: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The revisions (`rev`) of the data of all these Vega-Lite specs, in DVC's order: as the plot holding the most of
+    them lists them (DVC's data go revision by revision), then the others' as they come."""
+    per_plot = [list(dict.fromkeys(row["rev"] for row in (spec.get("data") or {}).get("values") or []
+                                   if isinstance(row, dict) and row.get("rev") is not None))
+                for spec in specs]
+    per_plot.sort(key=len, reverse=True)  # stable: among plots of as many revisions, page order
+    return list(dict.fromkeys(rev for revs in per_plot for rev in revs))
+
+
+def color_runs_alike(spec: Mapping[str, Any], revs: list[str]) -> dict[str, Any]:
+    """A copy of `spec` whose every colour encoding by `rev` maps `revs` onto RUN_COLORS (the page does the same)."""
+    scale = {"domain": list(revs), "range": [RUN_COLORS[i % len(RUN_COLORS)] for i in range(len(revs))]}
+
+    def walk(node: Any, key: str = "") -> Any:
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if not isinstance(node, dict) or key == "data":
+            return node
+        out = {k: walk(v, k) for k, v in node.items()}
+        if key == "color" and out.get("field") == "rev":
+            out["scale"] = {**scale}
+        return out
+
+    return walk(dict(spec))
+
+
 # --- rendering DVC's plots to files ---
 
 FORMATS = ("png", "svg", "html")
@@ -144,12 +181,13 @@ def render_plots(plots: Mapping[str, Any], out_dir: str | Path = PNG_DIR, fmt: s
     convert = {"png": lambda s: vlc.vegalite_to_png(s, scale=scale), "svg": lambda s: vlc.vegalite_to_svg(s).encode(),
                "html": lambda s: vlc.vegalite_to_html(s, bundle=True).encode()}
     written = []
+    revs = page_revisions(r["content"] for rs in data.values() for r in rs if r.get("type") == "vega")
     for name, renderers in data.items():
         for i, r in enumerate(renderers):
             if r.get("type") != "vega":
                 log(f"[plots] {name}: {r.get('type')} plot left out (only Vega plots are rendered)")
                 continue
-            spec = dict(r["content"])
+            spec = color_runs_alike(r["content"], revs)  # each run one colour in all files, as on the page
             if not spec.get("data", {}).get("values"):
                 log(f"[plots] {name}: no data in any revision, skipped")
                 continue
@@ -173,13 +211,30 @@ _DVC_PLACEHOLDERS = ("{plot_divs}", "{refresh_tag}", "{scripts}")
 # its top-level names cannot clash with the divs' `var spec`), so the calls wait in a queue, which it then draws.
 _QUEUE = ("window.vegaEmbed = (el, spec, opt) => "
           "(window.gptcoreQueued = window.gptcoreQueued || []).push([el, spec, opt]);")
+# Before drawing, every colour encoding by revision gets one scale, in the queued spec itself: the page's revisions
+# (as page_revisions orders them) over RUN_COLORS, as color_runs_alike does for the files.
 _SNIPPET = """\
 window.vega = vega;
 window.vegaLite = vegaLite;
 const queued = window.gptcoreQueued || [];
+const colors = @RUN_COLORS@;
+const revsOf = (spec) => [...new Set(((spec.data || {}).values || []).map((row) => row && row.rev)
+  .filter((rev) => rev != null))];
+const revs = [...new Set(queued.map(([, spec]) => revsOf(spec)).sort((a, b) => b.length - a.length).flat())];
+const scale = {domain: revs, range: revs.map((rev, i) => colors[i % colors.length])};
+const recolor = (node, key) => {
+  if (Array.isArray(node)) node.forEach((v) => recolor(v, ""));
+  else if (node && typeof node === "object" && key !== "data") {
+    for (const [k, v] of Object.entries(node)) recolor(v, k);
+    if (key === "color" && node.field === "rev") node.scale = {domain: [...scale.domain], range: [...scale.range]};
+  }
+};
 window.vegaEmbed = vegaEmbed;
-for (const [el, spec, opt] of queued) vegaEmbed(el, spec, opt);
-"""
+for (const [el, spec, opt] of queued) {
+  recolor(spec, "");
+  vegaEmbed(el, spec, opt);
+}
+""".replace("@RUN_COLORS@", json.dumps(list(RUN_COLORS)))
 _PAGE = """\
 <!DOCTYPE html>
 <html>
