@@ -412,11 +412,11 @@ def drawn(spec: dict) -> list[dict]:
 
 def curves(marks: list[dict]) -> list[dict]:
     """The line marks of the runs' curves (not the grey references), each {"stroke", "dash", "opacity", "width",
-    "xs"}: one per line drawn."""
+    "xs", "ys"}: one per line drawn."""
     lines = [m for m in marks if m["type"] == "line" and m["role"] == "mark" and m["items"]]
     return [{"stroke": m["items"][0].get("stroke"), "dash": tuple(m["items"][0].get("strokeDash") or ()),
              "opacity": m["items"][0].get("opacity", 1), "width": m["items"][0].get("strokeWidth"),
-             "xs": [i["x"] for i in m["items"]]}
+             "xs": [i["x"] for i in m["items"]], "ys": [i["y"] for i in m["items"]]}
             for m in lines if m["items"][0].get("stroke") != GREY]
 
 
@@ -442,26 +442,56 @@ def test_one_hue_per_run_series_by_dash_and_opacity(two_runs_specs):
     assert len({line["stroke"] for line in curves(drawn(two_runs_specs["val_loss_vs_tokens_log"]))}) == 2
 
 
+def one_run_moved(spec: dict, rev: str, shift: float) -> dict:
+    """`spec` with the data of `rev` alone, its losses moved by `shift` nats (its reference figures as they were)."""
+    rows = [dict(r, dvc_inferred_y_value=str(float(r["dvc_inferred_y_value"]) + shift))
+            if r["filename"] != "baselines.tsv" else r for r in spec["data"]["values"] if r["rev"] == rev]
+    return {**spec, "data": {"values": rows}}
+
+
+LOSS_PLOTS = ("loss", "loss_vs_tokens", "val_loss_vs_tokens_log")
+
+
 def test_reference_lines_only_where_compare_calls_the_run_comparable(two_runs_specs):
     # neither run scored HellaSwag: no HellaSwag reference is drawn, so the y axis fits the cloze scores
     grey, texts = references(drawn(two_runs_specs["acc_norm"]))
     assert grey == [] and texts == []
-    # `lower` is comparable with GPT-2 124M's val loss, `base` is not: one line across the whole plot, labelled
-    spec = two_runs_specs["loss"]
-    grey, texts = references(drawn(spec))
-    assert texts == ["OpenAI GPT-2 124M val loss 3.2924"]
-    assert len(grey) == 1 and abs(grey[0]["x2"] - grey[0]["x"]) >= spec["width"] - 1, grey
+    for plot_id in LOSS_PLOTS:
+        # `lower` is comparable with GPT-2 124M's val loss, `base` is not; but 3.29 lies 1.9 nats below `lower`, more
+        # than half the runs' span (1.5): the axis keeps to the runs, and a note names the figure below it
+        spec = two_runs_specs[plot_id]
+        grey, texts = references(drawn(spec))
+        assert grey == [] and texts == ["OpenAI GPT-2 124M val loss 3.2924: below the axis"], (plot_id, texts)
+        # `base` alone: not comparable, nothing drawn
+        assert references(drawn(one_run_moved(spec, "base", 0.0))) == ([], []), plot_id
+        # `lower` 2.3 nats lower (val loss 3.96 to 3.39 after step 0): 3.29 is within reach, drawn across the whole
+        # plot and labelled, inside the axis
+        spec = one_run_moved(spec, "lower", -2.3)
+        grey, texts = references(drawn(spec))
+        assert texts == ["OpenAI GPT-2 124M val loss 3.2924"], (plot_id, texts)
+        assert len(grey) == 1 and abs(grey[0]["x2"] - grey[0]["x"]) >= spec["width"] - 1, grey
+        assert 0 < grey[0]["y"] < spec["height"], (plot_id, grey)
 
 
-def test_log_x_axis_fitted_to_the_data_with_the_reference_line_drawn(two_runs_specs):
+def test_the_steep_start_runs_off_the_top(two_runs_specs):
+    """On the loss plots each curve (both runs' three) starts at the top edge, where it crosses into the axis fitted
+    to the runs after their first quarter, and stays inside the plot."""
+    for plot_id in ("loss", "loss_vs_tokens"):
+        spec = two_runs_specs[plot_id]
+        lines = curves(drawn(spec))
+        assert len(lines) == 6
+        for line in lines:  # in the plot's pixels: (0, 0) is its top left corner
+            assert all(-0.5 <= y <= spec["height"] + 0.5 for y in line["ys"]), (plot_id, line["stroke"])
+            assert abs(line["ys"][0]) < 0.5, (plot_id, line["stroke"], line["dash"], line["ys"][:3])
+            # it crosses in the first quarter: after 0 (10.8 is off the axis), before a quarter of the width
+            assert 0 < line["xs"][0] < spec["width"] / 4, (plot_id, line["xs"][:3])
+
+
+def test_log_x_axis_fitted_to_the_data(two_runs_specs):
     spec = two_runs_specs["val_loss_vs_tokens_log"]
-    marks = drawn(spec)
-    xs = [x for line in curves(marks) for x in line["xs"]]
+    xs = [x for line in curves(drawn(spec)) for x in line["xs"]]
     # the first evaluation after step 0 at the axis' left end, the last at its right end (not a decade short)
     assert max(xs) - min(xs) >= 0.98 * spec["width"], (min(xs), max(xs))
-    grey, texts = references(marks)
-    assert texts == ["OpenAI GPT-2 124M val loss 3.2924"]
-    assert len(grey) == 1 and abs(grey[0]["x2"] - grey[0]["x"]) >= spec["width"] - 1, grey
 
 
 # ---------------------------------------------------------------------------------------------
@@ -672,6 +702,70 @@ def test_the_files_give_each_run_one_colour_in_every_plot(two_runs_specs):
         template = (ROOT / ".dvc" / "plots" / f"{name}.json").read_text(encoding="utf-8")
         assert template.count('"field": "rev", "type": "nominal"') == template.count('"sort": null') >= 1, name
         assert template.count(json.dumps(list(plots.RUN_COLORS))) == template.count('"sort": null'), name
+
+
+def committed(repo: Path, rev: str, name: str) -> list[list[float]]:
+    """The rows of a plot data file (metrics/plots/<name>.tsv) as committed in `rev`, as numbers."""
+    text = subprocess.run(["git", "show", f"{rev}:{PLOT_DATA.as_posix()}/{name}.tsv"], cwd=repo, check=True,
+                          capture_output=True, text=True).stdout
+    return [[float(v) for v in line.split("\t")] for line in text.splitlines()[1:]]
+
+
+def late(repo: Path, rev: str) -> list[float]:
+    """A run's losses after its first quarter (train, raw and averaged, and val), from its committed plot data."""
+    out = []
+    for name, columns in (("train_loss", (2, 3)), ("val_loss", (2,))):
+        rows = committed(repo, rev, name)
+        end = max(r[0] for r in rows)
+        out += [r[c] for r in rows if r[0] >= end / 4 for c in columns]
+    return out
+
+
+def test_the_loss_axes_are_fitted_to_the_runs(diff_views, two_run_repo):
+    """The loss plots' y axis spreads the runs over most of its height: the losses after each run's first quarter
+    fill 80% of it (the step-0 loss of 10.8 and GPT-2's 3.29 squeezed them into a seventh), and the axis starts
+    nowhere near 0."""
+    data = late(two_run_repo, "base") + late(two_run_repo, "lower")
+    lo, hi = min(data), max(data)
+    for plot_id in ("loss", "loss_vs_tokens"):
+        y0, y1 = diff_views[plot_id]["y"]
+        assert y0 <= lo and hi <= y1, (plot_id, (y0, y1), (lo, hi))
+        assert (hi - lo) >= 0.8 * (y1 - y0), (plot_id, (y0, y1), (lo, hi))
+    y0, y1 = diff_views["val_loss_vs_tokens_log"]["y"]  # every evaluation but step 0's
+    vals = [r[2] for rev in ("base", "lower") for r in committed(two_run_repo, rev, "val_loss") if r[0] > 0]
+    assert y0 <= min(vals) and max(vals) <= y1 and (max(vals) - min(vals)) >= 0.6 * (y1 - y0), ((y0, y1), vals)
+
+
+def acc_axis_reads_as_accuracy(view: dict, values: list[float]) -> None:
+    """The acc_norm plot's y axis: decimals (0.286, not "0"), distinct, and each score inside it, off its edges."""
+    labels = view["yLabels"]
+    assert len(labels) >= 3 and all(re.fullmatch(r"0\.\d{2,3}", t) for t in labels), labels
+    assert len(set(labels)) == len(labels), labels
+    y0, y1 = view["y"]
+    assert all(y0 < v < y1 for v in values), ((y0, y1), values)
+
+
+def test_the_accuracy_axis_reads_as_accuracy(diff_views):
+    acc_axis_reads_as_accuracy(diff_views["acc_norm"], [0.288, 0.301])
+
+
+@pytest.fixture(scope="module")
+def workspace_page(two_run_repo) -> Path:
+    """README's plot command on a fresh clone: `dvc plots diff`, the workspace the same as HEAD (`lower`)."""
+    out = json.loads(dvc(two_run_repo, "plots", "diff", "--json"))
+    assert {r["revisions"][0] for rs in out["data"].values() for r in rs} == {"workspace"}
+    dvc(two_run_repo, "plots", "diff", "-o", "dvc_plots_workspace")
+    return two_run_repo / "dvc_plots_workspace" / "index.html"
+
+
+def test_one_run_alone_gets_fitted_axes_too(workspace_page):
+    """The committed run alone, as a fresh clone's `dvc plots diff` (and `dvc plots show`) draws it: the cloze score is
+    one point, which drew an axis of one tick labelled "0"."""
+    views = browser_probe(workspace_page)
+    assert {rev for view in views.values() for rev in view["colors"]} == {"workspace"}
+    acc_axis_reads_as_accuracy(views["acc_norm"], [0.301])
+    y0, y1 = views["loss"]["y"]
+    assert 4.5 < y0 < 5.4 and 6.0 < y1 < 6.6, (y0, y1)  # `lower`'s last three quarters: 5.2 to 6.4
 
 
 def test_readme_plot_command_sets_the_workspace_beside_the_committed_run(two_run_repo, tmp_path):
