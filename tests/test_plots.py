@@ -750,8 +750,9 @@ def test_the_accuracy_axis_reads_as_accuracy(diff_views):
 
 
 @pytest.fixture(scope="module")
-def workspace_page(two_run_repo) -> Path:
-    """README's plot command on a fresh clone: `dvc plots diff`, the workspace the same as HEAD (`lower`)."""
+def workspace_page(two_run_repo, diff_page) -> Path:
+    """README's plot command on a fresh clone: `dvc plots diff`, the workspace the same as HEAD (`lower`); the offline
+    page is diff_page's."""
     out = json.loads(dvc(two_run_repo, "plots", "diff", "--json"))
     assert {r["revisions"][0] for rs in out["data"].values() for r in rs} == {"workspace"}
     dvc(two_run_repo, "plots", "diff", "-o", "dvc_plots_workspace")
