@@ -280,10 +280,8 @@ def test_new_params_never_destroy_finished_shards_before_the_new_run_is_complete
     assert not (E.staged_dir(tmp_path / "shards")).exists() and verify.verify(tmp_path / "shards") == []
 
 
-def test_interrupted_run_resumes_byte_identical(tmp_path, corpus_docs, monkeypatch):
-    raw = make_raw(tmp_path, corpus_docs)
-    cfg = {"tokenizer": "char", "shard_tokens": 20_000, "val_tokens": 30_000, "workers": 2}
-    tokenize(raw, tmp_path / "ref", cfg, progress=False)
+def stopped_after_three_shards(out: Path, raw: Path, cfg: dict, monkeypatch) -> None:
+    """A tokenize run into `out` stopped (Ctrl-C) right after it published its third shard."""
     real_publish = shard_writer.ShardWriter._publish
     calls = []
 
@@ -291,12 +289,19 @@ def test_interrupted_run_resumes_byte_identical(tmp_path, corpus_docs, monkeypat
         real_publish(self, *a)
         calls.append(1)
         if len(calls) == 3:
-            raise KeyboardInterrupt  # as if the run were stopped right after its third shard
+            raise KeyboardInterrupt
 
     monkeypatch.setattr(shard_writer.ShardWriter, "_publish", publish_then_die)
     with pytest.raises(KeyboardInterrupt):
-        tokenize(raw, tmp_path / "shards", cfg, progress=False)
+        tokenize(raw, out, cfg, progress=False)
     monkeypatch.setattr(shard_writer.ShardWriter, "_publish", real_publish)
+
+
+def test_interrupted_run_resumes_byte_identical(tmp_path, corpus_docs, monkeypatch):
+    raw = make_raw(tmp_path, corpus_docs)
+    cfg = {"tokenizer": "char", "shard_tokens": 20_000, "val_tokens": 30_000, "workers": 2}
+    tokenize(raw, tmp_path / "ref", cfg, progress=False)
+    stopped_after_three_shards(tmp_path / "shards", raw, cfg, monkeypatch)
     done = {p.name: p.stat().st_ino for p in (tmp_path / "shards").glob("*.npy")}
     assert len(done) == 3 and not S.read_manifest(tmp_path / "shards")["complete"]
     tokenize(raw, tmp_path / "shards", {**cfg, "workers": 1}, progress=False)
@@ -464,19 +469,7 @@ def test_an_interrupted_run_with_a_val_fraction_resumes_with_the_split_it_began(
     raw = make_raw(tmp_path, corpus_docs)
     cfg = {"tokenizer": "gpt2", "shard_tokens": 2_000, "workers": 1}
     ref = tokenize(raw, tmp_path / "ref", cfg, progress=False)
-    real_publish = shard_writer.ShardWriter._publish
-    calls = []
-
-    def publish_then_die(self, *a):
-        real_publish(self, *a)
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(shard_writer.ShardWriter, "_publish", publish_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        tokenize(raw, tmp_path / "shards", cfg, progress=False)
-    monkeypatch.setattr(shard_writer.ShardWriter, "_publish", real_publish)
+    stopped_after_three_shards(tmp_path / "shards", raw, cfg, monkeypatch)
     monkeypatch.setattr(E, "val_share", lambda *a, **k: pytest.fail("a resumed run counted the corpus again"))
     assert tokenize(raw, tmp_path / "shards", cfg, progress=False)["val_tokens"] == ref["val_tokens"]
     assert shard_bytes(tmp_path / "shards") == shard_bytes(tmp_path / "ref")
