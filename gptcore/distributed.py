@@ -3,6 +3,7 @@ group, and the reductions every rank takes part in (no-ops in a single process).
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +51,10 @@ def teardown() -> None:
     """Wait for every rank, then leave the process group (no-op in a single process)."""
     if dist.is_initialized():
         dist.barrier()
+        # gloo's worker thread frees each finished collective, and with it the last reference to its tensors, which
+        # takes the GIL. The group's destructor joins that thread holding the GIL (at exit, when DDP's reducer lets go
+        # of it): seen to hang a finished rank for good under load. Sleeping hands the thread the GIL to finish first.
+        time.sleep(0.2)
         dist.destroy_process_group()
 
 
