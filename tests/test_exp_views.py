@@ -52,9 +52,13 @@ def wait_until(check, timeout: float = 300, every: float = 0.5, why=lambda: ""):
 
 def exp_states(repo: Path) -> dict[str, tuple[str | None, dict]]:
     """`dvc exp show --json` -> {experiment name: (DVC's state of it, its metrics files)}; {} where DVC failed, as it
-    may while a queued run moves between states (a task's files come and go)."""
-    proc = subprocess.run(["dvc", "exp", "show", "--json"], cwd=repo, env=env(repo), capture_output=True, text=True,
-                          timeout=600)
+    may while a queued run moves between states (a task's files come and go), or where it hung: pygit2 was seen to
+    wait forever in a blob read of a running task's branch, so each call is given 60 s and then asked again."""
+    try:
+        proc = subprocess.run(["dvc", "exp", "show", "--json"], cwd=repo, env=env(repo), capture_output=True,
+                              text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return {}
     if proc.returncode:
         return {}
     out = {}
