@@ -36,12 +36,13 @@ from gptcore import distributed  # noqa: E402
 from gptcore.data.loader import TokenLoader  # noqa: E402
 from gptcore.eval.scorer import Example, score_examples  # noqa: E402
 from gptcore.eval.val_loss import val_loss  # noqa: E402
+from gptcore.model.config import ModelConfig  # noqa: E402
 from gptcore.model.gpt import GPT, GPTConfig  # noqa: E402
-from gptcore.model.load import ModelConfig  # noqa: E402
 from gptcore.report.flops import device_peak_flops, flops_per_token  # noqa: E402
 from gptcore.report.steplog import StepLogger  # noqa: E402
-from gptcore.train import memory, sharding  # noqa: E402
+from gptcore.train import memory  # noqa: E402
 from gptcore.train.config import TrainConfig  # noqa: E402
+from gptcore.train.parallel import MODES, evaluating  # noqa: E402
 from gptcore.train.trainer import Trainer  # noqa: E402
 
 PRESETS = ROOT / "conf" / "preset"
@@ -75,7 +76,7 @@ def build(name: str, args: argparse.Namespace, parallel: str = "ddp") -> tuple[G
     train_p.update(nproc=1, parallel=parallel, device=args.device, micro_batch=args.micro_batch,
                    total_batch_tokens=args.micro_batch * T,
                    max_steps=max(args.steps, 1), warmup_steps=min(int(train_p.get("warmup_steps", 0)), args.steps),
-                   eval_every=0, ckpt_every=args.steps, val_tokens=T + 1, val_batch=args.micro_batch)
+                   eval_every=0, ckpt_every=args.steps, val_tokens=T + 1, eval_batch=args.micro_batch)
     if args.no_compile:
         train_p["compile"] = False
     cfg = TrainConfig.read({k: v for k, v in train_p.items() if k in TrainConfig.params()})
@@ -115,12 +116,13 @@ def run(name: str, args: argparse.Namespace, shard: Path, parallel: str = "ddp")
         dt = float(np.median(times))
         tps = cfg.total_batch_tokens / dt
         peak_mem = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
-        estimate = memory.train_bytes(model_cfg, cfg, model.config.vocab_size, env.world_size, parallel) / 2**30
+        estimate = memory.train_bytes(model_cfg, cfg, model.config.vocab_size, env.world_size,
+                                      trainer.mode) / 2**30
         val_tps = ex_s = float("nan")
         if not args.train_only:  # evaluation speed on the raw (uncompiled) model, as the loop's evaluators run it
             tokens = np.load(shard, mmap_mode="r")[: args.val_tokens + 1]
             t0 = time.perf_counter()
-            with sharding.evaluating(trainer.raw_model):
+            with evaluating(trainer.raw_model):
                 val_loss(trainer.raw_model, tokens, model.config.block_size, args.micro_batch, dev, trainer.dtype)
                 val_tps = args.val_tokens / (time.perf_counter() - t0)
                 examples = synthetic_examples(args.examples)
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--examples", type=int, default=256, help="synthetic multiple-choice examples timed")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--no-compile", action="store_true", help="eager even where the preset compiles")
-    ap.add_argument("--parallel", nargs="+", choices=("ddp", "fsdp"), default=["ddp"],
+    ap.add_argument("--parallel", nargs="+", choices=tuple(MODES), default=["ddp"],
                     help="a row per preset and mode (train.parallel; one device: fsdp is a group of one)")
     ap.add_argument("--train-only", action="store_true", help="time the steps only, not val loss or scoring")
     ap.add_argument("--tiny", action="store_true",

@@ -117,7 +117,7 @@ def lm_eval_peers(model: GPT, folder: Path, requests: list, batch_size: int, dev
     """gptcore's adapter and lm-eval's `hf` model on the export of `model`, each a callable scoring `requests`."""
     from lm_eval.models.huggingface import HFLM
 
-    from gptcore.data.tokenizers import GPT2Tokenizer
+    from gptcore.data.tokenizers.gpt2 import GPT2Tokenizer
     from gptcore.eval import harness
     from gptcore.model.hf import export_hf
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from bench.rounds import fmt, ratios  # noqa: E402
 
 GIB = 1 << 30
-MODES = ("ddp", "fsdp")
+MODES = ("ddp", "fsdp")  # the rows, as gptcore.train.parallel.MODES names them (imported only in a worker)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -45,8 +45,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     from gptcore import distributed
+    from gptcore.model.config import ModelConfig
     from gptcore.model.gpt import GPT, GPTConfig
-    from gptcore.model.load import ModelConfig
     from gptcore.train import memory
     from gptcore.train.config import TrainConfig
     from gptcore.train.trainer import Trainer
@@ -93,7 +93,7 @@ def worker(args: argparse.Namespace) -> None:
                 times.append(time.perf_counter() - t0)
         mine = {"rank": env.rank, "peak": memory.peak_bytes(cpu) - base, "base": base,
                 "step_s": statistics.median(times),
-                "estimate": memory.train_bytes(model_cfg, cfg, args.vocab, env.world_size, args.parallel)}
+                "estimate": memory.train_bytes(model_cfg, cfg, args.vocab, env.world_size, trainer.mode)}
         every = distributed.all_gather_objects(mine)
     if env.is_main:
         print("RESULT " + json.dumps(every), flush=True)

@@ -62,8 +62,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.rounds import DEFAULT_ROUNDS, fmt, ratios, time_rounds  # noqa: E402
 from gptcore.data import shard_writer
+from gptcore.data.config import FetchConfig
 from gptcore.data.corpus import open_corpus, read_task, read_task_chunks  # noqa: E402
-from gptcore.data.sources import FetchConfig, fetch, package_documents  # noqa: E402
+from gptcore.data.sources import fetch
+from gptcore.data.sources.package import package_documents  # noqa: E402
 from gptcore.data.tokenize import CHUNK_BYTES, cpu_count, encode_documents, task_size  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
 

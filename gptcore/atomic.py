@@ -1,10 +1,9 @@
-"""The one atomic writer (temp file beside the target, fsync, rename, fsync the folder), the folder swap, checksums:
-a reader, or a rerun after kill -9, sees the old file or the new one, never half of one (docs/architecture.md)."""
+"""The one atomic writer (temp file beside the target, fsync, rename, fsync the folder) and the folder swap: a reader,
+or a rerun after kill -9, sees the old file or the new one, never half of one (docs/architecture.md)."""
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import json
 import os
 import secrets
@@ -14,7 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-from gptcore.errors import UserError, disk_error
+from gptcore.errors import disk_error
+from gptcore.folders import check_writable, staged_dir
 
 TMP_SUFFIX = ".tmp"  # every temp name is hidden (a leading dot) and ends so: a killed run's leftovers are recognisable
 
@@ -120,74 +120,6 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(a))
 
 
-class LinkedFolder(UserError):
-    """A folder gptcore would write that is, or lies under, a symbolic link: writing through it would change what it
-    points to (often shared, or outside the project)."""
-
-
-class NotRenamable(UserError):
-    """A folder gptcore replaces or fills by rename that a rename cannot reach: a mount point, another file system."""
-
-
-def first_link(path: str | Path) -> Path | None:
-    """The first symbolic link among `path` and the folders above it, from the project (the working directory) down;
-    None for a path outside the project, whose folders are not the pipeline's to judge."""
-    path = Path(os.path.abspath(path))
-    root = Path.cwd()
-    if not path.is_relative_to(root):
-        return None
-    for depth in range(1, len(path.relative_to(root).parts) + 1):
-        step = root.joinpath(*path.relative_to(root).parts[:depth])
-        if step.is_symlink():
-            return step
-    return None
-
-
-def check_writable(folder: str | Path, what: str = "gptcore") -> None:
-    """The one rule for where the pipeline writes: never through a symbolic link, at `folder` or above it inside the
-    project (what it points to may be shared, or outside the project). A LinkedFolder naming the link and what to do;
-    a link at a file's own name is no concern (the rename that publishes the file replaces the link itself)."""
-    link = first_link(folder)
-    if link is not None:
-        raise LinkedFolder(f"{link} is a symbolic link (to {os.readlink(link)}): {what} writes nothing through a "
-                           f"link (what it points to may be shared, or outside the project); remove the link (rm "
-                           f"{link}: what it points to stays) and run again")
-
-
-def refuse_link(final: str | Path, what: str, why: str = "the folder it points to may be shared") -> None:
-    """LinkedFolder naming `final` and what to do, if `final` is a symbolic link (a dangling one included) or lies
-    under one inside the project."""
-    final = Path(final)
-    if final.is_symlink():
-        raise LinkedFolder(f"{final} is a symbolic link (to {os.readlink(final)}): {what} writes no folder through a "
-                           f"link or over one ({why}); remove the link (rm {final}: what it points to stays) to "
-                           f"write a local {final}, or point it at a folder made with these params")
-    check_writable(final.parent, what)
-
-
-def next_path(final: str | Path) -> Path:
-    """The hidden name beside `final` where its next version is built (`staged_dir` checks it first)."""
-    final = Path(final)
-    return final.parent / f".{final.name}.next"
-
-
-def staged_dir(final: str | Path) -> Path:
-    """The hidden folder beside `final` where swap_dir's next version is built, once `final` is known to be swappable:
-    no symbolic link at it or above it, and not a mount point (a rename cannot replace one)."""
-    final = Path(final)
-    refuse_link(final, "gptcore")
-    if os.path.ismount(final):
-        raise NotRenamable(f"{final} is a mount point: a run replaces {final}/ whole by a rename, which cannot move a "
-                           f"mount point; mount the disk at a folder above it (e.g. the project's) or unmount it, "
-                           f"then run again (nothing was written)")
-    staged = next_path(final)
-    if staged.is_symlink():
-        raise LinkedFolder(f"{staged} is a symbolic link (to {os.readlink(staged)}) where {final}'s next version is "
-                           f"built (an older gptcore moved a link that stood at {final} there): remove it "
-                           f"(rm {staged}: what it points to stays) and rerun")
-    return staged
-
-
 def swap_dir(staged: str | Path, final: str | Path) -> None:
     """fsync the complete folder `staged` and put it at `final` in one rename (Linux: exchanged; elsewhere the old one
     is moved aside first), then delete the old one. A `final` that is a symbolic link is refused (LinkedFolder)."""
@@ -210,37 +142,3 @@ def swap_dir(staged: str | Path, final: str | Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-@contextmanager
-def naming(path: str | Path) -> Iterator[None]:
-    """Give an OSError raised inside that names no file (a read of an open file) the name `path`."""
-    try:
-        yield
-    except OSError as e:
-        if e.filename is None:
-            e.filename = str(path)
-        raise
-
-
-def read_utf8(path: Path) -> str:
-    """A text file's content; bytes that are not UTF-8 are one line naming the file, offset and line."""
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise UserError(f"{path}: not UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}, line {line})") from None
-
-
-def file_sha256(path: str | Path) -> str:
-    """sha256 hex digest of a file, read in 4 MiB blocks (shards are 200 MB)."""
-    h = hashlib.sha256()
-    with naming(path), open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
-
-
-def json_sha256(obj: Any) -> str:
-    """sha256 hex digest of `obj` as canonical JSON (sorted keys; non-JSON values as str): the one params
-    fingerprint."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()

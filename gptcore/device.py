@@ -10,6 +10,10 @@ import torch
 from gptcore.params import ParamError
 
 DEVICES = r"auto|cpu|mps|cuda(:\d+)?"  # the device params pick_device takes (a Param pattern)
+# the rules of every device and dtype param (train.device, eval.device, gptcore-sample's --device; ... dtype), one
+# definition for all of them: `param(**DEVICE_RULES)`, `Param(str, **DTYPE_RULES)`
+DEVICE_RULES = dict(default="auto", doc="auto (cuda, else mps, else cpu) | cpu | cuda | cuda:N | mps", pattern=DEVICES,
+                    what="auto, cpu, cuda, cuda:N or mps")
 
 
 def _mps_available() -> bool:
@@ -36,6 +40,9 @@ def pick_device(device: str = "auto", local_rank: int = 0, key: str = "device") 
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_RULES = dict(default="bfloat16", doc="autocast precision (float32 turns it off; bfloat16 falls back to "
+                                           "float32 on a CPU without native bf16, to float16 on a GPU without bf16)",
+                   choices=tuple(sorted(DTYPES)))
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

@@ -95,12 +95,3 @@ def barrier() -> None:
     """Wait for every rank (no-op in a single process)."""
     if active():
         dist.barrier()
-
-
-# what gloo and NCCL say when a collective's peer went away (killed, or failed first): not this rank's bug
-_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted")
-
-
-def peer_lost(e: BaseException) -> bool:
-    """Whether `e` is a collective failing because another rank went away (its own failure is said elsewhere)."""
-    return isinstance(e, dist.DistError) or (isinstance(e, RuntimeError) and any(s in str(e) for s in _PEER_LOST))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import signal
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,21 +48,52 @@ def one_line(label: str, e: UserError) -> str:
     return f"[{label}] {message(e)}"
 
 
+def ending(e: BaseException, in_rank: bool = False) -> tuple[int, str | None] | None:
+    """The error contract, one ladder for the stages and the console scripts: how a process ends for `e`, as (exit
+    status, line to say). A user's mistake, or a full or forbidden disk: 1 and its one line. Ctrl-C, or a signal
+    raised as an interrupt (gptcore.lifetime.Interrupted carries its number): 128 + the signal's number, `interrupted
+    (SIGTERM)`. In a rank (`in_rank`), a collective that failed because another rank went away: 1 and no line (that
+    rank, or its launcher, says why). None: a bug, which keeps its traceback."""
+    if isinstance(e, KeyboardInterrupt):
+        signum = int(getattr(e, "signum", signal.SIGINT))
+        return 128 + signum, f"interrupted ({signal.Signals(signum).name})"
+    err = user_error(e)
+    if err is not None:
+        return 1, message(err)
+    if in_rank and peer_lost(e):
+        return 1, None
+    return None
+
+
+# what gloo and NCCL say when a collective's peer went away (killed, or failed first); gloo raises a plain
+# RuntimeError, so its words are the only sign
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted")
+
+
+def peer_lost(e: BaseException) -> bool:
+    """Whether `e` is a collective failing because another rank went away: torch's own type for it (DistError: NCCL's
+    backend errors, the store's), or gloo's words. torch.distributed is looked up only if this process loaded it."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and isinstance(e, getattr(dist, "DistError", ())):
+        return True
+    return isinstance(e, RuntimeError) and any(s in str(e) for s in _PEER_LOST)
+
+
 @contextmanager
 def one_line_errors(label: str) -> Iterator[None]:
-    """A command's error contract (the console scripts'; the stage boundary adds ranks, locks and signals to it): a
-    user's mistake, or a full or forbidden disk, ends the process with one line `[label] ...` on stderr and exit 1;
-    Ctrl-C with one line and exit 130; anything else keeps its traceback."""
+    """A console script's error contract (`ending`): a user's mistake, a full or forbidden disk, or Ctrl-C ends the
+    process with one line `[label] ...` on stderr and its status; anything else keeps its traceback."""
     try:
         yield
-    except (UserError, OSError) as e:
-        err = user_error(e)
-        if err is None:
+    except BaseException as e:
+        end = ending(e)
+        if end is None:
             raise
-        sys.exit(one_line(label, err))
-    except KeyboardInterrupt:
-        print(f"[{label}] interrupted (SIGINT)", file=sys.stderr)
-        sys.exit(130)
+        status, line = end
+        if status == 1:
+            sys.exit(f"[{label}] {line}")  # said on stderr, exit 1
+        print(f"[{label}] {line}", file=sys.stderr)
+        sys.exit(status)
 
 
 class NotRepresentable(ValueError):
@@ -69,7 +101,7 @@ class NotRepresentable(ValueError):
 
 
 def user_error(e: BaseException) -> UserError | None:
-    """`e` as the user's error (itself, or a UserError for an OSError of a full or unwritable disk), or None: a bug."""
+    """`e` as the user's error (itself, or a UserError for an OSError of a full or unwritable disk), or None."""
     if isinstance(e, UserError):
         return e
     if isinstance(e, OSError) and e.errno in FULL_ERRNOS + DENIED_ERRNOS:
@@ -120,3 +152,14 @@ def _existing(path: Path) -> Path:
     while not p.exists() and p != p.parent:
         p = p.parent
     return p
+
+
+@contextmanager
+def naming(path: str | Path) -> Iterator[None]:
+    """Give an OSError raised inside that names no file (a read of an open file) the name `path`."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None:
+            e.filename = str(path)
+        raise

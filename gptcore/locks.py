@@ -8,8 +8,8 @@ import stat
 import time
 from pathlib import Path
 
-from gptcore.atomic import check_writable
 from gptcore.errors import UserError
+from gptcore.folders import check_writable
 
 LOCK_NAME = ".lock"
 

@@ -15,12 +15,13 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable, Literal, Union
+from typing import Any, Callable, ClassVar, Literal, Mapping, TypeVar, Union
 
 import yaml
 
 from gptcore.errors import UserError
 
+T = TypeVar("T")
 REQUIRED: Any = "???"  # no default: conf/config.yaml shows `???` and every preset sets the key
 INT_LIMIT = 2**63 - 1  # the largest integer torch and numpy take as an int64 (a seed, a count)
 
@@ -46,7 +47,7 @@ class Param:
     max: float | None = None
     above: float | None = None  # exclusive lower bound for numbers
     below: float | None = None  # exclusive upper bound for numbers
-    choices: tuple | Callable[[], Iterable[str]] = ()  # str: the only values allowed (a callable: a registry's names)
+    choices: tuple = ()  # str: the only values allowed (an extension point's names are checked by `choose` instead)
     pattern: str = ""  # for str: a regular expression the whole value must match
     what: str = ""  # what is allowed, in words, where the kind and bounds would not say it well
     also: tuple = ()  # literal values accepted besides the kind: None from `| None`, "auto" from `| Literal["auto"]`
@@ -55,15 +56,11 @@ class Param:
     # whether the key shapes the run's weights for this config (the run's fingerprint); False for resume_ok keys
     applies: Callable[[Any], bool] | None = None
 
-    def allowed_values(self) -> tuple:
-        """The choices (a registry's names, read now)."""
-        return tuple(self.choices()) if callable(self.choices) else tuple(self.choices)
-
     def allowed(self) -> str:
         """What this key accepts, in words (the tail of a ParamError)."""
         if self.what:
             what = self.what
-        elif choices := self.allowed_values():
+        elif choices := self.choices:
             what = "one of " + ", ".join(map(str, choices))
         elif self.pattern:
             what = f"a string matching {self.pattern}"
@@ -88,7 +85,7 @@ class Param:
                 raise bad
             return list(value)
         if self.kind is str:
-            choices = self.allowed_values()
+            choices = self.choices
             if (not isinstance(value, str) or (choices and value not in choices)
                     or (self.pattern and not re.fullmatch(self.pattern, value))):
                 raise bad
@@ -115,6 +112,15 @@ class Param:
                 or (self.below is not None and value >= self.below)):
             raise bad
         return value
+
+
+def choose(table: Mapping[str, T], key: str, name: Any) -> T:
+    """What `name` names in an extension point's table (optimizers, tasks, sources, ...), or a ParamError naming the
+    param `key` and the names there are. Config classes import no table (an implementation imports the config it
+    reads), so a name is checked here, where a stage picks its parts, before any long pass."""
+    if not isinstance(name, str) or name not in table:
+        raise ParamError(key, name, f"must be one of {', '.join(table)}")
+    return table[name]
 
 
 def param(default: Any = REQUIRED, doc: str = "", **rules: Any) -> Any:

@@ -2,9 +2,12 @@
 
 It holds the stage's promises (docs/resume-and-failures.md says each): the stage dies with dvc (gptcore.lifetime);
 its folder locks, readers sharing and one writer, are held until it ends; the params sections it read are still
-params.yaml's at the end, or DVC would record params its outputs were not made with; `s.launch` runs the ranks; and a
-user's mistake is one line with exit 1, a signal one line with exit 128 + its number, anything else a traceback.
-Under a stage's launch the ranks take no locks and say nothing: the stage says the one line for all of them.
+params.yaml's at the end, or DVC would record params its outputs were not made with; `s.launch` runs the ranks with
+the launcher the stage gives it (gptcore.launch, imported only by a stage that launches); and the error contract
+(gptcore.errors.ending): a user's mistake is one line with exit 1, a signal one line with exit 128 + its number,
+anything else a traceback. Under a stage's launch the ranks take no locks and say nothing: the stage says the one line
+for all of them. This module imports nothing of torch's or of the process group's, so that a stage depends (dvc.yaml)
+only on the code it runs.
 """
 from __future__ import annotations
 
@@ -13,13 +16,13 @@ import shutil
 import sys
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import yaml
 from tqdm import tqdm
 
-from gptcore.errors import UserError, message, user_error
-from gptcore.lifetime import Interrupted, leave_line, mortal, rank_lines, run_ranks, under_torchrun
+from gptcore.errors import UserError, ending
+from gptcore.lifetime import leave_line, mortal, rank_lines, under_torchrun
 from gptcore.locks import FolderLock
 from gptcore.params import ParamError, Section, read_params_file
 
@@ -62,10 +65,10 @@ class Stage:
         for line in lines if self.rank == 0 else ():
             print(f"[{self.name}] {line}", flush=True)
 
-    def launch(self, nproc: int) -> bool:
-        """With `nproc` > 1 outside torchrun, run this stage on `nproc` ranks (this process keeps the locks, does no
-        rank's work and says the ranks' one line) and return True: the recipe returns. False where this process is to
-        do the work itself."""
+    def launch(self, nproc: int, run_ranks: Callable[[str, int], Any]) -> bool:
+        """With `nproc` > 1 outside torchrun, run this stage on `nproc` ranks with `run_ranks` (gptcore.launch's: this
+        process keeps the locks, does no rank's work and says the ranks' one line) and return True: the recipe
+        returns. False where this process is to do the work itself."""
         if nproc <= 1 or under_torchrun():
             return False
         ended = run_ranks(f"stages.{self.name}", nproc)
@@ -116,23 +119,20 @@ def stage(name: str, reads: Sequence[str | Path] = (), writes: Sequence[str | Pa
             yield s
             if s.status == 0 and s.rank == 0:
                 s.check_params()
-    except (UserError, OSError) as e:
-        err = user_error(e)
-        if err is None:
+    except BaseException as e:
+        end = ending(e, in_rank=under_torchrun())
+        if end is None:
             raise
+        status, line = end
+        if isinstance(e, KeyboardInterrupt):  # a signal, or Ctrl-C
+            _interrupted(s, status - 128)
+        if line is None:  # a collective failed because another rank went away: that rank's line, not this one's
+            os._exit(status)
         if s.launched:
-            leave_line(message(err))  # the stage that launched this rank says it
-            os._exit(1)
-        _say(f"[{name if s.rank == 0 else f'{name} rank {s.rank}'}] {message(err)}")
-        sys.exit(1)
-    except Interrupted as e:  # a signal, or Ctrl-C
-        _interrupted(s, e.signum)
-    except KeyboardInterrupt:
-        _interrupted(s, 2)
-    except RuntimeError as e:
-        if not (under_torchrun() and _peer_lost(e)):
-            raise
-        os._exit(1)  # a collective failed because another rank went away: the launcher says why, not this rank
+            leave_line(line)  # the stage that launched this rank says it
+            os._exit(status)
+        _say(f"[{name if s.rank == 0 else f'{name} rank {s.rank}'}] {line}")
+        sys.exit(status)
     if s.status:
         sys.exit(s.status)
 
@@ -156,12 +156,6 @@ def copied_results(name: str) -> list[Path]:
             if path.parts[0] == RESULTS and path.exists():
                 paths.append(path)
     return paths
-
-
-def _peer_lost(e: RuntimeError) -> bool:
-    from gptcore.distributed import peer_lost  # a rank: torch is loaded already
-
-    return peer_lost(e)
 
 
 def _say(line: str) -> None:

@@ -9,8 +9,9 @@ from pathlib import Path
 from gptcore.atomic import write_json
 from gptcore.report.baselines import read_baselines
 from gptcore.report.compare import comparable_figures, describe, final_acc_norm, measured_line, split_outputs, summarize
+from gptcore.report.config import CompareConfig
 from gptcore.report.plots import write_offline_page, write_plot_data
-from gptcore.report.speedrun import CompareConfig, describe_speedrun, speedrun_summary
+from gptcore.report.speedrun import describe_speedrun, speedrun_summary
 from stages.boundary import stage
 
 EVAL = Path("metrics/eval.json")

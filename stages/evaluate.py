@@ -1,4 +1,4 @@
-"""Stage `evaluate`: eval.model (model/ or any spec: OpenAI's baseline too) -> val loss, a multiple-choice task,
+"""Stage `evaluate`: eval.model (model/ or any spec: OpenAI's baseline too) -> val loss, the multiple-choice tasks,
 samples and lm-eval tasks -> metrics/eval.json, measured_on.json, predictions.jsonl, samples.txt."""
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from gptcore.eval import harness, sampling
 from gptcore.eval.config import EvalConfig, scored_tokens
 from gptcore.eval.measured import measured_on
 from gptcore.eval.scorer import score_examples, write_predictions
-from gptcore.eval.tasks import TASKS
+from gptcore.eval.tasks import tasks_named
 from gptcore.eval.val_loss import bits_per_char, val_loss
 from gptcore.model.lm_loss import loss_chunk_rows
+from gptcore.model.load import model_for_shards
 from stages.boundary import stage
 
 # model/ is train's output, under train's lock on checkpoints/; metrics/'s lock covers evaluate's and compare's files
@@ -29,11 +30,12 @@ def main() -> None:
         data = ShardSet.open(SHARDS)
         lm_tasks = harness.load_tasks(cfg.lm_eval_tasks, cfg.lm_eval_include, cfg.lm_eval_fewshot,
                                       echo=s.say) if cfg.lm_eval_tasks else None
+        tasks = tasks_named(cfg.tasks, "eval.tasks")
         spec = str(MODEL) if cfg.model == "checkpoint" else cfg.model
-        model = sampling.model_for_shards(spec, data)
+        model = model_for_shards(spec, data)
         block, tok = model.config.block_size, data.tokenizer
         tokens = scored_tokens(cfg, block, data)
-        examples = TASKS[cfg.task].examples(cfg, tok, tokens, block, env.is_main)
+        examples = {name: task.examples(cfg, tok, tokens, block, env.is_main) for name, task in tasks.items()}
         record = measured_on(cfg, data, lm_tasks, len(tokens) - 1)  # what the figures are measured on, before any pass
         # the model's shape: compare sets the run beside the published model of the same one
         record["model"] = {k: getattr(model.config, k) for k in ("n_layer", "n_head", "n_embd")}
@@ -41,24 +43,26 @@ def main() -> None:
         model.loss_chunk_rows = loss_chunk_rows(env.device.type, model.config.vocab_size, model.config.n_embd)
         record["lm_loss_chunk_rows"] = model.loss_chunk_rows  # the val loss's path: a switch changes its rounding
         dtype = device.resolve_dtype(cfg.dtype, env.device)
-        run = dict(device=env.device, dtype=dtype, batch_size=cfg.batch_size)
-        loss = val_loss(model, tokens, block, cfg.batch_size, env.device, dtype, env.rank, env.world_size,
+        run = dict(device=env.device, dtype=dtype, batch_size=cfg.eval_batch)
+        loss = val_loss(model, tokens, block, cfg.eval_batch, env.device, dtype, env.rank, env.world_size,
                         progress=env.is_main)
         bpc = bits_per_char(loss, tokens, tok)  # comparable across tokenizers, unlike val_loss
-        result = score_examples(model, examples, tok.vocab_size, progress=env.is_main, **run)
+        results = {name: score_examples(model, ex, tok.vocab_size, progress=env.is_main, **run)
+                   for name, ex in examples.items()}
         if env.is_main:
             texts = sampling.sample(model, tok, cfg.sample_prompt, cfg.samples, cfg.sample_tokens, cfg.temperature,
                                     cfg.top_k, cfg.seed, env.device, dtype) if cfg.samples else []
             lm_eval, seconds = harness.score_tasks(model, tok, lm_tasks, cfg.lm_eval_fewshot, cfg.lm_eval_limit,
                                                    **run) if lm_tasks else ({}, {})
-            write_predictions(OUT / "predictions.jsonl", result)
+            write_predictions(OUT / "predictions.jsonl", results)
             sampling.write_samples(OUT / "samples.txt", cfg.sample_prompt, texts, spec)
             write_json(OUT / "measured_on.json", record)
-            task = {"acc": result.acc, "acc_norm": result.acc_norm, "count": result.count}
-            write_json(OUT / "eval.json", {"eval": {"val_loss": loss, "bits_per_char": bpc}, cfg.task: task,
+            scores = {name: {"acc": r.acc, "acc_norm": r.acc_norm, "count": r.count} for name, r in results.items()}
+            write_json(OUT / "eval.json", {"eval": {"val_loss": loss, "bits_per_char": bpc}, **scores,
                                            **({"lm_eval": lm_eval} if lm_eval else {})})  # lm-eval's own names
-            s.say(f"{spec}: val_loss {loss:.4f} ({bpc:.4f} bits/char), {cfg.task} acc {result.acc:.4f} acc_norm "
-                  f"{result.acc_norm:.4f} ({result.count} examples)", *harness.describe(lm_eval, seconds))
+            said = "".join(f", {name} acc {r.acc:.4f} acc_norm {r.acc_norm:.4f} ({r.count} examples)"
+                           for name, r in results.items())
+            s.say(f"{spec}: val_loss {loss:.4f} ({bpc:.4f} bits/char){said}", *harness.describe(lm_eval, seconds))
         distributed.teardown()  # every rank, once rank 0 has written metrics/
 
 

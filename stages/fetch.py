@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gptcore.data.sources import WATCHED, FetchConfig, fetch, watched
+from gptcore.data.config import FetchConfig
+from gptcore.data.sources import fetch
+from gptcore.data.sources.local import WATCHED, watched
 from stages.boundary import stage
 
 RAW = Path("data/raw")

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gptcore.data.tokenize import TokenizeConfig, tokenize
+from gptcore.data.config import TokenizeConfig
+from gptcore.data.tokenize import tokenize
 from stages.boundary import stage
 
 RAW = Path("data/raw")

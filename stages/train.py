@@ -6,9 +6,10 @@ from pathlib import Path
 
 from gptcore.data.shard_set import ShardSet
 from gptcore.eval.config import EvalConfig
-from gptcore.model.load import ModelConfig
+from gptcore.launch import run_ranks
+from gptcore.model.config import ModelConfig
+from gptcore.presets import preset_values
 from gptcore.train.config import TrainConfig
-from gptcore.train.presets import preset_values
 from gptcore.train.trainer import Trainer, preflight
 from stages.boundary import stage
 
@@ -21,7 +22,7 @@ def main() -> None:
         model_cfg, cfg = s.config(ModelConfig), s.config(TrainConfig)
         data = ShardSet.open(SHARDS)
         preflight(model_cfg, cfg, data, MODEL_DIR, s.config(EvalConfig))  # eval's too: checked before training
-        if s.launch(cfg.nproc):
+        if s.launch(cfg.nproc, run_ranks):
             return
         trainer, notes = Trainer.build(model_cfg, cfg, data, CKPT_DIR, LIVE_DIR, preset_values(s.preset()))
         s.say(*notes, trainer.describe())

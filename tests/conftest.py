@@ -38,11 +38,11 @@ train:
   warmup_steps: 1
   eval_every: 3
   val_tokens: 1024
-  val_batch: 8
+  eval_batch: 8
   ckpt_every: 100
 eval:
   val_tokens: 2048
-  batch_size: 8
+  eval_batch: 8
   cloze_examples: 20
   cloze_context: 16
   cloze_ending: 4

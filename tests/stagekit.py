@@ -18,10 +18,10 @@ MODEL = {"init_from": "scratch", "n_layer": 2, "n_head": 2, "n_embd": 32, "block
 TRAIN = {"nproc": 1, "device": "cpu", "micro_batch": 4, "total_batch_tokens": 256, "max_steps": 10,
          "warmup_steps": 2, "max_lr": 1e-3, "min_lr_ratio": 0.1, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95,
          "eps": 1e-8, "grad_clip": 1.0, "dtype": "float32", "compile": False, "seed": 1337, "eval_every": 5,
-         "val_tokens": 1024, "val_batch": 8, "ckpt_every": 3, "keep_checkpoints": 2, "shuffle": True,
+         "val_tokens": 1024, "eval_batch": 8, "ckpt_every": 3, "keep_checkpoints": 2, "shuffle": True,
          "log_every": 1}
-EVAL = {"model": "checkpoint", "task": "cloze", "hellaswag_path": None, "max_examples": None, "device": "cpu",
-        "dtype": "float32", "batch_size": 8, "val_tokens": 2048, "cloze_examples": 40, "cloze_context": 16,
+EVAL = {"model": "checkpoint", "tasks": ["cloze"], "hellaswag_path": None, "hellaswag_examples": None, "device": "cpu",
+        "dtype": "float32", "eval_batch": 8, "val_tokens": 2048, "cloze_examples": 40, "cloze_context": 16,
         "cloze_ending": 4, "seed": 1, "samples": 2, "sample_prompt": "ROMEO:", "sample_tokens": 8,
         "temperature": 0.8, "top_k": 50}
 

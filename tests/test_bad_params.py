@@ -51,8 +51,8 @@ CASES = [
     ("train", "train", "lr", 0.1, "train.lr=0.1: unknown param"),
     ("train", "model", "n_head", 3, "model.n_embd=32: must be divisible by model.n_head=3"),
     ("train", "model", "init_from", "nothing.pt", "model.init_from='nothing.pt'"),
-    ("evaluate", "eval", "task", "unknown", "eval.task='unknown': must be one of cloze, hellaswag"),
-    ("evaluate", "eval", "batch_size", 0, "eval.batch_size=0: must be an integer >= 1"),
+    ("evaluate", "eval", "tasks", ["unknown"], "eval.tasks='unknown': must be one of hellaswag, cloze"),
+    ("evaluate", "eval", "eval_batch", 0, "eval.eval_batch=0: must be an integer >= 1"),
     ("evaluate", "eval", "val_tokens", 0, "eval.val_tokens=0: must be an integer >= 1"),
     ("evaluate", "eval", "val_tokens", 16, "eval.val_tokens=16: must be >= the model's block_size = 32"),
     ("evaluate", "eval", "samples", -1, "eval.samples=-1: must be an integer >= 0"),
@@ -250,7 +250,7 @@ def set_param(section: str, key: str, value):
 
 
 def set_params(**changes):
-    """`set_params(train__hellaswag=True, eval__task="hellaswag")`: several params at once."""
+    """`set_params(train__tasks=["hellaswag"], eval__tasks=["hellaswag"])`: several params at once."""
     def edit(project: Path) -> None:
         params = yaml.safe_load((project / "params.yaml").read_text(encoding="utf-8"))
         for name, value in changes.items():
@@ -310,7 +310,7 @@ def repeated_hellaswag(project: Path) -> None:
                       "endings": ["is using wrap to wrap a pair of skis.", "is ripping level tiles off.",
                                   "is holding a rubik's cube.", "starts pulling up roofing on a roof."]})
     (project / EMPTY_HELLASWAG).write_text((row + "\n") * 20, encoding="utf-8")
-    set_params(eval__task="hellaswag", eval__hellaswag_path=EMPTY_HELLASWAG)(project)
+    set_params(eval__tasks=["hellaswag"], eval__hellaswag_path=EMPTY_HELLASWAG)(project)
 
 
 def no_network(project: Path) -> dict[str, str]:
@@ -363,13 +363,13 @@ USER_CASES = [
     Case("GPT-2 weights offline", stage("train"), "model 'gpt2': cannot fetch openai-community/gpt2 from the Hugging "
          "Face hub", set_param("model", "init_from", "gpt2"), env=no_network),
     Case("HellaSwag offline (evaluate)", stage("evaluate"), "or set eval.hellaswag_path to a local copy",
-         set_param("eval", "task", "hellaswag"), env=no_network),
+         set_param("eval", "tasks", ["hellaswag"]), env=no_network),
     Case("HellaSwag offline (train)", stage("train"), "or set train.hellaswag_path to a local copy",
-         set_param("train", "hellaswag", True), env=no_network),
+         set_param("train", "tasks", ["hellaswag"]), env=no_network),
     Case("HellaSwag file empty (evaluate)", stage("evaluate"), f"{EMPTY_HELLASWAG}: no HellaSwag examples in the file",
-         empty_hellaswag(eval__task="hellaswag", eval__hellaswag_path=EMPTY_HELLASWAG)),
+         empty_hellaswag(eval__tasks=["hellaswag"], eval__hellaswag_path=EMPTY_HELLASWAG)),
     Case("HellaSwag file empty (train)", stage("train"), f"{EMPTY_HELLASWAG}: no HellaSwag examples in the file",
-         empty_hellaswag(train__hellaswag=True, train__hellaswag_path=EMPTY_HELLASWAG)),
+         empty_hellaswag(train__tasks=["hellaswag"], train__hellaswag_path=EMPTY_HELLASWAG)),
     Case("HellaSwag file, one row 20 times", stage("evaluate"), f"{EMPTY_HELLASWAG}:2: example ind 7 again (first "
          "on line 1): a HellaSwag file holds each example once", repeated_hellaswag),
     Case("manifest dtype: float64", stage("train"), "data/shards/manifest.json: dtype 'float64': must be uint16 or "

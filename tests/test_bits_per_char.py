@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from gptcore.data.tokenizers import CharTokenizer, get_tokenizer
+from gptcore.data.tokenizers import get_tokenizer
+from gptcore.data.tokenizers.char import CharTokenizer
 from gptcore.eval.val_loss import bits_per_char, scored_chars
 
 DOCS = ["话说宝玉在林黛玉房中说“耗子精”。", "It was the best of times 😀,\n\tit was the worst.", "café naïve 1234"]

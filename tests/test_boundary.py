@@ -65,7 +65,7 @@ def test_a_fifo_or_a_folder_at_a_lock_path_is_refused(tmp_path):
 
 
 def test_params_changed_while_a_stage_ran_fail_it_naming_the_keys_and_keep_its_outputs(project, capsys):
-    from gptcore.report.speedrun import CompareConfig
+    from gptcore.report.config import CompareConfig
     from stages.boundary import stage
 
     params = {"compare": {"target_val_loss": 3.3}, "train": {"max_lr": 0.002}}
@@ -97,7 +97,7 @@ def test_the_launcher_holds_the_locks_and_builds_no_model(project, monkeypatch, 
     import gptcore.model.load
     import stages.boundary
     import stages.train
-    from gptcore.lifetime import RanksEnded
+    from gptcore.launch import RanksEnded
     from gptcore.model.gpt import GPT
 
     stagekit.make_project(project, stagekit.write_gpt2_shards(project.parent / "shards"), {"init_from": init_from},
@@ -111,7 +111,7 @@ def test_the_launcher_holds_the_locks_and_builds_no_model(project, monkeypatch, 
     def rank_work(*args, **kwargs):
         raise AssertionError("the launcher did a rank's work")
 
-    monkeypatch.setattr(stages.boundary, "run_ranks", fake_torchrun)
+    monkeypatch.setattr(stages.train, "run_ranks", fake_torchrun)
     for owner, name in ((GPT, "__init__"), (torch, "load"), (gptcore.model.load, "load_hf_gpt2")):
         monkeypatch.setattr(owner, name, rank_work)
     stages.train.main()
@@ -151,7 +151,7 @@ def ended(failures: dict, lines: dict, tmp_path) -> tuple:
     """lifetime._ended over fake torchrun failures {rank: (exitcode, timestamp)} and the lines ranks left."""
     from types import SimpleNamespace
 
-    from gptcore.lifetime import _ended
+    from gptcore.launch import _ended
 
     tmp_path.mkdir()
     for rank, line in lines.items():

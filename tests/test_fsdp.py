@@ -267,8 +267,8 @@ def test_fsdp_on_one_cuda_device_compiled_in_bf16_saves_and_resumes(tmp_path):
     from gptcore.data.loader import TokenLoader
     from gptcore.model.gpt import GPT, GPTConfig
     from gptcore.report.steplog import StepLogger
-    from gptcore.train import sharding
     from gptcore.train.config import TrainConfig
+    from gptcore.train.parallel import full_state_dict
     from gptcore.train.trainer import Trainer
 
     shard = tmp_path / "train_000000.npy"
@@ -295,7 +295,7 @@ def test_fsdp_on_one_cuda_device_compiled_in_bf16_saves_and_resumes(tmp_path):
     again = trainer(tmp_path / "b", checkpoints.read_run_checkpoint(tmp_path / "b" / "ckpt_0000003.dcp"))
     assert again.step == 3
     again.fit()
-    wa, wb = sharding.full_state_dict(straight.raw_model), sharding.full_state_dict(again.raw_model)
+    wa, wb = full_state_dict(straight.raw_model), full_state_dict(again.raw_model)
     worst = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
     print(f"cuda, fsdp, bf16, compiled: resumed at step 3 of 6, largest weight difference {worst:.2e}")
     assert all(torch.isfinite(v).all() for v in wa.values()) and worst < 1e-2
@@ -308,8 +308,8 @@ HELLASWAG = REF_DATA / "hellaswag_val_preprocessed.jsonl"
 def test_hellaswag_inside_fsdp_training_scores_in_lockstep_as_ddp(tmp_path, shards):
     """9 examples in batches of 4 over 2 ranks: rank 0 scores 5 in two batches, rank 1 4 in one, and repeats one so
     that both run the same gathers. The scores are ddp's."""
-    opts = dict(nproc=2, micro_batch=2, total_batch_tokens=512, max_steps=4, eval_every=2, val_batch=4,
-                hellaswag=True, hellaswag_path=str(HELLASWAG), hellaswag_examples=9)
+    opts = dict(nproc=2, micro_batch=2, total_batch_tokens=512, max_steps=4, eval_every=2, eval_batch=4,
+                tasks=["hellaswag"], hellaswag_path=str(HELLASWAG), hellaswag_examples=9)
     runs = {m: make_project(tmp_path / m, shards, model={"block_size": 128}, parallel=m, **opts)
             for m in ("fsdp", "ddp")}
     for project in runs.values():

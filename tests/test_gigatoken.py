@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from test_tokenize import fetch, tokenize
 
-from gptcore.data import tokenizers as T
-from gptcore.data.tokenize import TokenizeConfig
-from gptcore.errors import UserError
+from gptcore.data.config import TokenizeConfig
+from gptcore.data.tokenizers.gpt2 import GPT2Tokenizer, gigatoken_gpt2, gpt2_encoding
+from gptcore.errors import MissingPackage, UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data" / "fineweb_edu_sample.jsonl"
 needs_gigatoken = pytest.mark.skipif(importlib.util.find_spec("gigatoken") is None,
@@ -53,14 +53,14 @@ def fineweb_docs() -> list[str]:
 @pytest.mark.parametrize("which", ["stress", "fineweb"])
 def test_gigatoken_ids_equal_tiktoken_encode_ordinary(which):
     docs = stress_docs() if which == "stress" else fineweb_docs()
-    fast, ref = T.GPT2Tokenizer("gigatoken"), T.gpt2_encoding()
+    fast, ref = GPT2Tokenizer("gigatoken"), gpt2_encoding()
     for i, d in enumerate(docs):
         want = ref.encode_ordinary(d)
         got = fast.encode_numpy(d)
         assert got.dtype == np.uint32 and got.tolist() == want, f"document {i}: {d[:60]!r}"
         # tokenize hands gigatoken each document's UTF-8 bytes (takes_utf8): the same ids
         assert fast.encode_numpy(d.encode("utf-8")).tolist() == want, f"document {i} as bytes: {d[:60]!r}"
-    assert fast.takes_utf8 and not T.GPT2Tokenizer("tiktoken").takes_utf8
+    assert fast.takes_utf8 and not GPT2Tokenizer("tiktoken").takes_utf8
     assert fast.encode("<|endoftext|>") != [50256]  # literal special-token text stays ordinary text
 
 
@@ -84,9 +84,9 @@ def test_shards_byte_identical_with_either_encoder(tmp_path):
 
 def test_missing_gigatoken_is_one_line_with_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "gigatoken", None)  # import gigatoken -> ImportError
-    T.gigatoken_gpt2.cache_clear()  # as in a process where it was never built
-    with pytest.raises(T.MissingPackage) as e:
-        T.GPT2Tokenizer("gigatoken")
+    gigatoken_gpt2.cache_clear()  # as in a process where it was never built
+    with pytest.raises(MissingPackage) as e:
+        GPT2Tokenizer("gigatoken")
     msg = str(e.value)
     assert "\n" not in msg and "pip install gigatoken==" in msg and "tokenize.encoder=gigatoken" in msg
 
@@ -102,10 +102,10 @@ def test_auto_encoder_is_gigatoken_where_installed_else_tiktoken(monkeypatch):
     import importlib.util as iu
 
     want = "gigatoken" if iu.find_spec("gigatoken") is not None else "tiktoken"
-    assert T.GPT2Tokenizer("auto").encoder == want
+    assert GPT2Tokenizer("auto").encoder == want
     # the default, valid for every tokenizer
     assert TokenizeConfig.read({"tokenizer": "qwen2", "val_tokens": 0}).encoder == "auto"
     real = iu.find_spec
     monkeypatch.setattr(iu, "find_spec", lambda name, *a: None if name == "gigatoken" else real(name, *a))
-    tok = T.GPT2Tokenizer("auto")
+    tok = GPT2Tokenizer("auto")
     assert tok.encoder == "tiktoken" and tok.encode("Hello world") == [15496, 995]

@@ -4,7 +4,7 @@
 - lm-eval through gptcore's LM against lm-eval's own `hf` model on the Hugging Face export of the same weights:
   the same answers on a synthetic multiple-choice task and on ../shared/ref-data's HellaSwag copy, the same
   loglikelihoods (acc, perplexity) and rolling loglikelihoods (word perplexity);
-- `eval.task: hellaswag` and an lm-eval task over the same file and prompt: the same log-likelihoods (one scorer);
+- `eval.tasks: [hellaswag]` and an lm-eval task over the same file and prompt: the same log-likelihoods (one scorer);
 - a task whose data cannot be read fails with one line naming it, before any model exists.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptcore.data.tokenizers import GPT2Tokenizer
+from gptcore.data.tokenizers.gpt2 import GPT2Tokenizer
 from gptcore.errors import UserError
 from gptcore.eval import harness
 from gptcore.model.gpt import GPT, GPTConfig
@@ -205,7 +205,7 @@ def test_cross_check_hellaswag_copy_against_hf(tmp_path):
 
 @pytest.mark.slow  # one lm-eval run (about 10 s)
 def test_eval_task_hellaswag_and_an_lm_eval_task_over_the_same_file_score_alike(tmp_path):
-    """One scorer: `eval.task: hellaswag` (gptcore.eval.score) and lm-eval over the same rows and prompt (the
+    """One scorer: `eval.tasks: [hellaswag]` (gptcore.eval.score) and lm-eval over the same rows and prompt (the
     context, then " " + ending) give each ending the same log-likelihood and each example the same pick."""
     if not REF.is_file():
         pytest.skip(f"reference data absent: {REF} (a clone without ../shared/ref-data)")
@@ -356,14 +356,14 @@ def test_evaluate_stage_lm_eval_tasks(tmp_path):
     assert f"{rows}:2: empty context" in refused(lm_eval_fewshot=0, task="hellaswag", hellaswag_path=str(rows))
     # a task whose data cannot be read: one line naming it, before the model is loaded
     (tasks / "synth_word.jsonl").unlink()
-    assert "'synth_word'" in refused(task="cloze", hellaswag_path=None, model="no-such-model")  # model: not reached
+    assert "'synth_word'" in refused(tasks=["cloze"], hellaswag_path=None, model="no-such-model")  # model: not reached
 
 
 def test_lm_eval_params():
     from gptcore.eval.config import EvalConfig
     from gptcore.params import ParamError
 
-    base = {"task": "cloze", "val_tokens": 1024, "sample_prompt": "x"}
+    base = {"tasks": ["cloze"], "val_tokens": 1024, "sample_prompt": "x"}
     p = EvalConfig.read(base)
     assert (p.lm_eval_tasks, p.lm_eval_fewshot, p.lm_eval_limit, p.lm_eval_include) == ([], 0, None, None)
     assert EvalConfig.read({**base, "lm_eval_tasks": ["hellaswag", "lambada_openai"]}).lm_eval_tasks == \
@@ -450,7 +450,7 @@ def test_the_include_folder_must_be_under_conf_lm_eval():
     from gptcore.eval.config import EvalConfig
     from gptcore.params import ParamError
 
-    base = {"task": "cloze", "val_tokens": 1024, "sample_prompt": "x"}
+    base = {"tasks": ["cloze"], "val_tokens": 1024, "sample_prompt": "x"}
     for good in ("conf/lm_eval", "conf/lm_eval/mine", "conf/lm_eval/a/b/"):
         assert EvalConfig.read({**base, "lm_eval_include": good}).lm_eval_include == good
     for bad in ("lm_tasks", "/abs/conf/lm_eval", "conf/lm_eval/../x", "conf/lm_evalx", "./conf/lm_eval"):

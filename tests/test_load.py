@@ -9,14 +9,14 @@ import zipfile
 import pytest
 import torch
 
-from gptcore.data.tokenizers import CharTokenizer
+from gptcore.data.tokenizers.char import CharTokenizer
 from gptcore.errors import UserError
 from gptcore.eval.sampling import main as sample_main
-from gptcore.eval.sampling import tokenizer_for
 from gptcore.model.checkpoint_file import read_checkpoint
+from gptcore.model.config import ModelConfig
 from gptcore.model.export import export_model
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.model.load import MODEL_FILE, ModelConfig, init_model, load_model
+from gptcore.model.load import MODEL_FILE, init_model, load_model, tokenizer_for
 from gptcore.train import checkpoints
 
 TINY = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64)
@@ -163,7 +163,7 @@ def test_sample_cli_reads_the_model_folder(tmp_path, capsys):
 
 
 def test_model_vocab_pads_auto_to_a_multiple_of_64_and_keeps_an_explicit_size():
-    from gptcore.model.load import ModelConfig
+    from gptcore.model.config import ModelConfig
 
     for data in (50257, 4506, 151646, 64, 1):
         assert ModelConfig(vocab_size="auto").vocab(data) == -(-data // 64) * 64

@@ -53,7 +53,8 @@ from torch.optim._muon import _zeropower_via_newtonschulz
 from gptcore.data.loader import TokenLoader
 from gptcore.data.shard_set import ShardSet
 from gptcore.distributed import DistEnv
-from gptcore.model.load import ModelConfig, init_model
+from gptcore.model.config import ModelConfig
+from gptcore.model.load import init_model
 from gptcore.train.config import TrainConfig
 from gptcore.train.optimizers import muon
 from gptcore.train.trainer import Trainer

@@ -92,10 +92,10 @@ def test_compare_on_real_records(hub_and_local, tmp_path):
     base = yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text(encoding="utf-8"))
     base["gpt2_124m"]["val_loss_measured_on"].update(split_tokens=4096, scored_tokens=1024)
     run = {"eval": {"val_loss": 4.0}}
-    p = EvalConfig.read({"task": "cloze", "val_tokens": 1024, "sample_prompt": "x"})
+    p = EvalConfig.read({"tasks": ["cloze"], "val_tokens": 1024, "sample_prompt": "x"})
     hub_rec, local_rec = (measured_on(p, ShardSet.open(d), None, 1024) for d in (hub, local))
     assert "val_loss_vs_gpt2" in summarize(run, base, hub_rec)["delta"]
-    fewer = measured_on(EvalConfig.read({"task": "cloze", "val_tokens": 512, "sample_prompt": "x"}),
+    fewer = measured_on(EvalConfig.read({"tasks": ["cloze"], "val_tokens": 512, "sample_prompt": "x"}),
                         ShardSet.open(hub), None, 512)
     assert summarize(run, base, fewer)["comparable"]["val_loss_vs_gpt2"]["reason"] == (
         "the run's val loss is over 512 tokens of the split (eval.val_tokens), the baseline's over its first 1,024")

@@ -15,9 +15,10 @@ import torch
 import yaml
 
 from gptcore.errors import UserError
-from gptcore.model.load import ModelConfig
+from gptcore.model.config import ModelConfig
 from gptcore.train import memory
 from gptcore.train.config import TrainConfig
+from gptcore.train.parallel import MODES
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
@@ -69,6 +70,7 @@ RUN = r"""
 import json, sys, torch
 torch.set_num_threads(1)
 from gptcore.train import memory
+from gptcore.train.parallel import MODES
 from gptcore.distributed import DistEnv
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.train.config import TrainConfig
@@ -187,20 +189,20 @@ def test_fsdp_at_two_ranks_holds_at_most_0_6_of_ddp_and_the_estimate_is_within_a
 def test_where_ddp_does_not_fit_and_fsdp_would_the_refusal_says_so_with_the_numbers(monkeypatch):
     model, train = preset("gpt2_124m")
     xl, train = replace(model, n_layer=48, n_head=25, n_embd=1600), replace(train, micro_batch=4)
-    ddp = memory.train_bytes(xl, train, 50304, 8, "ddp")
-    fsdp = memory.train_bytes(xl, train, 50304, 8, "fsdp")
+    ddp = memory.train_bytes(xl, train, 50304, 8, MODES["ddp"])
+    fsdp = memory.train_bytes(xl, train, 50304, 8, MODES["fsdp"])
     assert fsdp < 0.6 * ddp
     monkeypatch.setattr(memory, "available_bytes", lambda device: (ddp + fsdp) // 2)
     with pytest.raises(UserError) as e:
-        memory.check_fits(xl, train, 50304, torch.device("cuda"), 8, "ddp")
+        memory.check_fits(xl, train, 50304, torch.device("cuda"), 8, MODES["ddp"])
     assert str(e.value) == (
         f"params.yaml model.n_layer=48, model.n_embd=1600, train.micro_batch=4, model.block_size=1024: training with "
         f"train.parallel=ddp needs at least {ddp / GIB:,.1f} GiB a process (1,555M weights with their gradients and "
         f"optimizer state, and the activations of one micro-batch); cuda has {(ddp + fsdp) // 2 / GIB:,.1f} GiB "
         f"free. With train.parallel: fsdp each of the 8 processes would hold 1/8 of the weights, gradients and "
         f"optimizer state and need about {fsdp / GIB:,.1f} GiB: set train.parallel: fsdp")
-    memory.check_fits(xl, train, 50304, torch.device("cuda"), 8, "fsdp")  # fits: nothing said
+    memory.check_fits(xl, train, 50304, torch.device("cuda"), 8, MODES["fsdp"])  # fits: nothing said
     monkeypatch.setattr(memory, "available_bytes", lambda device: fsdp // 2)
     with pytest.raises(UserError, match=r"train.parallel=fsdp needs at least [\d.]+ GiB a process \(1/8 of 1,555M "
                                         r"weights .*: make the model smaller or lower train.micro_batch$"):
-        memory.check_fits(xl, train, 50304, torch.device("cuda"), 8, "fsdp")
+        memory.check_fits(xl, train, 50304, torch.device("cuda"), 8, MODES["fsdp"])

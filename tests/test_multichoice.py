@@ -177,10 +177,10 @@ def test_write_predictions_is_jsonl_and_atomic(tmp_path):
     ex = Example(context=[1, 0], endings=[[3], [3, 3, 3], [2, 0], [1]], label=1, index=7)
     result = score_examples(BigramLM(P, 16), [ex, Example([2], [[0], [1]], label=0, index=8)], 4,
                             device="cpu", progress=False)
-    path = write_predictions(tmp_path / "metrics" / "hellaswag_predictions.jsonl", result)
+    path = write_predictions(tmp_path / "metrics" / "hellaswag_predictions.jsonl", {"hellaswag": result})
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    assert rows == result.predictions and [r["index"] for r in rows] == [7, 8]
-    assert set(rows[0]) == {"index", "label", "pred", "pred_norm", "sum_losses", "mean_losses"}
+    assert rows == [{"task": "hellaswag", **p} for p in result.predictions] and [r["index"] for r in rows] == [7, 8]
+    assert set(rows[0]) == {"task", "index", "label", "pred", "pred_norm", "sum_losses", "mean_losses"}
     assert sorted(p.name for p in path.parent.iterdir()) == ["hellaswag_predictions.jsonl"]  # no temp left
     assert (result.count, result.acc, result.acc_norm) == (2, 0.5, 1.0)
 

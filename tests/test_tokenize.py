@@ -18,9 +18,8 @@ import pytest
 from gptcore.data import shard_writer, sources, verify
 from gptcore.data import shards as S
 from gptcore.data import tokenize as E
+from gptcore.data.config import FetchConfig, TokenizeConfig
 from gptcore.data.corpus import open_corpus
-from gptcore.data.sources import FetchConfig
-from gptcore.data.tokenize import TokenizeConfig
 from gptcore.data.tokenizers import get_tokenizer, load_tokenizer
 from gptcore.errors import UserError
 
@@ -442,7 +441,7 @@ def test_val_fits_check_reads_only_the_val_splits_worth(tmp_path, monkeypatch):
 def test_a_null_val_tokens_splits_val_fraction_of_the_tokens_as_tiktoken_counts_them(tmp_path, corpus_docs, workers):
     """nanoGPT's 90/10 by default: the val split is round(0.1 x the corpus's tokens), each document's tokens and its
     end-of-text counted by tiktoken here (gigatoken encodes, where installed); the manifest records the share."""
-    from gptcore.data.tokenizers import gpt2_encoding
+    from gptcore.data.tokenizers.gpt2 import gpt2_encoding
 
     raw = make_raw(tmp_path, corpus_docs)
     m = tokenize(raw, tmp_path / "shards", {"tokenizer": "gpt2", "shard_tokens": 9000, "workers": workers},

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from test_tokenize import make_raw, synthetic_docs, tokenize
 
-from gptcore import atomic
+from gptcore import atomic, folders
 from gptcore.data import shard_writer, verify
 from gptcore.data import shards as S
 from gptcore.data import tokenize as E
@@ -386,7 +386,7 @@ def test_a_linked_shard_folder_is_refused_for_other_params_and_left_as_it_is(tmp
     before = files(shared)
     assert tokenize(raw, link, CFG, progress=False)["complete"]  # the same params: nothing to write, allowed
     for cfg in ({**CFG, "shard_tokens": 9000}, {**CFG, "val_tokens": 5000}):
-        with pytest.raises(atomic.LinkedFolder, match=f"{link} is a symbolic link .*rm {link}"):
+        with pytest.raises(folders.LinkedFolder, match=f"{link} is a symbolic link .*rm {link}"):
             tokenize(raw, link, cfg, progress=False)
         assert link.is_symlink() and files(shared) == before
         assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["shards"]
@@ -395,7 +395,7 @@ def test_a_linked_shard_folder_is_refused_for_other_params_and_left_as_it_is(tmp
     link.unlink()
     link.symlink_to(tmp_path / "shared" / "other")
     before = files(tmp_path / "shared" / "other")
-    with pytest.raises(atomic.LinkedFolder):
+    with pytest.raises(folders.LinkedFolder):
         tokenize(raw, link, CFG, progress=False)
     assert files(tmp_path / "shared" / "other") == before
 
@@ -406,12 +406,12 @@ def test_swap_dir_and_staged_dir_refuse_links(tmp_path):
     (target / "model.pt").write_text("shared")
     final = tmp_path / "model"
     final.symlink_to(target)
-    with pytest.raises(atomic.LinkedFolder, match=f"{final} is a symbolic link"):
-        atomic.staged_dir(final)  # refused before anything is built
-    staged = atomic.next_path(final)
+    with pytest.raises(folders.LinkedFolder, match=f"{final} is a symbolic link"):
+        folders.staged_dir(final)  # refused before anything is built
+    staged = folders.next_path(final)
     staged.mkdir()
     (staged / "model.pt").write_text("new")
-    with pytest.raises(atomic.LinkedFolder, match=f"{final} is a symbolic link"):
+    with pytest.raises(folders.LinkedFolder, match=f"{final} is a symbolic link"):
         atomic.swap_dir(staged, final)
     assert final.is_symlink() and (target / "model.pt").read_text() == "shared" and staged.is_dir()
     # the link an older swap_dir moved to the staged name is named, not deleted nor followed
@@ -419,6 +419,6 @@ def test_swap_dir_and_staged_dir_refuse_links(tmp_path):
     staged.rmdir()
     final.unlink()
     staged.symlink_to(target)
-    with pytest.raises(atomic.LinkedFolder, match=f"{staged} is a symbolic link .*rm {staged}"):
-        atomic.staged_dir(final)
+    with pytest.raises(folders.LinkedFolder, match=f"{staged} is a symbolic link .*rm {staged}"):
+        folders.staged_dir(final)
     assert staged.is_symlink() and (target / "model.pt").read_text() == "shared"

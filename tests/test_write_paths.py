@@ -141,7 +141,7 @@ def test_model_as_a_mount_point_is_refused_before_training(project):
 
 def test_a_writer_takes_no_lock_under_a_linked_folder(tmp_path, outside):
     """The lock file too is written only where the rule allows: a folder whose parent is a link is refused."""
-    from gptcore.atomic import LinkedFolder
+    from gptcore.folders import LinkedFolder
     from gptcore.locks import FolderLock
 
     project = tmp_path / "p"

@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from gptcore.data.shards import identity, load_tokens, open_splits
-from gptcore.data.tokenizers import GPT2Tokenizer, Tokenizer, tokenizer_of
+from gptcore.data.tokenizers import tokenizer_of
+from gptcore.data.tokenizers.base import Tokenizer
+from gptcore.data.tokenizers.gpt2 import GPT2Tokenizer
 
 
 @dataclass(frozen=True)

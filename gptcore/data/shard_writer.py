@@ -7,11 +7,11 @@ import os
 from collections import deque
 from concurrent.futures import Executor, Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 
-from gptcore.atomic import TMP_SUFFIX, file_sha256, publish, temp_beside, write_json
+from gptcore.atomic import TMP_SUFFIX, publish, temp_beside, write_json
 from gptcore.data.shards import (
     _NAME,
     FORMAT,
@@ -23,10 +23,8 @@ from gptcore.data.shards import (
     shard_bytes,
     shard_name,
 )
+from gptcore.digests import file_sha256
 from gptcore.errors import UserError
-
-if TYPE_CHECKING:
-    pass
 
 
 class CannotFinish(UserError):

@@ -11,15 +11,12 @@ import json
 import re
 import struct
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 
-from gptcore.atomic import file_sha256, json_sha256, naming
-from gptcore.errors import UserError
-
-if TYPE_CHECKING:
-    pass
+from gptcore.digests import file_sha256, json_sha256
+from gptcore.errors import UserError, naming
 
 MANIFEST = "manifest.json"
 FORMAT = 1

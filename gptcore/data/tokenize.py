@@ -12,61 +12,24 @@ import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from gptcore.atomic import json_sha256, next_path, refuse_link, staged_dir, swap_dir
-from gptcore.data import shard_writer, shards, tokenizers
+from gptcore.atomic import swap_dir
+from gptcore.data import shard_writer, shards
+from gptcore.data.config import TokenizeConfig
 from gptcore.data.corpus import TASK_BYTES, Corpus, ReadTask, open_corpus, read_task_chunks
-from gptcore.data.tokenizers import Tokenizer, clear_tokenizer_files, has_tokenizer_file, kind_for, prepare_tokenizer
+from gptcore.data.tokenizers import clear_tokenizer_files, has_tokenizer_file, kind_for, prepare_tokenizer
+from gptcore.data.tokenizers.base import Tokenizer
+from gptcore.digests import json_sha256
 from gptcore.errors import UserError
+from gptcore.folders import next_path, refuse_link, staged_dir
 from gptcore.lifetime import die_with_parent
-from gptcore.params import REQUIRED, ParamError, Section, param
 
 # a worker converts, encodes and writes its task in runs of this much text: its memory is one run's, not the task's
 CHUNK_BYTES = 8 << 20
-
-
-@dataclass(frozen=True, kw_only=True)
-class TokenizeConfig(Section):
-    """params.yaml's `tokenize:` section: which tokenizer, how the shards are cut, and the val split."""
-
-    section = "tokenize"
-    tokenizer: str = param(REQUIRED, "gpt2 | qwen2 | char | bpe | path/to/tokenizer.json | path/to/ranks.tiktoken")
-    tiktoken_pattern: str | None = param(None, "a .tiktoken tokenizer's pre-tokenization: qwen2 | gpt2 | cl100k",
-                                         choices=tuple(tokenizers.TIKTOKEN_PATTERNS))
-    encoder: str = param("auto", "what encodes gpt2, same ids: auto (gigatoken if installed, else tiktoken) | "
-                                 "tiktoken | gigatoken", choices=tokenizers.ENCODERS)
-    bpe_vocab_size: int = param(8192, "vocabulary size of a bpe tokenizer trained on the corpus (256 bytes + "
-                                      "end-of-text at least)", min=257)
-    shard_tokens: int = param(100_000_000, "tokens per shard file (at least 1,024: a GPT-2 context; fewer writes a "
-                                           "file every few tokens)", min=1024)
-    val_tokens: int | None = param(None, "the first val_tokens tokens of the corpus are the val split (null: "
-                                         "val_fraction of the corpus, counted in a pass of its own)", min=0)
-    val_fraction: float = param(0.1, "with val_tokens null: the val split's share of the corpus's tokens (0.1: "
-                                     "nanoGPT's 90/10)", above=0.0, below=1.0)
-    workers: int = param(0, "encoding processes (0: one per core)", min=0, max=1024)
-    eot_token: str | None = param(None, "end-of-text token of a tokenizer.json (null: <|endoftext|> or its first "
-                                        "special token)")
-
-    def check(self) -> None:
-        """The encoder, pattern and end-of-text token each fit the tokenizer they are given with."""
-        tok, is_ranks = self.tokenizer, self.tokenizer.endswith(".tiktoken")
-        if self.encoder == "gigatoken" and tok != "gpt2":
-            raise ParamError("tokenize.encoder", self.encoder, f"applies to tokenizer gpt2 only (tokenizer is "
-                                                               f"{tok!r}); set it to auto")
-        if is_ranks and self.tiktoken_pattern not in tokenizers.TIKTOKEN_PATTERNS:
-            raise ParamError("tokenize.tiktoken_pattern", self.tiktoken_pattern, f"tokenizer {tok!r} is a tiktoken "
-                             f"ranks file: name its pre-tokenization ({' | '.join(tokenizers.TIKTOKEN_PATTERNS)})")
-        if is_ranks and self.eot_token not in (None, "<|endoftext|>"):
-            raise ParamError("tokenize.eot_token", self.eot_token, "a tiktoken ranks file gets <|endoftext|> after "
-                                                                   "its ranks; set it to null")
-        if not is_ranks and self.tiktoken_pattern is not None:
-            raise ParamError("tokenize.tiktoken_pattern", self.tiktoken_pattern,
-                             f"only for a .tiktoken ranks file (tokenizer is {tok!r}); set it to null")
 
 
 def cpu_count() -> int:
@@ -254,7 +217,7 @@ def _take(result: tuple[int, int, np.ndarray, str], writer: shard_writer.ShardWr
 # -- the stage: params -> tokenizer -> shards -------------------------------------------------
 
 def shards_fingerprint(p: TokenizeConfig, corpus: Corpus) -> str:
-    """atomic.json_sha256 over everything that determines the shards' bytes (not the worker count)."""
+    """digests.json_sha256 over everything that determines the shards' bytes (not the worker count)."""
     inputs = [{k: f.get(k) for k in ("path", "documents", "bytes", "sha256")} for f in corpus.record["files"]]
     blob = {"format": shards.FORMAT, **kind_for(str(p.tokenizer)).identity(p), "shard_tokens": p.shard_tokens,
             "val_tokens": p.val_tokens, "text_column": corpus.text_column, "inputs": inputs}

@@ -1,4 +1,5 @@
-"""params.yaml's `eval:` section (`EvalConfig`), read by the evaluate stage."""
+"""params.yaml's `eval:` section (`EvalConfig`), read by the evaluate stage, and what train checks of it before it
+trains (the val tokens and a task cut from them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,9 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from gptcore.data.shard_set import ShardSet
-from gptcore.device import DEVICES, DTYPES
+from gptcore.device import DEVICE_RULES, DTYPE_RULES
 from gptcore.errors import DEV_INSTALL, require
-from gptcore.eval.tasks import TASKS
+from gptcore.eval.tasks import tasks_named
 from gptcore.eval.val_loss import scored_count, val_stream
 from gptcore.params import REQUIRED, Section, param
 
@@ -18,23 +19,24 @@ INCLUDE_PATTERN = r"conf/lm_eval(/(?!\.\.?(/|$))[^/]+)*/?"
 
 @dataclass(frozen=True, kw_only=True)
 class EvalConfig(Section):
-    """What evaluate scores, on what, and how: the model, the val loss, one multiple-choice task, samples, lm-eval."""
+    """What evaluate scores, on what, and how: the model, the val loss, multiple-choice tasks, samples, lm-eval. The
+    task keys (tasks, hellaswag_*, cloze_*) are train:'s too, under the same names (tasks/base.py's TaskSettings)."""
 
     section = "eval"
     model: str = param("checkpoint", "checkpoint (this run's model/) | gpt2 | path to a Hugging Face GPT-2 folder")
-    task: str = param(REQUIRED, "the multiple-choice task", choices=TASKS.names)
+    tasks: list[str] = param(REQUIRED, "the multiple-choice tasks scored: hellaswag, cloze (gptcore/eval/tasks/)")
     hellaswag_path: str | None = param(None, "a local HellaSwag val jsonl (null: download it)")
-    max_examples: int | None = param(None, "score the first this many HellaSwag examples (null: all)", min=1)
-    device: str = param("auto", "auto (cuda, else mps, else cpu) | cpu | cuda | cuda:N | mps", pattern=DEVICES,
-                        what="auto, cpu, cuda, cuda:N or mps")
-    dtype: str = param("bfloat16", "autocast precision (float32 turns it off)", choices=tuple(sorted(DTYPES)))
-    batch_size: int = param(32, "sequences per forward pass", min=1)
-    val_tokens: int | None = param(None, "val loss over at most the first val_tokens tokens of the val split (null: "
-                                         "all of it)", min=1)
+    hellaswag_examples: int | None = param(None, "score the first this many HellaSwag examples (null: all 10,042)",
+                                           min=1)
     cloze_examples: int | None = param(500, "cloze questions cut from the scored val tokens (null: as many as they "
                                             "hold, at most 500)", min=1)
     cloze_context: int = param(64, "context tokens of a cloze question", min=1)
     cloze_ending: int = param(16, "tokens of each cloze ending", min=1)
+    device: str = param(**DEVICE_RULES)
+    dtype: str = param(**DTYPE_RULES)
+    eval_batch: int = param(32, "sequences per forward pass when evaluating", min=1)
+    val_tokens: int | None = param(None, "val loss over at most the first val_tokens tokens of the val split (null: "
+                                         "all of it)", min=1)
     seed: int = param(1337, "seed of the cloze questions and the samples", min=0)
     samples: int = param(3, "text samples written to metrics/samples.txt", min=0)
     sample_prompt: str = param(REQUIRED, "prompt of those samples")
@@ -60,9 +62,11 @@ def scored_tokens(cfg: EvalConfig, block_size: int, data: ShardSet) -> np.ndarra
 
 
 def check_scoring(cfg: EvalConfig, block_size: int, data: ShardSet) -> None:
-    """What evaluate will meet before its passes, checked now: the val tokens, and a task cut from them (cloze)."""
+    """What evaluate will meet before its passes, checked now: the task names, the val tokens, and a task cut from them
+    (cloze)."""
     if cfg.lm_eval_tasks:
         require("lm_eval", "eval.lm_eval_tasks", f"{DEV_INSTALL} (or pip install -e '.[lm-eval]')")
+    tasks = tasks_named(cfg.tasks, "eval.tasks")
     tokens = scored_tokens(cfg, block_size, data)
-    if cfg.task == "cloze":  # HellaSwag's file is evaluate's own to read (or download)
-        TASKS["cloze"].examples(cfg, data.tokenizer, tokens, block_size, False)
+    if "cloze" in tasks:  # HellaSwag's file is evaluate's own to read (or download)
+        tasks["cloze"].examples(cfg, data.tokenizer, tokens, block_size, False)

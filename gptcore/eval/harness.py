@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from gptcore.atomic import file_sha256
-from gptcore.data.tokenizers import Tokenizer
+from gptcore.data.tokenizers.base import Tokenizer
+from gptcore.digests import file_sha256
 from gptcore.errors import UserError
 from gptcore.eval.scorer import Row, score_rows
 

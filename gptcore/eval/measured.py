@@ -7,7 +7,7 @@ from typing import Any
 from gptcore.data.shard_set import ShardSet
 from gptcore.eval.config import EvalConfig
 from gptcore.eval.harness import Tasks
-from gptcore.eval.tasks import TASKS
+from gptcore.eval.tasks import tasks_named
 
 
 def val_split(data: ShardSet, scored_tokens: int) -> dict[str, Any]:
@@ -27,8 +27,9 @@ def measured_on(cfg: EvalConfig, data: ShardSet, lm_tasks: Tasks | None, scored_
     """The record for an `eval:` section whose val loss scores `scored_tokens`, made before any pass, once the data
     has been read."""
     record: dict[str, Any] = {"val_split": val_split(data, scored_tokens)}
-    if (task := TASKS[cfg.task].record(cfg)) is not None:
-        record[cfg.task] = task
+    for name, task in tasks_named(cfg.tasks, "eval.tasks").items():
+        if (what := task.record(cfg)) is not None:
+            record[name] = what
     if lm_tasks is not None:
         record["lm_eval"] = {"tasks": lm_tasks.sources, "python": [str(f) for f in lm_tasks.python]}
     return record

@@ -11,15 +11,14 @@ from typing import NoReturn
 
 import torch
 
-from gptcore.atomic import read_utf8, write_text
-from gptcore.data.shard_set import ShardSet
-from gptcore.data.shards import MANIFEST
-from gptcore.data.tokenizers import GPT2Tokenizer, Tokenizer, load_tokenizer
-from gptcore.device import DEVICES, DTYPES, autocast_context, pick_device, resolve_dtype
+from gptcore.atomic import write_text
+from gptcore.data.tokenizers.base import Tokenizer
+from gptcore.device import DEVICE_RULES, DTYPE_RULES, autocast_context, pick_device, resolve_dtype
 from gptcore.errors import UserError, one_line_errors
 from gptcore.model.gpt import GPT
-from gptcore.model.load import load_model
+from gptcore.model.load import load_model, tokenizer_for
 from gptcore.params import Param, ParamError
+from gptcore.user_files import read_utf8
 
 
 def read_prompt(prompt: str) -> str:
@@ -54,30 +53,6 @@ def write_samples(path: Path, prompt: str, texts: list[str], model_spec: str) ->
     write_text(path, "".join(f"--- sample {i} ({model_spec}) ---\n{prompt}{t}\n\n" for i, t in enumerate(texts)))
 
 
-def tokenizer_for(spec: str, model: GPT, tokenizer_dir: str | Path | None = None) -> Tokenizer:
-    """The tokenizer that goes with the model `spec` names: `tokenizer_dir`'s, else the one recorded beside the model
-    (model/, or the folder above its hf/), else GPT-2 BPE as nanoGPT's sample.py assumes (OpenAI's weights)."""
-    path = Path(spec)
-    beside = [path, path.parent] if path.is_dir() else [path.parent] if path.is_file() else []
-    found = [d for d in beside if (d / MANIFEST).is_file()]
-    tok = load_tokenizer(tokenizer_dir) if tokenizer_dir else load_tokenizer(found[0]) if found else GPT2Tokenizer()
-    if tok.vocab_size > model.config.vocab_size:
-        raise UserError(f"{spec}: its vocabulary ({model.config.vocab_size}) is smaller than tokenizer {tok.name}'s "
-                         f"({tok.vocab_size}); name the folder holding its tokenizer's manifest.json")
-    return tok
-
-
-def model_for_shards(spec: str, data: ShardSet) -> GPT:
-    """The model `spec` names, refused unless its own tokenizer made the shards (gpt2: GPT-2 BPE)."""
-    model = load_model(spec)
-    model_tok = tokenizer_for(spec, model)
-    a, b = ([getattr(t, key, None) for key in ("name", "vocab_size", "eot")] for t in (model_tok, data.tokenizer))
-    if a != b:
-        raise UserError(f"eval.model={spec} uses tokenizer {a[0]} (vocab {a[1]}, eot {a[2]}) but {data.folder} was "
-                        f"tokenized with {b[0]} (vocab {b[1]}, eot {b[2]}); evaluate on matching shards")
-    return model
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse whose mistakes (an unknown option, `--num-samples two`) are a UserError: one line, exit 1."""
 
@@ -92,9 +67,8 @@ OPTIONS = {
     "temperature": Param(float, 0.8, min=0.0, what="a number >= 0 (0: always the most likely token)"),
     "top_k": Param(int, 200, "0: sample from all tokens", min=0, what="an integer >= 0 (0: all tokens)"),
     "seed": Param(int, 1337, min=0),
-    "device": Param(str, "auto", pattern=DEVICES, what="auto, cpu, cuda, cuda:N or mps"),
-    "dtype": Param(str, "bfloat16", "float32 | bfloat16 | float16 (bf16 falls back where slow)",
-                   choices=tuple(sorted(DTYPES))),
+    "device": Param(str, **DEVICE_RULES),
+    "dtype": Param(str, **DTYPE_RULES),
 }
 
 

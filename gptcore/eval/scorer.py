@@ -218,7 +218,9 @@ def score_examples(model: nn.Module, examples: Sequence[Example], vocab_size: in
                         count / seconds if seconds > 0 else 0.0)
 
 
-def write_predictions(path: str | Path, result: ChoiceResult) -> Path:
-    """One JSON object per example (index, label, pred, pred_norm, sum_losses, mean_losses); atomic."""
-    write_text(path, "".join(json.dumps(p) + "\n" for p in result.predictions))
+def write_predictions(path: str | Path, results: dict[str, ChoiceResult]) -> Path:
+    """One JSON object per example of each task (task, index, label, pred, pred_norm, sum_losses, mean_losses);
+    atomic."""
+    write_text(path, "".join(json.dumps({"task": name, **p}) + "\n" for name, r in results.items()
+                             for p in r.predictions))
     return Path(path)

@@ -7,9 +7,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from gptcore.atomic import staged_dir, swap_dir, write_json, write_text
-from gptcore.data.tokenizers import Tokenizer
+from gptcore.atomic import swap_dir, write_json, write_text
+from gptcore.data.tokenizers.base import Tokenizer
 from gptcore.errors import NotRepresentable
+from gptcore.folders import staged_dir
 from gptcore.model.checkpoint_file import atomic_torch_save
 from gptcore.model.gpt import GPT
 from gptcore.model.hf import export_hf

@@ -2,13 +2,18 @@
 while its logits are in cache, so all the logits are never held at once (as fused linear-cross-entropy kernels do)."""
 from __future__ import annotations
 
+import os
+import re
 from typing import Any
 
 import torch
 from torch.nn import functional as F
 
-from gptcore import switches
+from gptcore.errors import UserError
 
+# the environment switch of the chunk size, recorded with the run where it changes its numbers (checkpoints, model/'s
+# manifest and metrics/measured_on.json say which path ran)
+CHUNK_SWITCH = "GPTCORE_LOSS_CHUNK_ELEMENTS"
 # Logits lm_loss holds at once (about a server L3 of fp32 on the CPU; more on a GPU, for launch cost): a fixed default,
 # never a timing taken at run time. Chunking is never slower than the plain path in any machine's median measured
 # (docs/benchmarks.md: 1.0-1.4x on CPUs, and on a GPU it saves the logits' memory), so every device chunks.
@@ -18,12 +23,24 @@ LOSS_CHUNK_ELEMENTS = {"cpu": 1 << 23, "cuda": 1 << 26}
 def loss_chunk_rows(device_type: str, vocab_size: int, n_embd: int) -> int:
     """Rows per chunk of lm_loss on `device_type` for a (vocab_size, n_embd) head (GPTCORE_LOSS_CHUNK_ELEMENTS, else
     the default); 0: the plain path."""
-    budget = switches.count(switches.LOSS_CHUNK_ELEMENTS)
+    budget = _switch()
     if budget is None:
         budget = LOSS_CHUNK_ELEMENTS["cuda" if device_type == "cuda" else "cpu"]
     # at least n_embd rows: each chunk also reads and writes the (vocab, n_embd) weight gradient, which should cost
     # no more memory traffic than the chunk's own (rows, vocab) logits
     return max(budget // vocab_size, n_embd, 1) if budget else 0
+
+
+def _switch() -> int | None:
+    """The whole number GPTCORE_LOSS_CHUNK_ELEMENTS is set to (ASCII digits only), or None when it is unset; a bad
+    value is one line naming the switch, as a bad param is."""
+    raw = os.environ.get(CHUNK_SWITCH)
+    if raw is None:
+        return None
+    if not re.fullmatch(r"[0-9]{1,18}", raw.strip(), flags=re.ASCII):
+        raise UserError(f"{CHUNK_SWITCH}={raw!r}: expected the logits the LM head's cross-entropy holds at once, a "
+                        f"whole number (0: the plain path, every logit at once); set it so, or unset it")
+    return int(raw)
 
 
 def lm_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, softcap: float | None = None,

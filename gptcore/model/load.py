@@ -1,21 +1,26 @@
 """The one model loader: the weights a model spec names (`model.init_from`, `eval.model`, `gptcore-sample`), as a
 GPT. A spec is scratch, an OpenAI name (gpt2, gpt2-medium, -large, -xl), a Hugging Face GPT-2 folder, this project's
 model/ folder, or a .pt file (ours, nanoGPT's, build-nanogpt's, read without running pickled code); a smaller block
-size crops the position table."""
+size crops the position table. Also the tokenizer that goes with a model, and evaluate's check that a model's tokenizer
+made the shards it is scored on."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Literal
 
 import torch
 
+from gptcore.data.shard_set import ShardSet
+from gptcore.data.shards import MANIFEST
+from gptcore.data.tokenizers import load_tokenizer
+from gptcore.data.tokenizers.base import Tokenizer
+from gptcore.data.tokenizers.gpt2 import GPT2Tokenizer
 from gptcore.errors import UserError
 from gptcore.model.checkpoint_file import read_checkpoint, strip_prefixes
+from gptcore.model.config import ModelConfig
 from gptcore.model.export import MODEL_FILE
 from gptcore.model.gpt import GPT, GPTConfig, file_config
 from gptcore.model.hf import HF_GPT2_NAMES, load_hf_gpt2
-from gptcore.params import ParamError, param
 
 
 def _from_checkpoint(path: Path) -> GPT:
@@ -75,33 +80,6 @@ def load_model(spec: str | Path, block_size: int | None = None, dropout: float |
     return model
 
 
-def padded_vocab(vocab_size: int, multiple: int = 64) -> int:
-    """Round a tokenizer's vocabulary up for fast matmuls (50257 -> 50304), as nanoGPT does."""
-    return ((vocab_size + multiple - 1) // multiple) * multiple
-
-
-@dataclass(kw_only=True)
-class ModelConfig(GPTConfig):
-    """params.yaml's `model:` section: a GPTConfig (the shape of a scratch model, its switches) plus where the weights
-    come from; a loaded model's shape comes from its weights, and block_size and dropout apply to it."""
-
-    init_from: str = param("scratch", "scratch | gpt2 | gpt2-medium | gpt2-large | gpt2-xl | a HF folder | a .pt")
-    vocab_size: int | Literal["auto"] = param("auto", "auto: the data's vocabulary padded up to a multiple of 64",
-                                              min=1)
-
-    def check(self) -> None:
-        """A scratch model's shape rules; a loaded one's shape is its weights' (only zero_init_head's rule applies)."""
-        if self.init_from == "scratch":
-            super().check()
-        elif self.zero_init_head and self.tie_embeddings:
-            raise ParamError("model.zero_init_head", True, "needs model.tie_embeddings: false (a tied head is the "
-                                                           "token table, which must not start at zero)")
-
-    def vocab(self, data_vocab_size: int) -> int:
-        """The model's vocabulary (`auto`: the data's, padded): the one place it is padded."""
-        return padded_vocab(data_vocab_size) if self.vocab_size == "auto" else self.vocab_size
-
-
 def init_model(cfg: ModelConfig, data_vocab_size: int, seed: int = 1337) -> GPT:
     """The weights a run starts from, by `init_from` (scratch from `seed`, the same on every rank and rerun, or any
     spec of `load_model`); the vocabulary must hold every token id of the data."""
@@ -117,4 +95,28 @@ def init_model(cfg: ModelConfig, data_vocab_size: int, seed: int = 1337) -> GPT:
     if model.config.vocab_size < data_vocab_size:
         raise UserError(f"model vocab_size={model.config.vocab_size} is smaller than the data's tokenizer vocabulary "
                         f"({data_vocab_size}); set model.vocab_size: auto or at least {data_vocab_size}")
+    return model
+
+
+def tokenizer_for(spec: str, model: GPT, tokenizer_dir: str | Path | None = None) -> Tokenizer:
+    """The tokenizer that goes with the model `spec` names: `tokenizer_dir`'s, else the one recorded beside the model
+    (model/, or the folder above its hf/), else GPT-2 BPE as nanoGPT's sample.py assumes (OpenAI's weights)."""
+    path = Path(spec)
+    beside = [path, path.parent] if path.is_dir() else [path.parent] if path.is_file() else []
+    found = [d for d in beside if (d / MANIFEST).is_file()]
+    tok = load_tokenizer(tokenizer_dir) if tokenizer_dir else load_tokenizer(found[0]) if found else GPT2Tokenizer()
+    if tok.vocab_size > model.config.vocab_size:
+        raise UserError(f"{spec}: its vocabulary ({model.config.vocab_size}) is smaller than tokenizer {tok.name}'s "
+                         f"({tok.vocab_size}); name the folder holding its tokenizer's manifest.json")
+    return tok
+
+
+def model_for_shards(spec: str, data: ShardSet) -> GPT:
+    """The model `spec` names, refused unless its own tokenizer made the shards (gpt2: GPT-2 BPE)."""
+    model = load_model(spec)
+    model_tok = tokenizer_for(spec, model)
+    a, b = ([getattr(t, key, None) for key in ("name", "vocab_size", "eot")] for t in (model_tok, data.tokenizer))
+    if a != b:
+        raise UserError(f"eval.model={spec} uses tokenizer {a[0]} (vocab {a[1]}, eot {a[2]}) but {data.folder} was "
+                        f"tokenized with {b[0]} (vocab {b[1]}, eot {b[2]}); evaluate on matching shards")
     return model

@@ -3,23 +3,11 @@ time) up to the first eval whose val loss is at or below a target, e.g. GPT-2 12
 step_ms (evals, checkpoints and startup left out); GPU-hours are that x processes, for runs on GPUs."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from gptcore.params import Section, param
 from gptcore.report.plots import tokens_per_step
 from gptcore.report.steplog import read_step_tsv
-
-
-@dataclass(frozen=True, kw_only=True)
-class CompareConfig(Section):
-    """params.yaml's `compare:` section: the speedrun's target."""
-
-    section = "compare"
-    target_val_loss: float | None = param(3.2924, "the speedrun metric: tokens seen when the val loss first reaches "
-                                                  "this (3.2924: OpenAI GPT-2 124M on the FineWeb-Edu val shard); "
-                                                  "null: none", above=0.0)
 
 
 def speedrun_summary(live_dir: str | Path, target: float | None, hardware: Mapping[str, Any] | None = None

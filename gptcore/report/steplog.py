@@ -12,8 +12,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Iterable
 
-from gptcore.atomic import atomic_write, check_writable, write_json
+from gptcore.atomic import atomic_write, write_json
 from gptcore.errors import UserError
+from gptcore.folders import check_writable
 
 
 def _rows(tsv: Path) -> list[list[str]]:

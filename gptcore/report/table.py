@@ -76,8 +76,8 @@ def config_sizes(model_section: str) -> dict[str, int] | None:
     (init_from), or a section this code does not read."""
     import torch
 
+    from gptcore.model.config import ModelConfig
     from gptcore.model.gpt import GPT, GPTConfig
-    from gptcore.model.load import ModelConfig
     from gptcore.report.flops import model_sizes
 
     try:

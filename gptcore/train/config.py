@@ -1,18 +1,17 @@
 """params.yaml's `train:` section (`TrainConfig`), the checks between it and the `model:` section, and what of the two
-makes a run's fingerprint."""
+makes a run's fingerprint. The names of optimizers, schedules, parallel modes and tasks are checked against their
+tables where the Trainer picks its parts (`gptcore.params.choose`)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gptcore.device import DEVICES, DTYPES
+from gptcore.device import DEVICE_RULES, DTYPE_RULES
 from gptcore.errors import DEV_INSTALL, require
 from gptcore.eval.val_loss import scored_count
-from gptcore.model.load import ModelConfig
+from gptcore.model.config import ModelConfig
 from gptcore.params import REQUIRED, ParamError, Section, param
-from gptcore.train.optimizers import OPTIMIZERS
-from gptcore.train.schedule import SCHEDULES, wsd_decay_steps
-from gptcore.train.sharding import PARALLEL
+from gptcore.train.schedule import wsd_decay_steps
 
 
 def _muon(cfg: TrainConfig) -> bool:
@@ -30,8 +29,7 @@ class TrainConfig(Section):
 
     section = "train"
     nproc: int = param(1, "processes (GPUs) torchrun starts on this machine", min=1, resume_ok=True)
-    device: str = param("auto", "auto (cuda, else mps, else cpu) | cpu | cuda | cuda:N | mps", pattern=DEVICES,
-                        what="auto, cpu, cuda, cuda:N or mps", resume_ok=True)
+    device: str = param(**DEVICE_RULES, resume_ok=True)
     micro_batch: int = param(REQUIRED, "sequences per forward pass on each process", min=1, resume_ok=True)
     total_batch_tokens: int = param(REQUIRED, "tokens per optimizer step, over all processes and micro steps", min=1)
     max_steps: int = param(REQUIRED, "optimizer steps (0: only evaluate and export the starting weights)", min=0)
@@ -46,7 +44,7 @@ class TrainConfig(Section):
     scalar_lr: float | None = param(None, "AdamW's peak rate of gains and biases (null: max_lr); modded-nanogpt gives "
                                           "its scalars their own Adam rate", above=0.0)
     optimizer: str = param("adamw", "adamw | muon (Muon for the blocks' 2-D weights, each fused q/k/v or gate/up "
-                                    "matrix orthogonalised per matrix; AdamW for the rest)", choices=OPTIMIZERS.names)
+                                    "matrix orthogonalised per matrix; AdamW for the rest): gptcore/train/optimizers/")
     muon_lr: float = param(0.02, "Muon's peak rate (optimizer muon); the schedule scales it with max_lr", above=0.0,
                            applies=_muon)
     muon_momentum: float = param(0.95, "Muon's Nesterov momentum (optimizer muon)", min=0.0, below=1.0,
@@ -54,8 +52,7 @@ class TrainConfig(Section):
     muon_clip: bool = param(True, "the gradient-norm clip covers Muon's matrices too (false: AdamW's parameters "
                                   "only, as modded-nanogpt, which clips nothing Muon updates)", applies=_muon)
     schedule: str = param("cosine", "cosine (warmup, cosine decay to min_lr) | wsd (warmup, max_lr held, linear "
-                                    "decay over the last decay_frac of max_steps: modded-nanogpt, nanochat)",
-                          choices=SCHEDULES)
+                                    "decay over the last decay_frac of max_steps: modded-nanogpt, nanochat)")
     decay_frac: float = param(0.2, "schedule wsd: the fraction of max_steps spent decaying to min_lr", above=0.0,
                               max=1.0, applies=_wsd)
     min_lr_ratio: float = param(0.1, "final learning rate of the decay, as a fraction of each group's peak", min=0.0,
@@ -65,24 +62,30 @@ class TrainConfig(Section):
     beta2: float = param(0.95, "AdamW beta2", min=0.0, below=1.0)
     eps: float = param(1.0e-08, "AdamW epsilon", above=0.0)
     grad_clip: float = param(1.0, "clip the global gradient norm to this", above=0.0)
-    dtype: str = param("bfloat16", "autocast precision (float32 turns it off)", choices=tuple(sorted(DTYPES)))
+    dtype: str = param(**DTYPE_RULES)
     compile: bool = param(False, "torch.compile the model", resume_ok=True)
     parallel: str = param("ddp", "ddp (every process holds the whole model) | fsdp (FSDP2: weights, gradients and "
-                                 "optimizer state sharded over the processes, sharded checkpoints)",
-                          choices=PARALLEL, resume_ok=True)
+                                 "optimizer state sharded over the processes): gptcore/train/parallel.py",
+                          resume_ok=True)
     seed: int = param(1337, "seed of the initial weights, dropout and shuffling", min=0)
     eval_every: int = param(REQUIRED, "evaluate every this many steps (0: only at the end)", min=0, resume_ok=True)
     val_tokens: int | None = param(None, "val loss over at most the first val_tokens tokens of the val split (null: "
                                          "all of it)", min=1, resume_ok=True)
-    val_batch: int = param(32, "sequences per forward pass when evaluating", min=1, resume_ok=True)
+    eval_batch: int = param(32, "sequences per forward pass when evaluating", min=1, resume_ok=True)
     ckpt_every: int = param(REQUIRED, "save a checkpoint every this many steps", min=1, resume_ok=True)
     keep_checkpoints: int = param(2, "newest checkpoints kept in checkpoints/", min=1, resume_ok=True)
     shuffle: bool = param(True, "shuffle shard and window order each epoch")
     log_every: int = param(1, "log train metrics every this many steps", min=1, resume_ok=True)
-    hellaswag: bool = param(False, "HellaSwag at every eval (GPT-2 BPE data only)", resume_ok=True)
+    # the multiple-choice tasks at each eval: the same keys as eval:'s (tasks/base.py's TaskSettings)
+    tasks: list[str] = param([], "multiple-choice tasks scored at each eval: hellaswag (GPT-2 BPE data only), cloze "
+                                 "([]: none)", resume_ok=True)
     hellaswag_path: str | None = param(None, "a local HellaSwag val jsonl (null: download it)", resume_ok=True)
     hellaswag_examples: int | None = param(None, "score the first this many HellaSwag examples (null: all 10,042)",
                                            min=1, resume_ok=True)
+    cloze_examples: int | None = param(500, "cloze questions cut from the scored val tokens (null: as many as they "
+                                            "hold, at most 500)", min=1, resume_ok=True)
+    cloze_context: int = param(64, "context tokens of a cloze question", min=1, resume_ok=True)
+    cloze_ending: int = param(16, "tokens of each cloze ending", min=1, resume_ok=True)
     samples: int = param(0, "text samples at each eval, written to metrics/train/samples/", min=0, resume_ok=True)
     sample_prompt: str = param("", "prompt of those samples", resume_ok=True)
     sample_tokens: int = param(32, "tokens per sample", min=1, resume_ok=True)
@@ -94,13 +97,9 @@ class TrainConfig(Section):
                         choices=("final", "best"))
 
     def check(self) -> None:
-        """Warmup fits in the run, and with WSD so does the decay; fsdp computes in bf16 or fp32; W&B is installed."""
+        """Warmup fits in the run, and with WSD so does the decay; W&B is installed."""
         if self.wandb_log:
             require("wandb", "train.wandb_log", f"{DEV_INSTALL} (or pip install -e '.[wandb]')")
-        if self.parallel == "fsdp" and self.dtype == "float16":
-            raise ParamError("train.dtype", self.dtype, "with train.parallel fsdp needs bfloat16 or float32 (float16's "
-                                                        "loss scaling is not sharded here): set train.dtype: bfloat16, "
-                                                        "or train.parallel: ddp")
         if self.warmup_steps > self.max_steps:
             raise ParamError("train.warmup_steps", self.warmup_steps, f"must be <= train.max_steps={self.max_steps}")
         decay = wsd_decay_steps(self.max_steps, self.decay_frac)

@@ -1,9 +1,9 @@
-"""What a training run measures at its eval cadence (val loss, HellaSwag, text samples): each an `Evaluator`, its
-data read before training starts; the loop knows only the protocol."""
+"""What a training run measures at its eval cadence (val loss, the multiple-choice tasks of train.tasks, text
+samples): each an `Evaluator`, its data read before training starts; the loop knows only the protocol."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
@@ -12,11 +12,10 @@ from gptcore.data.shard_set import ShardSet
 from gptcore.distributed import DistEnv
 from gptcore.eval.sampling import sample
 from gptcore.eval.scorer import score_examples
-from gptcore.eval.tasks.hellaswag import hellaswag_examples
+from gptcore.eval.tasks import tasks_named
 from gptcore.eval.val_loss import scored_count, val_loss, val_stream
-
-if TYPE_CHECKING:
-    from gptcore.train.config import TrainConfig
+from gptcore.train.config import TrainConfig
+from gptcore.train.parallel import parallel_mode
 
 Evaluator = Callable[[torch.nn.Module, int], dict[str, float]]
 
@@ -31,22 +30,17 @@ def samples_folder(folder: Path, samples: int, is_main: bool) -> None:
 
 def training_evaluators(cfg: TrainConfig, data: ShardSet, samples_dir: Path, block_size: int, env: DistEnv,
                         dtype: torch.dtype | None, echo: Callable[[str], None] | None = None) -> list[Evaluator]:
-    """The evaluators a `train:` section asks for (val loss, HellaSwag, samples), their data read before training.
-    With train.parallel fsdp every rank runs the same passes (each block's weights are gathered for each pass)."""
-    is_main, batch, tok, device = env.is_main, cfg.val_batch, data.tokenizer, env.device
-    lockstep = cfg.parallel == "fsdp"
+    """The evaluators a `train:` section asks for (val loss, each task of train.tasks, samples), their data read
+    before training starts. Where the parallel mode shards, every rank runs the same passes (each block's weights are
+    gathered for each pass)."""
+    is_main, batch, tok, device = env.is_main, cfg.eval_batch, data.tokenizer, env.device
+    lockstep = parallel_mode(cfg).lockstep
     tokens = val_stream(data, scored_count("train.val_tokens", cfg.val_tokens, block_size, data.tokens["val"]))
     out: list[Evaluator] = [lambda model, step: {"val_loss": val_loss(model, tokens, block_size, batch, device, dtype,
                                                                       env.rank, env.world_size, is_main, lockstep)}]
-    if cfg.hellaswag:
-        examples = hellaswag_examples(tok, cfg.hellaswag_path, cfg.hellaswag_examples, "train.hellaswag_path",
-                                      progress=is_main, block_size=block_size)
-
-        def hellaswag(model: torch.nn.Module, step: int) -> dict[str, float]:
-            r = score_examples(model, examples, tok.vocab_size, device=device, batch_size=batch, dtype=dtype,
-                               progress=is_main, lockstep=lockstep)
-            return {"hellaswag_acc_norm": r.acc_norm, "hellaswag_acc": r.acc}
-        out.append(hellaswag)
+    for name, task in tasks_named(cfg.tasks, "train.tasks").items():
+        out.append(_task_evaluator(name, task.examples(cfg, tok, tokens, block_size, is_main), tok.vocab_size, batch,
+                                   device, dtype, is_main, lockstep))
     if cfg.samples > 0:
 
         def samples(model: torch.nn.Module, step: int) -> dict[str, float]:
@@ -64,3 +58,13 @@ def training_evaluators(cfg: TrainConfig, data: ShardSet, samples_dir: Path, blo
             return {}
         out.append(samples)
     return out
+
+
+def _task_evaluator(name: str, examples: list, vocab_size: int, batch: int, device: torch.device,
+                    dtype: torch.dtype | None, progress: bool, lockstep: bool) -> Evaluator:
+    """A task's examples scored by the one scorer: `<name>_acc_norm` and `<name>_acc`."""
+    def evaluate(model: torch.nn.Module, step: int) -> dict[str, float]:
+        r = score_examples(model, examples, vocab_size, device=device, batch_size=batch, dtype=dtype,
+                           progress=progress, lockstep=lockstep)
+        return {f"{name}_acc_norm": r.acc_norm, f"{name}_acc": r.acc}
+    return evaluate

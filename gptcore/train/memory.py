@@ -7,20 +7,18 @@ import os
 import re
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import psutil
 import torch
 
 from gptcore.distributed import all_gather_objects
 from gptcore.errors import UserError
+from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPTConfig
-from gptcore.train.optimizers import OPTIMIZERS
-from gptcore.train.sharding import local
-
-if TYPE_CHECKING:
-    from gptcore.model.load import ModelConfig
-    from gptcore.train.config import TrainConfig
+from gptcore.train.config import TrainConfig
+from gptcore.train.optimizers import optimizer_kind
+from gptcore.train.parallel import MODES, ParallelMode, local
 
 GIB = 1 << 30
 # a first step may peak at most this share of the memory the process may use: later steps, evals and the allocator's
@@ -42,23 +40,17 @@ def matrix_params(model: GPTConfig, vocab_size: int) -> int:
 
 
 def train_bytes(model: GPTConfig, train: TrainConfig, vocab_size: int, processes: int = 1,
-                parallel: str = "ddp") -> int:
-    """An estimate of one training process's memory in bytes under `parallel` with `processes` processes: the
+                mode: ParallelMode = MODES["ddp"]) -> int:
+    """An estimate of one training process's memory in bytes under parallel `mode` with `processes` processes: the
     matrices with their gradients and optimizer state in fp32 (the optimizer's `bytes_per_weight`: AdamW 16, Muon
-    12), whole (ddp, which also keeps a second copy of the gradients in its all-reduce buckets when there are other
-    processes) or sharded (fsdp, plus what it gathers: the root's matrices, and a block's weights and gradients,
-    twice, as the next block's gather overlaps the current one), and the 10 n_embd values a token each block keeps
-    for backward."""
-    state = OPTIMIZERS[train.optimizer].bytes_per_weight
+    12), as the mode holds them (`ParallelMode.state_bytes`: whole, or sharded with what it gathers), and the 10
+    n_embd values a token each block keeps for backward."""
     act_bytes = 4 if train.dtype == "float32" else 2
     activations = train.micro_batch * model.block_size * model.n_layer * 10 * model.n_embd * act_bytes
     weights = matrix_params(model, vocab_size)
-    if parallel == "fsdp":
-        root = weights - model.n_layer * block_params(model)
-        gathered = 8 * root + 2 * 2 * act_bytes * block_params(model)  # fp32 root; a block in the compute precision
-        return -(-weights * state // processes) + gathered + activations
-    buckets = 4 * weights if processes > 1 else 0
-    return weights * state + buckets + activations
+    root = weights - model.n_layer * block_params(model)
+    return mode.state_bytes(weights, root, block_params(model), optimizer_kind(train).bytes_per_weight, processes,
+                            act_bytes) + activations
 
 
 def block_params(model: GPTConfig) -> int:
@@ -86,32 +78,35 @@ def available_bytes(device: torch.device) -> int | None:
     return None
 
 
-def check_fits(model: ModelConfig, train: TrainConfig, vocab_size: int, device: torch.device,
-               processes: int = 1, parallel: str = "ddp") -> None:
-    """A UserError naming the params when training a scratch `model` cannot fit in `device`'s free memory, with the
-    need under fsdp where that would fit and ddp does not."""
+def check_fits(model: ModelConfig, train: TrainConfig, vocab_size: int, device: torch.device, processes: int = 1,
+               mode: ParallelMode = MODES["ddp"]) -> None:
+    """A UserError naming the params when training a scratch `model` cannot fit in `device`'s free memory under
+    `mode`, with the need under a sharded mode where that would fit and `mode` does not."""
     free = available_bytes(device) if model.init_from == "scratch" else None
     if free is None:  # a loaded model's weights are known to fit; MPS cannot tell
         return
     sharing = processes if device.type == "cpu" else 1  # CPU processes share one RAM
-    need = train_bytes(model, train, vocab_size, processes, parallel)
+    need = train_bytes(model, train, vocab_size, processes, mode)
     if need * sharing <= free:
         return
     weights = matrix_params(model, vocab_size) / 1e6
     held = (f"1/{processes} of {weights:,.0f}M weights with their gradients and optimizer state, the blocks it "
-            f"gathers" if parallel == "fsdp" else f"{weights:,.0f}M weights with their gradients and optimizer state")
+            f"gathers" if mode.sharded else f"{weights:,.0f}M weights with their gradients and optimizer state")
     has = (f"the {processes} processes on the cpu need {need * sharing / GIB:,.1f} GiB together and it has"
            if sharing > 1 else f"{device} has")
     said = (f"params.yaml model.n_layer={model.n_layer}, model.n_embd={model.n_embd}, "
             f"train.micro_batch={train.micro_batch}, model.block_size={model.block_size}: training with "
-            f"train.parallel={parallel} needs at least {need / GIB:,.1f} GiB a process ({held}, and the activations of "
-            f"one micro-batch); {has} {free / GIB:,.1f} GiB free")
-    sharded = train_bytes(model, train, vocab_size, processes, "fsdp")
-    if parallel == "ddp" and processes > 1 and sharded * sharing <= free:
-        raise UserError(f"{said}. With train.parallel: fsdp each of the {processes} processes would hold 1/{processes} "
-                        f"of the weights, gradients and optimizer state and need about {sharded / GIB:,.1f} GiB: set "
-                        f"train.parallel: fsdp")
-    more = ", or shard it over more GPUs (train.nproc, train.parallel: fsdp)" if sharing == 1 and processes == 1 else ""
+            f"train.parallel={mode.name} needs at least {need / GIB:,.1f} GiB a process ({held}, and the activations "
+            f"of one micro-batch); {has} {free / GIB:,.1f} GiB free")
+    for other in (m for m in MODES.values() if m.sharded and not mode.sharded and processes > 1):
+        sharded = train_bytes(model, train, vocab_size, processes, other)
+        if sharded * sharing <= free:
+            raise UserError(f"{said}. With train.parallel: {other.name} each of the {processes} processes would hold "
+                            f"1/{processes} of the weights, gradients and optimizer state and need about "
+                            f"{sharded / GIB:,.1f} GiB: set train.parallel: {other.name}")
+    sharded = ", ".join(m.name for m in MODES.values() if m.sharded)
+    more = f", or shard it over more GPUs (train.nproc, train.parallel: {sharded})" if sharing == 1 and processes == 1 \
+        else ""
     raise UserError(f"{said}: make the model smaller or lower train.micro_batch{more}")
 
 

@@ -21,10 +21,11 @@ from torch import nn
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader, FileSystemWriter
 
 from gptcore import distributed
-from gptcore.atomic import TMP_SUFFIX, check_writable, fsync_dir, swap_dir
+from gptcore.atomic import TMP_SUFFIX, fsync_dir, swap_dir
 from gptcore.errors import UserError, cause, disk_error, read_failure
+from gptcore.folders import check_writable
 from gptcore.model.checkpoint_file import CheckpointRefused, CorruptCheckpoint, atomic_torch_save, read_checkpoint
-from gptcore.train.sharding import init_optimizer_state
+from gptcore.train.parallel import init_optimizer_state
 
 SUFFIX = ".dcp"
 RECORD = "record.pt"

@@ -7,36 +7,39 @@ from __future__ import annotations
 import math
 import os
 import time
-from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from gptcore import device, distributed
-from gptcore.atomic import staged_dir
 from gptcore.data.loader import TokenLoader
 from gptcore.data.shard_set import ShardSet
 from gptcore.device import autocast_context, resolve_dtype
 from gptcore.distributed import DistEnv
 from gptcore.errors import UserError
 from gptcore.eval.config import EvalConfig, check_scoring
+from gptcore.eval.tasks import tasks_named
+from gptcore.folders import staged_dir
 from gptcore.lifetime import under_torchrun
 from gptcore.model.checkpoint_file import strip_prefixes
+from gptcore.model.config import ModelConfig
 from gptcore.model.export import export_model
 from gptcore.model.gpt import GPT
 from gptcore.model.lm_loss import loss_chunk_rows
-from gptcore.model.load import ModelConfig, check_spec, init_model
+from gptcore.model.load import check_spec, init_model
+from gptcore.params import choose
 from gptcore.report.flops import estimate_mfu, model_sizes
 from gptcore.report.steplog import StepLogger, wandb_sinks
-from gptcore.train import checkpoints, memory, sharded_checkpoints, sharding
+from gptcore.train import checkpoints, memory, run_folder, sharded_checkpoints
 from gptcore.train.config import TrainConfig, check_run, fingerprint_params
 from gptcore.train.evaluators import Evaluator, samples_folder, training_evaluators
-from gptcore.train.optimizers import build_optimizers, set_lr
-from gptcore.train.schedule import LRSchedule
+from gptcore.train.optimizers import build_optimizers, optimizer_kind
+from gptcore.train.optimizers.base import set_lr
+from gptcore.train.parallel import clip_grad_norm, empty_gpt, evaluating, load_whole, parallel_mode, whole_model
+from gptcore.train.schedule import SCHEDULES, LRSchedule
 
 TIMINGS = ("tokens_per_sec", "step_ms", "mfu")  # vary between two runs of the same params: metrics/train only
 
@@ -57,18 +60,24 @@ def preflight(model: ModelConfig, train: TrainConfig, data: ShardSet, model_dir:
             check_spec(model.init_from)
         except UserError as e:
             raise UserError(f"model.init_from={model.init_from!r}: {e}") from None
+    # the parts the names pick, each from its table: an unknown name is one line naming its key
+    mode = parallel_mode(train)
+    optimizer_kind(train)
+    choose(SCHEDULES, "train.schedule", train.schedule)
+    tasks_named(train.tasks, "train.tasks")
     dev = device.pick_device(train.device, int(os.environ.get("LOCAL_RANK", "0")), key="train.device")
-    if dev.type != "cuda" or world == 1 or under_torchrun():
-        memory.check_fits(model, train, model.vocab(data.vocab_size), dev, world, train.parallel)
-
-
-EVAL_LINE = {"val_loss": "val loss", "hellaswag_acc_norm": "hellaswag acc_norm"}  # what an eval's line shows
+    looks = dev.type != "cuda" or world == 1 or under_torchrun()  # a torchrun launcher keeps off the GPUs
+    mode.check(train, dev if looks else None)
+    if looks:
+        memory.check_fits(model, train, model.vocab(data.vocab_size), dev, world, mode)
 
 
 def eval_line(step: int, train_loss: float | None, measured: dict[str, float]) -> str:
-    """`step N: train loss X, val loss Y, hellaswag acc_norm Z`: what an eval measured, with the last train loss."""
+    """`step N: train loss X, val loss Y, hellaswag acc_norm Z`: what an eval measured (its val loss and each task's
+    acc_norm), with the last train loss."""
     parts = [f"train loss {train_loss:.4f}"] if train_loss is not None else []
-    parts += [f"{label} {measured[name]:.4f}" for name, label in EVAL_LINE.items() if name in measured]
+    parts += [f"{name.replace('_', ' ')} {value:.4f}" for name, value in measured.items()
+              if name == "val_loss" or name.endswith("_acc_norm")]
     return f"step {step}: {', '.join(parts)}"
 
 
@@ -85,7 +94,7 @@ class Trainer:
                  resume_from: dict[str, Any] | None = None) -> None:
         self.cfg, self.env, self.loader = cfg, env, loader
         self.ckpt_dir, self.logger = Path(ckpt_dir), logger
-        self.run_params, self.fingerprint = run_params, checkpoints.run_fingerprint(run_params)
+        self.run_params, self.fingerprint = run_params, run_folder.run_fingerprint(run_params)
         self.evaluators = evaluators or []
         self.device, self.dtype = env.device, resolve_dtype(cfg.dtype, env.device)
         self.autocast = autocast_context(self.device, self.dtype)
@@ -93,17 +102,13 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
 
-        self.sharded = cfg.parallel == "fsdp"  # even on one process: its checkpoints are sharded ones
-        self.raw_model = model if self.sharded else model.to(self.device)  # fsdp moves each shard there itself
+        self.mode = parallel_mode(cfg)
+        self.mode.check(cfg, self.device)
+        self.raw_model = model
         # the LM head's path, recorded with the run (a resume keeps it, whatever GPTCORE_LOSS_CHUNK_ELEMENTS says now)
-        head = self.raw_model.lm_head.weight
-        self.raw_model.loss_chunk_rows = loss_chunk_rows(self.device.type, head.size(0), head.size(1))
-        if self.sharded:
-            if self.dtype == torch.float16:  # bf16 asked for on a GPU without it (TrainConfig refuses float16 itself)
-                raise UserError(f"train.parallel=fsdp: {self.device} has no bf16, and float16's loss scaling is not "
-                                f"sharded here: set train.dtype: float32, or train.parallel: ddp")
-            # the optimizers below hold this rank's shards only
-            sharding.shard_model(self.raw_model, self.dtype, self.device)
+        head = model.lm_head.weight
+        model.loss_chunk_rows = loss_chunk_rows(self.device.type, head.size(0), head.size(1))
+        self.mode.prepare(model, env, self.dtype, cfg.compile)  # before the optimizers: they hold what it places
         self.optimizer = build_optimizers(self.raw_model, cfg, self.device.type)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         self.schedule = LRSchedule(cfg.max_lr, cfg.max_lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.max_steps,
@@ -118,10 +123,7 @@ class Trainer:
         else:  # dropout and any sampling differ per rank; weights start equal (DDP also broadcasts rank 0's)
             torch.manual_seed(cfg.seed + env.rank)
 
-        self.model: torch.nn.Module = torch.compile(self.raw_model) if cfg.compile else self.raw_model
-        self.ddp = env.world_size > 1 and not self.sharded
-        if self.ddp:
-            self.model = DDP(self.model, device_ids=[env.local_rank] if self.device.type == "cuda" else None)
+        self.model = self.mode.wrap(model, env, cfg.compile)  # what the loop calls: compiled, wrapped
 
     @classmethod
     def build(cls, model_cfg: ModelConfig, cfg: TrainConfig, data: ShardSet, ckpt_dir: Path, live_dir: Path,
@@ -137,7 +139,7 @@ class Trainer:
         evaluators = training_evaluators(cfg, data, live_dir / "samples", model.config.block_size, env,
                                          resolve_dtype(cfg.dtype, env.device), echo=tqdm.write)
         run_params = fingerprint_params(model_cfg, cfg, data.record())
-        resume, notes = checkpoints.prepare_resume(ckpt_dir, run_params, env.is_main, also=[live_dir], preset=preset)
+        resume, notes = run_folder.prepare_resume(ckpt_dir, run_params, env.is_main, also=[live_dir], preset=preset)
         samples_folder(live_dir / "samples", cfg.samples, env.is_main)  # after a previous run's moved aside
         sinks = wandb_sinks(cfg, {"model": asdict(model_cfg), "train": asdict(cfg)}, env.is_main)
         keep_to = resume["step"] if resume else None  # the curves after a checkpoint's step are redone on resume
@@ -149,9 +151,9 @@ class Trainer:
     # -- checkpoints -------------------------------------------------------------------------------------------
     def _restore(self, ckpt: dict[str, Any]) -> None:
         if sharded_checkpoints.FOLDER_KEY in ckpt:  # a sharded checkpoint, into this run's layout, whichever it is
-            sharded_checkpoints.load(ckpt, self.raw_model, self.optimizer, collective=self.sharded)
-        elif self.sharded:  # a ddp run's checkpoint resumed with train.parallel fsdp
-            sharding.load_whole(self.raw_model, self.optimizer, strip_prefixes(ckpt["model"]), ckpt["optimizer"])
+            sharded_checkpoints.load(ckpt, self.raw_model, self.optimizer, collective=self.mode.sharded)
+        elif self.mode.sharded:  # a ddp run's checkpoint resumed with train.parallel fsdp
+            load_whole(self.raw_model, self.optimizer, strip_prefixes(ckpt["model"]), ckpt["optimizer"])
         else:
             self.raw_model.load_state_dict(strip_prefixes(ckpt["model"]))
             self.optimizer.load_state_dict(ckpt["optimizer"])
@@ -182,7 +184,7 @@ class Trainer:
                   "params": self.run_params, "fingerprint": self.fingerprint,
                   "best": {"val_loss": self.best_val_loss, "step": self.best_step}, "final": dict(self.final),
                   "lm_loss_chunk_rows": self.raw_model.loss_chunk_rows}
-        if self.sharded:
+        if self.mode.sharded:
             path = sharded_checkpoints.save(self.ckpt_dir, self.step, self.raw_model, self.optimizer, record,
                                             self.env.is_main)
             if self.env.is_main:
@@ -202,16 +204,15 @@ class Trainer:
         n = sum(p.numel() for p in self.raw_model.parameters())  # a DTensor's numel is the whole weight's
         rows = self.raw_model.loss_chunk_rows
         head = f"LM head loss in chunks of {rows} rows" if rows else "LM head loss over all logits at once"
-        how = " (fsdp: weights, gradients and optimizer state sharded)" if self.sharded else ""
-        return (f"{n / 1e6:.2f}M params, {self.env.world_size} x {self.device}{how}, {self.dtype}, grad accumulation "
-                f"{self.loader.grad_accum}, {self.cfg.total_batch_tokens:,} tokens/step, {head}")
+        return (f"{n / 1e6:.2f}M params, {self.env.world_size} x {self.device}{self.mode.about}, {self.dtype}, grad "
+                f"accumulation {self.loader.grad_accum}, {self.cfg.total_batch_tokens:,} tokens/step, {head}")
 
     def export(self, model_dir: Path, data: ShardSet, final: dict[str, float]) -> list[str]:
         """After `fit`: close the step logger, on rank 0 write model/ (train.export's weights, the record of the run and
         its data, the tokenizer), then leave the process group; the lines worth showing."""
         self.logger.close()
         notes = []
-        if self.sharded or self.env.is_main:  # sharded weights are gathered by every rank together
+        if self.mode.sharded or self.env.is_main:  # sharded weights are gathered by every rank together
             weights, record = self.export_weights()
         if self.env.is_main:
             record.update(final=final, shards_digest=data.identity)  # the shards it trained on
@@ -232,11 +233,11 @@ class Trainer:
         if self.cfg.export == "best":
             record.update(step=self.best_step, best_step=self.best_step, best_val_loss=self.best_val_loss,
                           trained_steps=self.step)
-        if self.sharded and self.cfg.export != "best":
-            return sharding.whole_model(self.raw_model), record
+        if self.mode.sharded and self.cfg.export != "best":
+            return whole_model(self.raw_model, self.mode), record
         if not self.env.is_main:
             return None, record
-        weights = self.raw_model if not self.sharded else sharding.empty_gpt(self.raw_model.config)
+        weights = self.raw_model if not self.mode.sharded else empty_gpt(self.raw_model.config)
         if self.cfg.export == "best":
             weights.load_state_dict(checkpoints.load_best(self.ckpt_dir, self.best_step, self.fingerprint)["model"])
         weights.loss_chunk_rows = self.raw_model.loss_chunk_rows
@@ -248,13 +249,13 @@ class Trainer:
         export=best, rank 0 keeps a new lowest val loss's weights (checkpoints/best_<step>.pt survives a kill)."""
         self.check_finite()
         out: dict[str, float] = {}
-        with sharding.evaluating(self.raw_model):  # fsdp: every rank runs every evaluator's passes
+        with evaluating(self.raw_model):  # a sharded model: every rank runs every evaluator's passes
             for ev in self.evaluators:
                 out.update(ev(self.raw_model, self.step))
         if self.cfg.export == "best" and (val_loss := out.get("val_loss")) is not None:
             if val_loss < self.best_val_loss:  # NaN never counts as better
                 self.best_val_loss, self.best_step = val_loss, self.step
-                state = sharding.full_state_dict(self.raw_model) if self.sharded else self.raw_model.state_dict()
+                state = self.mode.whole_state(self.raw_model)
                 if self.env.is_main:
                     checkpoints.save_best(self.ckpt_dir, self.step, state, asdict(self.raw_model.config), val_loss,
                                           self.fingerprint)
@@ -279,8 +280,7 @@ class Trainer:
             # ddp: only the last micro step all-reduces gradients. fsdp reduce-scatters every micro step's: a rank
             # holds only its shard of the gradients, never the whole (the memory fsdp is chosen for), and each
             # block's weights are gathered again for each micro step's forward and backward
-            sync = nullcontext() if (not self.ddp or micro == accum - 1) else self.model.no_sync()
-            with sync:
+            with self.mode.no_sync(self.model, last_micro=micro == accum - 1):
                 with self.autocast:
                     _, loss = self.model(x, y)
                 loss = loss / accum
@@ -293,7 +293,7 @@ class Trainer:
             self.scaler.unscale_(opt)
         # train.muon_clip false: the clip (and grad_norm) covers AdamW's parameters only
         clipped = self.raw_model.parameters() if self.optimizer.clip_params is None else self.optimizer.clip_params
-        grad_norm = sharding.clip_grad_norm(clipped, cfg.grad_clip)
+        grad_norm = clip_grad_norm(clipped, cfg.grad_clip)
         for opt in self.optimizer:
             self.scaler.step(opt)
         self.scaler.update()

@@ -1,33 +1,19 @@
-"""The multiple-choice tasks evaluate can score (`eval.task`): a registry, each task a module of this package
-(hellaswag.py, cloze.py) that registers a `Task`. Every task is scored by the one scorer (eval/scorer.py). A new one
-is a module here plus its fields in `EvalConfig` (docs/architecture.md)."""
+"""The multiple-choice tasks a run can score (`train.tasks` at its eval cadence, `eval.tasks` in evaluate): the table
+below, each task a module of this package that makes a `Task` (tasks/base.py). Every task is scored by the one scorer
+(eval/scorer.py). A new one is a module here, a row below, and its keys in both the train: and eval: sections
+(`TaskSettings`; docs/architecture.md)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from gptcore.eval.tasks import cloze, hellaswag
+from gptcore.eval.tasks.base import Task
+from gptcore.params import choose
 
-import numpy as np
-
-from gptcore.data.tokenizers import Tokenizer
-from gptcore.registry import Registry
-
-if TYPE_CHECKING:
-    from gptcore.eval.config import EvalConfig
-    from gptcore.eval.scorer import Example
+TASKS: dict[str, Task] = {
+    "hellaswag": hellaswag.TASK,  # HellaSwag's validation file, completion style (build-nanogpt)
+    "cloze": cloze.TASK,  # 4-way endings cut from the val split, for any corpus and tokenizer
+}
 
 
-def _nothing(cfg: EvalConfig) -> dict[str, Any] | None:
-    return None
-
-
-@dataclass(frozen=True)
-class Task:
-    """One choice of `eval.task`. `examples(cfg, tokenizer, val_tokens, block_size, progress)` builds its examples,
-    every one checked to fit the block before any pass; `record(cfg)` says what its figures were measured on (a file
-    and its hash, in metrics/measured_on.json under the task's name), None when the val split says it all."""
-
-    examples: Callable[[EvalConfig, Tokenizer, np.ndarray, int, bool], list[Example]]
-    record: Callable[[EvalConfig], dict[str, Any] | None] = _nothing
-
-
-TASKS: Registry[Task] = Registry(__name__, "eval task")
+def tasks_named(names: list[str], key: str) -> dict[str, Task]:
+    """{name: task} of a tasks list param (`key`: train.tasks or eval.tasks); a ParamError for an unknown name."""
+    return {name: choose(TASKS, key, name) for name in names}

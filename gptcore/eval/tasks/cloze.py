@@ -1,25 +1,19 @@
 """A 4-way cloze task from val tokens, for where HellaSwag means nothing (char-level, tiny corpora, other languages).
 
 A window of `context_len + ending_len` tokens inside one document: the true ending is its last `ending_len` tokens,
-the distractors are spans of that length from elsewhere. Scored by gptcore.eval.score, as HellaSwag is.
+the distractors are spans of that length from elsewhere. Scored by gptcore/eval/scorer.py, as HellaSwag is.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from gptcore.data.tokenizers import Tokenizer
+from gptcore.data.tokenizers.base import Tokenizer
 from gptcore.errors import UserError
 from gptcore.eval.scorer import Example
-from gptcore.eval.tasks import TASKS, Task
+from gptcore.eval.tasks.base import Task, TaskSettings
 from gptcore.params import ParamError
 
-if TYPE_CHECKING:
-    from gptcore.eval.config import EvalConfig
-
-
-MOST = 500  # cloze questions a null eval.cloze_examples asks for, where the val tokens hold that many
+MOST = 500  # cloze questions a null cloze_examples asks for, where the val tokens hold that many
 
 
 def clean_windows(tokens: np.ndarray, eot: int, window: int) -> int:
@@ -91,22 +85,24 @@ def build_cloze(tokens: np.ndarray, eot: int, n_examples: int, context_len: int,
     return examples
 
 
-def cloze_examples(cfg: EvalConfig, tok: Tokenizer, tokens: np.ndarray, block_size: int,
+def cloze_examples(cfg: TaskSettings, tok: Tokenizer, tokens: np.ndarray, block_size: int,
                    progress: bool = False) -> list[Example]:
-    """eval.cloze_examples questions cut from the scored val tokens, each of which must fit the model's block."""
+    """cloze_examples questions cut from the scored val tokens, each of which must fit the model's block (the keys
+    are named with the section they came from: train. or eval.)."""
+    s = cfg.section
     if cfg.cloze_context + cfg.cloze_ending > block_size:
-        raise ParamError("eval.cloze_context", cfg.cloze_context,
-                         f"plus eval.cloze_ending={cfg.cloze_ending} must be <= the model's block_size = "
+        raise ParamError(f"{s}.cloze_context", cfg.cloze_context,
+                         f"plus {s}.cloze_ending={cfg.cloze_ending} must be <= the model's block_size = "
                          f"{block_size} (a question is seen whole): lower one of them")
     scored = tokens[:-1]  # the val stream's last token is only a target
     n = cfg.cloze_examples
     if n is None:  # as many as the tokens hold, at most MOST
         n = min(MOST, clean_windows(scored, tok.eot, cfg.cloze_context + cfg.cloze_ending))
         if n == 0:
-            raise ParamError("eval.cloze_examples", None, f"the {len(scored):,} scored val tokens hold no window of "
+            raise ParamError(f"{s}.cloze_examples", None, f"the {len(scored):,} scored val tokens hold no window of "
                                                           f"{cfg.cloze_context + cfg.cloze_ending} tokens inside one "
-                                                          f"document: shorten eval.cloze_context or cloze_ending")
-    return build_cloze(scored, tok.eot, n, cfg.cloze_context, cfg.cloze_ending, cfg.seed, key="eval.cloze_examples")
+                                                          f"document: shorten {s}.cloze_context or cloze_ending")
+    return build_cloze(scored, tok.eot, n, cfg.cloze_context, cfg.cloze_ending, cfg.seed, key=f"{s}.cloze_examples")
 
 
-TASKS.register("cloze", Task(cloze_examples))
+TASK = Task(cloze_examples)

@@ -8,19 +8,17 @@ import json
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 from tqdm import tqdm
 
-from gptcore.atomic import atomic_write, file_sha256
-from gptcore.data.tokenizers import Tokenizer
+from gptcore.atomic import atomic_write
+from gptcore.data.tokenizers.base import Tokenizer
+from gptcore.digests import file_sha256
 from gptcore.errors import UserError
 from gptcore.eval.scorer import Example, fit_example
-from gptcore.eval.tasks import TASKS, Task
-
-if TYPE_CHECKING:
-    from gptcore.eval.config import EvalConfig
+from gptcore.eval.tasks.base import Task, TaskSettings
 
 HELLASWAG_VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 HELLASWAG_VAL_SIZE = 12_246_618
@@ -168,10 +166,10 @@ def hellaswag_file(path: str | Path | None, dest_dir: str | Path = "data/hellasw
     return {"file": str(file), "sha256": file_sha256(file)}
 
 
-def _examples(cfg: EvalConfig, tok: Tokenizer, tokens: np.ndarray, block_size: int,
+def _examples(cfg: TaskSettings, tok: Tokenizer, tokens: np.ndarray, block_size: int,
               progress: bool = False) -> list[Example]:
-    return hellaswag_examples(tok, cfg.hellaswag_path, cfg.max_examples, "eval.hellaswag_path", progress=progress,
-                              block_size=block_size)
+    return hellaswag_examples(tok, cfg.hellaswag_path, cfg.hellaswag_examples, f"{cfg.section}.hellaswag_path",
+                              progress=progress, block_size=block_size)
 
 
-TASKS.register("hellaswag", Task(_examples, record=lambda cfg: hellaswag_file(cfg.hellaswag_path)))
+TASK = Task(_examples, record=lambda cfg: hellaswag_file(cfg.hellaswag_path))

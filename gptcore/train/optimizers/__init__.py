@@ -1,79 +1,25 @@
-"""The optimizers a run can use (`train.optimizer`): a registry, each kind in a module of this package (adamw.py,
-muon.py) with the parameter groups it makes; `Optimizers` steps and saves a run's optimizers as one. A new one is a
-module here that registers an `OptimizerKind`, plus its fields in `TrainConfig` (docs/architecture.md)."""
+"""The optimizers a run can use (`train.optimizer`): the table below, each kind a module of this package with the
+parameter groups it makes. A new one is a module here that makes an `OptimizerKind` (optimizers/base.py), a row
+below, and its keys as fields of `TrainConfig` (docs/architecture.md)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
-
-import torch
-from torch import nn
-
 from gptcore.model.gpt import GPT
-from gptcore.registry import Registry
+from gptcore.params import choose
+from gptcore.train.config import TrainConfig
+from gptcore.train.optimizers import adamw, muon
+from gptcore.train.optimizers.base import OptimizerKind, Optimizers
 
-if TYPE_CHECKING:
-    from gptcore.train.config import TrainConfig
-
-
-class Optimizers:
-    """{name: torch optimizer} on disjoint parameters, stepped and saved as one; `clip_params`: what the clip covers."""
-
-    def __init__(self, optimizers: dict[str, torch.optim.Optimizer], clip_params: list[nn.Parameter] | None = None):
-        self.optimizers, self.clip_params = dict(optimizers), clip_params
-        for opt in self:
-            for group in opt.param_groups:
-                group.setdefault("peak_lr", group["lr"])  # what the schedule scales; saved with the optimizer state
-
-    def __iter__(self) -> Iterator[torch.optim.Optimizer]:
-        return iter(self.optimizers.values())
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        """Every optimizer's groups, in order (each has "name" and "peak_lr")."""
-        return [g for opt in self for g in opt.param_groups]
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Every optimizer's zero_grad (None frees the gradients' memory until the next backward)."""
-        for opt in self:
-            opt.zero_grad(set_to_none=set_to_none)
-
-    def step(self) -> None:
-        """One step of every optimizer, each with its own groups' learning rates."""
-        for opt in self:
-            opt.step()
-
-    def state_dict(self) -> dict[str, Any]:
-        """{name: that optimizer's state_dict}."""
-        return {name: opt.state_dict() for name, opt in self.optimizers.items()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what state_dict returned; the names must be this run's optimizers."""
-        if set(state) != set(self.optimizers):
-            raise ValueError(f"optimizer state holds {sorted(state)}, this run uses {sorted(self.optimizers)}")
-        for name, opt in self.optimizers.items():
-            opt.load_state_dict(state[name])
+OPTIMIZERS: dict[str, OptimizerKind] = {
+    "adamw": adamw.KIND,  # AdamW everywhere, GPT-2's groups
+    "muon": muon.KIND,  # Muon for the blocks' hidden matrices, AdamW for the rest (modded-nanogpt)
+}
 
 
-@dataclass(frozen=True)
-class OptimizerKind:
-    """One choice of `train.optimizer`: how it builds a model's optimizers, and the bytes a matrix weight costs while
-    training (the weight, its gradient and the optimizer's state, fp32) for the memory estimate."""
-
-    build: Callable[[GPT, TrainConfig, str], Optimizers]  # (model, train: section, device type)
-    bytes_per_weight: int
-
-
-OPTIMIZERS: Registry[OptimizerKind] = Registry(__name__, "optimizer")
+def optimizer_kind(cfg: TrainConfig) -> OptimizerKind:
+    """The kind train.optimizer names (a ParamError naming it and the kinds there are)."""
+    return choose(OPTIMIZERS, "train.optimizer", cfg.optimizer)
 
 
 def build_optimizers(model: GPT, cfg: TrainConfig, device_type: str) -> Optimizers:
     """The optimizers `cfg.optimizer` names, over every trainable weight of `model`."""
-    return OPTIMIZERS[cfg.optimizer].build(model, cfg, device_type)
-
-
-def set_lr(optimizer: Optimizers | torch.optim.Optimizer, lr: float, max_lr: float) -> None:
-    """Set each group's rate to lr scaled by its own peak, peak_lr * lr / max_lr (at max_lr: lr itself, bit for bit)."""
-    for group in optimizer.param_groups:
-        peak = group.get("peak_lr", max_lr)
-        group["lr"] = lr if peak == max_lr else peak * (lr / max_lr)
+    return optimizer_kind(cfg).build(model, cfg, device_type)

@@ -2,16 +2,14 @@
 optional own peak rates for the embedding tables, the head and the scalars (modded-nanogpt's record 2024-11-03)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from gptcore.model.gpt import GPT
-from gptcore.train.optimizers import OPTIMIZERS, OptimizerKind, Optimizers
-
-if TYPE_CHECKING:
-    from gptcore.train.config import TrainConfig
+from gptcore.train.config import TrainConfig
+from gptcore.train.optimizers.base import OptimizerKind, Optimizers
 
 
 def adamw_groups(model: GPT, weight_decay: float, max_lr: float, embed_lr: float | None = None,
@@ -51,4 +49,4 @@ def build(model: GPT, cfg: TrainConfig, device_type: str) -> Optimizers:
 
 
 # fp32 weight, gradient and AdamW's two moments
-OPTIMIZERS.register("adamw", OptimizerKind(build, bytes_per_weight=16))
+KIND = OptimizerKind(build, bytes_per_weight=16)

@@ -2,7 +2,7 @@
 q/k/v or gate/up matrix per matrix, and AdamW for the rest, as the NanoGPT speedrun (docs/modern-recipe.md)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -12,11 +12,9 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
 from gptcore.model.gpt import GPT
-from gptcore.train.optimizers import OPTIMIZERS, OptimizerKind, Optimizers
+from gptcore.train.config import TrainConfig
 from gptcore.train.optimizers.adamw import make_adamw
-
-if TYPE_CHECKING:
-    from gptcore.train.config import TrainConfig
+from gptcore.train.optimizers.base import OptimizerKind, Optimizers
 
 
 def hidden_matrices(model: GPT) -> list[nn.Parameter]:
@@ -90,4 +88,4 @@ def build(model: GPT, cfg: TrainConfig, device_type: str) -> Optimizers:
 
 
 # fp32 weight, gradient and one momentum buffer
-OPTIMIZERS.register("muon", OptimizerKind(build, bytes_per_weight=12))
+KIND = OptimizerKind(build, bytes_per_weight=12)

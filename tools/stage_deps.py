@@ -1,8 +1,8 @@
 """Write each dvc.yaml stage's code deps: every project file its command imports, found by reading the imports.
 
-`python -m stages.deps` rewrites the `.py` entries of every stage's `deps:` (data deps and comments stay as they
-are); `python -m stages.deps --check` exits 1 naming the stages whose committed deps differ (a test runs it). A code
-dep DVC lacks serves stale results; one the stage does not run reruns it for nothing.
+`python -m tools.stage_deps` rewrites the `.py` entries of every stage's `deps:` (data deps and comments stay as
+they are); `python -m tools.stage_deps --check` exits 1 naming the stages whose committed deps differ (a test runs
+it). A code dep DVC lacks serves stale results; one the stage does not run reruns it for nothing.
 """
 from __future__ import annotations
 
@@ -53,17 +53,8 @@ def imported_modules(path: Path, root: Path = ROOT) -> set[str]:
     return {".".join(n.split(".")[:i]) for n in names for i in range(1, n.count(".") + 2)}
 
 
-def registry_modules(path: Path) -> list[Path]:
-    """The modules a registry package loads when it is first read (gptcore/registry.py): every .py file beside its
-    __init__.py, when that makes a `Registry(__name__, ...)`; else none."""
-    if path.name != "__init__.py" or "Registry(__name__" not in path.read_text(encoding="utf-8"):
-        return []
-    return sorted(path.parent.glob("*.py"))
-
-
 def closure(entry: str, root: Path = ROOT) -> set[str]:
-    """Project files (repo-relative, POSIX) that running module `entry` imports, transitively (a registry's modules
-    included: importing its package runs them)."""
+    """Project files (repo-relative, POSIX) that running module `entry` imports, transitively."""
     seen: set[Path] = set()
     todo = [module_file(".".join(entry.split(".")[:i]), root) for i in range(1, entry.count(".") + 2)]
     while todo:
@@ -72,7 +63,6 @@ def closure(entry: str, root: Path = ROOT) -> set[str]:
             continue
         seen.add(p)
         todo.extend(module_file(m, root) for m in imported_modules(p, root))
-        todo.extend(registry_modules(p))
     return {p.relative_to(root).as_posix() for p in seen}
 
 
@@ -119,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--check" in argv:
         if changed:
             print(f"dvc.yaml: the code deps of {', '.join(changed)} differ from what they import: run "
-                  f"`python -m stages.deps` and commit dvc.yaml", file=sys.stderr)
+                  f"`python -m tools.stage_deps` and commit dvc.yaml", file=sys.stderr)
         return 1 if changed else 0
     if changed:
         path.write_text(text, encoding="utf-8")

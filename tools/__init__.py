@@ -1,0 +1,1 @@
+"""Developer tools that keep the project's generated files true to the code (run from the project root)."""
