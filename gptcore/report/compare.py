@@ -80,7 +80,7 @@ def why_not_comparable(figure: str, run: dict[str, Any], measured: dict[str, Any
     if figure == "hellaswag_acc_norm":
         hs = run.get("hellaswag")
         if not hs or hs.get("acc_norm") is None:
-            return "the run has no HellaSwag figure (eval.task is not hellaswag)"
+            return "the run has no HellaSwag figure (eval.tasks has no hellaswag)"
         sha = (measured.get("hellaswag") or {}).get("sha256")
         if sha != base["sha256"]:
             return (f"the run read HellaSwag from {(measured.get('hellaswag') or {}).get('file')} (sha256 {sha}), "
@@ -182,9 +182,10 @@ CHANCE = 0.25  # HellaSwag and the cloze task both pick one of 4 endings
 
 
 def final_acc_norm(run: dict[str, Any]) -> dict[str, float]:
-    """{task: acc_norm} of the multiple-choice tasks (HellaSwag, cloze) evaluate scored."""
-    return {task: run[task]["acc_norm"] for task in ("hellaswag", "cloze")
-            if isinstance(run.get(task), dict) and run[task].get("acc_norm") is not None}
+    """{task: acc_norm} of the multiple-choice tasks evaluate scored (eval.tasks): eval.json's entries with an
+    acc_norm and a count."""
+    return {task: scores["acc_norm"] for task, scores in run.items()
+            if isinstance(scores, dict) and scores.get("acc_norm") is not None and "count" in scores}
 
 
 def measured_line(run: dict[str, Any], speedrun: dict[str, Any]) -> str:

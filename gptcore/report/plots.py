@@ -25,8 +25,10 @@ from gptcore.report.steplog import read_step_tsv, write_tsv
 
 PNG_DIR = Path("plots_png")
 
-# dvclive step metrics that get a tokens_seen column for the plots against tokens seen.
-CURVES = ("train_loss", "val_loss", "hellaswag_acc_norm")
+# dvclive step metrics that get a tokens_seen column for the plots against tokens seen, and the suffix of a task's
+# accuracy curve logged in training (train.tasks: `<task>_acc_norm`), which goes on the accuracy plot
+CURVES = ("train_loss", "val_loss")
+ACC_NORM = "_acc_norm"
 
 
 # --- plot data (the compare stage) ---
@@ -71,15 +73,19 @@ def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir:
     says so: the plots draw only those), at the run's first and last logged step. out_dir/<curve>.tsv: step,
     tokens_seen, <curve> for each of CURVES the run logged (an evaluation at step s has seen s steps of tokens, a
     training step s + 1); train_loss.tsv also has train_loss_smooth (`smooth`) beside the raw column.
-    out_dir/acc_norm.tsv: step, tokens_seen, task, acc_norm: the HellaSwag curve logged in training, then
-    `final_acc_norm` ({task: acc_norm} of evaluate, HellaSwag or cloze) at the last step; absent if there is neither."""
+    out_dir/acc_norm.tsv: step, tokens_seen, task, acc_norm: each task's curve logged in training (train.tasks),
+    then `final_acc_norm` ({task: acc_norm} of evaluate's tasks) at the last step; absent if there is neither."""
     live_dir, out_dir = Path(live_dir), Path(out_dir)
     refs = baseline_values(dict(baselines))
     metrics_dir = live_dir / "plots" / "metrics"
     per_step = tokens_per_step(live_dir)
     written: list[Path] = []
     curves: dict[str, list[tuple[int, int, float]]] = {}  # name -> [(step, tokens_seen, value)]
-    for name in CURVES:
+    tasks = sorted(p.stem for p in metrics_dir.glob(f"*{ACC_NORM}.tsv"))  # each task of train.tasks
+    for old in out_dir.glob(f"*{ACC_NORM}.tsv") if out_dir.is_dir() else ():
+        if old.stem not in tasks:
+            old.unlink()  # a task this run did not score in training: none may linger
+    for name in (*CURVES, *tasks):
         src, dst = metrics_dir / f"{name}.tsv", out_dir / f"{name}.tsv"
         if not src.is_file():
             dst.unlink(missing_ok=True)  # not logged this run (say, HellaSwag on the quick start): none may linger
@@ -97,7 +103,7 @@ def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir:
     if not points:
         raise UserError(f"{metrics_dir}: no train_loss.tsv or val_loss.tsv rows; run the train stage first")
     first, last = min(points), max(points)  # tokens_seen grows with the step
-    acc_rows = [(s, t, "hellaswag", v) for s, t, v in curves.get("hellaswag_acc_norm", [])]
+    acc_rows = [(s, t, name.removesuffix(ACC_NORM), v) for name in tasks for s, t, v in curves.get(name, [])]
     acc_rows += [(*last, task, value) for task, value in (final_acc_norm or {}).items()]
     acc = out_dir / "acc_norm.tsv"
     if acc_rows:
