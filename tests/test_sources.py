@@ -17,7 +17,6 @@ import yaml
 from test_tokenize import fetch
 
 from gptcore.data import corpus as corpus_mod
-from gptcore.data.config import FetchConfig
 from gptcore.data.sources import base, hub, local, package
 from gptcore.errors import UserError
 
