@@ -124,9 +124,11 @@ def test_the_modern_recipe_with_muon_on_sharded_weights_trains_as_ddp_and_one_pr
         for k in wa:
             diff = (wa[k] - wb[k]).abs()
             if k == "transformer.wte.weight":
+                # a token seen too rarely to have a gradient above rounding gets an Adam step whose sign the
+                # reduction order decides: such tokens are rare, and each differs by less than one step at embed_lr
                 print(f"against {other}, token table: largest difference {float(diff.max()):.2e}, "
                       f"{int((diff > TOL).sum())} of {diff.numel():,} elements over {TOL}")
-                assert float(diff.max()) < 2e-3 and int((diff > TOL).sum()) <= 1e-4 * diff.numel()
+                assert float(diff.max()) < MODERN_TRAIN["embed_lr"] and int((diff > TOL).sum()) <= 1e-4 * diff.numel()
             else:
                 assert float(diff.max()) < TOL, (other, k)
 

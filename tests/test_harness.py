@@ -353,7 +353,7 @@ def test_evaluate_stage_lm_eval_tasks(tmp_path):
     rows = tmp_path / "hs.jsonl"
     rows.write_text(json.dumps({"ctx": "a b", "endings": ["c", "d", "e", "f"], "label": 0}) + "\n"
                     + json.dumps({"ctx": "", "endings": ["c", "d", "e", "f"], "label": 0}) + "\n")
-    assert f"{rows}:2: empty context" in refused(lm_eval_fewshot=0, task="hellaswag", hellaswag_path=str(rows))
+    assert f"{rows}:2: empty context" in refused(lm_eval_fewshot=0, tasks=["hellaswag"], hellaswag_path=str(rows))
     # a task whose data cannot be read: one line naming it, before the model is loaded
     (tasks / "synth_word.jsonl").unlink()
     assert "'synth_word'" in refused(tasks=["cloze"], hellaswag_path=None, model="no-such-model")  # model: not reached
