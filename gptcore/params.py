@@ -4,7 +4,7 @@ field's annotation is its type, and `param()` gives its default, its one-line de
 
 `Section.read` checks a section of params.yaml once, naming `section.key`, the value and what is allowed in one line
 (`ParamError`), and returns the typed object the library takes. conf/config.yaml is written from these classes
-(gptcore/config.py).
+(gptcore/conf.py).
 """
 from __future__ import annotations
 

@@ -301,7 +301,7 @@ class Trainer:
 
     def measured_step(self) -> dict[str, Any]:
         """`train_step`, out of memory as one line naming train.micro_batch; the first two steps' peak (the second holds
-        the optimizer state) stops a run that nearly does not fit (gptcore.distributed)."""
+        the optimizer state) stops a run that nearly does not fit (gptcore/train/memory.py)."""
         cfg = self.cfg
         sequences = cfg.total_batch_tokens // (self.raw_model.config.block_size * self.env.world_size)
         if self.memory_steps == 0:
