@@ -76,8 +76,9 @@ def eval_line(step: int, train_loss: float | None, measured: dict[str, float]) -
     """`step N: train loss X, val loss Y, hellaswag acc_norm Z`: what an eval measured (its val loss and each task's
     acc_norm), with the last train loss."""
     parts = [f"train loss {train_loss:.4f}"] if train_loss is not None else []
-    parts += [f"{name.replace('_', ' ')} {value:.4f}" for name, value in measured.items()
-              if name == "val_loss" or name.endswith("_acc_norm")]
+    parts += [f"val loss {measured['val_loss']:.4f}"] if "val_loss" in measured else []
+    parts += [f"{name.removesuffix('_acc_norm')} acc_norm {value:.4f}" for name, value in measured.items()
+              if name.endswith("_acc_norm") and name != "best_val_loss"]
     return f"step {step}: {', '.join(parts)}"
 
 
