@@ -78,7 +78,7 @@ def eval_line(step: int, train_loss: float | None, measured: dict[str, float]) -
     parts = [f"train loss {train_loss:.4f}"] if train_loss is not None else []
     parts += [f"val loss {measured['val_loss']:.4f}"] if "val_loss" in measured else []
     parts += [f"{name.removesuffix('_acc_norm')} acc_norm {value:.4f}" for name, value in measured.items()
-              if name.endswith("_acc_norm") and name != "best_val_loss"]
+              if name.endswith("_acc_norm")]
     return f"step {step}: {', '.join(parts)}"
 
 
