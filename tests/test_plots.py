@@ -128,7 +128,7 @@ def test_plot_data_bad_input(tmp_path):
     fake_run(live)
     with pytest.raises(UserError, match="gpt2_124m needs numeric hellaswag_acc_norm"):
         plots.write_plot_data(live, {"gpt2_124m": {"val_loss": 3.3}}, tmp_path / "plots")
-    with pytest.raises(UserError, match="gpt3_124m.hellaswag_acc_norm must be a number, got 'n/a'"):
+    with pytest.raises(UserError, match="gpt3_124m.hellaswag_acc_norm must be a finite number, got 'n/a'"):
         plots.write_plot_data(live, {**BASELINES, "gpt3_124m": {"hellaswag_acc_norm": "n/a"}}, tmp_path / "plots")
 
 
