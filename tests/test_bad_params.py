@@ -389,6 +389,11 @@ USER_CASES = [
     Case("gptcore-sample, no model/", [*SAMPLE, "--model", "no_such_model"], "model 'no_such_model': no such file"),
     Case("gptcore-sample, no prompt file", [*SAMPLE, "--prompt", "FILE:nope.txt"], "prompt file nope.txt not found"),
     Case("gptcore-sample --top-k x", [*SAMPLE, "--top-k", "x"], "argument --top-k: invalid int value: 'x'"),
+    # the option named, not params.yaml (the device rule is shared with train.device and eval.device)
+    Case("gptcore-sample --device cuda:5, no GPU", [*SAMPLE, "--device", "cuda:5"],
+         "[gptcore-sample] --device='cuda:5': no CUDA GPU is visible", needs_no_gpu=True),
+    Case("gptcore-sample, prompt file a folder", [*SAMPLE, "--prompt", "FILE:data"],
+         "[gptcore-sample] prompt file data is a folder (from --prompt 'FILE:data'): name a text file"),
 ]
 
 

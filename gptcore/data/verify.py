@@ -42,3 +42,7 @@ def _report(shard_dir: str) -> int:
     tokens = sum(s["tokens"] for s in m["shards"])
     print(f"ok: {len(m['shards'])} shards, {tokens:,} tokens, {m['dtype']}, tokenizer {m['tokenizer']['name']}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
