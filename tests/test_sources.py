@@ -533,8 +533,16 @@ def test_a_link_out_of_the_project_is_refused_unless_fetch_path_names_it(own_tex
     (own_text / "data/local/theirs").symlink_to(outside.parent, target_is_directory=True)
     proc = fetch_stage(own_text, "data/local")
     assert proc.returncode == 1 and said(proc)[0].startswith(
+        f"[fetch] data/local/theirs is a symbolic link to {outside.parent}, outside the project"), proc.stderr
+    proc = fetch_stage(own_text, "data/local/**/*.txt")  # a glob: the file named with the link on its way
+    assert proc.returncode == 1 and said(proc)[0].startswith(
         f"[fetch] data/local/theirs/secret.txt: data/local/theirs is a symbolic link to {outside.parent}, outside "
         f"the project"), proc.stderr
+    (own_text / "data/local/root").symlink_to("/", target_is_directory=True)  # refused before a walk of the disk
+    proc = fetch_stage(own_text, "data/local")
+    assert proc.returncode == 1 and said(proc)[0].startswith(
+        "[fetch] data/local/root is a symbolic link to /, outside the project"), proc.stderr
+    (own_text / "data/local/root").unlink()
     # named on purpose: read, and the link named
     proc = fetch_stage(own_text, "data/local/theirs")
     assert proc.returncode == 0, proc.stderr

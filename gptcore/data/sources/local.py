@@ -46,6 +46,15 @@ def _on_the_way(file: Path, start: Path) -> Iterator[Path]:
             yield step
 
 
+def _leads_out(link: Path, place: Path, file: Path | None = None) -> UserError:
+    """The one line for `link`, which leads out of the project, on the way to `file` (fetch.path names `place`)."""
+    there = os.path.realpath(link)
+    on_the_way = f"{file}: " if file is not None and Path(file) != link else ""
+    return UserError(f"{on_the_way}{link} is a symbolic link to {there}, outside the project: fetch reads nothing a "
+                     f"link leads out of the project to unseen; set fetch.path to {link} to read it on purpose, or "
+                     f"copy what it leads to into {place}")
+
+
 def check_links(path: str, files: list[Path]) -> dict[str, str]:
     """Each symbolic link on the way to `files` (inside the project: from its root down; elsewhere: from the place
     fetch.path names down) with where it leads, resolved. A file a link leads out of the project is a UserError
@@ -63,11 +72,7 @@ def check_links(path: str, files: list[Path]) -> dict[str, str]:
             found.setdefault(str(link), os.path.realpath(link))
         if links and not any(Path(os.path.realpath(f)).is_relative_to(a) for a in allowed):
             out = [k for k in links if not any(Path(os.path.realpath(k)).is_relative_to(a) for a in allowed)]
-            link = out[0] if out else links[-1]
-            there = os.path.realpath(link)
-            raise UserError(f"{'' if link == Path(f) else f'{f}: '}{link} is a symbolic link to {there}, outside the "
-                            f"project: fetch reads nothing a link leads out of the project to unseen; set fetch.path "
-                            f"to {link} to read it on purpose, or copy what it leads to into {named(path)}")
+            raise _leads_out(out[0] if out else links[-1], named(path), f)
     return found
 
 
@@ -95,10 +100,16 @@ def _changed(path: Path, before: tuple[int, ...]) -> str | None:
 
 def _walk(folder: Path) -> Iterator[Path]:
     """Every file under `folder`, into folders a symbolic link leads to as well (as a glob's `**` goes), each real
-    folder once (a link to a folder above would loop)."""
+    folder once (a link to a folder above would loop). A linked folder out of the project and out of `folder` is
+    refused before it is entered (a link to / would walk the whole disk first)."""
+    allowed = (Path(os.path.realpath(Path.cwd())), Path(os.path.realpath(folder)))
     seen: set[str] = set()
     for top, folders, names in os.walk(folder, followlinks=True):
         seen.add(os.path.realpath(top))
+        for d in folders:
+            step = Path(top, d)
+            if step.is_symlink() and not any(Path(os.path.realpath(step)).is_relative_to(a) for a in allowed):
+                raise _leads_out(step, folder)
         folders[:] = [d for d in folders if os.path.realpath(os.path.join(top, d)) not in seen]
         yield from (Path(top, name) for name in names)
 
