@@ -590,3 +590,21 @@ def test_text_written_while_fetch_reads_publishes_nothing(own_text, write, says)
     assert fetch_stage(own_text).returncode == 0
     texts = list(corpus_mod.open_corpus(own_text / "data/raw").texts())
     assert "a line written while fetch read the file\n" in "".join(texts)
+
+
+def test_a_link_into_the_project_s_dvc_cache_is_read(own_text, tmp_path):
+    """A shared DVC cache outside the project with cache.type symlink: `dvc add data/local/b.txt` leaves a link
+    into the cache, which is read (and named) as DVC made it."""
+    cache = tmp_path / "shared_cache"
+    (cache / "files" / "md5" / "ab").mkdir(parents=True)
+    (cache / "files" / "md5" / "ab" / "cdef").write_text("Tracked by DVC.\n", encoding="utf-8")
+    (own_text / ".dvc").mkdir()
+    (own_text / ".dvc" / "config").write_text(f"[core]\n    analytics = false\n[cache]\n    dir = {cache}\n"
+                                              f"    type = symlink\n", encoding="utf-8")
+    (own_text / "data/local/b.txt").symlink_to(cache / "files" / "md5" / "ab" / "cdef")
+    proc = fetch_stage(own_text)
+    assert proc.returncode == 0, proc.stderr
+    assert said(proc)[0] == f"[fetch] data/local/b.txt is a symbolic link to {cache / 'files/md5/ab/cdef'}"
+    assert list(corpus_mod.open_corpus(own_text / "data/raw").texts()) == ["First document.\n", "Tracked by DVC.\n"]
+    (own_text / ".dvc" / "config").write_text("[core]\n    analytics = false\n", encoding="utf-8")  # no cache there
+    assert fetch_stage(own_text).returncode == 1

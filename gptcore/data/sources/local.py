@@ -5,6 +5,7 @@ text file's byte-order mark is dropped, and a file that changes while fetch read
 from __future__ import annotations
 
 import codecs
+import configparser
 import glob as _glob
 import itertools
 import json
@@ -46,6 +47,26 @@ def _on_the_way(file: Path, start: Path) -> Iterator[Path]:
             yield step
 
 
+def _dvc_cache() -> list[Path]:
+    """The DVC cache folder the project's .dvc/config (or config.local) sets, where it sets one: with cache.type
+    symlink, `dvc add data/local/mine.txt` leaves a link there (a shared cache often lies outside the project)."""
+    found = []
+    for name in ("config", "config.local"):
+        config = configparser.ConfigParser(strict=False, interpolation=None)
+        try:
+            config.read(Path(".dvc") / name, encoding="utf-8")
+        except (configparser.Error, UnicodeDecodeError):  # DVC reads its own config; a cache is only an allowance
+            continue
+        if config.has_option("cache", "dir"):
+            found.append(Path(os.path.realpath(Path(".dvc") / config.get("cache", "dir"))))
+    return found
+
+
+def _allowed(place: Path) -> tuple[Path, ...]:
+    """Where a symbolic link may lead: into the project, the place fetch.path names, or the project's DVC cache."""
+    return (Path(os.path.realpath(Path.cwd())), Path(os.path.realpath(place)), *_dvc_cache())
+
+
 def _leads_out(link: Path, place: Path, file: Path | None = None) -> UserError:
     """The one line for `link`, which leads out of the project, on the way to `file` (fetch.path names `place`)."""
     there = os.path.realpath(link)
@@ -58,11 +79,11 @@ def _leads_out(link: Path, place: Path, file: Path | None = None) -> UserError:
 def check_links(path: str, files: list[Path]) -> dict[str, str]:
     """Each symbolic link on the way to `files` (inside the project: from its root down; elsewhere: from the place
     fetch.path names down) with where it leads, resolved. A file a link leads out of the project is a UserError
-    unless it lies in the place fetch.path names (resolved), which the user chose: a link in data/local/ to
-    /etc/passwd would be trained on unseen."""
+    unless it lies in the place fetch.path names (resolved), which the user chose, or in the DVC cache, where DVC
+    put it: a link in data/local/ to /etc/passwd would be trained on unseen."""
     root = Path.cwd()
     place = Path(os.path.abspath(named(path)))
-    allowed = (Path(os.path.realpath(root)), Path(os.path.realpath(place)))
+    allowed = _allowed(place)
     found: dict[str, str] = {}
     for f in files:
         start = root if Path(os.path.abspath(f)).is_relative_to(root) else place
@@ -102,7 +123,7 @@ def _walk(folder: Path) -> Iterator[Path]:
     """Every file under `folder`, into folders a symbolic link leads to as well (as a glob's `**` goes), each real
     folder once (a link to a folder above would loop). A linked folder out of the project and out of `folder` is
     refused before it is entered (a link to / would walk the whole disk first)."""
-    allowed = (Path(os.path.realpath(Path.cwd())), Path(os.path.realpath(folder)))
+    allowed = _allowed(folder)
     seen: set[str] = set()
     for top, folders, names in os.walk(folder, followlinks=True):
         seen.add(os.path.realpath(top))
