@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -44,6 +43,7 @@ from gptcore.train import memory  # noqa: E402
 from gptcore.train.config import TrainConfig  # noqa: E402
 from gptcore.train.parallel import MODES, evaluating  # noqa: E402
 from gptcore.train.trainer import Trainer  # noqa: E402
+from gptcore.user_files import read_yaml  # noqa: E402
 
 PRESETS = ROOT / "conf" / "preset"
 A100_PEAK = 312e12  # dense bf16
@@ -53,7 +53,7 @@ LLMC_MFU = 0.60
 
 def preset_sections(name: str) -> tuple[dict, dict]:
     """A preset's model and train sections, its `defaults` presets applied first (as the config does)."""
-    doc = yaml.safe_load((PRESETS / f"{name}.yaml").read_text())
+    doc = read_yaml(PRESETS / f"{name}.yaml")
     model, train = {}, {}
     for base in doc.get("defaults", []):
         if isinstance(base, str) and base != "_self_" and base != name:

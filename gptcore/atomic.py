@@ -94,9 +94,10 @@ def write_text(path: str | Path, text: str) -> None:
 
 
 def write_json(path: str | Path, data: Any, indent: int = 2) -> None:
-    """Replace `path` with `data` as indented JSON (UTF-8, trailing newline) atomically."""
+    """Replace `path` with `data` as indented, strict JSON (UTF-8, trailing newline) atomically: a NaN or an infinity
+    in `data` is a ValueError (JSON has neither; the caller gives a finite number or None) and `path` stays."""
     with atomic_write(path) as f:
-        json.dump(data, f, indent=indent, ensure_ascii=False)
+        json.dump(data, f, indent=indent, ensure_ascii=False, allow_nan=False)
         f.write("\n")
 
 

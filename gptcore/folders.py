@@ -5,6 +5,7 @@ gptcore/atomic.py."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from gptcore.errors import UserError
@@ -55,6 +56,34 @@ def refuse_link(final: str | Path, what: str, why: str = "the folder it points t
     check_writable(final.parent, what)
 
 
+MOUNTINFO = Path("/proc/self/mountinfo")  # Linux: every mount this process sees, bind mounts included
+
+
+def _unescape(field: bytes) -> str:
+    """A mountinfo path: the kernel writes a space, tab, newline and backslash as octal escapes (\\040 ...)."""
+    return os.fsdecode(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), field))
+
+
+def mount_points() -> set[str] | None:
+    """The mount points of this process's mount table (/proc/self/mountinfo's fifth field), None where there is
+    none to read (not Linux)."""
+    try:
+        table = MOUNTINFO.read_bytes()
+    except OSError:
+        return None
+    return {_unescape(fields[4]) for fields in map(bytes.split, table.splitlines()) if len(fields) > 4}
+
+
+def is_mount_point(path: str | Path) -> bool:
+    """Whether something is mounted at `path`, as the mount table says: a bind mount from the same file system
+    included, which os.path.ismount does not see (same device, parent and child on it); ismount where there is no
+    table."""
+    points = mount_points()
+    if points is not None and os.path.realpath(path) in points:
+        return True
+    return os.path.ismount(path)
+
+
 def next_path(final: str | Path) -> Path:
     """The hidden name beside `final` where its next version is built (`staged_dir` checks it first)."""
     final = Path(final)
@@ -66,7 +95,7 @@ def staged_dir(final: str | Path) -> Path:
     no symbolic link at it or above it, and not a mount point (a rename cannot replace one)."""
     final = Path(final)
     refuse_link(final, "gptcore")
-    if os.path.ismount(final):
+    if is_mount_point(final):  # a bind mount too: the rename would end in EBUSY after all the work
         raise NotRenamable(f"{final} is a mount point: a run replaces {final}/ whole by a rename, which cannot move a "
                            f"mount point; mount the disk at a folder above it (e.g. the project's) or unmount it, "
                            f"then run again (nothing was written)")

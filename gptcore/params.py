@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal, Mapping, TypeVar, Union
 
-import yaml
-
 from gptcore.errors import UserError
+from gptcore.user_files import read_yaml
 
 T = TypeVar("T")
 REQUIRED: Any = "???"  # no default: conf/config.yaml shows `???` and every preset sets the key
@@ -200,42 +199,12 @@ class Section:
                 if not p.resume_ok and (p.applies is None or p.applies(self))}
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader refusing a key given twice in one mapping (PyYAML keeps the last one silently; DVC
-    refuses the file, so the stages do too)."""
-
-
-def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        line = key_node.start_mark.line + 1
-        if key in seen:
-            raise UserError(f"{key_node.start_mark.name}:{line}: key {key!r} is given twice (also on line "
-                            f"{seen[key]}): keep one")
-        seen[key] = line
-    return loader.construct_mapping(node)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
-
-
 def read_params_file(path: str | Path) -> dict[str, Any]:
-    """The sections of a params file; a UserError naming the file (and line) when it is missing, is not valid YAML,
-    gives a key twice or is not a mapping of sections."""
+    """The sections of a params file (read by gptcore.user_files.read_yaml); a UserError naming the file (and line)
+    when it is missing, is not valid YAML, gives a key twice, holds a non-finite number or is not a mapping of
+    sections."""
     path = Path(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            params = yaml.load(f, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
-    except FileNotFoundError:
-        raise UserError(f"{path.resolve()}: params file not found (run stages from the project root)") from None
-    except (OSError, UnicodeDecodeError, yaml.reader.ReaderError) as e:
-        raise UserError(f"{path}: cannot read the params file ({e})") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        what = getattr(e, "problem", None) or str(e)
-        raise UserError(f"{where}: not valid YAML ({what}): fix the file (e.g. the indentation or a quote)") from None
+    params = read_yaml(path, missing=f"params file not found in {Path.cwd()} (run stages from the project root)")
     if params is None:
         return {}
     if not isinstance(params, dict):

@@ -13,11 +13,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gptcore.errors import UserError
 from gptcore.model.config import ModelConfig
 from gptcore.train.config import TrainConfig
+from gptcore.user_files import read_yaml
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 CONFIG, PRESETS = CONF / "config.yaml", CONF / "preset"
@@ -32,14 +31,14 @@ def composed(preset: str, folder: Path = PRESETS) -> dict[str, dict[str, Any]]:
                 into.setdefault(section, {}).update(body)
 
     def layer(name: str, into: dict) -> None:
-        text = yaml.safe_load((Path(folder) / f"{name}.yaml").read_text(encoding="utf-8")) or {}
+        text = read_yaml(Path(folder) / f"{name}.yaml") or {}
         for base in text.get("defaults", []):
             if isinstance(base, str) and base != "_self_":
                 layer(base, into)
         merge(into, text)
 
     out: dict[str, dict[str, Any]] = {}
-    merge(out, yaml.safe_load(CONFIG.read_text(encoding="utf-8")))
+    merge(out, read_yaml(CONFIG))
     layer(preset, out)
     return out
 
@@ -80,7 +79,7 @@ def preset_descriptions(folder: Path = PRESETS) -> dict[str, str]:
 
 def list_presets(folder: Path = PRESETS) -> list[str]:
     """The lines `--presets` prints: each preset, the default marked, with its description; then how to pick one."""
-    default = next((d["preset"] for d in yaml.safe_load(CONFIG.read_text(encoding="utf-8"))["defaults"]
+    default = next((d["preset"] for d in read_yaml(CONFIG)["defaults"]
                     if isinstance(d, dict) and "preset" in d), None)
     found = preset_descriptions(folder)
     names = {name: name + (" (default)" if name == default else "") for name in found}

@@ -18,13 +18,13 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
-import yaml
 from tqdm import tqdm
 
 from gptcore.errors import UserError, ending
 from gptcore.lifetime import leave_line, mortal, rank_lines, under_torchrun
 from gptcore.locks import FolderLock
 from gptcore.params import ParamError, Section, read_params_file
+from gptcore.user_files import read_yaml
 
 S = TypeVar("S", bound=Section)
 PARAMS = Path("params.yaml")
@@ -146,7 +146,7 @@ def copied_results(name: str) -> list[Path]:
     root = os.environ.get("DVC_ROOT")
     if not root or Path(root).resolve() == Path.cwd().resolve() or not DVC_YAML.is_file():
         return []
-    stages = yaml.safe_load(DVC_YAML.read_text(encoding="utf-8"))["stages"]  # in pipeline order
+    stages = read_yaml(DVC_YAML)["stages"]  # in pipeline order
     if name not in stages:
         return []
     paths = []

@@ -2,11 +2,13 @@
 samples and lm-eval tasks -> metrics/eval.json, measured_on.json, predictions.jsonl, samples.txt."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from gptcore import device, distributed
 from gptcore.atomic import write_json
 from gptcore.data.shard_set import ShardSet
+from gptcore.errors import UserError
 from gptcore.eval import harness, sampling
 from gptcore.eval.config import EvalConfig, scored_tokens
 from gptcore.eval.measured import measured_on
@@ -46,6 +48,9 @@ def main() -> None:
         run = dict(device=env.device, dtype=dtype, batch_size=cfg.eval_batch)
         loss = val_loss(model, tokens, block, cfg.eval_batch, env.device, dtype, env.rank, env.world_size,
                         progress=env.is_main)
+        if not math.isfinite(loss):  # no figure of a model whose outputs overflow means anything; JSON holds no NaN
+            raise UserError(f"{spec}: val loss {loss}: the model's outputs are not finite (its weights, or "
+                            f"eval.dtype={cfg.dtype} overflowing): nothing was written")
         bpc = bits_per_char(loss, tokens, tok)  # comparable across tokenizers, unlike val_loss
         results = {name: score_examples(model, ex, tok.vocab_size, progress=env.is_main, **run)
                    for name, ex in examples.items()}

@@ -16,6 +16,7 @@ def main() -> None:
     with stage("fetch", writes=[RAW]) as s:  # a second fetch, or one while tokenize reads, refuses before it deletes
         cfg = s.config(FetchConfig)
         rec = fetch(cfg, RAW, progress=True)
+        s.say(*(f"{link} is a symbolic link to {target}" for link, target in rec.get("links", {}).items()))
         if cfg.source == "local" and not watched(cfg.path):  # DVC would not rerun fetch after those files change
             s.say(f"note: fetch.path={cfg.path} is outside {WATCHED}/, which DVC watches: after changing its files, "
                   f"run `dvc repro -f fetch` (or move them into {WATCHED}/)")

@@ -41,6 +41,17 @@ def test_an_error_inside_leaves_the_old_file_and_no_temp(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["m.json"]
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_write_json_writes_strict_json_only(tmp_path, value):
+    """JSON has no NaN or infinity (json.loads of other languages refuses Python's bare NaN): such a value is a bug of
+    the caller, which gives a finite number or None; the file stays as it was."""
+    atomic.write_json(tmp_path / "m.json", {"a": 1.5, "b": None})
+    with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+        atomic.write_json(tmp_path / "m.json", {"a": {"b": [value]}})
+    assert (tmp_path / "m.json").read_text() == '{\n  "a": 1.5,\n  "b": null\n}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["m.json"]
+
+
 def test_temp_names_are_hidden_distinct_and_end_in_tmp(tmp_path):
     names = {atomic.temp_beside(tmp_path / "shard.npy").name for _ in range(50)}
     assert len(names) == 50 and all(n.startswith(".shard.npy.") and n.endswith(atomic.TMP_SUFFIX) for n in names)

@@ -313,6 +313,20 @@ def repeated_hellaswag(project: Path) -> None:
     set_params(eval__tasks=["hellaswag"], eval__hellaswag_path=EMPTY_HELLASWAG)(project)
 
 
+NAN_MODEL = "nan_model.pt"
+
+
+def nan_weights(project: Path) -> None:
+    """eval.model: the trained model/model.pt with one weight NaN (a run diverged, or a file from elsewhere): its val
+    loss is NaN, which eval.json, strict JSON, cannot hold."""
+    import torch
+
+    ckpt = torch.load(project / "model" / "model.pt", weights_only=True)
+    ckpt["model"]["lm_head.weight"][0, 0] = float("nan")
+    torch.save(ckpt, project / NAN_MODEL)
+    set_param("eval", "model", NAN_MODEL)(project)
+
+
 def no_network(project: Path) -> dict[str, str]:
     """What a machine without internet sees, on any machine: a proxy that refuses every connection, the hub offline
     with an empty cache (so no copy of GPT-2 a developer has cached is found)."""
@@ -382,6 +396,8 @@ USER_CASES = [
          edit_manifest(lambda m: m["shards"][0].pop("split"))),
     Case("HF folder, pickled .bin", stage("evaluate"), f"{HF_PICKLED}/pytorch_model.bin: not loadable as plain tensors",
          pickled_hf_folder),
+    Case("eval.model with NaN weights", stage("evaluate"), f"[evaluate] {NAN_MODEL}: val loss nan: the model's "
+         "outputs are not finite (its weights, or eval.dtype=float32 overflowing): nothing was written", nan_weights),
     Case("full disk (evaluate)", stage("evaluate"), "no space left on", disk=FULL),
     Case("read-only metrics/ (evaluate)", stage("evaluate"), "cannot write (read-only file system)", disk=READ_ONLY),
     Case("gptcore-sample --num-samples 0", [*SAMPLE, "--num-samples", "0"],
@@ -389,6 +405,11 @@ USER_CASES = [
     Case("gptcore-sample, no model/", [*SAMPLE, "--model", "no_such_model"], "model 'no_such_model': no such file"),
     Case("gptcore-sample, no prompt file", [*SAMPLE, "--prompt", "FILE:nope.txt"], "prompt file nope.txt not found"),
     Case("gptcore-sample --top-k x", [*SAMPLE, "--top-k", "x"], "argument --top-k: invalid int value: 'x'"),
+    # the option named, not params.yaml (the device rule is shared with train.device and eval.device)
+    Case("gptcore-sample --device cuda:5, no GPU", [*SAMPLE, "--device", "cuda:5"],
+         "[gptcore-sample] --device='cuda:5': no CUDA GPU is visible", needs_no_gpu=True),
+    Case("gptcore-sample, prompt file a folder", [*SAMPLE, "--prompt", "FILE:data"],
+         "[gptcore-sample] prompt file data is a folder (from --prompt 'FILE:data'): name a text file"),
 ]
 
 
@@ -484,6 +505,7 @@ def run_user_case(project: Path, case: Case, own_process: bool = False) -> tuple
             (project / name).write_bytes(data)
         shutil.rmtree(project / HF_PICKLED, ignore_errors=True)
         (project / EMPTY_HELLASWAG).unlink(missing_ok=True)
+        (project / NAN_MODEL).unlink(missing_ok=True)
     return ran, untouched and not changed(before, snapshot(project)), how
 
 

@@ -1,12 +1,19 @@
 """gptcore.report.compare.summarize: a delta only where the run measured what the baseline measured, \
 labelled with it."""
 import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 from stagekit import ROOT
 
+from gptcore.errors import UserError
 from gptcore.eval.tasks.hellaswag import HELLASWAG_VAL_SHA256
+from gptcore.report.baselines import check_baselines
 from gptcore.report.compare import SAME, comparable_figures, describe, split_outputs, summarize
 
 BASELINES = yaml.safe_load((ROOT / "conf" / "baselines.yaml").read_text(encoding="utf-8"))
@@ -293,3 +300,46 @@ def test_the_xl_run_s_lm_eval_hellaswag_is_set_beside_gpt2_xl_s_not_124m_s():
     small = summarize(run, BASELINES, shaped(12, 12, 768))  # GPT-2 124M's shape, or one no entry has: as before
     assert small["delta"]["lm_eval_hellaswag_acc_norm_vs_gpt2"] == pytest.approx(0.45 - 0.3114)
     assert summarize(run, BASELINES, shaped(4, 4, 128))["delta"] == small["delta"]
+
+
+# conf/baselines.yaml through the compare stage, as DVC runs it
+
+def compare_in(project: Path, baselines: str) -> tuple[int, list[str]]:
+    """`python -m stages.compare` in a project holding evaluate's eval.json and this conf/baselines.yaml."""
+    (project / "conf").mkdir(exist_ok=True)
+    (project / "metrics").mkdir(exist_ok=True)
+    (project / "conf" / "baselines.yaml").write_text(baselines, encoding="utf-8")
+    (project / "metrics" / "eval.json").write_text(json.dumps(FULL), encoding="utf-8")
+    (project / "params.yaml").write_text("compare:\n  target_val_loss: null\n", encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "stages.compare"], cwd=project, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    return proc.returncode, [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+
+
+REAL = (ROOT / "conf" / "baselines.yaml").read_text(encoding="utf-8")
+GPT3_LINE = REAL.splitlines().index("gpt3_124m:") + 1
+
+
+@pytest.mark.parametrize("baselines, says", [
+    (REAL + "gpt3_124m:\n  description: given again\n",
+     f"[compare] conf/baselines.yaml:{len(REAL.splitlines()) + 1}: key 'gpt3_124m' is given twice (also on line "
+     f"{GPT3_LINE}): keep one"),
+    (REAL.replace("hellaswag_acc_norm: 0.337", "hellaswag_acc_norm: .nan"),
+     f"[compare] conf/baselines.yaml:{GPT3_LINE + 3}: .nan is not a finite number"),
+    (REAL.replace("hellaswag_acc_norm: 0.337", "hellaswag_acc_norm: NaN"),
+     "[compare] conf/baselines.yaml: gpt3_124m.hellaswag_acc_norm must be a finite number, got 'NaN'"),
+])
+def test_an_entry_given_twice_or_a_figure_that_is_no_number_is_one_line_and_nothing_is_written(tmp_path, baselines,
+                                                                                              says):
+    """An entry given twice once read as its last copy (a message about its missing figures hid the duplicate); a
+    NaN figure was accepted and metrics/comparison.json got a bare NaN, which is not JSON."""
+    status, lines = compare_in(tmp_path, baselines)
+    assert status == 1 and len(lines) == 1 and lines[0].startswith(says), lines
+    assert sorted(p.name for p in (tmp_path / "metrics").iterdir() if p.name != ".lock") == ["eval.json"]
+
+
+def test_a_figure_from_elsewhere_that_is_not_finite_is_refused():
+    bad = copy.deepcopy(BASELINES)
+    bad["gpt2_124m"]["val_loss"] = float("inf")
+    with pytest.raises(UserError, match="gpt2_124m.val_loss must be a finite number, got inf"):
+        check_baselines(bad)

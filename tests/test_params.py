@@ -189,3 +189,51 @@ def test_a_param_whose_package_is_not_installed_is_refused_before_any_pass_with_
     with pytest.raises(MissingPackage, match=r"^eval.lm_eval_tasks needs the package lm_eval"):
         check_scoring(evaluation, 64, None)
     TrainConfig.read(params["train"])  # not asked for: nothing needed
+
+
+# params.yaml (and every YAML file the project reads) as YAML defines it, through a stage as DVC runs it
+
+MERGED = """\
+mine: &mine
+  source: local
+  path: a.txt
+  max_docs: 5
+fetch:
+  <<: *mine
+  path: b.txt
+"""
+
+
+def fetch_in(project: Path, params: str | bytes) -> tuple[int, list[str]]:
+    """`python -m stages.fetch` in `project` with this params.yaml: its exit status and its lines."""
+    import os
+    import subprocess
+    import sys
+
+    (project / "params.yaml").write_bytes(params if isinstance(params, bytes) else params.encode())
+    proc = subprocess.run([sys.executable, "-m", "stages.fetch"], cwd=project, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    return proc.returncode, [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("[")]
+
+
+def test_anchors_and_merge_keys_read_as_yaml_defines_them(tmp_path):
+    """`<<: *anchor` was "not valid YAML ... fix the indentation"; the merged keys give way to the mapping's own."""
+    (tmp_path / "a.txt").write_text("from a\n", encoding="utf-8")
+    (tmp_path / "b.txt").write_text("from b\n", encoding="utf-8")
+    status, lines = fetch_in(tmp_path, MERGED)
+    assert status == 0 and lines[-1] == "[fetch] 1 documents from local b.txt in 1 file(s) -> data/raw", lines
+
+
+@pytest.mark.parametrize("params, says", [
+    (MERGED + "  max_docs: 6\n  max_docs: 7\n", "[fetch] params.yaml:9: key 'max_docs' is given twice (also on line "
+                                                "8): keep one"),
+    (MERGED.replace("max_docs: 5", "max_docs: .nan"), "[fetch] params.yaml:4: .nan is not a finite number: give a "
+                                                      "number (or null where the key allows none)"),
+    ("fetch: {source: local, path: a.txt, max_docs: -.inf}", "[fetch] params.yaml:1: -.inf is not a finite number"),
+    (MERGED.replace("<<: *mine", "<<: *yours"), "[fetch] params.yaml:6:7: not valid YAML (found undefined alias "
+                                                "'yours')"),
+    (b"fetch:\n  source: \xff", "[fetch] params.yaml: not UTF-8 (byte 0xff at offset 17, line 2)"),
+])
+def test_a_key_twice_a_non_finite_number_or_a_bad_alias_is_one_line_naming_the_line(tmp_path, params, says):
+    status, lines = fetch_in(tmp_path, params)
+    assert status == 1 and len(lines) == 1 and lines[0].startswith(says), lines

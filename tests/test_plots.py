@@ -128,7 +128,7 @@ def test_plot_data_bad_input(tmp_path):
     fake_run(live)
     with pytest.raises(UserError, match="gpt2_124m needs numeric hellaswag_acc_norm"):
         plots.write_plot_data(live, {"gpt2_124m": {"val_loss": 3.3}}, tmp_path / "plots")
-    with pytest.raises(UserError, match="gpt3_124m.hellaswag_acc_norm must be a number, got 'n/a'"):
+    with pytest.raises(UserError, match="gpt3_124m.hellaswag_acc_norm must be a finite number, got 'n/a'"):
         plots.write_plot_data(live, {**BASELINES, "gpt3_124m": {"hellaswag_acc_norm": "n/a"}}, tmp_path / "plots")
 
 
@@ -231,6 +231,48 @@ def test_cli_bad_input_exits_with_a_reason(tmp_path, monkeypatch):
         plots.main([str(tmp_path / "x.json")])
     with pytest.raises(SystemExit, match="nope.json: cannot read"):
         plots.main([str(tmp_path / "nope.json")])
+    assert not (tmp_path / "png").exists()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--scale", "0"], "--scale 0.0: must be a number > 0"),
+    (["--scale", "-1"], "--scale -1.0: must be a number > 0"),
+    (["--scale", "nan"], "--scale nan: must be a number > 0"),
+    (["--out", "a_file"], "--out a_file: a_file is a file, not a folder"),
+    (["--out", "a_file/png"], "--out a_file/png: a_file is a file, not a folder"),
+])
+def test_cli_bad_argument_is_one_line_before_anything_is_drawn(tmp_path, monkeypatch, args, says):
+    """--scale 0 was vl-convert's ValueError after the rendering work; --out naming a file, a FileExistsError."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a_file").write_text("mine\n")
+    (tmp_path / "plots.json").write_text(json.dumps(dvc_like_output(ROWS)), encoding="utf-8")
+    monkeypatch.setattr(plots, "render_plots", lambda *a, **k: pytest.fail("drew before checking its arguments"))
+    with pytest.raises(SystemExit) as e:
+        plots.main(["plots.json", *args])
+    assert str(e.value.code).startswith(f"[gptcore-render-plots] {says}") and "\n" not in str(e.value.code)
+    assert (tmp_path / "a_file").read_text() == "mine\n"
+
+
+def _vega(content) -> dict:
+    return {"errors": [], "data": {"loss": [{"type": "vega", "content": content}]}}
+
+
+@pytest.mark.parametrize("doc, says", [
+    (_vega("a spec as a string"), "data['loss'][0].content is a string, not a Vega-Lite spec (a mapping)"),
+    (_vega({"data": "rows", "mark": "line"}), "data['loss'][0].content.data is a string, not a mapping"),
+    (_vega({"data": {"values": {"step": 1}}}), "data['loss'][0].content.data.values is a mapping, not a list of rows"),
+    ({"data": {"loss": {"type": "vega"}}}, "data['loss'] is a mapping, not a list of plots"),
+    ({"data": {"loss": ["vega"]}}, "data['loss'][0] is a string, not a mapping"),
+    ({"data": 5}, "data is a number, not a mapping of plot ids"),
+    ({"errors": "none", "data": {}}, "errors is a string, not a list of mappings"),
+])
+def test_cli_json_of_another_shape_is_one_line_naming_the_place(tmp_path, doc, says):
+    """A Vega plot whose content was a string was an AttributeError traceback."""
+    (tmp_path / "plots.json").write_text(json.dumps(doc), encoding="utf-8")
+    with pytest.raises(SystemExit) as e:
+        plots.main([str(tmp_path / "plots.json"), "--out", str(tmp_path / "png")])
+    assert str(e.value.code) == (f"[gptcore-render-plots] {tmp_path / 'plots.json'}: {says}: expected what `dvc "
+                                 f"plots show --json` prints")
     assert not (tmp_path / "png").exists()
 
 

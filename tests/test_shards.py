@@ -265,3 +265,21 @@ def test_verify_and_cli(tmp_path, capsys):
     assert len(problems) == 4
     assert verify.main([str(tmp_path)]) == 1
     assert verify.verify(tmp_path / "nothing")[0].endswith("no manifest; run the tokenize stage")
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"tokenizer": "gpt2"}, "tokenizer 'gpt2': must be an object with the tokenizer's name"),
+    ({"complete": "yes"}, "complete 'yes': must be true or false"),
+])
+def test_gptcore_verify_shards_names_a_manifest_field_of_another_shape(tmp_path, change, says):
+    """A tokenizer given as a string was a TypeError traceback after every shard had been hashed; "complete": "yes"
+    passed for a finished tokenize run. Run as the console script runs (python -m)."""
+    import subprocess
+    import sys
+
+    m = write(tmp_path, [5, 12, 0, 7], 20, 5)
+    (tmp_path / "manifest.json").write_text(json.dumps({**m, **change}))
+    proc = subprocess.run([sys.executable, "-m", "gptcore.data.verify", str(tmp_path)], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert proc.returncode == 1 and proc.stdout == (f"{tmp_path / 'manifest.json'}: {says}; rerun the tokenize "
+                                                    f"stage (or restore the file)\n"), proc.stdout + proc.stderr

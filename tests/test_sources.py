@@ -481,3 +481,130 @@ def test_dvc_reruns_fetch_when_a_file_under_data_local_changes_and_says_when_it_
     assert out.returncode == 0, out.stderr
     assert (f"note: fetch.path={outside} is outside data/local/, which DVC watches: after changing its files, run "
             f"`dvc repro -f fetch`" in out.stdout + out.stderr)
+
+
+# own text read as it is, through `python -m stages.fetch` in a project of its own
+
+INJECT = Path(__file__).resolve().parent / "inject"
+
+
+def fetch_stage(project: Path, fetch_path: str = "data/local/*.txt", **env: str) -> subprocess.CompletedProcess:
+    """`python -m stages.fetch` in `project` with fetch.path; `env`: tests/inject's faults (its folder on the path)."""
+    root = Path(__file__).resolve().parents[1]
+    (project / "params.yaml").write_text(yaml.safe_dump({"fetch": {"source": "local", "path": fetch_path}}))
+    path = f"{INJECT}{os.pathsep}{root}" if env else str(root)
+    return subprocess.run([sys.executable, "-m", "stages.fetch"], cwd=project, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": path, **env}, timeout=120)
+
+
+def said(proc: subprocess.CompletedProcess) -> list[str]:
+    """The stage's lines (tqdm's bar left out)."""
+    return [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("[fetch]")]
+
+
+def raw_bytes(project: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(project)): p.read_bytes() for p in sorted((project / "data/raw").rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+@pytest.fixture
+def own_text(tmp_path) -> Path:
+    project = tmp_path / "project"
+    (project / "data" / "local").mkdir(parents=True)
+    (project / "data" / "local" / "a.txt").write_text("First document.\n", encoding="utf-8")
+    return project
+
+
+def test_a_link_out_of_the_project_is_refused_unless_fetch_path_names_it(own_text, tmp_path):
+    """A link in data/local/ to /etc/passwd was read and trained on without a word. Now each link is named with
+    where it leads, and one leading out of the project is refused, unless fetch.path names it."""
+    outside = tmp_path / "elsewhere" / "secret.txt"
+    outside.parent.mkdir()
+    outside.write_text("not the project's\n", encoding="utf-8")
+    (own_text / "data/local/secret.txt").symlink_to(outside)
+    proc = fetch_stage(own_text)
+    assert proc.returncode == 1 and said(proc) == [
+        f"[fetch] data/local/secret.txt is a symbolic link to {outside}, outside the project: fetch reads nothing a "
+        f"link leads out of the project to unseen; set fetch.path to data/local/secret.txt to read it on purpose, or "
+        f"copy what it leads to into data/local"], proc.stderr
+    assert raw_bytes(own_text) == {}  # nothing written (the folder lock aside)
+    # a linked folder: its files are read as a glob's ** reads them, so the same rule holds there
+    (own_text / "data/local/secret.txt").unlink()
+    (own_text / "data/local/theirs").symlink_to(outside.parent, target_is_directory=True)
+    proc = fetch_stage(own_text, "data/local")
+    assert proc.returncode == 1 and said(proc)[0].startswith(
+        f"[fetch] data/local/theirs is a symbolic link to {outside.parent}, outside the project"), proc.stderr
+    proc = fetch_stage(own_text, "data/local/**/*.txt")  # a glob: the file named with the link on its way
+    assert proc.returncode == 1 and said(proc)[0].startswith(
+        f"[fetch] data/local/theirs/secret.txt: data/local/theirs is a symbolic link to {outside.parent}, outside "
+        f"the project"), proc.stderr
+    (own_text / "data/local/root").symlink_to("/", target_is_directory=True)  # refused before a walk of the disk
+    proc = fetch_stage(own_text, "data/local")
+    assert proc.returncode == 1 and said(proc)[0].startswith(
+        "[fetch] data/local/root is a symbolic link to /, outside the project"), proc.stderr
+    (own_text / "data/local/root").unlink()
+    # named on purpose: read, and the link named
+    proc = fetch_stage(own_text, "data/local/theirs")
+    assert proc.returncode == 0, proc.stderr
+    assert said(proc)[0] == f"[fetch] data/local/theirs is a symbolic link to {outside.parent}"
+    assert list(corpus_mod.open_corpus(own_text / "data/raw").texts()) == ["not the project's\n"]
+    # a link that stays in the project: read, named on the stage's lines and in fetch.json
+    (own_text / "data/local/theirs").unlink()
+    (own_text / "shared").mkdir()
+    (own_text / "shared/b.txt").write_text("Second document.\n", encoding="utf-8")
+    (own_text / "data/local/b.txt").symlink_to("../../shared/b.txt")
+    proc = fetch_stage(own_text)
+    assert proc.returncode == 0, proc.stderr
+    assert said(proc)[0] == f"[fetch] data/local/b.txt is a symbolic link to {own_text / 'shared/b.txt'}"
+    record = json.loads((own_text / "data/raw/fetch.json").read_text(encoding="utf-8"))
+    assert record["links"] == {"data/local/b.txt": str(own_text / "shared/b.txt")}
+    assert list(corpus_mod.open_corpus(own_text / "data/raw").texts()) == ["First document.\n", "Second document.\n"]
+
+
+def test_a_byte_order_mark_is_dropped(own_text):
+    """An editor's UTF-8 byte-order mark is no text: it no longer opens a .txt file's first document, and a .jsonl
+    file's first line reads as JSON. Inside a document (a JSON string, a parquet value) U+FEFF is text and stays."""
+    (own_text / "data/local/a.txt").write_bytes("\ufeffFirst document.\n".encode())
+    (own_text / "data/local/b.jsonl").write_bytes("\ufeff".encode() + b'{"text": "\\ufeffjson"}\n')
+    proc = fetch_stage(own_text, "data/local")
+    assert proc.returncode == 0, proc.stderr
+    assert list(corpus_mod.open_corpus(own_text / "data/raw").texts()) == ["First document.\n", "\ufeffjson"]
+
+
+@pytest.mark.parametrize("write, says", [
+    ("data/local/a.txt", "[fetch] data/local/a.txt changed while fetch read it (16 -> 57 bytes): nothing was "
+                         "published; run fetch again once nothing writes to it"),
+    ("data/local/c.txt", "[fetch] fetch.path='data/local/*.txt': files came or went while fetch read them "
+                         "(data/local/c.txt added): nothing was published; run fetch again once nothing writes there"),
+])
+def test_text_written_while_fetch_reads_publishes_nothing(own_text, write, says):
+    """A line appended to a .txt in data/local/ during fetch: data/raw once missed it while DVC, hashing data/local/
+    after the stage, recorded the new text in dvc.lock. Now the stage fails (DVC records nothing) and data/raw
+    stays; the next fetch reads the text as it is."""
+    (own_text / "data/local/b.txt").write_text("Second document.\n", encoding="utf-8")
+    assert fetch_stage(own_text).returncode == 0
+    before = raw_bytes(own_text)
+    proc = fetch_stage(own_text, GPTCORE_TEST_WRITE_WHILE_READ=f"data/local/a.txt:{write}")
+    assert proc.returncode == 1 and said(proc) == [says], proc.stdout + proc.stderr
+    assert raw_bytes(own_text) == before
+    assert fetch_stage(own_text).returncode == 0
+    texts = list(corpus_mod.open_corpus(own_text / "data/raw").texts())
+    assert "a line written while fetch read the file\n" in "".join(texts)
+
+
+def test_a_link_into_the_project_s_dvc_cache_is_read(own_text, tmp_path):
+    """A shared DVC cache outside the project with cache.type symlink: `dvc add data/local/b.txt` leaves a link
+    into the cache, which is read (and named) as DVC made it."""
+    cache = tmp_path / "shared_cache"
+    (cache / "files" / "md5" / "ab").mkdir(parents=True)
+    (cache / "files" / "md5" / "ab" / "cdef").write_text("Tracked by DVC.\n", encoding="utf-8")
+    (own_text / ".dvc").mkdir()
+    (own_text / ".dvc" / "config").write_text(f"[core]\n    analytics = false\n[cache]\n    dir = {cache}\n"
+                                              f"    type = symlink\n", encoding="utf-8")
+    (own_text / "data/local/b.txt").symlink_to(cache / "files" / "md5" / "ab" / "cdef")
+    proc = fetch_stage(own_text)
+    assert proc.returncode == 0, proc.stderr
+    assert said(proc)[0] == f"[fetch] data/local/b.txt is a symbolic link to {cache / 'files/md5/ab/cdef'}"
+    assert list(corpus_mod.open_corpus(own_text / "data/raw").texts()) == ["First document.\n", "Tracked by DVC.\n"]
+    (own_text / ".dvc" / "config").write_text("[core]\n    analytics = false\n", encoding="utf-8")  # no cache there
+    assert fetch_stage(own_text).returncode == 1

@@ -25,6 +25,24 @@ def test_resume_after_a_kill_that_truncated_the_summary(tmp_path):
     assert json.loads((live / "metrics.json").read_text())["train_loss"] == 1.5
 
 
+def test_a_rebuilt_summary_is_strict_json_where_a_curve_ends_in_nan(tmp_path):
+    """The logger leaves non-finite values out, but a curve written by hand or by an older gptcore may end in nan:
+    the summary rebuilt after a kill holds null there, never a bare NaN (which is not JSON)."""
+    from gptcore.report.steplog import repair_summary
+
+    live = tmp_path / "train"
+    logger = StepLogger(live)
+    logger.log(0, {"train_loss": 5.0, "val_loss": 6.0})
+    logger.log(1, {"train_loss": 4.0})
+    logger.close()
+    with open(live / "plots" / "metrics" / "val_loss.tsv", "a", encoding="utf-8") as f:
+        f.write("1\tnan\n")
+    (live / "metrics.json").write_text('{"train_loss": 4.', encoding="utf-8")
+    repair_summary(live)
+    text = (live / "metrics.json").read_text()
+    assert json.loads(text, parse_constant=lambda c: 1 / 0) == {"train_loss": 4.0, "val_loss": None, "step": 1}
+
+
 def test_run_constants_are_counted_by_hand_and_never_a_dvc_metric(tmp_path):
     from gptcore.model.gpt import GPT, GPTConfig
     from gptcore.report.flops import model_sizes

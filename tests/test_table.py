@@ -126,3 +126,58 @@ def test_baseline_must_name_one_group(tmp_path):
                        ("(", "not a regular expression")]:
         out = subprocess.run([*cmd, f"--baseline={regex}"], cwd=ROOT, capture_output=True, text=True)
         assert out.returncode == 1 and out.stderr.count("\n") == 1 and why in out.stderr, out.stderr
+
+
+def table(argv: list[str], capsys) -> tuple[int, str, str]:
+    """gptcore-exp-table's main (the console script's entry point) run here: exit status, stdout, stderr."""
+    from gptcore.report.table import main
+
+    try:
+        main(argv)
+        status = 0
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else 1
+        if isinstance(e.code, str):  # sys.exit(line): Python prints it on stderr
+            print(e.code, file=sys.stderr)
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+@pytest.mark.parametrize("doc, says", [
+    (["a", 1], "[0] is a string, not a mapping"),
+    ({"experiments": []}, "the document is a mapping, not a list"),
+    ([{"experiments": 5}], "[0].experiments is a number, not a list"),
+    ([{"experiments": [{"revs": [{"name": "x", "data": {"metrics": [1, 2]}}]}]}],
+     "[0].experiments[0].revs[0].data.metrics is a list, not a mapping"),
+    ([{"experiments": [{"revs": [{"name": "x", "data": {"metrics": {"m.json": {"data": [3]}}}}]}]}],
+     "[0].experiments[0].revs[0].data.metrics['m.json'].data is a list, not a mapping"),
+    ([{"experiments": [{"revs": [{"data": {"params": {"params.yaml": "x"}}}]}]}],
+     "[0].experiments[0].revs[0].data.params['params.yaml'] is a string, not a mapping"),
+])
+def test_json_of_another_shape_is_one_line_naming_the_place(tmp_path, capsys, doc, says):
+    """Each of these was an AttributeError or TypeError traceback."""
+    path = tmp_path / "exps.json"
+    path.write_text(json.dumps(doc))
+    status, out, err = table([str(path)], capsys)
+    assert status == 1 and out == "" and err == (f"[gptcore-exp-table] {path}: {says}: expected what `dvc exp show "
+                                                 f"--json` prints\n")
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--show", "train.maxlr"], "--show 'train.maxlr': no experiment has this param (did you mean train.max_lr?); "
+                                "the param columns here: preset, train.max_lr"),
+    (["--sort", "nothing"], "--sort 'nothing': no experiment has this param; the param columns here: preset, "
+                            "train.max_lr"),
+    (["--ignore", "train.sed"], "--ignore 'train.sed': no experiment has this param (did you mean train.seed?)"),
+    (["--metrics", "eval.valloss"], "--metrics 'eval.valloss': no experiment has this metric (did you mean "
+                                    "eval.val_loss?); the metrics there are: eval.bits_per_char, eval.val_loss"),
+    (["--only", "^nobody"], "--only '^nobody': matches none of the experiments (gpt2-s1, gpt2-s2, gpt2-s3, "
+                            "modern-s1, modern-s2)"),
+])
+def test_an_argument_naming_nothing_there_is_refused_with_what_there_is(tmp_path, capsys, args, says):
+    """--show and --sort once dropped an unknown column in silence (exit 0); --only matching nothing blamed the
+    file."""
+    path = tmp_path / "exps.json"
+    path.write_text(json.dumps(DOC))
+    status, out, err = table([str(path), *args], capsys)
+    assert status == 1 and out == "" and err.startswith(f"[gptcore-exp-table] {says}") and err.count("\n") == 1, err

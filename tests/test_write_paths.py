@@ -73,6 +73,27 @@ def mounted(path: Path) -> Iterator[None]:
             saved.rename(path)
 
 
+@contextmanager
+def bind_mounted(path: Path) -> Iterator[None]:
+    """A folder beside the project bind-mounted at `path` for the block (`path`'s files copied into it): the same
+    file system, so os.path.ismount does not see it. Skips where this process may not mount (not root)."""
+    source = path.parent.parent / f"{path.name}.bind_source"
+    shutil.rmtree(source, ignore_errors=True)
+    if path.exists():
+        shutil.copytree(path, source)
+    else:
+        source.mkdir()
+    path.mkdir(exist_ok=True)
+    if subprocess.run(["mount", "--bind", str(source), str(path)], capture_output=True).returncode:
+        shutil.rmtree(source)
+        pytest.skip("cannot bind-mount here (not root, or no mount namespace of its own): the case needs one")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+        shutil.rmtree(source)
+
+
 def refused(project: Path, stage: str, says: str) -> None:
     """The stage exits 1 with one line containing `says`."""
     ran = run_here(project, [f"stages.{stage}"])
@@ -157,3 +178,42 @@ def test_a_writer_takes_no_lock_under_a_linked_folder(tmp_path, outside):
     finally:
         os.chdir(cwd)
     assert sorted(p.name for p in outside.iterdir()) == ["loss.tsv"]
+
+
+def test_a_bind_mounted_model_is_refused_when_a_finished_run_reruns(project):
+    """model/ bind-mounted from the same disk (os.path.ismount says no): the finished run rerun once built 27 MB of
+    .model.next and ended in EBUSY's traceback; the mount table names the mount point before anything is built."""
+    import os
+
+    from gptcore.folders import is_mount_point
+
+    before = snapshot(project)
+    with bind_mounted(project / "model"):
+        assert not os.path.ismount(project / "model") and is_mount_point(project / "model")
+        refused(project, "train", "model is a mount point: a run replaces model/ whole by a rename")
+        assert not (project / ".model.next").exists()
+    assert changed(before, snapshot(project)) == []
+
+
+def test_a_bind_mounted_checkpoints_previous_is_refused_before_anything_moves(project):
+    before = snapshot(project)
+    old = with_params(project, train__max_lr=2e-3)  # other params: a fresh run would move the finished one there
+    try:
+        with bind_mounted(project / "checkpoints" / "previous"):
+            refused(project, "train", "checkpoints/previous is on another file system than checkpoints, or a mount "
+                                      "point")
+            assert not any((project / "checkpoints" / "previous").iterdir())
+    finally:
+        (project / "params.yaml").write_text(yaml.safe_dump(old))
+        (project / "checkpoints" / "previous").rmdir()
+    assert changed(before, snapshot(project)) == []
+
+
+def test_the_mount_table_s_escapes_are_read_back(tmp_path):
+    """A mount point whose name holds a space: /proc/self/mountinfo writes it as \\040."""
+    from gptcore.folders import is_mount_point
+
+    spaced = tmp_path / "a folder"
+    spaced.mkdir()
+    with bind_mounted(spaced):
+        assert is_mount_point(spaced) and not is_mount_point(tmp_path)

@@ -104,6 +104,10 @@ def _manifest_problem(m: dict) -> str | None:
     for key in ("vocab_size", "eot", "shard_tokens", "val_tokens"):
         if key in m and not _is_count(m[key]):
             return f"{key} {m[key]!r}: must be an integer >= 0"
+    if "tokenizer" in m and not (isinstance(m["tokenizer"], dict) and isinstance(m["tokenizer"].get("name"), str)):
+        return f"tokenizer {m['tokenizer']!r}: must be an object with the tokenizer's name"
+    if "complete" in m and not isinstance(m["complete"], bool):
+        return f"complete {m['complete']!r}: must be true or false"
     if "shards" not in m:
         return None
     if not isinstance(m["shards"], list):

@@ -5,12 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gptcore.data.shards import MANIFEST, CorruptManifest, ManifestMissing, check_files, read_manifest
-
-if TYPE_CHECKING:
-    pass
+from gptcore.errors import one_line_errors
 
 
 def verify(shard_dir: str | Path) -> list[str]:
@@ -21,7 +18,7 @@ def verify(shard_dir: str | Path) -> list[str]:
     except (ManifestMissing, CorruptManifest) as e:
         return [str(e)]
     problems = []
-    if not m.get("complete", False):
+    if m.get("complete") is not True:
         problems.append(f"{shard_dir / MANIFEST}: the tokenize run has not finished ({len(m['shards'])} shards so far)")
     return problems + check_files(shard_dir, m, full=True)
 
@@ -31,12 +28,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gptcore-verify-shards", description=main.__doc__)
     ap.add_argument("shard_dir", nargs="?", default="data/shards")
     args = ap.parse_args(argv)
-    problems = verify(args.shard_dir)
+    with one_line_errors("gptcore-verify-shards"):  # a disk that cannot be read is one line too
+        return _report(args.shard_dir)
+
+
+def _report(shard_dir: str) -> int:
+    problems = verify(shard_dir)
     if problems:
         print("\n".join(problems))
-        print(f"{len(problems)} problem(s) in {args.shard_dir}", file=sys.stderr)
+        print(f"{len(problems)} problem(s) in {shard_dir}", file=sys.stderr)
         return 1
-    m = read_manifest(args.shard_dir)
+    m = read_manifest(shard_dir)
     tokens = sum(s["tokens"] for s in m["shards"])
     print(f"ok: {len(m['shards'])} shards, {tokens:,} tokens, {m['dtype']}, tokenizer {m['tokenizer']['name']}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -26,6 +26,8 @@ def read_prompt(prompt: str) -> str:
     if not prompt.startswith("FILE:"):
         return prompt
     path = Path(prompt[5:])
+    if path.is_dir():
+        raise UserError(f"prompt file {path} is a folder (from --prompt {prompt!r}): name a text file")
     if not path.is_file():
         raise UserError(f"prompt file {path} not found (from --prompt {prompt!r})")
     return read_utf8(path)
@@ -93,7 +95,10 @@ def _main(argv: list[str] | None) -> None:
         except ParamError as e:  # the option's name says where the value came from, not params.yaml
             raise UserError(str(e)) from None
     prompt = read_prompt(args.prompt)  # a missing prompt file is refused before the model loads
-    device = pick_device(args.device, key="--device")
+    try:
+        device = pick_device(args.device, key="--device")
+    except ParamError as e:  # as above: an option, not a key of params.yaml
+        raise UserError(str(e)) from None
     if args.tokenizer_dir is not None and not Path(args.tokenizer_dir).is_dir():
         raise UserError(f"--tokenizer-dir={args.tokenizer_dir}: no such folder")
     model = load_model(args.model)

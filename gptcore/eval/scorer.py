@@ -221,6 +221,6 @@ def score_examples(model: nn.Module, examples: Sequence[Example], vocab_size: in
 def write_predictions(path: str | Path, results: dict[str, ChoiceResult]) -> Path:
     """One JSON object per example of each task (task, index, label, pred, pred_norm, sum_losses, mean_losses);
     atomic."""
-    write_text(path, "".join(json.dumps({"task": name, **p}) + "\n" for name, r in results.items()
+    write_text(path, "".join(json.dumps({"task": name, **p}, allow_nan=False) + "\n" for name, r in results.items()
                              for p in r.predictions))
     return Path(path)

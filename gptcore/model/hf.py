@@ -175,7 +175,7 @@ def export_hf(model: GPT, save_dir: str | os.PathLike, vocab_size: int | None = 
     else:
         write_text(out / GENERATION_CONFIG, json.dumps({"bos_token_id": eot, "eos_token_id": eot}, indent=2) + "\n")
     hf_config.update(bos_token_id=eot, eos_token_id=eot)  # null without an eot
-    write_text(out / "config.json", json.dumps(hf_config, indent=2, sort_keys=True) + "\n")  # last
+    write_text(out / "config.json", json.dumps(hf_config, indent=2, sort_keys=True, allow_nan=False) + "\n")  # last
     return arch
 
 

@@ -8,13 +8,13 @@ may also hold published lm-evaluation-harness figures, `lm_eval: {<task>: {task_
 """
 from __future__ import annotations
 
+import math
 import numbers
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gptcore.errors import UserError
+from gptcore.user_files import read_yaml
 
 FIGURES = ("val_loss", "hellaswag_acc_norm")
 REQUIRED = {"gpt2_124m": FIGURES}  # the entry every run is set beside
@@ -29,12 +29,10 @@ LM_EVAL_FACTS = ("task_from", "num_fewshot", "samples", "source")
 
 
 def read_baselines(path: str | Path) -> dict[str, dict[str, Any]]:
-    """conf/baselines.yaml, checked (check_baselines): errors name the file."""
+    """conf/baselines.yaml, read by the one YAML reader (an entry given twice is named with its lines) and checked
+    (check_baselines): errors name the file."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise UserError(f"{path}: cannot read the baselines ({e})") from None
+    data = read_yaml(path, missing="no such baselines file") or {}
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping of baseline entries, got {type(data).__name__}")
     check_baselines(data, path)
@@ -52,7 +50,7 @@ def check_baselines(data: dict[str, Any], where: str | Path = "baselines") -> No
             raise UserError(f"{where}: {entry} must be a mapping, got {body!r}")
         for figure in FIGURES:
             if figure in body and not _is_number(body[figure]):
-                raise UserError(f"{where}: {entry}.{figure} must be a number, got {body[figure]!r}")
+                raise UserError(f"{where}: {entry}.{figure} must be a finite number, got {body[figure]!r}")
             measured = body.get(f"{figure}_measured_on")
             if figure in body and not (isinstance(measured, dict) and set(MEASURED_ON[figure]) <= set(measured)):
                 raise UserError(f"{where}: {entry}.{figure}_measured_on must say what {figure} was measured on "
@@ -67,7 +65,8 @@ def check_baselines(data: dict[str, Any], where: str | Path = "baselines") -> No
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    """A finite real number (NaN or an infinity is no figure: JSON cannot hold one, no comparison means anything)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check_lm_eval(tasks: Any, where: str) -> None:
@@ -91,7 +90,7 @@ def _check_lm_eval(tasks: Any, where: str) -> None:
             raise UserError(f"{where}.{task} has no metric (e.g. acc_norm: 0.3114)")
         for metric, value in metrics.items():
             if not _is_number(value):
-                raise UserError(f"{where}.{task}.{metric} must be a number, got {value!r}")
+                raise UserError(f"{where}.{task}.{metric} must be a finite number, got {value!r}")
 
 
 def lm_eval_metrics(figures: dict[str, Any]) -> dict[str, Any]:

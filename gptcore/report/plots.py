@@ -13,6 +13,7 @@ import functools
 import hashlib
 import itertools
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -315,7 +316,53 @@ def read_plots_json(source: str) -> dict[str, Any]:
         raise UserError(f"{where}: not JSON; expected the output of `dvc plots show --json`") from None
     if not isinstance(plots, dict):
         raise UserError(f"{where}: expected the JSON object `dvc plots show --json` prints")
+    check_plots_json(plots, where)
     return plots
+
+
+def check_plots_json(plots: dict[str, Any], where: str) -> None:
+    """A UserError naming `where` and the place of the first part of `plots` that is not of the shape `dvc plots
+    show/diff --json` prints: {"errors": [{...}], "data": {plot id: [{"type", "content"}]}}, a Vega plot's content a
+    Vega-Lite spec (a mapping) whose data values are a list of rows."""
+    def bad(place: str, value: Any, want: str) -> UserError:
+        got = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+            type(value), "a number" if isinstance(value, (int, float)) else type(value).__name__)
+        return UserError(f"{where}: {place} is {got}, not {want}: expected what `dvc plots show --json` prints")
+
+    errors, data = plots.get("errors"), plots.get("data")
+    if not isinstance(errors, (list, type(None))) or not all(isinstance(e, dict) for e in errors or []):
+        raise bad("errors", errors, "a list of mappings")
+    if not isinstance(data, (dict, type(None))):
+        raise bad("data", data, "a mapping of plot ids")
+    for name, renderers in (data or {}).items():
+        if not isinstance(renderers, list):
+            raise bad(f"data[{name!r}]", renderers, "a list of plots")
+        for i, r in enumerate(renderers):
+            if not isinstance(r, dict):
+                raise bad(f"data[{name!r}][{i}]", r, "a mapping")
+            if r.get("type") != "vega":
+                continue  # left out by render_plots, whatever its content
+            content = r.get("content")
+            if not isinstance(content, dict):
+                raise bad(f"data[{name!r}][{i}].content", content, "a Vega-Lite spec (a mapping)")
+            spec_data = content.get("data")
+            if not isinstance(spec_data, (dict, type(None))):
+                raise bad(f"data[{name!r}][{i}].content.data", spec_data, "a mapping")
+            values = (spec_data or {}).get("values")
+            if not isinstance(values, (list, type(None))):
+                raise bad(f"data[{name!r}][{i}].content.data.values", values, "a list of rows")
+
+
+def check_arguments(out: str, scale: float) -> None:
+    """gptcore-render-plots' --out and --scale, before any input is read or drawn: a UserError naming the option."""
+    if not math.isfinite(scale) or scale <= 0:
+        raise UserError(f"--scale {scale}: must be a number > 0 (PNG pixels per Vega-Lite pixel, e.g. 2)")
+    for folder in (Path(out), *Path(out).parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise UserError(f"--out {out}: {folder} is a file, not a folder: name a folder for the images "
+                                f"(it is made if missing)")
+            break
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -340,6 +387,7 @@ def main(argv: list[str] | None = None) -> None:
                                 "the gptcore checkout")
             print(write_offline_page(root / OFFLINE_PAGE))
             return
+        check_arguments(args.out, args.scale)
         plots = read_plots_json(args.json)
         files = render_plots(plots, args.out, args.format, args.scale, log=lambda m: print(m, file=sys.stderr))
     for path in files:

@@ -72,12 +72,13 @@ def repair_summary(live_dir: str | Path) -> None:
         return
     except ValueError:
         pass
-    summary: dict[str, float | int] = {}
+    summary: dict[str, float | int | None] = {}
     for tsv in sorted((Path(live_dir) / "plots" / "metrics").rglob("*.tsv")):
         rows = _rows(tsv)
         if len(rows) > 1:
             last = dict(zip(rows[0], rows[-1]))
-            summary[tsv.stem] = float(last[tsv.stem])
+            value = float(last[tsv.stem])
+            summary[tsv.stem] = value if math.isfinite(value) else None  # JSON has no NaN
             summary["step"] = max(int(summary.get("step", 0)), int(last["step"]))
     write_json(path, summary, indent=4)
 

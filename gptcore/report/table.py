@@ -11,6 +11,7 @@ docs/modern-recipe.md says what the groups, columns and `--baseline`'s differenc
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
 import json
 import math
@@ -183,13 +184,74 @@ def markdown(varying: list[str], groups: list[dict[str, Any]], metrics: Iterable
     return "\n".join(lines)
 
 
+# --- the command's input and arguments, each checked before any work ---
+
+EXP_SHOW = "expected what `dvc exp show --json` prints"
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number" if isinstance(value, (int, float)) else type(value).__name__)
+
+
+def _expect(value: Any, kind: type, where: str, path: str, optional: bool = True) -> Any:
+    """`value` where it is a `kind` (or None, where `optional`), else a UserError naming the file and the place."""
+    if isinstance(value, kind) or (optional and value is None):
+        return value
+    want = "a mapping" if kind is dict else "a list"
+    raise UserError(f"{where}: {path} is {_kind(value)}, not {want}: {EXP_SHOW}")
+
+
+def check_exp_show(doc: Any, where: str) -> None:
+    """A UserError naming the file and the place of the first part of `doc` that is not of the shape `dvc exp show
+    --json` prints (a list of commits, each with its experiments' revisions, their params and metrics files)."""
+    for i, commit in enumerate(_expect(doc, list, where, "the document", optional=False)):
+        at = f"[{i}]"
+        _expect(commit, dict, where, at, optional=False)
+        for j, exp in enumerate(_expect(commit.get("experiments"), list, where, f"{at}.experiments") or []):
+            ex = f"{at}.experiments[{j}]"
+            _expect(exp, dict, where, ex, optional=False)
+            _expect(exp.get("executor"), dict, where, f"{ex}.executor")
+            for k, rev in enumerate(_expect(exp.get("revs"), list, where, f"{ex}.revs") or []):
+                rv = f"{ex}.revs[{k}]"
+                data = _expect(_expect(rev, dict, where, rv, optional=False).get("data"), dict, where, f"{rv}.data")
+                for name, file in (_expect((data or {}).get("metrics"), dict, where, f"{rv}.data.metrics")
+                                   or {}).items():
+                    got = _expect(file, dict, where, f"{rv}.data.metrics[{name!r}]")
+                    _expect((got or {}).get("data"), dict, where, f"{rv}.data.metrics[{name!r}].data")
+                params = _expect((data or {}).get("params"), dict, where, f"{rv}.data.params") or {}
+                got = _expect(params.get("params.yaml"), dict, where, f"{rv}.data.params['params.yaml']")
+                _expect((got or {}).get("data"), dict, where, f"{rv}.data.params['params.yaml'].data")
+
+
+def _check_keys(flag: str, keys: Iterable[str] | None, known: set[str], what: str, listed: list[str]) -> None:
+    """A UserError for the first of `keys` (given with `flag`) that is none of `known` (`what` they are), naming the
+    closest known key and `listed` (the table's param columns, or the metrics there are)."""
+    for key in keys or ():
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            more = f", ... ({len(listed)} in all)" if len(listed) > 12 else ""
+            there = f"the {what} columns here: " if what == "param" else f"the {what}s there are: "
+            raise UserError(f"{flag} {key!r}: no experiment has this {what}{hint}; {there}"
+                            f"{', '.join(listed[:12]) or 'none (no param differs)'}{more}")
+
+
+def _check_only(pattern: str | None, rows: list[dict[str, Any]], kept: list[dict[str, Any]]) -> None:
+    """A UserError where --only matches none of the experiments (naming some of them)."""
+    if pattern and rows and not kept:
+        names = [str(r["name"]) for r in rows]
+        more = f", ... ({len(names)} in all)" if len(names) > 8 else ""
+        raise UserError(f"--only {pattern!r}: matches none of the experiments ({', '.join(names[:8])}{more})")
+
+
 def main(argv: list[str] | None = None) -> None:
     """gptcore-exp-table: `dvc exp show --json` in, the grouped mean ± std table (Markdown) out."""
     ap = argparse.ArgumentParser(prog="gptcore-exp-table", description=__doc__.split("\n\n")[0])
     ap.add_argument("json", nargs="?", default="-", help="a file holding `dvc exp show --json` (default: stdin)")
-    ap.add_argument("--metrics", nargs="+", default=list(METRICS), help="dotted metric keys (default: %(default)s)")
-    ap.add_argument("--ignore", nargs="*", default=list(IGNORED),
-                    help="param keys pooled over, not grouped by (default: %(default)s)")
+    ap.add_argument("--metrics", nargs="+", default=None, help=f"dotted metric keys (default: {' '.join(METRICS)})")
+    ap.add_argument("--ignore", nargs="*", default=None,
+                    help=f"param keys pooled over, not grouped by (default: {' '.join(IGNORED)})")
     ap.add_argument("--only", default=None, help="a regular expression: only experiments whose name matches")
     ap.add_argument("--show", nargs="*", default=None,
                     help="param columns to show (default: every param that differs; none if given empty); grouping "
@@ -212,15 +274,24 @@ def main(argv: list[str] | None = None) -> None:
             doc = json.loads(sys.stdin.read() if args.json == "-" else Path(args.json).read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             raise UserError(f"{args.json}: not readable as dvc exp show --json output ({e})") from None
-        rows = experiments(doc if isinstance(doc, list) else [])
+        check_exp_show(doc, args.json)
+        rows = every = experiments(doc)
         if args.only:
             rows = [r for r in rows if re.search(args.only, str(r["name"]))]
+            _check_only(args.only, every, rows)
         waiting = [r for r in rows if r["state"] is not None]
         rows = [r for r in rows if r["state"] is None]
         if not rows:
             raise UserError(f"{args.json}: no finished experiment (run `dvc exp show --json` in the repo "
                             f"where the experiments ran)")
-        varying, groups = summarize(rows, args.metrics, args.ignore)
+        params = {k for r in every for k in r["params"]}
+        metrics = args.metrics or list(METRICS)
+        varying, groups = summarize(rows, metrics, IGNORED if args.ignore is None else args.ignore)
+        _check_keys("--ignore", args.ignore, params, "param", varying)
+        known = sorted({k for r in rows for k in r["metrics"]})
+        _check_keys("--metrics", args.metrics, set(known), "metric", known)
+        _check_keys("--show", args.show, params, "param", varying)
+        _check_keys("--sort", args.sort, params, "param", varying)
         if args.sort:
             groups.sort(key=lambda g: [_order(g["params"].get(k)) for k in args.sort])
         base = None
@@ -232,11 +303,11 @@ def main(argv: list[str] | None = None) -> None:
             base = hits[0]
         if args.json_out:
             if base is not None:  # the table computes its own differences; JSON carries them per group
-                for g, d in zip(groups, versus(groups, base, args.metrics[0])):
+                for g, d in zip(groups, versus(groups, base, metrics[0])):
                     g["versus_baseline"] = d
             print(json.dumps({"varying": varying, "groups": groups}, indent=1))
         else:
-            print(markdown(varying, groups, args.metrics, args.show, base, args.names))
+            print(markdown(varying, groups, metrics, args.show, base, args.names))
             if waiting:  # their params only: no figure of theirs exists yet
                 print("\nnot finished, no figures: " + ", ".join(f"{r['name']} ({r['state']})" for r in waiting))
 

@@ -15,7 +15,7 @@ from typing import Any
 from gptcore import distributed
 from gptcore.atomic import write_text
 from gptcore.digests import json_sha256
-from gptcore.folders import NotRenamable, check_writable
+from gptcore.folders import NotRenamable, check_writable, is_mount_point
 from gptcore.model.checkpoint_file import CheckpointRefused, CorruptCheckpoint
 from gptcore.params import ParamError
 from gptcore.train.checkpoints import (
@@ -195,14 +195,16 @@ def move_aside(ckpt_dir: Path, also: list[Path] = ()) -> Path | None:
 
 
 def _check_previous(ckpt_dir: Path) -> None:
-    """ckpt_dir/previous/ takes a run by rename: no symbolic link on the way there, and the same file system as
-    ckpt_dir (a rename cannot cross one). Checked before anything moves."""
+    """ckpt_dir/previous/ takes a run by rename: no symbolic link on the way there, the same file system as ckpt_dir
+    and no mount point (a rename crosses neither, a bind mount of the same disk included). Checked before anything
+    moves."""
     previous = ckpt_dir / PREVIOUS
     check_writable(previous, "a fresh run")
-    if previous.is_dir() and os.stat(previous).st_dev != os.stat(ckpt_dir).st_dev:
-        raise NotRenamable(f"{previous} is on another file system than {ckpt_dir}: a fresh run keeps the previous run "
-                           f"there by rename, which cannot cross file systems; make {previous} a folder on the same "
-                           f"disk (move what it holds out first), then run again (nothing was moved)")
+    if previous.is_dir() and (os.stat(previous).st_dev != os.stat(ckpt_dir).st_dev or is_mount_point(previous)):
+        raise NotRenamable(f"{previous} is on another file system than {ckpt_dir}, or a mount point: a fresh run keeps "
+                           f"the previous run there by rename, which cannot cross file systems or mounts; make "
+                           f"{previous} a plain folder on the same disk (move what it holds out first), then run "
+                           f"again (nothing was moved)")
 
 
 def check_init_from(init_from: str | None, ckpt_dir: Path) -> None:

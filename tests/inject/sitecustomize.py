@@ -4,7 +4,9 @@ by tests that put this folder on PYTHONPATH (tests/stagekit.py: env(inject=...))
 GPTCORE_TEST_NS_FP32=1: Muon's Newton-Schulz iteration in fp32 instead of bf16 (as tests/test_loss_curve.py runs
     it), so that two runs whose sums round differently stay comparable to fp32 precision;
 GPTCORE_TEST_KILL_SAVE=<step>:<point>:<rank>: SIGKILL that rank during the sharded save of that step, at <point>:
-    `shard` right after the rank wrote its shard file, `rename` right before rank 0 renames the whole folder in.
+    `shard` right after the rank wrote its shard file, `rename` right before rank 0 renames the whole folder in;
+GPTCORE_TEST_WRITE_WHILE_READ=<read>:<write>: once fetch has read the text file <read>, a line is appended to <write>
+    (the same file: it changed while fetch read it; another: a file came meanwhile).
 """
 import os
 
@@ -58,3 +60,20 @@ if os.environ.get("GPTCORE_TEST_KILL_SAVE"):
             return _swap(staged, final)
 
         sharded_checkpoints.swap_dir = _die_before_swap
+
+if os.environ.get("GPTCORE_TEST_WRITE_WHILE_READ"):
+    from pathlib import Path
+
+    from gptcore.data.sources import local
+
+    _read_path, _write_path = os.environ["GPTCORE_TEST_WRITE_WHILE_READ"].split(":")
+    _read_utf8 = local.read_utf8
+
+    def _read_then_write(path):
+        text = _read_utf8(path)
+        if Path(path) == Path(_read_path):
+            with open(_write_path, "a", encoding="utf-8") as f:
+                f.write("a line written while fetch read the file\n")
+        return text
+
+    local.read_utf8 = _read_then_write

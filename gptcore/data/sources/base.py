@@ -100,14 +100,19 @@ def write_documents(batches: Iterable[list[str]], out_dir: str | Path, max_docs:
 
 
 def publish_documents(batches: Iterable[list[str]], out_dir: Path, source: str, name: str, label: str,
-                      max_docs: int | None, progress: bool) -> dict:
+                      max_docs: int | None, progress: bool, before_swap: Callable[[], None] | None = None,
+                      also: dict[str, Any] | None = None) -> dict:
     """Write `batches` as out_dir/<label>/'s parquet files, built aside and swapped in whole, then fetch.json, whose
-    record it returns (`source` and `name` are what it records the documents came from)."""
+    record it returns (`source` and `name` are what it records the documents came from; `also`, more of the
+    record). `before_swap` runs once every document is written, before anything is replaced: its error publishes
+    nothing (a source whose input changed meanwhile)."""
     final = out_dir / label
     tmp_dir = staged_dir(final)  # a link or a mount point there is refused now, before anything is read or goes
     shutil.rmtree(tmp_dir, ignore_errors=True)
     try:
         recs = write_documents(batches, tmp_dir, max_docs=max_docs, progress=progress)
+        if before_swap is not None:
+            before_swap()
         if not recs:
             raise UserError(f"fetch produced no documents ({source} {name}): the corpus is empty")
         # the old record goes before its files and the new one comes last: a kill in between leaves no record
@@ -118,6 +123,6 @@ def publish_documents(batches: Iterable[list[str]], out_dir: Path, source: str, 
     for r in recs:
         r["path"] = f"{label}/{r['path']}"
     record = {"source": source, "name": name, "config": None, "text_column": "text",
-              "documents": sum(r["documents"] for r in recs), "files": recs}
+              "documents": sum(r["documents"] for r in recs), "files": recs, **(also or {})}
     write_json(out_dir / FETCH_RECORD, record)
     return record
