@@ -240,15 +240,14 @@ def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, al
         notes.append(why)
         earlier = path is not None and path.parent != Path(ckpt_dir)
         if resume is None or earlier:
+            # its results too, git's on a fresh clone: `dvc metrics show` would set them beside this run's figures
             present = [Path(p) for p in results if _holds_files(Path(p))]
             moved = move_aside(ckpt_dir, also=[*also, *present])
             # a line only when a run's checkpoints moved: a fresh clone has just git's step metrics (kept there too)
             if moved is not None and any(_run_file(p) for p in moved.iterdir()):
                 others = "".join(f" and {p}/" for p in also)
-                notes.append(f"the previous run's checkpoints{others} are kept in {moved}")
-            if present:  # git's too: `dvc metrics show` would set them beside this run's step metrics
-                notes.append(f"the results of the run before ({', '.join(p.name for p in present)}) are kept in "
-                             f"{moved}, out of this run's views")
+                theirs = f", with its results ({', '.join(p.name for p in present)})" if present else ""
+                notes.append(f"the previous run's checkpoints{others} are kept in {moved}{theirs}")
         if earlier:
             bring_back(path.parent, ckpt_dir, [*also, *results])
             resume = read_run_checkpoint(Path(ckpt_dir) / path.name)
