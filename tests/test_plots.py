@@ -52,10 +52,10 @@ def fake_run(live: Path, steps: int = 10, tokens: int = 256, eval_every: int = 5
 def test_curves_tokens_and_baseline_span(tmp_path):
     live, out = tmp_path / "metrics" / "train", tmp_path / "metrics" / "plots"
     fake_run(live)
-    assert [p.name for p in curves.write_curves(live)] == ["train_loss.tsv", "val_loss.tsv", "acc_norm.tsv"]
+    assert [p.name for p in curves.write_curves(live, out)] == ["train_loss.tsv", "val_loss.tsv", "acc_norm.tsv"]
     assert [p.name for p in plots.write_plot_data(live, BASELINES, out)] == ["final_acc_norm.tsv", "baselines.tsv"]
 
-    train = read_tsv(live / "curves" / "train_loss.tsv")
+    train = read_tsv(out / "train_loss.tsv")
     assert train[0] == ["step", "tokens_seen", "train_loss", "train_loss_smooth"]
     # a training step s has consumed s + 1 batches ...
     assert [(int(s), int(t)) for s, t, _, _ in train[1:]] == [(s, (s + 1) * 256) for s in range(10)]
@@ -63,11 +63,11 @@ def test_curves_tokens_and_baseline_span(tmp_path):
     assert [float(r[2]) for r in train[1:]] == [10.0 - s * 0.5 for s in range(10)]
     assert [float(r[3]) for r in train[1:]] == pytest.approx([10.0 - s * 0.5 for s in range(10)])
     # ... an evaluation at step s runs before that step's update
-    val = read_tsv(live / "curves" / "val_loss.tsv")
+    val = read_tsv(out / "val_loss.tsv")
     assert [(int(s), int(t)) for s, t, _ in val[1:]] == [(0, 0), (5, 1280), (10, 2560)]
     assert float(val[-1][2]) == pytest.approx(6.0)
     # no task scored in training, none at the end: headers alone, so DVC finds the files
-    assert read_tsv(live / "curves" / "acc_norm.tsv") == [["step", "tokens_seen", "task", "acc_norm", "chance"]]
+    assert read_tsv(out / "acc_norm.tsv") == [["step", "tokens_seen", "task", "acc_norm", "chance"]]
     assert read_tsv(out / "final_acc_norm.tsv") == [["step", "tokens_seen", "task", "acc_norm", "chance"]]
 
     base = read_tsv(out / "baselines.tsv")
@@ -81,40 +81,37 @@ def test_curves_tokens_and_baseline_span(tmp_path):
     assert base[1][2:] == base[2][2:]
 
 
-def test_accuracy_curves_final_scores_chance_and_stale_files(tmp_path):
+def test_accuracy_curves_final_scores_chance_and_the_next_run(tmp_path):
     live, out = tmp_path / "train", tmp_path / "plots"
     fake_run(live)
     write_live(live, "hellaswag_acc_norm", [(0, 0.25), (5, 0.26), (10, 0.27)])
-    curves.write_curves(live)
+    curves.write_curves(live, out)
     # the accuracy plot's data: the training curve (the train stage's), each row with the score of a guess ...
-    assert read_tsv(live / "curves" / "acc_norm.tsv")[1:] == [
+    assert read_tsv(out / "acc_norm.tsv")[1:] == [
         ["0", "0", "hellaswag", "0.25", "0.25"], ["5", "1280", "hellaswag", "0.26", "0.25"],
         ["10", "2560", "hellaswag", "0.27", "0.25"]]
     # ... then the evaluate stage's final score at the last step (compare's)
-    out.mkdir()
-    for old in ("acc_norm.tsv", "train_loss.tsv", "hellaswag_acc_norm.tsv"):  # an older layout's files
-        (out / old).write_text("step\tx\n0\t1\n", encoding="utf-8")
     plots.write_plot_data(live, BASELINES, out, {"hellaswag": 0.28})
     assert read_tsv(out / "final_acc_norm.tsv")[1:] == [["10", "2560", "hellaswag", "0.28", "0.25"]]
-    assert sorted(p.name for p in out.iterdir()) == ["baselines.tsv", "final_acc_norm.tsv"]
 
     # the next run logs no HellaSwag: its curve must not survive from the run before; a cloze run gets its point
     (live / "plots" / "metrics" / "hellaswag_acc_norm.tsv").unlink()
-    curves.write_curves(live)
+    curves.write_curves(live, out)
     plots.write_plot_data(live, BASELINES, out, {"cloze": 0.4})
-    assert read_tsv(live / "curves" / "acc_norm.tsv")[1:] == []
+    assert read_tsv(out / "acc_norm.tsv")[1:] == []
     assert read_tsv(out / "final_acc_norm.tsv")[1:] == [["10", "2560", "cloze", "0.4", "0.25"]]
-    assert not list(out.glob(".*.tmp")) and not list((live / "curves").glob(".*.tmp")), "temp files left behind"
+    assert sorted(p.name for p in out.iterdir()) == ["acc_norm.tsv", "baselines.tsv", "final_acc_norm.tsv",
+                                                     "train_loss.tsv", "val_loss.tsv"]  # no temp file left
 
 
 def test_curves_without_training_steps(tmp_path):
     """train.max_steps 0 (the OpenAI baseline preset): one val point at step 0, no tokens_seen.tsv."""
     live, out = tmp_path / "train", tmp_path / "plots"
     write_live(live, "val_loss", [(0, 3.29)])
-    curves.write_curves(live)
+    curves.write_curves(live, out)
     plots.write_plot_data(live, BASELINES, out)
-    assert read_tsv(live / "curves" / "val_loss.tsv")[1:] == [["0", "0", "3.29"]]
-    assert read_tsv(live / "curves" / "train_loss.tsv")[1:] == []
+    assert read_tsv(out / "val_loss.tsv")[1:] == [["0", "0", "3.29"]]
+    assert read_tsv(out / "train_loss.tsv")[1:] == []
     assert [r[:2] for r in read_tsv(out / "baselines.tsv")[1:]] == [["0", "0"], ["0", "0"]]
 
 
@@ -136,7 +133,7 @@ def test_plot_data_bad_input(tmp_path):
     with pytest.raises(UserError, match=r"val_loss\.tsv: line 2"):
         plots.write_plot_data(live, BASELINES, tmp_path / "plots")
     with pytest.raises(UserError, match=r"val_loss\.tsv: line 2"):
-        curves.write_curves(live)
+        curves.write_curves(live, tmp_path / "plots")
     fake_run(live)
     with pytest.raises(UserError, match="gpt2_124m needs numeric hellaswag_acc_norm"):
         plots.write_plot_data(live, {"gpt2_124m": {"val_loss": 3.3}}, tmp_path / "plots")
@@ -150,12 +147,12 @@ def test_dvc_yaml_plots_read_what_is_written():
     defs = {k: v for d in dvc_yaml["plots"] for k, v in d.items()}
     assert {"loss", "loss_vs_tokens", "val_loss_vs_tokens_log", "acc_norm"} <= set(defs)
     refs = baseline_values(read_baselines(ROOT / "conf" / "baselines.yaml"))  # compare writes a column for each
-    train_curves = LIVE_DIR / curves.FOLDER
+    # the compare stage's files and the train stage's, side by side
     ours = {PLOT_DATA / "baselines.tsv": {"step", "tokens_seen", *refs, *(f"{name}_comparable" for name in refs)},
             PLOT_DATA / "final_acc_norm.tsv": {"step", "tokens_seen", "task", "acc_norm", "chance"},
-            train_curves / "train_loss.tsv": {"step", "tokens_seen", "train_loss", "train_loss_smooth"},
-            train_curves / "val_loss.tsv": {"step", "tokens_seen", "val_loss"},
-            train_curves / "acc_norm.tsv": {"step", "tokens_seen", "task", "acc_norm", "chance"}}
+            PLOT_DATA / "train_loss.tsv": {"step", "tokens_seen", "train_loss", "train_loss_smooth"},
+            PLOT_DATA / "val_loss.tsv": {"step", "tokens_seen", "val_loss"},
+            PLOT_DATA / "acc_norm.tsv": {"step", "tokens_seen", "task", "acc_norm", "chance"}}
     live = LIVE_DIR / "plots" / "metrics"
     for name, d in defs.items():
         for path, fields in d["y"].items():
@@ -288,10 +285,8 @@ def test_smoothed_train_loss_follows_the_quick_start_curve(tmp_path):
     """The committed quick start falls from 10.8 to 6.7 in 20 steps; the smoothed curve of the plots followed 1.6 nats
     above it there (a trailing average's lag: step 20 raw 6.70, smoothed 8.28, above the raw loss of the 3 steps
     before). Centred, each smoothed point lies among the raw losses of the steps around it."""
-    live = tmp_path / "train"
-    shutil.copytree(QUICKSTART_LIVE / "plots", live / "plots")
-    curves.write_curves(live)
-    rows = read_tsv(live / "curves" / "train_loss.tsv")[1:]
+    curves.write_curves(QUICKSTART_LIVE, tmp_path)
+    rows = read_tsv(tmp_path / "train_loss.tsv")[1:]
     raw, smoothed = [float(r[2]) for r in rows], [float(r[3]) for r in rows]
     assert len(raw) == 200 and smoothed[0] == pytest.approx(raw[0])
     for i, m in enumerate(smoothed):
@@ -375,12 +370,11 @@ def commit_run(repo: Path, tag: str, live: Path, cloze: float, comparable: bool,
         write_live(live, name, [(s, 0.5) for s in range(0, 200, 10)])
     judged = {"gpt2_124m_val_loss": comparable, "gpt2_124m_hellaswag_acc_norm": False,
               "gpt3_124m_hellaswag_acc_norm": False}
-    curves.write_curves(live)
+    curves.write_curves(live, repo / PLOT_DATA)
     plots.write_plot_data(live, read_baselines(ROOT / "conf" / "baselines.yaml"), repo / PLOT_DATA,
                           {"cloze": cloze}, judged)
     shutil.rmtree(repo / LIVE_DIR, ignore_errors=True)
-    for folder in ("plots", curves.FOLDER):
-        shutil.copytree(live / folder, repo / LIVE_DIR / folder)
+    shutil.copytree(live / "plots", repo / LIVE_DIR / "plots")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", tag)
     git(repo, "tag", tag)
@@ -767,8 +761,8 @@ def test_the_files_give_each_run_one_colour_in_every_plot(two_runs_specs):
 
 
 def committed(repo: Path, rev: str, name: str) -> list[list[float]]:
-    """The rows of a curve the plots read (metrics/train/curves/<name>.tsv) as committed in `rev`, as numbers."""
-    path = (LIVE_DIR / curves.FOLDER / f"{name}.tsv").as_posix()
+    """The rows of a plot data file (metrics/plots/<name>.tsv) as committed in `rev`, as numbers."""
+    path = (PLOT_DATA / f"{name}.tsv").as_posix()
     text = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=repo, check=True, capture_output=True,
                           text=True).stdout
     return [[float(v) for v in line.split("\t")] for line in text.splitlines()[1:]]
@@ -841,6 +835,33 @@ def test_readme_plot_command_sets_the_workspace_beside_the_committed_run(two_run
     out = json.loads(dvc(repo, "plots", "diff", "--json"))
     assert not out.get("errors"), out["errors"]
     assert out["data"]["loss"][0]["revisions"] == ["workspace", "HEAD"]
+
+
+@pytest.mark.slow
+def test_readme_s_top_image_is_drawn_from_the_committed_run_with_only_the_references_that_apply(tmp_path):
+    """`python -m tools.readme_image` in a fresh clone draws README's top image from the committed quick start: its
+    loss curves by tokens seen, and no GPT-2 line, which compare found not comparable with a Shakespeare run."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)
+    judged = json.loads((clone / "metrics" / "comparison.json").read_text(encoding="utf-8"))["comparable"]
+    assert not any(c["comparable"] for c in judged.values())  # the committed run: Shakespeare, cloze
+    env = dict(os.environ, PYTHONPATH=str(clone), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    out = {}
+    for fmt in ("png", "svg"):
+        proc = subprocess.run([sys.executable, "-m", "tools.readme_image", "--out-dir", str(tmp_path), "--format", fmt],
+                              cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0 and proc.stdout.strip() == str(tmp_path / f"loss_vs_tokens.{fmt}"), proc
+        out[fmt] = (tmp_path / f"loss_vs_tokens.{fmt}").read_bytes()
+    assert out["png"].startswith(PNG_MAGIC)
+    svg = out["svg"].decode("utf-8")
+    assert "Loss by tokens seen" in svg and ">quickstart<" in svg and "val loss" in svg
+    assert "GPT" not in svg and f'stroke="{GREY}"' not in svg, "a reference line that does not apply to a Shakespeare run"
+    # README's first image is the one the command writes, committed
+    first = re.search(r"!\[[^]]*\]\(([^)]+)\)", (ROOT / "README.md").read_text(encoding="utf-8")).group(1)
+    assert first == "docs/loss_vs_tokens.png" and (clone / first).is_file()
+    proc = subprocess.run([sys.executable, "-m", "tools.readme_image", "quickstart=HEAD", "again=HEAD"], cwd=clone,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "each revision and each name once" in proc.stderr, proc
 
 
 def test_the_page_names_runs_drawn_as_one(two_run_repo, diff_page, tmp_path):

@@ -72,9 +72,9 @@ def test_the_plots_curves_keep_in_step_with_the_log(tmp_path):
     """The curves the top-level plots read follow the run as it logs: the first log and each evaluation at once,
     training steps between them when due (here: not within the hour), everything at the end."""
     live = tmp_path / "train"
-    logger = StepLogger(live, also=[LiveCurves(live, every_s=3600)])
+    logger = StepLogger(live, also=[LiveCurves(live, tmp_path / "plots", every_s=3600)])
     logged(logger, [0])
-    train, val, acc = (live / "curves" / f"{n}.tsv" for n in ("train_loss", "val_loss", "acc_norm"))
+    train, val, acc = (tmp_path / "plots" / f"{n}.tsv" for n in ("train_loss", "val_loss", "acc_norm"))
     assert rows(val) == [["0", "0", "9.0"]] and rows(acc) == [["0", "0", "hellaswag", "0.25", "0.25"]]
     assert rows(train) == []  # step 0's training figures came after its evaluation: not due yet
     logged(logger, [1])
@@ -86,20 +86,24 @@ def test_the_plots_curves_keep_in_step_with_the_log(tmp_path):
     assert [(r[0], r[1], r[2]) for r in rows(train)] == [("0", "256", "10.0"), ("1", "512", "9.0"),
                                                         ("2", "768", "8.0")]
     assert [r[1] for r in rows(acc)] == ["0", "512"]
-    assert not list((live / "curves").glob(".*.tmp"))
+    assert not list((tmp_path / "plots").glob(".*.tmp"))
 
 
 def test_a_resumed_run_s_curves_drop_what_the_killed_one_logged_after_its_checkpoint(tmp_path):
     live = tmp_path / "train"
-    curves = LiveCurves(live, every_s=3600)
+    curves = LiveCurves(live, tmp_path / "plots", every_s=3600)
     logger = StepLogger(live, also=[curves])
     logged(logger, range(6))
     curves.update(force=True)  # killed here: the curves hold steps 0..5
-    assert [r[0] for r in rows(live / "curves" / "train_loss.tsv")] == ["0", "1", "2", "3", "4", "5"]
-    logger = StepLogger(live, resume_step=3, also=[LiveCurves(live, every_s=3600)])
-    logged(logger, [3])  # the first log rewrites them: steps 0..2 kept, 3 redone
-    assert [r[0] for r in rows(live / "curves" / "train_loss.tsv")] == ["0", "1", "2", "3"]
-    assert [r[0] for r in rows(live / "curves" / "val_loss.tsv")] == ["0", "2"]  # step 4's evaluation is gone
+    plots = tmp_path / "plots"
+    assert [r[0] for r in rows(plots / "train_loss.tsv")] == ["0", "1", "2", "3", "4", "5"]
+    curves = LiveCurves(live, plots, every_s=3600)
+    logger = StepLogger(live, resume_step=3, also=[curves])
+    curves.update(force=True)  # as the run starts (Trainer.build): the steps the resumed run redoes are gone
+    assert [r[0] for r in rows(plots / "train_loss.tsv")] == ["0", "1", "2"]
+    assert [r[0] for r in rows(plots / "val_loss.tsv")] == ["0", "2"]  # step 4's evaluation is gone
+    logged(logger, [3])  # and the first log writes the redone step
+    assert [r[0] for r in rows(plots / "train_loss.tsv")] == ["0", "1", "2", "3"]
     logger.close()
 
 
@@ -111,12 +115,12 @@ def test_curves_of_a_long_run_are_written_less_often(tmp_path, monkeypatch):
     monkeypatch.setattr(curves_module.time, "monotonic", lambda: clock[0])
     writes = []
 
-    def slow_write(live_dir):
+    def slow_write(live_dir, out_dir):
         writes.append(clock[0])
         clock[0] += 0.5
 
     monkeypatch.setattr(curves_module, "write_curves", slow_write)
-    curves = LiveCurves(tmp_path, every_s=10)
+    curves = LiveCurves(tmp_path, tmp_path, every_s=10)
     for t in (100.0, 120.0, 149.0, 151.0):
         clock[0] = t
         curves.log(0, {"train_loss": 1.0})

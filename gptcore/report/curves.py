@@ -1,7 +1,8 @@
 """A run's headline curves: its step log (dvclive's TSVs) with the tokens seen at each step beside it and the train
-loss's centred moving average, in the files dvc.yaml's top-level plots read (`<live>/curves/`). The train stage keeps
-them in step as it logs (`LiveCurves`, through StepLogger), so the plots show a run while it trains, never the run
-before; compare reads a run's span from the same step log."""
+loss's centred moving average, in the files dvc.yaml's top-level plots read (metrics/plots/train_loss.tsv, val_loss.tsv,
+acc_norm.tsv). The train stage keeps them in step as it logs (`LiveCurves`, a StepLogger sink), so the plots show a run
+while it trains, never the run before; they are derived from the step log alone, so a run moved aside or brought back
+takes only its step log along. compare reads a run's span from the same step log."""
 from __future__ import annotations
 
 import itertools
@@ -18,7 +19,6 @@ ACC_NORM = "_acc_norm"
 # the score of a guess, the accuracy plot's chance line: every task of the table (gptcore/eval/tasks/) picks one of 4
 # endings (HellaSwag's are 4 by its format, the cloze task cuts 4)
 CHANCE = 0.25
-FOLDER = "curves"  # in dvclive's folder (metrics/train/): a run's curves move aside and come back with it
 ACC_FILE = "acc_norm.tsv"
 
 
@@ -79,12 +79,13 @@ def run_span(live_dir: str | Path) -> tuple[tuple[int, int], tuple[int, int]] | 
     return (min(points), max(points)) if points else None  # tokens_seen grows with the step
 
 
-def write_curves(live_dir: str | Path) -> list[Path]:
-    """Write `<live_dir>/curves/` from the step log; returns the files written. train_loss.tsv: step, tokens_seen,
-    train_loss, train_loss_smooth (`smooth`); val_loss.tsv: step, tokens_seen, val_loss; acc_norm.tsv: step,
-    tokens_seen, task, acc_norm, chance (CHANCE) for each task's curve logged in training. Each is written whole every
-    time, a header alone where the run logged no such curve (DVC reads an empty curve; a missing file it reports)."""
-    out_dir = Path(live_dir) / FOLDER
+def write_curves(live_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """Write the curves of the step log in `live_dir` to `out_dir`; returns the files. train_loss.tsv: step,
+    tokens_seen, train_loss, train_loss_smooth (`smooth`); val_loss.tsv: step, tokens_seen, val_loss; acc_norm.tsv:
+    step, tokens_seen, task, acc_norm, chance (CHANCE) for each task's curve logged in training. Each is written whole
+    every time, a header alone where the run logged no such curve (DVC reads an empty curve; a missing file it
+    reports)."""
+    out_dir = Path(out_dir)
     curves = read_curves(live_dir)
     train = curves.get("train_loss", [])
     smoothed = smooth([v for _, _, v in train])
@@ -98,26 +99,29 @@ def write_curves(live_dir: str | Path) -> list[Path]:
 
 
 class LiveCurves:
-    """write_curves as a run logs, a StepLogger sink (its `also`): at once on the first log, then at each evaluation
+    """write_curves as a run logs, a StepLogger sink (its `also`): at once when the run starts (`update(force=True)`:
+    a fresh run's headers, a resumed run's curves up to its checkpoint) and on the first log, then at each evaluation
     and at most every `every_s` seconds, or less often where a write takes over 1% of that (a long run's files grow);
     and at the end. It reads dvclive's files, which StepLogger has written by then."""
 
-    def __init__(self, live_dir: str | Path, every_s: float = 10.0) -> None:
-        self.live_dir, self.every_s = Path(live_dir), every_s
-        self.next_at = float("-inf")
+    def __init__(self, live_dir: str | Path, out_dir: str | Path, every_s: float = 10.0) -> None:
+        self.live_dir, self.out_dir, self.every_s = Path(live_dir), Path(out_dir), every_s
+        self.next_at, self.logged = float("-inf"), False
 
     def update(self, force: bool = False) -> None:
         """Rewrite the curves if `force` or if they are due."""
         start = time.monotonic()
         if not force and start < self.next_at:
             return
-        write_curves(self.live_dir)
+        write_curves(self.live_dir, self.out_dir)
         took = time.monotonic() - start
         self.next_at = start + max(self.every_s, 100 * took)
 
     def log(self, step: int, metrics: Mapping[str, float | int]) -> None:
-        """After StepLogger logged `metrics` at `step`: an evaluation's points go out at once, others when due."""
-        self.update(force=any(name == "val_loss" or name.endswith(ACC_NORM) for name in metrics))
+        """After StepLogger logged `metrics` at `step`: the first log's and an evaluation's points go out at once,
+        others when due."""
+        first, self.logged = not self.logged, True
+        self.update(force=first or any(name == "val_loss" or name.endswith(ACC_NORM) for name in metrics))
 
     def log_constants(self, metrics: Mapping[str, float | int]) -> None:
         """Nothing: the curves are step metrics only."""

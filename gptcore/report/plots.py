@@ -28,18 +28,19 @@ FINAL_ACC = "final_acc_norm.tsv"  # the evaluate stage's final scores on the acc
 BASELINES = "baselines.tsv"
 
 
-# --- plot data (the compare stage; the curves are the train stage's, gptcore/report/curves.py) ---
+# --- plot data (the compare stage; the curves beside it are the train stage's, gptcore/report/curves.py) ---
 
 def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir: str | Path,
                     final_acc_norm: Mapping[str, float] | None = None,
                     comparable: Mapping[str, bool] | None = None) -> list[Path]:
-    """Write what dvc.yaml's top-level plots read besides the run's curves (`live_dir`: dvclive's folder, whose
-    curves/ the train stage writes; `baselines` as read_baselines returns them); returns the paths. out_dir/
+    """Write what dvc.yaml's top-level plots read besides the run's curves (the train stage writes those beside them,
+    gptcore/report/curves.py; `live_dir`: dvclive's folder; `baselines` as read_baselines returns them); returns the
+    paths. out_dir/
     baselines.tsv: step, tokens_seen, one column per reference figure and beside each `<figure>_comparable` (true
     where `comparable`, compare.comparable_figures' map, says so: the plots draw only those), at the run's first and
     last logged step. out_dir/final_acc_norm.tsv: step, tokens_seen, task, acc_norm, chance: `final_acc_norm`
     ({task: acc_norm} of evaluate's tasks) at the run's last step, beside the score of a guess (curves.CHANCE); a
-    header alone without scores. Nothing else stays in out_dir: no .tsv of an older layout or an earlier run lingers."""
+    header alone without scores."""
     out_dir = Path(out_dir)
     refs = baseline_values(dict(baselines))
     span = run_span(live_dir)
@@ -55,9 +56,6 @@ def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir:
     row = [c for name, value in refs.items() for c in (value, "true" if judged.get(name) else "false")]
     write_tsv(out_dir / BASELINES, header, ([s, t, *row] for s, t in (first, last)))
     written.append(out_dir / BASELINES)
-    for old in sorted(out_dir.glob("*.tsv")):
-        if old not in written:
-            old.unlink()
     return written
 
 
@@ -100,15 +98,18 @@ def color_runs_alike(spec: Mapping[str, Any], revs: list[str]) -> dict[str, Any]
 
 # --- runs drawn as one ---
 
+_NOT_DRAWN = ("rev", "filename")  # what tells two runs' rows apart without moving a line
+
+
 def coinciding_runs(spec: Mapping[str, Any]) -> list[list[str]]:
-    """The groups of two or more revisions whose data in this Vega-Lite spec are the same row for row, all but `rev`
-    (a workspace bit-identical to HEAD, a rerun that reproduced its run): their lines lie on top of each other, the
-    last drawn hiding the others."""
+    """The groups of two or more revisions whose data in this Vega-Lite spec are the same row for row, but for the
+    revision and the file DVC read them from (a workspace bit-identical to HEAD, a rerun that reproduced its run, a
+    run committed before its files moved): their lines lie on top of each other, the last drawn hiding the others."""
     rows: dict[str, list[str]] = {}
     for row in (spec.get("data") or {}).get("values") or []:
         if isinstance(row, dict) and row.get("rev") is not None:
-            rows.setdefault(str(row["rev"]), []).append(json.dumps({k: v for k, v in row.items() if k != "rev"},
-                                                                   sort_keys=True))
+            same = {k: v for k, v in row.items() if k not in _NOT_DRAWN}
+            rows.setdefault(str(row["rev"]), []).append(json.dumps(same, sort_keys=True))
     groups: dict[tuple[str, ...], list[str]] = {}
     for rev, data in rows.items():
         groups.setdefault(tuple(sorted(data)), []).append(rev)
@@ -216,8 +217,10 @@ const recolor = (node, key) => {
     if (key === "color" && node.field === "rev") node.scale = {domain: [...scale.domain], range: [...scale.range]};
   }
 };
-// revisions whose rows are the same but for `rev` draw as one line: a subtitle says so (as note_coinciding does)
-const canon = (row) => JSON.stringify(Object.keys(row).filter((k) => k !== "rev").sort().map((k) => [k, row[k]]));
+// revisions whose rows are the same but for `rev` and `filename` draw as one line: a subtitle says so (as
+// note_coinciding does)
+const canon = (row) => JSON.stringify(Object.keys(row).filter((k) => k !== "rev" && k !== "filename").sort()
+  .map((k) => [k, row[k]]));
 const noteCoinciding = (spec) => {
   const byRev = new Map();
   for (const row of ((spec.data || {}).values || [])) {
