@@ -855,7 +855,7 @@ def test_readme_s_top_image_is_drawn_from_the_committed_run_with_only_the_refere
     assert out["png"].startswith(PNG_MAGIC)
     svg = out["svg"].decode("utf-8")
     assert "Loss by tokens seen" in svg and ">quickstart<" in svg and "val loss" in svg
-    assert "GPT" not in svg and f'stroke="{GREY}"' not in svg, "a reference line that does not apply to a Shakespeare run"
+    assert "GPT" not in svg and f'stroke="{GREY}"' not in svg, "a reference line that does not apply here"
     # README's first image is the one the command writes, committed
     first = re.search(r"!\[[^]]*\]\(([^)]+)\)", (ROOT / "README.md").read_text(encoding="utf-8")).group(1)
     assert first == "docs/loss_vs_tokens.png" and (clone / first).is_file()
