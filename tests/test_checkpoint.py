@@ -569,7 +569,7 @@ def test_the_later_stages_results_leave_with_the_run_before_and_come_back_with_i
     (no view sets a running run beside them), a resumed run keeps them, and an earlier run comes back with its own."""
     monkeypatch.chdir(tmp_path)
     ckpts, live = Path("checkpoints"), Path("metrics/train")
-    results = [Path("metrics/eval.json"), Path("metrics/plots"), Path("metrics/summary.json")]
+    results = [Path("metrics/eval.json"), Path("metrics/plots/baselines.tsv"), Path("metrics/summary.json")]
     a = {"model": {"init_from": "scratch"}, "train": {"max_lr": 6e-4}}
     b = {"model": {"init_from": "scratch"}, "train": {"max_lr": 1e-3}}
 
@@ -584,7 +584,7 @@ def test_the_later_stages_results_leave_with_the_run_before_and_come_back_with_i
         # summary.json: compare did not run (killed): what is there moves, what is not is no matter
 
     def workspace():
-        return {str(p): p.read_text() for p in [*results, Path("metrics/plots/baselines.tsv")] if p.is_file()}
+        return {str(p): p.read_text() for p in results if p.is_file()}
 
     # a fresh clone: git's results of the committed run, no checkpoints; a fresh run moves them aside too
     Path("metrics/plots").mkdir(parents=True)
@@ -604,8 +604,8 @@ def test_the_later_stages_results_leave_with_the_run_before_and_come_back_with_i
     resume, notes = run_folder.prepare_resume(ckpts, b, is_main=True, also=[live], results=results)
     assert resume is None and workspace() == {}
     kept = next((ckpts / run_folder.PREVIOUS).iterdir())
-    assert notes[-1] == (f"the previous run's checkpoints and metrics/train/ are kept in {kept}, with its results "
-                         f"(eval.json, plots)")
+    assert notes[-1] == (f"the previous run's checkpoints and metrics/train/ are kept in {kept}, with its 2 result "
+                         f"files of later stages")
     finish(b, "B")
     # A again: B and its results aside, A and its results back
     resume, notes = run_folder.prepare_resume(ckpts, a, is_main=True, also=[live], results=results)

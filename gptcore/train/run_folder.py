@@ -246,7 +246,7 @@ def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, al
             # a line only when a run's checkpoints moved: a fresh clone has just git's step metrics (kept there too)
             if moved is not None and any(_run_file(p) for p in moved.iterdir()):
                 others = "".join(f" and {p}/" for p in also)
-                theirs = f", with its results ({', '.join(p.name for p in present)})" if present else ""
+                theirs = f", with its {len(present)} result files of later stages" if present else ""
                 notes.append(f"the previous run's checkpoints{others} are kept in {moved}{theirs}")
         if earlier:
             bring_back(path.parent, ckpt_dir, [*also, *results])
