@@ -1,5 +1,6 @@
-"""The plots: the compare stage's data beside dvclive's curves, the offline page `dvc plots show` fills, and DVC's
-plots rendered to files with vl-convert (Vega-Lite compiled and drawn locally: no browser, no network).
+"""The plots: the compare stage's data beside the curves train keeps (gptcore/report/curves.py), the offline page `dvc
+plots show` fills, runs drawn as one line named, and DVC's plots rendered to files with vl-convert (Vega-Lite compiled
+and drawn locally: no browser, no network).
 
 The library never runs DVC: you run it and pipe its JSON in (console script gptcore-render-plots):
     dvc plots show --json | gptcore-render-plots                       # the workspace's plots -> plots_png/*.png
