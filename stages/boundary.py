@@ -141,19 +141,33 @@ def copied_results(name: str) -> list[Path]:
     """The results (files under metrics/) of stage `name` and every later stage, where DVC runs this experiment in a
     copy of the project (a queued run: DVC_ROOT names the project it was queued from, not this folder). The copy
     carries them from the workspace it was queued from: another run's figures, which `dvc exp show` would set beside
-    this run's params until it writes its own. In the project itself nothing is listed: a run never deletes the
-    previous one's results before it has new ones."""
+    this run's params until it writes its own. In the project itself nothing is listed: there a new run moves the
+    previous one's results aside (later_results), never deletes them."""
     root = os.environ.get("DVC_ROOT")
-    if not root or Path(root).resolve() == Path.cwd().resolve() or not DVC_YAML.is_file():
+    if not root or Path(root).resolve() == Path.cwd().resolve():
+        return []
+    return [path for path in _results(name, later=False) if path.exists()]
+
+
+def later_results(name: str) -> list[Path]:
+    """The results (paths under metrics/, dvc.yaml's outs, metrics and plots) of the stages after `name`: what the
+    train stage moves aside with the previous run when it starts a fresh one, so that `dvc metrics show`, `dvc exp
+    show`'s workspace row and the plots show the running run's figures alone."""
+    return _results(name, later=True)
+
+
+def _results(name: str, later: bool) -> list[Path]:
+    """The paths under metrics/ that dvc.yaml's stages from `name` on (after it, if `later`) declare, in order."""
+    if not DVC_YAML.is_file():
         return []
     stages = read_yaml(DVC_YAML)["stages"]  # in pipeline order
     if name not in stages:
         return []
     paths = []
-    for spec in list(stages.values())[list(stages).index(name):]:
+    for spec in list(stages.values())[list(stages).index(name) + later:]:
         for entry in (e for kind in ("outs", "metrics", "plots") for e in spec.get(kind) or []):
             path = Path(next(iter(entry)) if isinstance(entry, dict) else entry)
-            if path.parts[0] == RESULTS and path.exists():
+            if path.parts[0] == RESULTS:
                 paths.append(path)
     return paths
 

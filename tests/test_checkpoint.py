@@ -562,3 +562,55 @@ def test_sharded_checkpoints_move_aside_whole_and_come_back(sharded_saves, tmp_p
     resume, notes = run_folder.prepare_resume(folder, SHARDED_PARAMS, is_main=True)
     assert resume["step"] == 6 and resume["sharded"] == str(folder / "ckpt_0000006.dcp")
     assert {k: v for k, v in sharded_tree(folder).items() if k.startswith("ckpt_")} == before
+
+
+def test_the_later_stages_results_leave_with_the_run_before_and_come_back_with_it(tmp_path, monkeypatch):
+    """The results of evaluate and compare in the workspace are the run's before a fresh one: they move aside with it
+    (no view sets a running run beside them), a resumed run keeps them, and an earlier run comes back with its own."""
+    monkeypatch.chdir(tmp_path)
+    ckpts, live = Path("checkpoints"), Path("metrics/train")
+    results = [Path("metrics/eval.json"), Path("metrics/plots/baselines.tsv"), Path("metrics/summary.json")]
+    a = {"model": {"init_from": "scratch"}, "train": {"max_lr": 6e-4}}
+    b = {"model": {"init_from": "scratch"}, "train": {"max_lr": 1e-3}}
+
+    def finish(params, tag):  # a finished run, then its evaluate and compare
+        for step in (3, 6):
+            checkpoints.save_checkpoint(ckpts, step, {"step": step, "params": params, "tag": tag,
+                                                     "fingerprint": run_folder.run_fingerprint(params)}, keep=2)
+        (live / "train_loss.tsv").write_text(f"run {tag}\n")
+        Path("metrics/plots").mkdir(exist_ok=True)
+        Path("metrics/plots/baselines.tsv").write_text(f"baselines of {tag}\n")
+        Path("metrics/eval.json").write_text(f'{{"run": "{tag}"}}\n')
+        # summary.json: compare did not run (killed): what is there moves, what is not is no matter
+
+    def workspace():
+        return {str(p): p.read_text() for p in results if p.is_file()}
+
+    # a fresh clone: git's results of the committed run, no checkpoints; a fresh run moves them aside too
+    Path("metrics/plots").mkdir(parents=True)
+    Path("metrics/eval.json").write_text('{"run": "git"}\n')
+    resume, notes = run_folder.prepare_resume(ckpts, a, is_main=True, also=[live], results=results)
+    assert resume is None and workspace() == {}
+    kept = next((ckpts / run_folder.PREVIOUS).iterdir())
+    assert (kept / "metrics" / "eval.json").read_text() == '{"run": "git"}\n'
+    assert not [n for n in notes if "kept in" in n]  # git's files only, as on a fresh clone: nothing to say
+    shutil.rmtree(kept)
+    finish(a, "A")
+    before = workspace()
+    # the same run again (a code change reran train): resumed, its own results stay
+    resume, notes = run_folder.prepare_resume(ckpts, a, is_main=True, also=[live], results=results)
+    assert resume["tag"] == "A" and workspace() == before and not any((ckpts / run_folder.PREVIOUS).iterdir())
+    # B: A and its results move aside together
+    resume, notes = run_folder.prepare_resume(ckpts, b, is_main=True, also=[live], results=results)
+    assert resume is None and workspace() == {}
+    kept = next((ckpts / run_folder.PREVIOUS).iterdir())
+    assert notes[-1] == (f"the previous run's checkpoints and metrics/train/ are kept in {kept}, with its 2 result "
+                         f"files of later stages")
+    finish(b, "B")
+    # A again: B and its results aside, A and its results back
+    resume, notes = run_folder.prepare_resume(ckpts, a, is_main=True, also=[live], results=results)
+    assert resume["tag"] == "A" and workspace() == before
+    assert (live / "train_loss.tsv").read_text() == "run A\n"
+    kept = next((ckpts / run_folder.PREVIOUS).iterdir())
+    assert (kept / "metrics" / "eval.json").read_text() == '{"run": "B"}\n'
+    assert (kept / "metrics" / "plots" / "baselines.tsv").read_text() == "baselines of B\n"

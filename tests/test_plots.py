@@ -15,9 +15,10 @@ import pytest
 import yaml
 
 from gptcore.errors import UserError
-from gptcore.report import plots
+from gptcore.report import curves, plots
 from gptcore.report.baselines import baseline_values, read_baselines
 from gptcore.report.compare import comparable_figures
+from gptcore.report.steplog import read_step_tsv
 from stages.compare import LIVE_DIR, PLOT_DATA
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,11 +49,11 @@ def fake_run(live: Path, steps: int = 10, tokens: int = 256, eval_every: int = 5
     write_live(live, "val_loss", [(s, 10.0 - s * 0.4) for s in range(0, steps + 1, eval_every)])
 
 
-def test_plot_data_tokens_and_baseline_span(tmp_path):
+def test_curves_tokens_and_baseline_span(tmp_path):
     live, out = tmp_path / "metrics" / "train", tmp_path / "metrics" / "plots"
     fake_run(live)
-    written = plots.write_plot_data(live, BASELINES, out)
-    assert sorted(p.name for p in written) == ["baselines.tsv", "train_loss.tsv", "val_loss.tsv"]
+    assert [p.name for p in curves.write_curves(live, out)] == ["train_loss.tsv", "val_loss.tsv", "acc_norm.tsv"]
+    assert [p.name for p in plots.write_plot_data(live, BASELINES, out)] == ["final_acc_norm.tsv", "baselines.tsv"]
 
     train = read_tsv(out / "train_loss.tsv")
     assert train[0] == ["step", "tokens_seen", "train_loss", "train_loss_smooth"]
@@ -65,6 +66,9 @@ def test_plot_data_tokens_and_baseline_span(tmp_path):
     val = read_tsv(out / "val_loss.tsv")
     assert [(int(s), int(t)) for s, t, _ in val[1:]] == [(0, 0), (5, 1280), (10, 2560)]
     assert float(val[-1][2]) == pytest.approx(6.0)
+    # no task scored in training, none at the end: headers alone, so DVC finds the files
+    assert read_tsv(out / "acc_norm.tsv") == [["step", "tokens_seen", "task", "acc_norm", "chance"]]
+    assert read_tsv(out / "final_acc_norm.tsv") == [["step", "tokens_seen", "task", "acc_norm", "chance"]]
 
     base = read_tsv(out / "baselines.tsv")
     assert base[0] == ["step", "tokens_seen", "gpt2_124m_val_loss", "gpt2_124m_val_loss_comparable",
@@ -77,34 +81,37 @@ def test_plot_data_tokens_and_baseline_span(tmp_path):
     assert base[1][2:] == base[2][2:]
 
 
-def test_plot_data_hellaswag_curve_and_stale_files(tmp_path):
+def test_accuracy_curves_final_scores_chance_and_the_next_run(tmp_path):
     live, out = tmp_path / "train", tmp_path / "plots"
     fake_run(live)
     write_live(live, "hellaswag_acc_norm", [(0, 0.25), (5, 0.26), (10, 0.27)])
-    names = {p.name for p in plots.write_plot_data(live, BASELINES, out, {"hellaswag": 0.28})}
-    assert {"hellaswag_acc_norm.tsv", "acc_norm.tsv"} <= names
-    assert read_tsv(out / "hellaswag_acc_norm.tsv")[-1] == ["10", "2560", "0.27"]
-    # the acc_norm plot's data: the training curve, then the evaluate stage's final score at the last step
-    assert read_tsv(out / "acc_norm.tsv") == [["step", "tokens_seen", "task", "acc_norm"],
-                                              ["0", "0", "hellaswag", "0.25"], ["5", "1280", "hellaswag", "0.26"],
-                                              ["10", "2560", "hellaswag", "0.27"], ["10", "2560", "hellaswag", "0.28"]]
+    curves.write_curves(live, out)
+    # the accuracy plot's data: the training curve (the train stage's), each row with the score of a guess ...
+    assert read_tsv(out / "acc_norm.tsv")[1:] == [
+        ["0", "0", "hellaswag", "0.25", "0.25"], ["5", "1280", "hellaswag", "0.26", "0.25"],
+        ["10", "2560", "hellaswag", "0.27", "0.25"]]
+    # ... then the evaluate stage's final score at the last step (compare's)
+    plots.write_plot_data(live, BASELINES, out, {"hellaswag": 0.28})
+    assert read_tsv(out / "final_acc_norm.tsv")[1:] == [["10", "2560", "hellaswag", "0.28", "0.25"]]
 
     # the next run logs no HellaSwag: its curve must not survive from the run before; a cloze run gets its point
     (live / "plots" / "metrics" / "hellaswag_acc_norm.tsv").unlink()
+    curves.write_curves(live, out)
     plots.write_plot_data(live, BASELINES, out, {"cloze": 0.4})
-    assert not (out / "hellaswag_acc_norm.tsv").exists()
-    assert read_tsv(out / "acc_norm.tsv")[1:] == [["10", "2560", "cloze", "0.4"]]
-    plots.write_plot_data(live, BASELINES, out)
-    assert not (out / "acc_norm.tsv").exists()
-    assert not list(out.glob(".*.tmp")), "temp files left behind"
+    assert read_tsv(out / "acc_norm.tsv")[1:] == []
+    assert read_tsv(out / "final_acc_norm.tsv")[1:] == [["10", "2560", "cloze", "0.4", "0.25"]]
+    assert sorted(p.name for p in out.iterdir()) == ["acc_norm.tsv", "baselines.tsv", "final_acc_norm.tsv",
+                                                     "train_loss.tsv", "val_loss.tsv"]  # no temp file left
 
 
-def test_plot_data_without_training_steps(tmp_path):
+def test_curves_without_training_steps(tmp_path):
     """train.max_steps 0 (the OpenAI baseline preset): one val point at step 0, no tokens_seen.tsv."""
     live, out = tmp_path / "train", tmp_path / "plots"
     write_live(live, "val_loss", [(0, 3.29)])
+    curves.write_curves(live, out)
     plots.write_plot_data(live, BASELINES, out)
     assert read_tsv(out / "val_loss.tsv")[1:] == [["0", "0", "3.29"]]
+    assert read_tsv(out / "train_loss.tsv")[1:] == []
     assert [r[:2] for r in read_tsv(out / "baselines.tsv")[1:]] == [["0", "0"], ["0", "0"]]
 
 
@@ -125,6 +132,8 @@ def test_plot_data_bad_input(tmp_path):
     (live / "plots" / "metrics" / "val_loss.tsv").write_text("step\tval_loss\n0\tnan-ish\n", encoding="utf-8")
     with pytest.raises(UserError, match=r"val_loss\.tsv: line 2"):
         plots.write_plot_data(live, BASELINES, tmp_path / "plots")
+    with pytest.raises(UserError, match=r"val_loss\.tsv: line 2"):
+        curves.write_curves(live, tmp_path / "plots")
     fake_run(live)
     with pytest.raises(UserError, match="gpt2_124m needs numeric hellaswag_acc_norm"):
         plots.write_plot_data(live, {"gpt2_124m": {"val_loss": 3.3}}, tmp_path / "plots")
@@ -138,10 +147,12 @@ def test_dvc_yaml_plots_read_what_is_written():
     defs = {k: v for d in dvc_yaml["plots"] for k, v in d.items()}
     assert {"loss", "loss_vs_tokens", "val_loss_vs_tokens_log", "acc_norm"} <= set(defs)
     refs = baseline_values(read_baselines(ROOT / "conf" / "baselines.yaml"))  # compare writes a column for each
-    ours = {"baselines.tsv": {"step", "tokens_seen", *refs, *(f"{name}_comparable" for name in refs)}}
-    ours.update({f"{c}.tsv": {"step", "tokens_seen", c} for c in plots.CURVES})
-    ours["train_loss.tsv"].add("train_loss_smooth")
-    ours["acc_norm.tsv"] = {"step", "tokens_seen", "task", "acc_norm"}
+    # the compare stage's files and the train stage's, side by side
+    ours = {PLOT_DATA / "baselines.tsv": {"step", "tokens_seen", *refs, *(f"{name}_comparable" for name in refs)},
+            PLOT_DATA / "final_acc_norm.tsv": {"step", "tokens_seen", "task", "acc_norm", "chance"},
+            PLOT_DATA / "train_loss.tsv": {"step", "tokens_seen", "train_loss", "train_loss_smooth"},
+            PLOT_DATA / "val_loss.tsv": {"step", "tokens_seen", "val_loss"},
+            PLOT_DATA / "acc_norm.tsv": {"step", "tokens_seen", "task", "acc_norm", "chance"}}
     live = LIVE_DIR / "plots" / "metrics"
     for name, d in defs.items():
         for path, fields in d["y"].items():
@@ -150,8 +161,8 @@ def test_dvc_yaml_plots_read_what_is_written():
             if path.parent == live:  # dvclive: step and the metric named like the file
                 columns = {"step", path.stem}
             else:
-                assert path.parent == PLOT_DATA, f"plot {name}: {path} is neither dvclive's nor ours"
-                columns = ours[path.name]
+                assert path in ours, f"plot {name}: {path} is neither dvclive's nor ours"
+                columns = ours[path]
                 # the committed run's file has them too: DVC drops a revision from a plot for one missing column
                 committed = set(read_tsv(ROOT / path)[0])
                 assert set(fields) <= committed, f"plot {name}: committed {path} lacks {set(fields) - committed}"
@@ -299,24 +310,24 @@ QUICKSTART_LIVE = ROOT / "metrics" / "train"  # the committed quick-start run's 
 
 
 def test_smooth_is_a_centred_moving_average():
-    assert plots.smooth([4.0] * 5) == pytest.approx([4.0] * 5)
+    assert curves.smooth([4.0] * 5) == pytest.approx([4.0] * 5)
     # the window shrinks symmetrically at either end: the first and last points are the data's own
-    assert plots.smooth([1.0, 2.0, 6.0, 4.0, 5.0], half=1) == pytest.approx([1.0, 3.0, 4.0, 5.0, 5.0])
+    assert curves.smooth([1.0, 2.0, 6.0, 4.0, 5.0], half=1) == pytest.approx([1.0, 3.0, 4.0, 5.0, 5.0])
     # a straight stretch stays where it is: no lag behind a falling loss, as a trailing average has
     line = [10.0 - 0.1 * s for s in range(50)]
-    assert plots.smooth(line) == pytest.approx(line)
+    assert curves.smooth(line) == pytest.approx(line)
     # and it smooths: alternating noise of +-0.3 around a constant is averaged away inside the curve
     noisy = [5.0 + (0.3 if s % 2 else -0.3) for s in range(60)]
-    assert all(abs(m - 5.0) < 0.05 for m in plots.smooth(noisy)[3:-3])
-    assert plots.smooth_half_width(200) == 3 and plots.smooth_half_width(19_000) == 95
-    assert plots.smooth([]) == []
+    assert all(abs(m - 5.0) < 0.05 for m in curves.smooth(noisy)[3:-3])
+    assert curves.smooth_half_width(200) == 3 and curves.smooth_half_width(19_000) == 95
+    assert curves.smooth([]) == []
 
 
 def test_smoothed_train_loss_follows_the_quick_start_curve(tmp_path):
     """The committed quick start falls from 10.8 to 6.7 in 20 steps; the smoothed curve of the plots followed 1.6 nats
     above it there (a trailing average's lag: step 20 raw 6.70, smoothed 8.28, above the raw loss of the 3 steps
     before). Centred, each smoothed point lies among the raw losses of the steps around it."""
-    plots.write_plot_data(QUICKSTART_LIVE, BASELINES, tmp_path)
+    curves.write_curves(QUICKSTART_LIVE, tmp_path)
     rows = read_tsv(tmp_path / "train_loss.tsv")[1:]
     raw, smoothed = [float(r[2]) for r in rows], [float(r[3]) for r in rows]
     assert len(raw) == 200 and smoothed[0] == pytest.approx(raw[0])
@@ -369,7 +380,7 @@ def dvc(repo: Path, *args: str) -> str:
 def shifted_live(src: Path, dst: Path, shift: float) -> Path:
     """A copy of dvclive's curves in `src` with both losses moved by `shift` nats (another run of the same length)."""
     for name in ("tokens_seen", "train_loss", "val_loss"):
-        rows = plots.read_step_tsv(src / "plots" / "metrics" / f"{name}.tsv")
+        rows = read_step_tsv(src / "plots" / "metrics" / f"{name}.tsv")
         write_live(dst, name, rows if name == "tokens_seen" else [(s, v + shift) for s, v in rows])
     return dst
 
@@ -401,6 +412,7 @@ def commit_run(repo: Path, tag: str, live: Path, cloze: float, comparable: bool,
         write_live(live, name, [(s, 0.5) for s in range(0, 200, 10)])
     judged = {"gpt2_124m_val_loss": comparable, "gpt2_124m_hellaswag_acc_norm": False,
               "gpt3_124m_hellaswag_acc_norm": False}
+    curves.write_curves(live, repo / PLOT_DATA)
     plots.write_plot_data(live, read_baselines(ROOT / "conf" / "baselines.yaml"), repo / PLOT_DATA,
                           {"cloze": cloze}, judged)
     shutil.rmtree(repo / LIVE_DIR, ignore_errors=True)
@@ -452,7 +464,7 @@ def drawn(spec: dict) -> list[dict]:
     return out
 
 
-def curves(marks: list[dict]) -> list[dict]:
+def curve_lines(marks: list[dict]) -> list[dict]:
     """The line marks of the runs' curves (not the grey references), each {"stroke", "dash", "opacity", "width",
     "xs", "ys"}: one per line drawn."""
     lines = [m for m in marks if m["type"] == "line" and m["role"] == "mark" and m["items"]]
@@ -472,7 +484,7 @@ def references(marks: list[dict]) -> tuple[list[dict], list[str]]:
 
 def test_one_hue_per_run_series_by_dash_and_opacity(two_runs_specs):
     """Two runs of three series each: two colours, not six; within a run the three lines differ by dash/opacity."""
-    lines = curves(drawn(two_runs_specs["loss"]))
+    lines = curve_lines(drawn(two_runs_specs["loss"]))
     assert len(lines) == 6
     by_run: dict[str, set] = {}
     for line in lines:
@@ -481,13 +493,13 @@ def test_one_hue_per_run_series_by_dash_and_opacity(two_runs_specs):
     assert all(len(styles) == 3 for styles in by_run.values()), by_run
     # the same series looks the same in both runs: only the colour tells the runs apart
     assert len({frozenset(styles) for styles in by_run.values()}) == 1
-    assert len({line["stroke"] for line in curves(drawn(two_runs_specs["val_loss_vs_tokens_log"]))}) == 2
+    assert len({line["stroke"] for line in curve_lines(drawn(two_runs_specs["val_loss_vs_tokens_log"]))}) == 2
 
 
 def one_run_moved(spec: dict, rev: str, shift: float) -> dict:
     """`spec` with the data of `rev` alone, its losses moved by `shift` nats (its reference figures as they were)."""
     rows = [dict(r, dvc_inferred_y_value=str(float(r["dvc_inferred_y_value"]) + shift))
-            if r["filename"] != "baselines.tsv" else r for r in spec["data"]["values"] if r["rev"] == rev]
+            if not r["filename"].endswith("baselines.tsv") else r for r in spec["data"]["values"] if r["rev"] == rev]
     return {**spec, "data": {"values": rows}}
 
 
@@ -515,12 +527,55 @@ def test_reference_lines_only_where_compare_calls_the_run_comparable(two_runs_sp
         assert 0 < grey[0]["y"] < spec["height"], (plot_id, grey)
 
 
+CHANCE_GREY = "#aaaaaa"  # the accuracy plot's chance line
+
+
+def test_the_accuracy_plot_draws_the_score_of_a_guess(two_runs_specs):
+    """Two lone dots (0.288 and 0.301 on cloze) read as learning only beside what a guess scores: a dashed line at
+    0.25 across the plot, labelled, inside the y axis, whatever the scores."""
+    spec = two_runs_specs["acc_norm"]
+    for moved in (0.0, 0.2):  # the scores near chance, then far above it: the axis stretches to keep the line
+        rows = [dict(r, dvc_inferred_y_value=str(float(r["dvc_inferred_y_value"]) + moved))
+                if not r["filename"].endswith("baselines.tsv") else r for r in spec["data"]["values"]]
+        marks = drawn({**spec, "data": {"values": rows}})
+        lines = [i for m in marks if m["role"] == "mark" for i in m["items"] if i.get("stroke") == CHANCE_GREY]
+        texts = [i["text"] for m in marks if m["type"] == "text" and m["role"] == "mark" for i in m["items"]
+                 if "chance" in str(i.get("text"))]
+        assert texts == ["chance 0.25 (a guess among 4 endings)"] and len(lines) == 1, (texts, lines)
+        assert abs(lines[0]["x2"] - lines[0]["x"]) >= spec["width"] - 1 and 0 < lines[0]["y"] < spec["height"]
+        dots = sorted(i["y"] for m in marks if m["type"] == "symbol" and m["role"] == "mark" for i in m["items"])
+        low, high = 0.288 + moved, 0.301 + moved  # y grows downwards: the higher score, the smaller y
+        per_pixel = (high - low) / (dots[0] - dots[1])
+        assert low + (lines[0]["y"] - dots[1]) * per_pixel == pytest.approx(0.25, abs=1e-4)
+
+
+def test_runs_drawn_as_one_line_are_named(two_runs_specs, tmp_path):
+    """A workspace bit-identical to HEAD draws under it, unseen: a subtitle line names the runs one line shows, in the
+    image files (the page: test_the_page_names_runs_drawn_as_one)."""
+    spec = two_runs_specs["loss"]
+    assert plots.coinciding_runs(spec) == []
+    twin = [dict(r, rev="workspace") for r in spec["data"]["values"] if r["rev"] == "lower"]
+    both = {**spec, "data": {"values": twin + spec["data"]["values"]}}
+    assert plots.coinciding_runs(both) == [["workspace", "lower"]]
+    noted = plots.note_coinciding(both)
+    assert noted["title"]["subtitle"][-1] == "workspace and lower: the same data, drawn as one line"
+    assert noted["title"]["subtitle"][0] == spec["title"]["subtitle"]  # the template's own line stays
+    three = {"title": "lr", "data": {"values": [{"rev": r, "step": "1", "lr": "0.1"} for r in ("a", "b", "c")]}}
+    assert plots.note_coinciding(three)["title"] == {
+        "text": "lr", "subtitle": ["a, b and c: the same data, drawn as one line"]}
+    one_row_differs = [dict(r, dvc_inferred_y_value="1.0") if i == 5 else r for i, r in enumerate(twin)]
+    assert plots.coinciding_runs({"data": {"values": one_row_differs + spec["data"]["values"]}}) == []
+    out = {"errors": [], "data": {"loss": [{"type": "vega", "content": both}]}}
+    svg = plots.render_plots(out, tmp_path, fmt="svg", log=lambda m: None)[0].read_text(encoding="utf-8")
+    assert "workspace and lower: the same data, drawn as one line" in svg
+
+
 def test_the_steep_start_runs_off_the_top(two_runs_specs):
     """On the loss plots each curve (both runs' three) starts at the top edge, where it crosses into the axis fitted
     to the runs after their first quarter, and stays inside the plot."""
     for plot_id in ("loss", "loss_vs_tokens"):
         spec = two_runs_specs[plot_id]
-        lines = curves(drawn(spec))
+        lines = curve_lines(drawn(spec))
         assert len(lines) == 6
         for line in lines:  # in the plot's pixels: (0, 0) is its top left corner
             assert all(-0.5 <= y <= spec["height"] + 0.5 for y in line["ys"]), (plot_id, line["stroke"])
@@ -531,7 +586,7 @@ def test_the_steep_start_runs_off_the_top(two_runs_specs):
 
 def test_log_x_axis_fitted_to_the_data(two_runs_specs):
     spec = two_runs_specs["val_loss_vs_tokens_log"]
-    xs = [x for line in curves(drawn(spec)) for x in line["xs"]]
+    xs = [x for line in curve_lines(drawn(spec)) for x in line["xs"]]
     # the first evaluation after step 0 at the axis' left end, the last at its right end (not a decade short)
     assert max(xs) - min(xs) >= 0.98 * spec["width"], (min(xs), max(xs))
 
@@ -663,6 +718,7 @@ for (const [el, spec, opt] of window.gptcoreQueued || []) {
     colors: color ? Object.fromEntries(color.domain().map((rev) => [rev, color(rev)])) : null,
     y: y ? y.domain() : null,
     yLabels,
+    subtitle: (spec.title && spec.title.subtitle) || null,
   };
   box.remove();
 }
@@ -674,8 +730,8 @@ document.body.append(out);
 
 
 def browser_probe(page: Path) -> dict[str, dict]:
-    """{plot div id: {"colors": {rev: colour}, "y": [y domain], "yLabels": [...]}} of the plots Vega draws on the
-    page (a copy of it, with _PROBE added) in headless Chromium."""
+    """{plot div id: {"colors": {rev: colour}, "y": [y domain], "yLabels": [...], "subtitle": the title's subtitle}}
+    of the plots Vega draws on the page (a copy of it, with _PROBE added) in headless Chromium."""
     html = page.read_text(encoding="utf-8")
     calls = len(re.findall(r"vegaEmbed\('#[^']+', spec\)", html))
     assert calls, "no vegaEmbed call of DVC's on the page"
@@ -748,8 +804,9 @@ def test_the_files_give_each_run_one_colour_in_every_plot(two_runs_specs):
 
 def committed(repo: Path, rev: str, name: str) -> list[list[float]]:
     """The rows of a plot data file (metrics/plots/<name>.tsv) as committed in `rev`, as numbers."""
-    text = subprocess.run(["git", "show", f"{rev}:{PLOT_DATA.as_posix()}/{name}.tsv"], cwd=repo, check=True,
-                          capture_output=True, text=True).stdout
+    path = (PLOT_DATA / f"{name}.tsv").as_posix()
+    text = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=repo, check=True, capture_output=True,
+                          text=True).stdout
     return [[float(v) for v in line.split("\t")] for line in text.splitlines()[1:]]
 
 
@@ -820,6 +877,48 @@ def test_readme_plot_command_sets_the_workspace_beside_the_committed_run(two_run
     out = json.loads(dvc(repo, "plots", "diff", "--json"))
     assert not out.get("errors"), out["errors"]
     assert out["data"]["loss"][0]["revisions"] == ["workspace", "HEAD"]
+
+
+@pytest.mark.slow
+def test_readme_s_top_image_is_drawn_from_the_committed_run_with_only_the_references_that_apply(tmp_path):
+    """`python -m tools.readme_image` in a fresh clone draws README's top image from the committed quick start: its
+    loss curves by tokens seen, and no GPT-2 line, which compare found not comparable with a Shakespeare run."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)
+    judged = json.loads((clone / "metrics" / "comparison.json").read_text(encoding="utf-8"))["comparable"]
+    assert not any(c["comparable"] for c in judged.values())  # the committed run: Shakespeare, cloze
+    env = dict(os.environ, PYTHONPATH=str(clone), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    out = {}
+    for fmt in ("png", "svg"):
+        proc = subprocess.run([sys.executable, "-m", "tools.readme_image", "--out-dir", str(tmp_path), "--format", fmt],
+                              cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0 and proc.stdout.strip() == str(tmp_path / f"loss_vs_tokens.{fmt}"), proc
+        out[fmt] = (tmp_path / f"loss_vs_tokens.{fmt}").read_bytes()
+    assert out["png"].startswith(PNG_MAGIC)
+    svg = out["svg"].decode("utf-8")
+    assert "Loss by tokens seen" in svg and ">quickstart<" in svg and "val loss" in svg
+    assert "GPT" not in svg and f'stroke="{GREY}"' not in svg, "a reference line that does not apply here"
+    # README's first image is the one the command writes, committed
+    first = re.search(r"!\[[^]]*\]\(([^)]+)\)", (ROOT / "README.md").read_text(encoding="utf-8")).group(1)
+    assert first == "docs/loss_vs_tokens.png" and (clone / first).is_file()
+    proc = subprocess.run([sys.executable, "-m", "tools.readme_image", "quickstart=HEAD", "again=HEAD"], cwd=clone,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "each revision and each name once" in proc.stderr, proc
+
+
+def test_the_page_names_runs_drawn_as_one(two_run_repo, diff_page, tmp_path):
+    """`dvc plots diff` after a rerun that reproduced the committed run bit for bit (here: a tracked file changed, the
+    results not): the workspace and HEAD, the same curves, one hidden under the other; each plot says so."""
+    repo = tmp_path / "repo"
+    shutil.copytree(two_run_repo, repo, ignore=shutil.ignore_patterns("dvc_plots*"))
+    with open(repo / ".gitignore", "a", encoding="utf-8") as f:
+        f.write("# a tracked file changed\n")
+    dvc(repo, "plots", "diff")
+    views = browser_probe(repo / "dvc_plots" / "index.html")
+    note = "workspace and HEAD: the same data, drawn as one line"
+    assert {rev for view in views.values() for rev in view["colors"]} == {"workspace", "HEAD"}
+    for plot_id, view in views.items():
+        assert view["subtitle"] and view["subtitle"][-1] == note, (plot_id, view["subtitle"])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The dvclive step logger across a kill: curves cut at the resume step, a summary truncated mid-write rebuilt."""
 import json
 
+from gptcore.report.curves import LiveCurves
 from gptcore.report.steplog import StepLogger
 
 
@@ -71,3 +72,76 @@ def test_run_constants_are_counted_by_hand_and_never_a_dvc_metric(tmp_path):
     assert not (live / "plots" / "metrics" / "params.tsv").exists()
     summary = json.loads((live / "metrics.json").read_text(encoding="utf-8"))
     assert summary["train_loss"] == 4.0 and not set(sizes) & set(summary)  # `dvc exp show` gets no column of them
+
+
+def rows(path):
+    return [line.split("\t") for line in path.read_text(encoding="utf-8").splitlines()[1:]]
+
+
+def logged(logger, steps, tokens=256, eval_every=2):
+    """What a run's loop logs at `steps`: an evaluation first where due, then the step's training figures."""
+    for step in steps:
+        if step % eval_every == 0:
+            logger.log(step, {"val_loss": 9.0 - step, "hellaswag_acc_norm": 0.25 + step / 100})
+        logger.log(step, {"train_loss": 10.0 - step, "tokens_seen": (step + 1) * tokens})
+
+
+def test_the_plots_curves_keep_in_step_with_the_log(tmp_path):
+    """The curves the top-level plots read follow the run as it logs: the first log and each evaluation at once,
+    training steps between them when due (here: not within the hour), everything at the end."""
+    live = tmp_path / "train"
+    logger = StepLogger(live, also=[LiveCurves(live, tmp_path / "plots", every_s=3600)])
+    logged(logger, [0])
+    train, val, acc = (tmp_path / "plots" / f"{n}.tsv" for n in ("train_loss", "val_loss", "acc_norm"))
+    assert rows(val) == [["0", "0", "9.0"]] and rows(acc) == [["0", "0", "hellaswag", "0.25", "0.25"]]
+    assert rows(train) == []  # step 0's training figures came after its evaluation: not due yet
+    logged(logger, [1])
+    assert rows(train) == []  # not due: the files are rewritten at most every every_s
+    logged(logger, [2])  # the evaluation at step 2 writes what came before it, the training figures too
+    assert [r[0] for r in rows(train)] == ["0", "1"] and [r[:3] for r in rows(val)] == [["0", "0", "9.0"],
+                                                                                        ["2", "512", "7.0"]]
+    logger.close()
+    assert [(r[0], r[1], r[2]) for r in rows(train)] == [("0", "256", "10.0"), ("1", "512", "9.0"),
+                                                        ("2", "768", "8.0")]
+    assert [r[1] for r in rows(acc)] == ["0", "512"]
+    assert not list((tmp_path / "plots").glob(".*.tmp"))
+
+
+def test_a_resumed_run_s_curves_drop_what_the_killed_one_logged_after_its_checkpoint(tmp_path):
+    live = tmp_path / "train"
+    curves = LiveCurves(live, tmp_path / "plots", every_s=3600)
+    logger = StepLogger(live, also=[curves])
+    logged(logger, range(6))
+    curves.update(force=True)  # killed here: the curves hold steps 0..5
+    plots = tmp_path / "plots"
+    assert [r[0] for r in rows(plots / "train_loss.tsv")] == ["0", "1", "2", "3", "4", "5"]
+    curves = LiveCurves(live, plots, every_s=3600)
+    logger = StepLogger(live, resume_step=3, also=[curves])
+    curves.update(force=True)  # as the run starts (Trainer.build): the steps the resumed run redoes are gone
+    assert [r[0] for r in rows(plots / "train_loss.tsv")] == ["0", "1", "2"]
+    assert [r[0] for r in rows(plots / "val_loss.tsv")] == ["0", "2"]  # step 4's evaluation is gone
+    logged(logger, [3])  # and the first log writes the redone step
+    assert [r[0] for r in rows(plots / "train_loss.tsv")] == ["0", "1", "2", "3"]
+    logger.close()
+
+
+def test_curves_of_a_long_run_are_written_less_often(tmp_path, monkeypatch):
+    """A write that takes 0.5 s (a long run's files) waits 50 s before the next, not every_s's 10: 1% of the time."""
+    from gptcore.report import curves as curves_module
+
+    clock = [100.0]
+    monkeypatch.setattr(curves_module.time, "monotonic", lambda: clock[0])
+    writes = []
+
+    def slow_write(live_dir, out_dir):
+        writes.append(clock[0])
+        clock[0] += 0.5
+
+    monkeypatch.setattr(curves_module, "write_curves", slow_write)
+    curves = LiveCurves(tmp_path, tmp_path, every_s=10)
+    for t in (100.0, 120.0, 149.0, 151.0):
+        clock[0] = t
+        curves.log(0, {"train_loss": 1.0})
+    assert writes == [100.0, 151.0]
+    curves.log(0, {"val_loss": 1.0})  # an evaluation: at once
+    assert len(writes) == 3

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from gptcore.report.baselines import baseline_values, lm_eval_metrics, lm_eval_values
+from gptcore.report.curves import CHANCE
 
 # delta key -> (run figure, family of baseline entries in conf/baselines.yaml, that entry's figure)
 DELTAS = {
@@ -176,9 +177,6 @@ def comparable_figures(comparable: dict[str, Any]) -> dict[str, bool]:
     is comparable with it}: the plots draw only those."""
     return {f"{comparable[key]['baseline']}_{figure}": comparable[key]["comparable"]
             for key, (_, _, figure) in DELTAS.items() if key in comparable}
-
-
-CHANCE = 0.25  # HellaSwag and the cloze task both pick one of 4 endings
 
 
 def final_acc_norm(run: dict[str, Any]) -> dict[str, float]:

@@ -1,5 +1,6 @@
-"""The plots: the compare stage's data beside dvclive's curves, the offline page `dvc plots show` fills, and DVC's
-plots rendered to files with vl-convert (Vega-Lite compiled and drawn locally: no browser, no network).
+"""The plots: the compare stage's data beside the curves train keeps (gptcore/report/curves.py), the offline page `dvc
+plots show` fills, runs drawn as one line named, and DVC's plots rendered to files with vl-convert (Vega-Lite compiled
+and drawn locally: no browser, no network).
 
 The library never runs DVC: you run it and pipe its JSON in (console script gptcore-render-plots):
     dvc plots show --json | gptcore-render-plots                       # the workspace's plots -> plots_png/*.png
@@ -11,7 +12,6 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
-import itertools
 import json
 import math
 import re
@@ -22,101 +22,43 @@ from typing import Any, Iterable, Mapping
 from gptcore.atomic import atomic_write
 from gptcore.errors import UserError, one_line_errors
 from gptcore.report.baselines import baseline_values
-from gptcore.report.steplog import read_step_tsv, write_tsv
+from gptcore.report.curves import CHANCE, run_span, step_metrics
+from gptcore.report.steplog import write_tsv
 
 PNG_DIR = Path("plots_png")
-
-# dvclive step metrics that get a tokens_seen column for the plots against tokens seen, and the suffix of a task's
-# accuracy curve logged in training (train.tasks: `<task>_acc_norm`), which goes on the accuracy plot
-CURVES = ("train_loss", "val_loss")
-ACC_NORM = "_acc_norm"
+FINAL_ACC = "final_acc_norm.tsv"  # the evaluate stage's final scores on the accuracy plot
+BASELINES = "baselines.tsv"
 
 
-# --- plot data (the compare stage) ---
-
-def tokens_per_step(live_dir: str | Path) -> float:
-    """Tokens per optimizer step, from dvclive's tokens_seen.tsv (tokens seen after step s = (s + 1) x this); 0 when
-    the run took no step (train.max_steps 0): everything it logged is at zero tokens."""
-    path = Path(live_dir) / "plots" / "metrics" / "tokens_seen.tsv"
-    rows = read_step_tsv(path) if path.is_file() else []
-    if not rows:
-        return 0.0
-    step, tokens = rows[-1]
-    return tokens / (step + 1)
-
-
-def smooth_half_width(n: int) -> int:
-    """Points on each side of the train loss's moving average for a curve of n points: 0.5% of the run, at least 3
-    (a 7-point window on the 200-step quick start, 191 points on a 19,000-step run: 1% of the plot's width). Wider
-    windows smooth more but cut the corner where the loss stops falling fast."""
-    return max(3, n // 200)
-
-
-def smooth(values: list[float], half: int | None = None) -> list[float]:
-    """Centred moving average: point i is the mean of points i - h .. i + h, h = `half` (default smooth_half_width)
-    shrunk near either end to keep the window symmetric: the curve starts and ends at the data and a straight stretch
-    stays put (a trailing average, debiased or not, lags a falling loss and starts above it)."""
-    n = len(values)
-    h = smooth_half_width(n) if half is None else half
-    if h < 0:
-        raise ValueError(f"half={h}: must be >= 0")
-    prefix = [0.0, *itertools.accumulate(values)]
-    halves = (min(h, i, n - 1 - i) for i in range(n))  # the window's half-width at point i
-    return [(prefix[i + k + 1] - prefix[i - k]) / (2 * k + 1) for i, k in enumerate(halves)]
-
+# --- plot data (the compare stage; the curves beside it are the train stage's, gptcore/report/curves.py) ---
 
 def write_plot_data(live_dir: str | Path, baselines: Mapping[str, Any], out_dir: str | Path,
                     final_acc_norm: Mapping[str, float] | None = None,
                     comparable: Mapping[str, bool] | None = None) -> list[Path]:
-    """Write the files dvc.yaml's top-level plots read besides dvclive's (`live_dir`: dvclive's folder; `baselines`
-    as read_baselines returns them); returns their paths. out_dir/baselines.tsv: step, tokens_seen, one column per
-    reference figure and beside each `<figure>_comparable` (true where `comparable`, compare.comparable_figures' map,
-    says so: the plots draw only those), at the run's first and last logged step. out_dir/<curve>.tsv: step,
-    tokens_seen, <curve> for each of CURVES the run logged (an evaluation at step s has seen s steps of tokens, a
-    training step s + 1); train_loss.tsv also has train_loss_smooth (`smooth`) beside the raw column.
-    out_dir/acc_norm.tsv: step, tokens_seen, task, acc_norm: each task's curve logged in training (train.tasks),
-    then `final_acc_norm` ({task: acc_norm} of evaluate's tasks) at the last step; absent if there is neither."""
-    live_dir, out_dir = Path(live_dir), Path(out_dir)
+    """Write what dvc.yaml's top-level plots read besides the run's curves (the train stage writes those beside them,
+    gptcore/report/curves.py; `live_dir`: dvclive's folder; `baselines` as read_baselines returns them); returns the
+    paths. out_dir/
+    baselines.tsv: step, tokens_seen, one column per reference figure and beside each `<figure>_comparable` (true
+    where `comparable`, compare.comparable_figures' map, says so: the plots draw only those), at the run's first and
+    last logged step. out_dir/final_acc_norm.tsv: step, tokens_seen, task, acc_norm, chance: `final_acc_norm`
+    ({task: acc_norm} of evaluate's tasks) at the run's last step, beside the score of a guess (curves.CHANCE); a
+    header alone without scores."""
+    out_dir = Path(out_dir)
     refs = baseline_values(dict(baselines))
-    metrics_dir = live_dir / "plots" / "metrics"
-    per_step = tokens_per_step(live_dir)
+    span = run_span(live_dir)
+    if span is None:
+        raise UserError(f"{step_metrics(live_dir)}: no train_loss.tsv or val_loss.tsv rows; run the train stage first")
+    first, last = span
     written: list[Path] = []
-    curves: dict[str, list[tuple[int, int, float]]] = {}  # name -> [(step, tokens_seen, value)]
-    tasks = sorted(p.stem for p in metrics_dir.glob(f"*{ACC_NORM}.tsv"))  # each task of train.tasks
-    for old in out_dir.glob(f"*{ACC_NORM}.tsv") if out_dir.is_dir() else ():
-        if old.stem not in tasks:
-            old.unlink()  # a task this run did not score in training: none may linger
-    for name in (*CURVES, *tasks):
-        src, dst = metrics_dir / f"{name}.tsv", out_dir / f"{name}.tsv"
-        if not src.is_file():
-            dst.unlink(missing_ok=True)  # not logged this run (say, HellaSwag on the quick start): none may linger
-            continue
-        done = 1 if name == "train_loss" else 0  # train_loss at step s is logged after that step's update
-        rows = curves[name] = [(s, round((s + done) * per_step), v) for s, v in read_step_tsv(src)]
-        if name == "train_loss":
-            smoothed = smooth([v for _, _, v in rows])
-            write_tsv(dst, ["step", "tokens_seen", name, f"{name}_smooth"],
-                      ((s, t, v, round(m, 6)) for (s, t, v), m in zip(rows, smoothed)))
-        else:
-            write_tsv(dst, ["step", "tokens_seen", name], rows)
-        written.append(dst)
-    points = [(s, t) for rows in curves.values() for s, t, _ in rows]  # the reference lines' span
-    if not points:
-        raise UserError(f"{metrics_dir}: no train_loss.tsv or val_loss.tsv rows; run the train stage first")
-    first, last = min(points), max(points)  # tokens_seen grows with the step
-    acc_rows = [(s, t, name.removesuffix(ACC_NORM), v) for name in tasks for s, t, v in curves.get(name, [])]
-    acc_rows += [(*last, task, value) for task, value in (final_acc_norm or {}).items()]
-    acc = out_dir / "acc_norm.tsv"
-    if acc_rows:
-        write_tsv(acc, ["step", "tokens_seen", "task", "acc_norm"], acc_rows)
-        written.append(acc)
-    else:
-        acc.unlink(missing_ok=True)
+    write_tsv(out_dir / FINAL_ACC, ["step", "tokens_seen", "task", "acc_norm", "chance"],
+              ((*last, task, value, CHANCE) for task, value in (final_acc_norm or {}).items()))
+    written.append(out_dir / FINAL_ACC)
     judged = comparable or {}  # a figure compare did not call comparable is not drawn
     header = ["step", "tokens_seen", *(c for name in refs for c in (name, f"{name}_comparable"))]
     row = [c for name, value in refs.items() for c in (value, "true" if judged.get(name) else "false")]
-    write_tsv(out_dir / "baselines.tsv", header, ([s, t, *row] for s, t in (first, last)))
-    return [*written, out_dir / "baselines.tsv"]
+    write_tsv(out_dir / BASELINES, header, ([s, t, *row] for s, t in (first, last)))
+    written.append(out_dir / BASELINES)
+    return written
 
 
 # --- one colour per run (DVC's revision) on the whole page ---
@@ -154,6 +96,46 @@ def color_runs_alike(spec: Mapping[str, Any], revs: list[str]) -> dict[str, Any]
         return out
 
     return walk(dict(spec))
+
+
+# --- runs drawn as one ---
+
+_NOT_DRAWN = ("rev", "filename")  # what tells two runs' rows apart without moving a line
+
+
+def coinciding_runs(spec: Mapping[str, Any]) -> list[list[str]]:
+    """The groups of two or more revisions whose data in this Vega-Lite spec are the same row for row, but for the
+    revision and the file DVC read them from (a workspace bit-identical to HEAD, a rerun that reproduced its run, a
+    run committed before its files moved): their lines lie on top of each other, the last drawn hiding the others."""
+    rows: dict[str, list[str]] = {}
+    for row in (spec.get("data") or {}).get("values") or []:
+        if isinstance(row, dict) and row.get("rev") is not None:
+            same = {k: v for k, v in row.items() if k not in _NOT_DRAWN}
+            rows.setdefault(str(row["rev"]), []).append(json.dumps(same, sort_keys=True))
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for rev, data in rows.items():
+        groups.setdefault(tuple(sorted(data)), []).append(rev)
+    return [revs for revs in groups.values() if len(revs) > 1]
+
+
+def coinciding_note(revs: list[str]) -> str:
+    """The subtitle line for one group of coinciding_runs (the page writes the same)."""
+    names = revs[0] if len(revs) == 1 else f"{', '.join(revs[:-1])} and {revs[-1]}"
+    return f"{names}: the same data, drawn as one line"
+
+
+def note_coinciding(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of `spec` whose title gets a subtitle line for each group of coinciding_runs: one colour would hide the
+    other runs of its group without a word (the page does the same)."""
+    groups = coinciding_runs(spec)
+    if not groups:
+        return dict(spec)
+    title = spec.get("title")
+    title = {"text": title} if isinstance(title, str) else dict(title or {"text": ""})
+    old = title.get("subtitle")
+    title["subtitle"] = ([] if old is None else [old] if isinstance(old, str) else list(old)) + [
+        coinciding_note(g) for g in groups]
+    return {**spec, "title": title}
 
 
 # --- rendering DVC's plots to files ---
@@ -194,7 +176,8 @@ def render_plots(plots: Mapping[str, Any], out_dir: str | Path = PNG_DIR, fmt: s
             if r.get("type") != "vega":
                 log(f"[plots] {name}: {r.get('type')} plot left out (only Vega plots are rendered)")
                 continue
-            spec = color_runs_alike(r["content"], revs)  # each run one colour in all files, as on the page
+            # each run one colour in all files, as on the page; runs drawn as one line say so
+            spec = note_coinciding(color_runs_alike(r["content"], revs))
             if not spec.get("data", {}).get("values"):
                 log(f"[plots] {name}: no data in any revision, skipped")
                 continue
@@ -236,9 +219,37 @@ const recolor = (node, key) => {
     if (key === "color" && node.field === "rev") node.scale = {domain: [...scale.domain], range: [...scale.range]};
   }
 };
+// revisions whose rows are the same but for `rev` and `filename` draw as one line: a subtitle says so (as
+// note_coinciding does)
+const canon = (row) => JSON.stringify(Object.keys(row).filter((k) => k !== "rev" && k !== "filename").sort()
+  .map((k) => [k, row[k]]));
+const noteCoinciding = (spec) => {
+  const byRev = new Map();
+  for (const row of ((spec.data || {}).values || [])) {
+    if (!row || row.rev == null) continue;
+    const rev = String(row.rev);
+    if (!byRev.has(rev)) byRev.set(rev, []);
+    byRev.get(rev).push(canon(row));
+  }
+  const groups = new Map();
+  for (const [rev, rows] of byRev) {
+    const key = JSON.stringify(rows.sort());
+    if (!groups.has(key)) groups.set(key, []);
+    groups.get(key).push(rev);
+  }
+  const notes = [...groups.values()].filter((g) => g.length > 1).map((g) =>
+    (g.length === 1 ? g[0] : g.slice(0, -1).join(", ") + " and " + g[g.length - 1]) +
+    ": the same data, drawn as one line");
+  if (!notes.length) return;
+  const title = typeof spec.title === "string" ? {text: spec.title} : {...(spec.title || {text: ""})};
+  const old = title.subtitle;
+  title.subtitle = (old == null ? [] : Array.isArray(old) ? [...old] : [old]).concat(notes);
+  spec.title = title;
+};
 window.vegaEmbed = vegaEmbed;
 for (const [el, spec, opt] of queued) {
   recolor(spec, "");
+  noteCoinciding(spec);
   vegaEmbed(el, spec, opt);
 }
 """.replace("@RUN_COLORS@", json.dumps(list(RUN_COLORS)))

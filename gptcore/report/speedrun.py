@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from gptcore.report.plots import tokens_per_step
+from gptcore.report.curves import tokens_per_step
 from gptcore.report.steplog import read_step_tsv
 
 

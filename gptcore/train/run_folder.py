@@ -1,7 +1,9 @@
 """The run folder's lifecycle: which run checkpoints/ holds, and what a new run does with it. The same run (the same
 fingerprint: the params that shape the weights and the data) resumes from its newest readable checkpoint; another
 run's is never resumed: a fresh start moves it, with its step metrics, to checkpoints/previous/<UTC time>/ (never
-deleting it), and a run of these params kept there comes back by itself. Checkpoint files themselves are
+deleting it), and a run of these params kept there comes back by itself. The later stages' results in the workspace
+(evaluate's and compare's files, `results`) are the run's before this one: they move aside and come back with it, so
+no view sets a running run beside another run's figures. Checkpoint files themselves are
 gptcore/train/checkpoints.py's."""
 from __future__ import annotations
 
@@ -155,15 +157,22 @@ def _kept_in(folder: Path, p: Path) -> Path:
     return Path(folder) / (p.name if p.is_absolute() else p)
 
 
+def _holds_files(p: Path) -> bool:
+    """A file, or a folder with a file somewhere in it."""
+    return p.is_file() or (p.is_dir() and any(f.is_file() for f in p.rglob("*")))
+
+
 def bring_back(folder: Path, ckpt_dir: Path, also: list[Path] = ()) -> None:
-    """Move an earlier run's files back from `folder` in previous/, after move_aside (so nothing replaced is lost)."""
+    """Move an earlier run's files back from `folder` in previous/, after move_aside (so nothing replaced is lost);
+    `also`: the files and folders kept with it (move_aside's)."""
     for p in sorted(Path(folder).iterdir()):
         if _run_file(p):
             os.replace(p, Path(ckpt_dir) / p.name)
     for p in map(Path, also):
         kept = _kept_in(folder, p)
         if kept.exists():
-            shutil.rmtree(p, ignore_errors=True)  # move_aside took whatever files it held: empty folders at most
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)  # move_aside took whatever files it held: empty folders at most
             p.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(kept), str(p))
     if not any(f.is_file() for f in Path(folder).rglob("*")):
@@ -171,11 +180,12 @@ def bring_back(folder: Path, ckpt_dir: Path, also: list[Path] = ()) -> None:
 
 
 def move_aside(ckpt_dir: Path, also: list[Path] = ()) -> Path | None:
-    """Move a previous run's checkpoints, best weights and `also` (its step metrics) into ckpt_dir/previous/<UTC
-    time>/, which it returns (None: nothing to move); a fresh run never deletes the run before it."""
+    """Move a previous run's checkpoints, best weights and `also` (its step metrics and results: folders or files)
+    into ckpt_dir/previous/<UTC time>/, which it returns (None: nothing to move); a fresh run never deletes the run
+    before it."""
     ckpt_dir = Path(ckpt_dir)
     ckpts = [p for p in ckpt_dir.iterdir() if _run_file(p)] if ckpt_dir.is_dir() else []
-    others = [Path(p) for p in also if Path(p).exists() and any(f.is_file() for f in Path(p).rglob("*"))]
+    others = [Path(p) for p in also if _holds_files(Path(p))]
     if not ckpts and not others:
         return None
     _check_previous(ckpt_dir)
@@ -217,10 +227,13 @@ def check_init_from(init_from: str | None, ckpt_dir: Path) -> None:
 
 
 def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, also: list[Path] = (),
-                   preset: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, list[str]]:
+                   preset: dict[str, Any] | None = None, results: list[Path] = ()
+                   ) -> tuple[dict[str, Any] | None, list[str]]:
     """Collective: the checkpoint every rank resumes from (None: a fresh start), and what rank 0 decided, as lines.
-    Rank 0 decides (`find_resume`), moving the run in ckpt_dir and `also` aside and an earlier one back; the others
-    then load what it left: the run to resume, if any."""
+    Rank 0 decides (`find_resume`), moving the run in ckpt_dir, `also` (its step metrics folders) and `results` (the
+    later stages' files and folders: the run's before this one) aside and an earlier one back; the others then load
+    what it left: the run to resume, if any. A resumed run keeps `results` where they are: they are its own, or no
+    run's (DVC reruns the stages that write them)."""
     check_init_from(run_params["model"].get("init_from"), ckpt_dir)  # every rank: all refuse together
     resume, notes = None, []
     if is_main:
@@ -229,13 +242,16 @@ def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, al
         notes.append(why)
         earlier = path is not None and path.parent != Path(ckpt_dir)
         if resume is None or earlier:
-            moved = move_aside(ckpt_dir, also=also)
+            # its results too, git's on a fresh clone: `dvc metrics show` would set them beside this run's figures
+            present = [Path(p) for p in results if _holds_files(Path(p))]
+            moved = move_aside(ckpt_dir, also=[*also, *present])
             # a line only when a run's checkpoints moved: a fresh clone has just git's step metrics (kept there too)
             if moved is not None and any(_run_file(p) for p in moved.iterdir()):
                 others = "".join(f" and {p}/" for p in also)
-                notes.append(f"the previous run's checkpoints{others} are kept in {moved}")
+                theirs = f", with its {len(present)} result files of later stages" if present else ""
+                notes.append(f"the previous run's checkpoints{others} are kept in {moved}{theirs}")
         if earlier:
-            bring_back(path.parent, ckpt_dir, also)
+            bring_back(path.parent, ckpt_dir, [*also, *results])
             resume = read_run_checkpoint(Path(ckpt_dir) / path.name)
             notes.append(f"resuming from {Path(ckpt_dir) / path.name} (step {resume['step']})")
         for folder in map(Path, also):  # the step metrics are this run's: a resume never continues another run's

@@ -31,6 +31,7 @@ from gptcore.model.gpt import GPT
 from gptcore.model.lm_loss import loss_chunk_rows
 from gptcore.model.load import check_spec, init_model
 from gptcore.params import choose
+from gptcore.report.curves import LiveCurves
 from gptcore.report.flops import estimate_mfu, model_sizes
 from gptcore.report.steplog import StepLogger, wandb_sinks
 from gptcore.train import checkpoints, memory, run_folder, sharded_checkpoints
@@ -128,10 +129,12 @@ class Trainer:
 
     @classmethod
     def build(cls, model_cfg: ModelConfig, cfg: TrainConfig, data: ShardSet, ckpt_dir: Path, live_dir: Path,
-              preset: dict[str, Any] | None = None) -> tuple[Trainer, list[str]]:
+              preset: dict[str, Any] | None = None, results: list[Path] = (), curves: Path | None = None
+              ) -> tuple[Trainer, list[str]]:
         """A run wired from its sections and its data: this process's place in the process group, the starting
-        weights, the loader, the evaluators, the step logger, and the checkpoint to resume from (a collective: rank 0
-        decides, moving a previous run aside); also what resuming decided, as lines to show. `preset`: the preset's
+        weights, the loader, the evaluators, the step logger (and the curves the plots read, in `curves`, kept in
+        step), and the checkpoint to resume from (a collective: rank 0 decides, moving a previous run aside, and with
+        it `results`, the later stages' files); also what resuming decided, as lines to show. `preset`: the preset's
         values by dotted key (config.preset_values), so a replaced run's note names the -S it lost."""
         env = distributed.setup(cfg.device, key="train.device")
         model = init_model(model_cfg, data.vocab_size, seed=cfg.seed)
@@ -140,13 +143,17 @@ class Trainer:
         evaluators = training_evaluators(cfg, data, live_dir / "samples", model.config.block_size, env,
                                          resolve_dtype(cfg.dtype, env.device), echo=tqdm.write)
         run_params = fingerprint_params(model_cfg, cfg, data.record())
-        resume, notes = run_folder.prepare_resume(ckpt_dir, run_params, env.is_main, also=[live_dir], preset=preset)
+        resume, notes = run_folder.prepare_resume(ckpt_dir, run_params, env.is_main, also=[live_dir], preset=preset,
+                                                  results=results)
         samples_folder(live_dir / "samples", cfg.samples, env.is_main)  # after a previous run's moved aside
-        sinks = wandb_sinks(cfg, {"model": asdict(model_cfg), "train": asdict(cfg)}, env.is_main)
+        live = [LiveCurves(live_dir, curves)] if curves is not None else []
+        sinks = [*live, *wandb_sinks(cfg, {"model": asdict(model_cfg), "train": asdict(cfg)}, env.is_main)]
         keep_to = resume["step"] if resume else None  # the curves after a checkpoint's step are redone on resume
         if keep_to is not None and 0 < cfg.max_steps <= keep_to:
             keep_to += 1  # a finished run is not redone (fit returns at once): its final eval's row stays
         logger = StepLogger(live_dir, enabled=env.is_main, resume_step=keep_to, also=sinks)
+        for sink in live if env.is_main else ():
+            sink.update(force=True)  # the run before's curves go now: a fresh run's are empty, a resumed one's cut
         return cls(model, loader, cfg, env, ckpt_dir, logger, run_params, evaluators, resume_from=resume), notes
 
     # -- checkpoints -------------------------------------------------------------------------------------------
