@@ -1,15 +1,34 @@
 """One process, or one per device under torchrun (NCCL on CUDA, gloo on CPU): joining and leaving the process
-group, and the reductions every rank takes part in (no-ops in a single process)."""
+group, each wait on the other ranks bounded in time, the heartbeat a rank gives as it goes, and the reductions every
+rank takes part in (no-ops in a single process)."""
 from __future__ import annotations
 
 import os
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from gptcore.device import pick_device
+from gptcore.lifetime import beat, check_launcher_vars, rank_lines, under_torchrun
+
+# under a stage's launch the stage watches every rank's heartbeat against the same bounds and names the rank that
+# stalled (gptcore.launch); the collectives' own timeout waits this much longer, so that the stage speaks first
+WATCHED_MARGIN = 30.0
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long a rank waits for the others, in seconds, and the params that say so: `start` until its first step is
+    done (joining the group, reading data and weights, the first step's compile), `steady` after (each collective,
+    and the time from one heartbeat to the next)."""
+
+    start: float
+    steady: float
+    start_key: str
+    steady_key: str
 
 
 @dataclass(frozen=True)
@@ -33,18 +52,61 @@ class DistEnv:
         return self.world_size > 1
 
 
-def setup(device: str = "auto", key: str = "device") -> DistEnv:
-    """Join the process group when launched by torchrun (RANK/WORLD_SIZE set), else run single-process."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+class _Progress:
+    """This rank's bounds, and the step its first heartbeat of training gave (None before)."""
+
+    timeouts: Timeouts | None = None
+    first_step: int | None = None
+    steady = False
+
+
+def setup(device: str = "auto", key: str = "device", timeouts: Timeouts | None = None) -> DistEnv:
+    """Join the process group when torchrun started this process, else run single-process (torchrun's variables left
+    in the environment without it are one line: `check_launcher_vars`). With `timeouts`, joining and every collective
+    time out after `timeouts.start` seconds until `progress` sees a first step done, then after `timeouts.steady`
+    (torch's own defaults otherwise: 10 minutes for NCCL, 30 for gloo)."""
+    check_launcher_vars()
+    launched = under_torchrun()
+    world_size = int(os.environ["WORLD_SIZE"]) if launched else 1
+    rank = int(os.environ["RANK"]) if launched else 0
+    local_rank = int(os.environ["LOCAL_RANK"]) if launched else 0
     dev = pick_device(device, local_rank, key)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
+    _Progress.timeouts, _Progress.first_step, _Progress.steady = timeouts, None, False
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if dev.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, device_id=dev if dev.type == "cuda" else None)
+        wait = {} if timeouts is None else {"timeout": _collective_timeout(timeouts.start)}
+        dist.init_process_group(backend=backend, device_id=dev if dev.type == "cuda" else None, **wait)
     return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=dev)
+
+
+def _collective_timeout(seconds: float) -> timedelta:
+    return timedelta(seconds=seconds + (WATCHED_MARGIN if rank_lines() is not None else 0.0))
+
+
+def progress(step: int, doing: str) -> None:
+    """This rank is `doing` (training, evaluating, saving, exporting) at `step`: its heartbeat for the stage that
+    launched it (gptcore.launch; nothing elsewhere), and once a first step is done (a later step begins) the process
+    group's timeout turns from the start-up's to the steady one. Cheap: call it as often as every step."""
+    bounds = _Progress.timeouts
+    if bounds is None:
+        return
+    if doing == "training" and _Progress.first_step is None:
+        _Progress.first_step = step
+    if not _Progress.steady and _Progress.first_step is not None and step > _Progress.first_step:
+        _Progress.steady = True
+        if active():
+            dist.distributed_c10d._set_pg_timeout(_collective_timeout(bounds.steady))  # torchtitan does the same
+    beat(step, doing, *current_bound())
+
+
+def current_bound() -> tuple[float, str] | None:
+    """(seconds, param) bounding this rank's waits for the others now, or None where `setup` was given no bounds."""
+    bounds = _Progress.timeouts
+    if bounds is None:
+        return None
+    return (bounds.steady, bounds.steady_key) if _Progress.steady else (bounds.start, bounds.start_key)
 
 
 def teardown() -> None:

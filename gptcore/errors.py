@@ -52,17 +52,32 @@ def ending(e: BaseException, in_rank: bool = False) -> tuple[int, str | None] | 
     """The error contract, one ladder for the stages and the console scripts: how a process ends for `e`, as (exit
     status, line to say). A user's mistake, or a full or forbidden disk: 1 and its one line. Ctrl-C, or a signal
     raised as an interrupt (gptcore.lifetime.Interrupted carries its number): 128 + the signal's number, `interrupted
-    (SIGTERM)`. In a rank (`in_rank`), a collective that failed because another rank went away: 1 and no line (that
-    rank, or its launcher, says why). None: a bug, which keeps its traceback."""
+    (SIGTERM)`. In a rank (`in_rank`), a wait for the other ranks that ran out of time: 1 and its line; a collective
+    that failed because another rank went away: 1 and no line (that rank, or its launcher, says why). None: a bug,
+    which keeps its traceback."""
     if isinstance(e, KeyboardInterrupt):
         signum = int(getattr(e, "signum", signal.SIGINT))
         return 128 + signum, f"interrupted ({signal.Signals(signum).name})"
     err = user_error(e)
     if err is not None:
         return 1, message(err)
+    if in_rank and (line := waited_too_long(e)) is not None:
+        return 1, line
     if in_rank and peer_lost(e):
         return 1, None
     return None
+
+
+def waited_too_long(e: BaseException) -> str | None:
+    """The line for `e` where it is a wait for other ranks that timed out (joining them, or a collective: gloo's,
+    NCCL's and the store's words), naming the bound gptcore.distributed set, if this process loaded it; else None."""
+    if not (isinstance(e, RuntimeError) and re.search(r"timed out|timeout", str(e), re.IGNORECASE)):
+        return None
+    dist = sys.modules.get("gptcore.distributed")
+    bound = dist.current_bound() if dist is not None else None
+    limit = f"{bound[1]}={bound[0]:g} s" if bound else "the process group's timeout"
+    return (f"a wait for the other ranks timed out ({cause(e)}): one of them stopped, is stuck, has gone or took "
+            f"longer than {limit}; finished checkpoints are kept: if it was only slow raise that bound, then rerun")
 
 
 # what gloo and NCCL say when a collective's peer went away (killed, or failed first); gloo raises a plain

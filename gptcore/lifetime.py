@@ -1,30 +1,43 @@
 """Process lifetime: a stage dies with the program that started it; SIGINT, SIGTERM and SIGHUP stop it as Ctrl-C does
-(`Interrupted`: one line, exit 128 + the signal's number); Ctrl-Z pauses its ranks with it; and a rank a stage launched
-(gptcore/launch.py) leaves its one line for that stage to say (docs/resume-and-failures.md)."""
+(`Interrupted`: one line, exit 128 + the signal's number); Ctrl-Z pauses its ranks with it; torchrun's variables count
+only in a process torchrun started; and a rank a stage launched (gptcore/launch.py) leaves its one line, and its
+heartbeat, for that stage (docs/resume-and-failures.md)."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import sys
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import psutil
 
+from gptcore.errors import UserError
+
 _PR_SET_PDEATHSIG = 1
-# set by the stage that launches the ranks: the folder where a rank leaves its one line for the stage to say; a rank
-# that finds it takes no locks and says nothing itself
+# set by the stage that launches the ranks: the folder where a rank leaves its one line for the stage to say, and its
+# heartbeat; a rank that finds it takes no locks and says nothing itself
 LAUNCHED = "GPTCORE_RANK_LINES"
+# what torchrun sets in each rank it starts; TORCHELASTIC_RUN_ID, set by its agent alone, tells its ranks from a
+# process that merely inherited the others (a batch job's or a container's environment)
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+TORCHRUN_ID = "TORCHELASTIC_RUN_ID"
 
 
 class Interrupted(KeyboardInterrupt):
-    """The process was asked to stop by signal `signum` (SIGINT: Ctrl-C); finished work is kept."""
+    """The process was asked to stop by signal `signum` (SIGINT: Ctrl-C); finished work is kept. `detail`: what the
+    stage says of its ranks' stop, where there is more to say than that (gptcore.launch)."""
 
-    def __init__(self, signum: int = signal.SIGINT) -> None:
+    def __init__(self, signum: int = signal.SIGINT, detail: str | None = None) -> None:
         super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+        self.signum, self.detail = signum, detail
+
+
+class StrayLauncherVars(UserError):
+    """torchrun's variables ask for several processes, but torchrun did not start this one."""
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -41,12 +54,27 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
 
 
 def under_torchrun() -> bool:
-    """True in a process torchrun started (it sets LOCAL_RANK and WORLD_SIZE)."""
-    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+    """True in a process torchrun started: LOCAL_RANK and WORLD_SIZE set, and TORCHELASTIC_RUN_ID, which only torchrun's
+    agent sets (the first two alone may be left over in a batch job's or a container's environment)."""
+    return all(k in os.environ for k in ("LOCAL_RANK", "WORLD_SIZE", TORCHRUN_ID))
+
+
+def check_launcher_vars() -> None:
+    """StrayLauncherVars where torchrun's variables ask for more than one process (WORLD_SIZE > 1) in a process torchrun
+    did not start: joining them would wait for ranks nobody started, and running alone would drop what a launcher
+    asked. With WORLD_SIZE 1 or unset they ask nothing, and the process runs alone."""
+    if under_torchrun() or os.environ.get("WORLD_SIZE", "1").strip() == "1":
+        return
+    found = " ".join(f"{k}={os.environ[k]}" for k in TORCHRUN_VARS if k in os.environ)
+    raise StrayLauncherVars(
+        f"the environment says this is one of several torchrun processes ({found}) but torchrun did not start it "
+        f"({TORCHRUN_ID} is unset): a batch job or a container left them. Unset them (unset "
+        f"{' '.join(k for k in TORCHRUN_VARS if k in os.environ)}) and run again; train.nproc starts the ranks of "
+        f"one machine, and README's torchrun recipe those of several")
 
 
 def rank_lines() -> Path | None:
-    """In a rank a stage launched: the folder where it leaves its one line; else None."""
+    """In a rank a stage launched: the folder where it leaves its one line and its heartbeat; else None."""
     return Path(os.environ[LAUNCHED]) if under_torchrun() and LAUNCHED in os.environ else None
 
 
@@ -91,3 +119,44 @@ def leave_line(text: str) -> None:
     folder = rank_lines()
     assert folder is not None, "only a launched rank leaves its line"
     (folder / f"rank{os.environ['RANK']}").write_text(text, encoding="utf-8")
+
+
+# how a rank's last beat says it ended: normally, or because another rank went away (its collective failed), both no
+# cause of anything; or by itself: a bug's traceback, or an exit status (sys.exit), which the stage names
+FINISHED, LOST_A_PEER, TRACEBACK = "finished", "lost a peer", "traceback"
+_BEAT_BYTES = 512  # one record, rewritten in place: never shorter, so no truncation, and read whole or parsed again
+_beat_fd: int | None = None
+_last_beat: dict[str, Any] = {"step": None, "doing": None}
+
+
+def beat(step: int | None, doing: str, bound: float | None = None, key: str | None = None) -> None:
+    """In a launched rank: tell the stage watching it that it is `doing` (training, evaluating, saving, ...) at
+    `step`, and that it may take `bound` seconds (the param `key`) before its next beat; elsewhere nothing. One pwrite
+    of a small record: cheap enough for every step."""
+    _write_beat({"pid": os.getpid(), "step": step, "doing": doing, "bound": bound, "key": key})
+
+
+def last_beat(ended: str | int) -> None:
+    """In a launched rank: say how it ends, keeping what its last beat said it was doing: FINISHED, LOST_A_PEER,
+    TRACEBACK (a bug) or the status it leaves with by itself (sys.exit); elsewhere nothing."""
+    _write_beat({**_last_beat, "pid": os.getpid(), "ended": ended})
+
+
+def _write_beat(record: dict[str, Any]) -> None:
+    global _beat_fd, _last_beat
+    folder = rank_lines()
+    if folder is None:
+        return
+    _last_beat = record
+    if _beat_fd is None:
+        _beat_fd = os.open(folder / f"beat{os.environ['RANK']}", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    os.pwrite(_beat_fd, json.dumps(record).ljust(_BEAT_BYTES).encode("utf-8"), 0)
+
+
+def read_beats(folder: Path) -> dict[int, dict[str, Any]]:
+    """The last beat of each rank that left one in `folder` (a record caught mid-write is skipped until next time)."""
+    beats = {}
+    for path in folder.glob("beat*"):
+        with suppress(OSError, ValueError):
+            beats[int(path.name.removeprefix("beat"))] = json.loads(path.read_bytes())
+    return beats

@@ -21,7 +21,17 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 from tqdm import tqdm
 
 from gptcore.errors import UserError, ending
-from gptcore.lifetime import leave_line, mortal, rank_lines, under_torchrun
+from gptcore.lifetime import (
+    FINISHED,
+    LOST_A_PEER,
+    TRACEBACK,
+    check_launcher_vars,
+    last_beat,
+    leave_line,
+    mortal,
+    rank_lines,
+    under_torchrun,
+)
 from gptcore.locks import FolderLock
 from gptcore.params import ParamError, Section, read_params_file
 from gptcore.user_files import read_yaml
@@ -65,13 +75,13 @@ class Stage:
         for line in lines if self.rank == 0 else ():
             print(f"[{self.name}] {line}", flush=True)
 
-    def launch(self, nproc: int, run_ranks: Callable[[str, int], Any]) -> bool:
+    def launch(self, nproc: int, run_ranks: Callable[..., Any], *args: Any) -> bool:
         """With `nproc` > 1 outside torchrun, run this stage on `nproc` ranks with `run_ranks` (gptcore.launch's: this
-        process keeps the locks, does no rank's work and says the ranks' one line) and return True: the recipe
-        returns. False where this process is to do the work itself."""
+        process keeps the locks, does no rank's work, watches the ranks and says their one line; `args` go to it) and
+        return True: the recipe returns. False where this process is to do the work itself."""
         if nproc <= 1 or under_torchrun():
             return False
-        ended = run_ranks(f"stages.{self.name}", nproc)
+        ended = run_ranks(f"stages.{self.name}", nproc, *args)
         self.status = ended.status
         if ended.line is not None:  # on a line of its own: a rank's progress bar may be half drawn on the current one
             label = self.name if ended.rank == 0 else f"{self.name} rank {ended.rank}"
@@ -106,10 +116,11 @@ def stage(name: str, reads: Sequence[str | Path] = (), writes: Sequence[str | Pa
     ranks and holds them."""
     mortal()
     s = Stage(name, Path(params))
-    if not s.launched and s.rank == 0:
-        for path in copied_results(name):
-            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     try:
+        check_launcher_vars()  # before anything is removed, read or waited for
+        if not s.launched and s.rank == 0:
+            for path in copied_results(name):
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
         with ExitStack() as locks:
             if not s.launched:
                 for folder in reads:
@@ -119,14 +130,20 @@ def stage(name: str, reads: Sequence[str | Path] = (), writes: Sequence[str | Pa
             yield s
             if s.status == 0 and s.rank == 0:
                 s.check_params()
+        if s.launched:
+            last_beat(FINISHED)  # the stage watching this rank knows it ended as it should
     except BaseException as e:
         end = ending(e, in_rank=under_torchrun())
+        if end is None and s.launched:
+            _left_by_itself(e)
         if end is None:
             raise
         status, line = end
         if isinstance(e, KeyboardInterrupt):  # a signal, or Ctrl-C
-            _interrupted(s, status - 128)
+            _interrupted(s, status - 128, getattr(e, "detail", None))
         if line is None:  # a collective failed because another rank went away: that rank's line, not this one's
+            if s.launched:
+                last_beat(LOST_A_PEER)  # so the stage does not name this rank
             os._exit(status)
         if s.launched:
             leave_line(line)  # the stage that launched this rank says it
@@ -135,6 +152,20 @@ def stage(name: str, reads: Sequence[str | Path] = (), writes: Sequence[str | Pa
         sys.exit(status)
     if s.status:
         sys.exit(s.status)
+
+
+def _left_by_itself(e: BaseException) -> None:
+    """A launched rank leaving for `e`, no mistake the stage says: its last beat says how, a bug's traceback (which
+    follows) or sys.exit's status, so the stage names it. A SystemExit leaves at once: the other ranks learn it from
+    their collectives, not from a timeout."""
+    if not isinstance(e, SystemExit):
+        last_beat(TRACEBACK)
+        return
+    status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    last_beat(status)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def copied_results(name: str) -> list[Path]:
@@ -179,15 +210,15 @@ def _say(line: str) -> None:
     sys.stderr.flush()
 
 
-def _interrupted(s: Stage, signum: int) -> None:
+def _interrupted(s: Stage, signum: int, detail: str | None = None) -> None:
     """One line and exit 128 + signum, without interpreter teardown: no traceback from threads, atexit or half-shut
-    pools. A rank that says nothing itself leaves at once."""
+    pools. A rank that says nothing itself leaves at once. `detail`: what the launcher says of the ranks' stop."""
     if not s.quiet:
         import signal
 
         name = signal.Signals(signum).name
         # on a line of its own: a progress bar, this process's or a rank's, may be half drawn on the current one
-        print(f"\n[{s.name}] interrupted ({name}); finished work is kept, rerun to resume", file=sys.stderr,
-              flush=True)
+        print(f"\n[{s.name}] interrupted ({name}); {detail or 'finished work is kept, rerun to resume'}",
+              file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(128 + signum)

@@ -28,7 +28,8 @@ def main() -> None:
     with stage("evaluate", reads=[SHARDS, TRAINED], writes=[OUT]) as s:
         # every check of the user's input before any pass; lm-eval's data first, so unreachable data loads no model
         cfg = s.config(EvalConfig)
-        env = distributed.setup(cfg.device, key="eval.device")
+        timeouts = distributed.Timeouts(cfg.dist_timeout, cfg.dist_timeout, "eval.dist_timeout", "eval.dist_timeout")
+        env = distributed.setup(cfg.device, key="eval.device", timeouts=timeouts)
         data = ShardSet.open(SHARDS)
         lm_tasks = harness.load_tasks(cfg.lm_eval_tasks, cfg.lm_eval_include, cfg.lm_eval_fewshot,
                                       echo=s.say) if cfg.lm_eval_tasks else None

@@ -26,7 +26,7 @@ def main() -> None:
         model_cfg, cfg = s.config(ModelConfig), s.config(TrainConfig)
         data = ShardSet.open(SHARDS)
         preflight(model_cfg, cfg, data, MODEL_DIR, s.config(EvalConfig))  # eval's too: checked before training
-        if s.launch(cfg.nproc, run_ranks):
+        if s.launch(cfg.nproc, run_ranks, cfg):  # the ranks, watched within cfg's bounds
             return
         trainer, notes = Trainer.build(model_cfg, cfg, data, CKPT_DIR, LIVE_DIR, preset_values(s.preset()),
                                        results=later_results("train"), curves=PLOT_DATA)

@@ -104,8 +104,8 @@ def test_the_launcher_holds_the_locks_and_builds_no_model(project, monkeypatch, 
                           nproc=2)
     started = []
 
-    def fake_torchrun(module, nproc):
-        started.append((module, nproc, holder_pid("checkpoints"), holder_pid("data/shards")))
+    def fake_torchrun(module, nproc, bounds):
+        started.append((module, nproc, holder_pid("checkpoints"), holder_pid("data/shards"), bounds.stop_timeout))
         return RanksEnded(0)
 
     def rank_work(*args, **kwargs):
@@ -115,8 +115,8 @@ def test_the_launcher_holds_the_locks_and_builds_no_model(project, monkeypatch, 
     for owner, name in ((GPT, "__init__"), (torch, "load"), (gptcore.model.load, "load_hf_gpt2")):
         monkeypatch.setattr(owner, name, rank_work)
     stages.train.main()
-    [(module, nproc, writer, reader)] = started
-    assert (module, nproc) == ("stages.train", 2)
+    [(module, nproc, writer, reader, stop)] = started
+    assert (module, nproc, stop) == ("stages.train", 2, 10.0)  # the ranks watched within train's bounds
     assert writer == reader == os.getpid()  # the launcher holds the locks for its ranks
     assert not (project / "model").exists() and not list((project / "checkpoints").glob("*.pt"))
 
@@ -147,31 +147,66 @@ def test_the_atomic_writer_never_writes_through_a_symlink(tmp_path, monkeypatch)
     assert victim.read_text() == "someone's file\n" and not (tmp_path / "out" / "summary.json").exists()
 
 
-def ended(failures: dict, lines: dict, tmp_path) -> tuple:
-    """lifetime._ended over fake torchrun failures {rank: (exitcode, timestamp)} and the lines ranks left."""
-    from types import SimpleNamespace
+def ended(ends: dict, lines: dict, tmp_path, beats: dict | None = None, killed=frozenset()) -> tuple:
+    """launch._ended over how ranks ended {rank: (status, when)} (status: exit status, or minus the signal), the lines
+    they left and their last beats {rank: how they said they ended, None: not at all} (all in step 7's training)."""
+    import json
 
-    from gptcore.launch import _ended
+    from gptcore.launch import End, _ended
 
     tmp_path.mkdir()
     for rank, line in lines.items():
         (tmp_path / f"rank{rank}").write_text(line)
-    fails = {r: SimpleNamespace(exitcode=code, timestamp=ts, pid=100 + r) for r, (code, ts) in failures.items()}
-    out = _ended(fails, tmp_path)
+    for rank, how in (beats or {}).items():
+        record = {"step": 7, "doing": "training", **({} if how is None else {"ended": how})}
+        (tmp_path / f"beat{rank}").write_text(json.dumps(record))
+    out = _ended({r: End(at, status, 100 + r) for r, (status, at) in ends.items()}, tmp_path, set(killed))
     return out.status, out.rank, out.line
 
 
 def test_the_launcher_says_the_cause_of_a_failed_run_once(tmp_path):
-    """The agent stops the other ranks with SIGTERM once one fails: the cause is a rank killed by another signal (the
-    OOM killer), else a user's mistake a rank left (rank 0's first), else an outside SIGTERM; a bug says nothing here
-    (its rank printed its traceback)."""
-    oom = ended({0: (-9, 5), 1: (1, 6)}, {}, tmp_path / "a")  # rank 1's collective lost its peer, quietly
+    """The cause is the first rank to end that the watch did not kill and that did not finish or lose a peer: a rank
+    killed by a signal (the OOM killer), a user's mistake it left (rank 0's when it has one too), a bug (its traceback
+    is above), a rank that ended with status 0 before the run was done."""
+    oom = ended({0: (-9, 5), 1: (1, 6)}, {}, tmp_path / "a", {1: "lost a peer"})  # rank 1's collective lost its peer
     assert oom[:2] == (137, 0) and oom[2].startswith("rank 0 (pid 100) was killed by SIGKILL (out of memory")
     assert ended({1: (1, 5), 0: (-15, 6)}, {1: "params.yaml x=1: no"}, tmp_path / "b") == (1, 1, "params.yaml x=1: no")
     assert ended({0: (1, 5), 1: (1, 5)}, {0: "mine", 1: "theirs"}, tmp_path / "c") == (1, 0, "mine")
-    status, _, line = ended({1: (-15, 5), 0: (-15, 6)}, {}, tmp_path / "d")  # nothing else: a SIGTERM from outside
-    assert status == 143 and line.startswith("rank 1 (pid 101) was killed by SIGTERM;")
-    assert ended({1: (1, 5), 0: (-15, 6)}, {}, tmp_path / "e") == (1, 0, None)  # a bug: its traceback is above
+    # a SIGTERM from outside to rank 1, then the agent's to rank 0: the first end is the cause
+    status, _, line = ended({1: (-15, 5.1), 0: (-15, 5.2)}, {}, tmp_path / "d", {0: None, 1: None})
+    assert status == 143 and line.startswith("rank 1 (pid 101) was killed by SIGTERM in step 7 (training);")
+    status, rank, line = ended({1: (1, 5), 0: (-15, 6)}, {}, tmp_path / "e", {1: "traceback"})
+    assert (status, rank) == (1, 0)
+    assert line.startswith("rank 1 (pid 101) failed in step 7 (training): its traceback is above; the other ranks")
+    # rank 0 left by sys.exit(0); rank 1's collective then lost its peer
+    status, _, line = ended({0: (0, 5), 1: (1, 6)}, {}, tmp_path / "f", {0: 0, 1: "lost a peer"})
+    assert status == 1 and line.startswith("rank 0 (pid 100) ended with exit status 0 in step 7 (training), before "
+                                           "the run was done")
+    # rank 1 exited 0 at start-up; the watch killed rank 0, which waited for it: no cause
+    status, _, line = ended({1: (0, 5), 0: (-9, 6)}, {}, tmp_path / "g", killed={100})
+    assert status == 1 and line.startswith("rank 1 (pid 101) ended with exit status 0 at start-up")
+    assert ended({0: (0, 5), 1: (0, 6)}, {}, tmp_path / "h", {0: "finished", 1: "finished"}) == (0, 0, None)
+
+
+def test_a_collective_that_timed_out_is_one_line_naming_its_bound():
+    """What a rank under a torchrun you start yourself says when a collective waits longer than the bound (the stage
+    watching its own ranks speaks first): gloo's words, named with the param that set the bound."""
+    from gptcore import distributed
+    from gptcore.errors import ending
+
+    gloo = RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to "
+                        "complete")
+    distributed.setup("cpu", timeouts=distributed.Timeouts(900.0, 5.0, "train.init_timeout", "train.dist_timeout"))
+    try:
+        status, line = ending(gloo, in_rank=True)
+        assert status == 1 and line.startswith("a wait for the other ranks timed out (RuntimeError: [../gloo/")
+        assert "took longer than train.init_timeout=900 s;" in line  # no step done yet: the start-up's bound
+        distributed.progress(3, "training")
+        distributed.progress(4, "training")  # a step done: the steady bound
+        assert "took longer than train.dist_timeout=5 s;" in ending(gloo, in_rank=True)[1]
+        assert ending(gloo) is None  # outside a rank: a bug's traceback
+    finally:
+        distributed.setup("cpu")  # no bounds for the tests after
 
 
 @pytest.mark.slow

@@ -34,6 +34,9 @@ class EvalConfig(Section):
     cloze_ending: int = param(16, "tokens of each cloze ending", min=1)
     device: str = param(**DEVICE_RULES)
     dtype: str = param(**DTYPE_RULES)
+    # rank 0 scores lm-eval and draws the samples alone while the other ranks wait to leave with it: gloo's own default
+    dist_timeout: float = param(1800.0, "seconds a rank under torchrun waits for the others (to join, in a collective)",
+                                above=0.0)
     eval_batch: int = param(32, "sequences per forward pass when evaluating", min=1)
     val_tokens: int | None = param(None, "val loss over at most the first val_tokens tokens of the val split (null: "
                                          "all of it)", min=1)

@@ -67,6 +67,15 @@ class TrainConfig(Section):
     parallel: str = param("ddp", "ddp (every process holds the whole model) | fsdp (FSDP2: weights, gradients and "
                                  "optimizer state sharded over the processes): gptcore/train/parallel.py",
                           resume_ok=True)
+    # the bounds on every wait for another rank (docs/resume-and-failures.md), as torchtitan's init and train timeouts
+    init_timeout: float = param(900.0, "seconds a rank of several may take to start: to join the others, read the data "
+                                       "and the starting weights and finish its first step (its compile included)",
+                                above=0.0, resume_ok=True)
+    dist_timeout: float = param(600.0, "seconds a rank of several may then wait for the others in a collective, or go "
+                                       "without progress (one step, eval or save); a rank that stalls is named and "
+                                       "the run ended", above=0.0, resume_ok=True)
+    stop_timeout: float = param(10.0, "seconds a SIGINT or SIGTERM to a train.nproc > 1 run waits for its ranks to "
+                                      "stop before it kills them", min=0.0, resume_ok=True)
     seed: int = param(1337, "seed of the initial weights, dropout and shuffling", min=0)
     eval_every: int = param(REQUIRED, "evaluate every this many steps (0: only at the end)", min=0, resume_ok=True)
     val_tokens: int | None = param(None, "val loss over at most the first val_tokens tokens of the val split (null: "

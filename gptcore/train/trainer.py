@@ -136,7 +136,8 @@ class Trainer:
         step), and the checkpoint to resume from (a collective: rank 0 decides, moving a previous run aside, and with
         it `results`, the later stages' files); also what resuming decided, as lines to show. `preset`: the preset's
         values by dotted key (config.preset_values), so a replaced run's note names the -S it lost."""
-        env = distributed.setup(cfg.device, key="train.device")
+        env = distributed.setup(cfg.device, key="train.device", timeouts=distributed.Timeouts(
+            cfg.init_timeout, cfg.dist_timeout, "train.init_timeout", "train.dist_timeout"))
         model = init_model(model_cfg, data.vocab_size, seed=cfg.seed)
         loader = TokenLoader(data.splits["train"], cfg.micro_batch, model.config.block_size, cfg.total_batch_tokens,
                              env.rank, env.world_size, shuffle=cfg.shuffle, seed=cfg.seed, vocab_size=data.vocab_size)
@@ -220,6 +221,7 @@ class Trainer:
         its data, the tokenizer), then leave the process group; the lines worth showing."""
         self.logger.close()
         notes = []
+        distributed.progress(self.step, "exporting")
         if self.mode.sharded or self.env.is_main:  # sharded weights are gathered by every rank together
             weights, record = self.export_weights()
         if self.env.is_main:
@@ -353,10 +355,12 @@ class Trainer:
         while self.step < cfg.max_steps:
             if cfg.eval_every > 0 and self.step % cfg.eval_every == 0:
                 elapsed, started = pause(), None
+                distributed.progress(self.step, "evaluating")  # the heartbeat: the stage watches for a stalled rank
                 self.evaluate()
             if started is None:
                 sync()
                 started = time.perf_counter()
+            distributed.progress(self.step, "training")
             out = self.measured_step()
             steps += 1
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps - 1:
@@ -376,9 +380,12 @@ class Trainer:
             bar.update(1)
             if self.step % cfg.ckpt_every == 0 and self.step < cfg.max_steps:
                 elapsed, started = pause(), None
+                distributed.progress(self.step, "saving")
                 self.save()
         bar.close()
+        distributed.progress(self.step, "evaluating")
         self.evaluate()
         if self.step > 0:  # max_steps 0 (evaluate a starting point) leaves nothing worth resuming
+            distributed.progress(self.step, "saving")
             self.save()
         return {k: v for k, v in final.items() if k not in TIMINGS}

@@ -7,6 +7,10 @@ GPTCORE_TEST_KILL_SAVE=<step>:<point>:<rank>: SIGKILL that rank during the shard
     `shard` right after the rank wrote its shard file, `rename` right before rank 0 renames the whole folder in;
 GPTCORE_TEST_WRITE_WHILE_READ=<read>:<write>: once fetch has read the text file <read>, a line is appended to <write>
     (the same file: it changed while fetch read it; another: a file came meanwhile).
+GPTCORE_TEST_EXIT=<rank>:<where>:<status>: that rank calls sys.exit(<status>) at <where>: `start`, as it is about to
+    join the other ranks, or a step number, as that training step begins (a rank that ends early);
+GPTCORE_TEST_SIGTERM_HANDLED=1: every rank takes SIGTERM in a Python handler that returns, as a rank that finishes its
+    step before it stops would: one blocked in C (a collective) then does not end on it.
 """
 import os
 
@@ -77,3 +81,37 @@ if os.environ.get("GPTCORE_TEST_WRITE_WHILE_READ"):
         return text
 
     local.read_utf8 = _read_then_write
+if os.environ.get("GPTCORE_TEST_EXIT") and "RANK" in os.environ:
+    import sys
+
+    from gptcore import distributed
+
+    _rank, _where, _status = os.environ["GPTCORE_TEST_EXIT"].split(":")
+    if os.environ["RANK"] == _rank:
+        if _where == "start":
+            def _exit_at_setup(*args, **kwargs):
+                sys.exit(int(_status))
+
+            distributed.setup = _exit_at_setup
+        else:
+            _progress = distributed.progress
+
+            def _exit_at_step(step, doing):
+                _progress(step, doing)
+                if doing == "training" and step == int(_where):
+                    sys.exit(int(_status))
+
+            distributed.progress = _exit_at_step
+
+if os.environ.get("GPTCORE_TEST_SIGTERM_HANDLED") == "1" and "RANK" in os.environ:
+    import signal
+
+    from gptcore import lifetime
+
+    _mortal = lifetime.mortal
+
+    def _mortal_taking_sigterm() -> None:
+        _mortal()
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
+
+    lifetime.mortal = _mortal_taking_sigterm
