@@ -117,7 +117,7 @@ def run(name: str, args: argparse.Namespace, shard: Path, parallel: str = "ddp")
         tps = cfg.total_batch_tokens / dt
         peak_mem = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
         estimate = memory.train_bytes(model_cfg, cfg, model.config.vocab_size, env.world_size,
-                                      trainer.mode) / 2**30
+                                      trainer.mode, dev.type) / 2**30
         val_tps = ex_s = float("nan")
         if not args.train_only:  # evaluation speed on the raw (uncompiled) model, as the loop's evaluators run it
             tokens = np.load(shard, mmap_mode="r")[: args.val_tokens + 1]
