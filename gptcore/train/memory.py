@@ -1,6 +1,6 @@
-"""Whether a training run fits its device's memory: a lower bound checked before anything is allocated
-(`check_fits`), then the first two steps' measured peak (`FirstSteps`); docs/resume-and-failures.md says what each
-counts."""
+"""Whether a training run fits its device's memory: an estimate built from what the model is measured to keep for
+backward, checked before anything is allocated (`check_fits`), then the first two steps' measured peak (`FirstSteps`);
+docs/resume-and-failures.md says what each counts."""
 from __future__ import annotations
 
 import os
