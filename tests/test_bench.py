@@ -113,18 +113,41 @@ def test_bench_tokenize_help_says_how_to_run_it():
 
 def test_the_device_check_fits_its_window_starts_with_the_preflight_and_runs_files_that_exist():
     """bench/device_check.sh runs only where a GPU is lent: here, its syntax, every file it names, and its steps' time
-    limits: the preflight first at 10 s, and all of them under the 480 s the check may take."""
+    limits: the preflight at 10 s before any other step but the wheels', and all of them under the 480 s the check
+    may take."""
     script = ROOT / "bench" / "device_check.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     text = script.read_text()
     named = re.findall(r"((?:bench|tests)/[\w/]+\.py)", text)
     assert {"bench/bench_gpu.py", "bench/preflight.py", "bench/first_hour.py"} <= set(named)
     assert all((ROOT / f).is_file() for f in named)
-    steps = re.findall(r'step "([^"]+)" (\d+)', text)
-    titles = [t for t, _ in steps]
-    assert titles.index("preflight: every import") <= 1 and dict(steps)["preflight: every import"] == "10"
-    assert sum(int(limit) for _, limit in steps) < 480, steps
+    limits = {k: int(v) for k, v in re.findall(r"\blimit_(\w+)=(\d+)", text.split("if [ -n \"${DRY:-}\" ]")[0])}
+    assert limits["preflight"] == 10 and sum(limits.values()) < 480, limits
+    used = re.findall(r'step "[^"]+" "\$limit_(\w+)"', text)
+    assert sorted(used) == sorted(limits) and used.index("preflight") <= 1, used
     assert subprocess.run(["bash", "-n", str(ROOT / "bench" / "device_wheels.sh")]).returncode == 0
+
+
+@pytest.mark.slow
+def test_the_device_check_dry_run_writes_one_summary_of_every_step(tmp_path):
+    """DRY=1: every step at tiny sizes on the CPU, each under its heading in the one summary file, with its exit
+    status: the preflight passes, the GPU query fails here, the bench prints its rows, the CUDA tests skip, the first
+    hour compares nothing."""
+    if not SAMPLE_DOCS.is_file():
+        pytest.skip(f"{SAMPLE_DOCS} is not here")
+    run_bench("first_hour.py", "--make-sample", str(SAMPLE_DOCS), "--sample", str(tmp_path / "sample.npy"))
+    env = {**os.environ, "DRY": "1", "OUT": str(tmp_path / "out"), "SAMPLE": str(tmp_path / "sample.npy"),
+           "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(["bash", str(ROOT / "bench" / "device_check.sh")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=900)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert done.stdout == summary and summary.startswith("# Device check, ")
+    for title, status in (("preflight: every import", "exit 0"), ("GPU", "exit 127"),
+                          ("bench: tokens/s, MFU, peak memory", "exit 0"), ("CUDA tests", "exit 0"),
+                          ("first GPU hour", "exit 0")):
+        assert re.search(rf"^{re.escape(title)}.*: {status}, \d+ s of \d+$", summary, re.M), (title, summary[-3000:])
+    assert "preflight: every import found" in summary and "gpt2_350m    fsdp" in summary
+    assert re.search(r"\d+ skipped", summary) and "first hour: nothing compared here" in summary
 
 
 def test_bench_gpu_rows_name_preset_mode_and_compile():
@@ -185,7 +208,8 @@ def test_first_hour_short_run_tiny(tmp_path):
 def test_bench_memory_tiny():
     """The saved-for-backward table (measured beside the formula, equal), the peaks at 2 gloo ranks, the tables."""
     out = run_bench("bench_memory.py", "--tiny")
-    saved = [line.split() for line in out.splitlines() if line.startswith(tuple(bench_memory.RECIPES))]
+    saved = [r for r in (line.split() for line in out.splitlines())
+             if len(r) == 6 and r[0] in bench_memory.RECIPES and r[1] in ("float32", "bfloat16")]
     assert len(saved) == 2 * len(bench_memory.RECIPES) and all(float(r[3]) == float(r[5]) for r in saved), saved
     assert len(re.findall(r"^2 x 64, .* (ddp|fsdp) ", out, re.M)) == 4
     assert re.search(r"^gpt2_1558m +4 +[\d.]+ +[\d.]+ ", out, re.M)
