@@ -7,12 +7,15 @@ reads them, on one process with no gradient accumulation): compile time (the fir
 build-nanogpt about 1.5M tokens/s on 8 x A100 (about 190k per A100 at the 124M shape, bf16 + compile + flash
 attention) and llm.c about 60% MFU on an A100. Runs on the CPU too (no MFU there: no known peak).
 
---parallel ddp fsdp gives each preset a row per mode (train.parallel). On one device ddp is the unwrapped model and
-fsdp a group of one: the rows show what FSDP's hooks, gathers and bf16 copies cost, and that its memory estimate
-(memory.train_bytes, the "est GiB" column) holds on CUDA; what sharding saves needs two or more devices.
+--parallel ddp fsdp gives each preset a row per mode (train.parallel); --rows names each row as PRESET:MODE, with
+:eager or :compile to override the preset's train.compile. On one device ddp is the unwrapped model and fsdp a group
+of one: the rows show what FSDP's hooks, gathers and bf16 copies cost, and whether train's memory estimate
+(memory.train_bytes, the "est GiB" column) holds against CUDA's peak; what sharding saves needs two or more devices.
+It imports only what bench/preflight.py lists (bench/device_check.sh runs it on a machine where nothing installs).
 
     python bench/bench_gpu.py                       # one CUDA device: both presets, 30 steps each, a few minutes
     python bench/bench_gpu.py --presets gpt2_124m gpt2_350m --parallel ddp fsdp --train-only --no-compile
+    python bench/bench_gpu.py --rows gpt2_124m:ddp gpt2_350m:fsdp:eager --train-only
     python bench/bench_gpu.py --tiny                # a seconds-long CPU smoke run (CI), compile off
 """
 from __future__ import annotations
@@ -37,36 +40,24 @@ from gptcore.eval.scorer import Example, score_examples  # noqa: E402
 from gptcore.eval.val_loss import val_loss  # noqa: E402
 from gptcore.model.config import ModelConfig  # noqa: E402
 from gptcore.model.gpt import GPT, GPTConfig  # noqa: E402
+from gptcore.presets import composed  # noqa: E402
 from gptcore.report.flops import device_peak_flops, flops_per_token  # noqa: E402
-from gptcore.report.steplog import StepLogger  # noqa: E402
 from gptcore.train import memory  # noqa: E402
 from gptcore.train.config import TrainConfig  # noqa: E402
 from gptcore.train.parallel import MODES, evaluating  # noqa: E402
 from gptcore.train.trainer import Trainer  # noqa: E402
-from gptcore.user_files import read_yaml  # noqa: E402
 
-PRESETS = ROOT / "conf" / "preset"
 A100_PEAK = 312e12  # dense bf16
 BUILD_NANOGPT_PER_A100 = 1.5e6 / 8  # tokens/s per GPU, 124M, the reproduction's reported throughput
 LLMC_MFU = 0.60
 
 
-def preset_sections(name: str) -> tuple[dict, dict]:
-    """A preset's model and train sections, its `defaults` presets applied first (as the config does)."""
-    doc = read_yaml(PRESETS / f"{name}.yaml")
-    model, train = {}, {}
-    for base in doc.get("defaults", []):
-        if isinstance(base, str) and base != "_self_" and base != name:
-            m, t = preset_sections(base)
-            model.update(m)
-            train.update(t)
-    model.update(doc.get("model") or {})
-    train.update(doc.get("train") or {})
-    return model, train
-
-
-def build(name: str, args: argparse.Namespace, parallel: str = "ddp") -> tuple[GPT, TrainConfig, ModelConfig]:
-    model_p, train_p = preset_sections(name)
+def build(name: str, args: argparse.Namespace, parallel: str = "ddp",
+          compile: bool | None = None) -> tuple[GPT, TrainConfig, ModelConfig]:
+    """A row's model, train section and model section: the preset's, on one process, at --micro-batch with no
+    accumulation; `compile` (None: the preset's train.compile, off with --no-compile) as the row says."""
+    sections = composed(name)
+    model_p, train_p = dict(sections["model"]), dict(sections["train"])
     if args.tiny:
         model_p.update(n_layer=2, n_head=2, n_embd=64, block_size=64)
     shape = GPTConfig.read({k: v for k, v in model_p.items() if k in GPTConfig.params() and k != "vocab_size"})
@@ -79,6 +70,8 @@ def build(name: str, args: argparse.Namespace, parallel: str = "ddp") -> tuple[G
                    eval_every=0, ckpt_every=args.steps, val_tokens=T + 1, eval_batch=args.micro_batch)
     if args.no_compile:
         train_p["compile"] = False
+    if compile is not None:
+        train_p["compile"] = compile
     cfg = TrainConfig.read({k: v for k, v in train_p.items() if k in TrainConfig.params()})
     model_cfg = ModelConfig.read({k: v for k, v in model_p.items() if k in ModelConfig.params() and k != "vocab_size"})
     return model, cfg, model_cfg
@@ -92,8 +85,16 @@ def synthetic_examples(n: int, seed: int = 0) -> list[Example]:
             for i in range(n)]
 
 
-def run(name: str, args: argparse.Namespace, shard: Path, parallel: str = "ddp") -> dict:
-    model, cfg, model_cfg = build(name, args, parallel)
+class Quiet:
+    """A step logger that keeps nothing: the bench prints its own figures."""
+
+    def log(self, step: int, metrics: dict) -> None: ...
+    def log_constants(self, metrics: dict) -> None: ...
+
+
+def run(name: str, args: argparse.Namespace, shard: Path, parallel: str = "ddp", compile: bool | None = None) -> dict:
+    """One row: build, step, time, measure."""
+    model, cfg, model_cfg = build(name, args, parallel, compile)
     env = distributed.setup(args.device)
     dev = env.device
     loader = TokenLoader([shard], args.micro_batch, model.config.block_size, cfg.total_batch_tokens)
@@ -103,7 +104,7 @@ def run(name: str, args: argparse.Namespace, shard: Path, parallel: str = "ddp")
         torch.cuda.reset_peak_memory_stats(dev)
     times = []
     with tempfile.TemporaryDirectory() as ckpt:
-        trainer = Trainer(copy.deepcopy(model), loader, cfg, env, Path(ckpt), StepLogger(ckpt, enabled=False), {})
+        trainer = Trainer(copy.deepcopy(model), loader, cfg, env, Path(ckpt), Quiet(), {})
         t_start = time.perf_counter()
         for i in range(args.steps):
             t0 = time.perf_counter()
@@ -117,7 +118,7 @@ def run(name: str, args: argparse.Namespace, shard: Path, parallel: str = "ddp")
         tps = cfg.total_batch_tokens / dt
         peak_mem = torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else float("nan")
         estimate = memory.train_bytes(model_cfg, cfg, model.config.vocab_size, env.world_size,
-                                      trainer.mode) / 2**30
+                                      trainer.mode, dev.type) / 2**30
         val_tps = ex_s = float("nan")
         if not args.train_only:  # evaluation speed on the raw (uncompiled) model, as the loop's evaluators run it
             tokens = np.load(shard, mmap_mode="r")[: args.val_tokens + 1]
@@ -138,7 +139,22 @@ def run(name: str, args: argparse.Namespace, shard: Path, parallel: str = "ddp")
             "ex_s": ex_s, "loss": loss, "fpt": fpt, "peak": peak}
 
 
+def row_specs(args: argparse.Namespace) -> list[tuple[str, str, bool | None]]:
+    """(preset, mode, compile: None for the preset's) of each row: --rows, else every preset in every mode."""
+    if not args.rows:
+        return [(p, m, None) for p in args.presets for m in args.parallel]
+    out = []
+    for spec in args.rows:
+        parts = spec.split(":")
+        preset, mode, how = parts[0], parts[1] if len(parts) > 1 else "", parts[2:]
+        if mode not in MODES or how not in ([], ["eager"], ["compile"]):
+            raise SystemExit(f"--rows {spec}: expected PRESET:MODE[:eager|:compile], MODE one of {', '.join(MODES)}")
+        out.append((preset, mode, None if not how else how[0] == "compile"))
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
+    """Measure every row and print the table, then what the published figures lead one to expect."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--presets", nargs="+", default=["gpt2_124m", "modern_124m"])
     ap.add_argument("--micro-batch", type=int, default=16, help="sequences per step (one micro batch, no accumulation)")
@@ -150,6 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-compile", action="store_true", help="eager even where the preset compiles")
     ap.add_argument("--parallel", nargs="+", choices=tuple(MODES), default=["ddp"],
                     help="a row per preset and mode (train.parallel; one device: fsdp is a group of one)")
+    ap.add_argument("--rows", nargs="+", metavar="PRESET:MODE[:eager|:compile]",
+                    help="the rows, in order (instead of --presets x --parallel)")
     ap.add_argument("--train-only", action="store_true", help="time the steps only, not val loss or scoring")
     ap.add_argument("--tiny", action="store_true",
                     help="2-layer 64-wide models, 3 steps, eager: checks the script runs")
@@ -168,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         shard = Path(d) / "train_000000.npy"
         need = (args.steps + 2) * args.micro_batch * 1024 + args.val_tokens + 1
         np.save(shard, np.random.default_rng(0).integers(0, 50257, need, dtype=np.uint16))
-        rows = [run(p, args, shard, mode) for p in args.presets for mode in args.parallel]
+        rows = [run(preset, args, shard, mode, compile) for preset, mode, compile in row_specs(args)]
     print(f"{'preset':12} {'parallel':8} {'dtype':9} {'compile':7} {'warm-up s':>9} {'tok/s':>9} {'ms/step':>8} "
           f"{'MFU':>6} {'peak GiB':>8} {'est GiB':>7} {'val tok/s':>10} {'choice ex/s':>11} {'loss':>7}")
     for r in rows:
@@ -177,9 +195,11 @@ def main(argv: list[str] | None = None) -> None:
               f"{r['tps']:9.0f} {r['step_ms']:8.1f} {mfu:>6} {r['mem']:8.1f} {r['est']:7.1f} {r['val_tps']:10.0f} "
               f"{r['ex_s']:11.1f} {r['loss']:7.3f}")
     print("expected from published figures:")
+    shown = set()
     for r in rows:
-        if r["parallel"] != args.parallel[0]:
+        if r["name"] in shown:
             continue  # one line a preset
+        shown.add(r["name"])
         if r["peak"]:
             scale = r["peak"] / A100_PEAK
             print(f"  {r['name']}: build-nanogpt's ~{BUILD_NANOGPT_PER_A100 * scale:,.0f} tokens/s (1.5M/8 per A100, "

@@ -3,12 +3,14 @@ gptcore/train/memory.py makes before allocating, against the measured peak.
 
 A round launches the two ranks once per mode, the modes taking turns (ddp, fsdp, ddp, fsdp, ...), so a drift of the
 machine lands on both alike. In a launch each rank builds the same GPT (the trainer's own path: Trainer with
-train.parallel ddp or fsdp, AdamW, fp32), steps it --warmup untimed steps then --steps timed ones on random tokens,
-and reports:
+train.parallel ddp or fsdp, AdamW, fp32 or --dtype bfloat16), steps it --warmup untimed steps then --steps timed
+ones on random tokens, and reports:
 - peak: the most its resident memory reached during the steps (Linux's high-water mark, reset once the model and
-  trainer are built), less what the process held before the model existed (Python, torch, gloo): what training
-  adds. glibc returns freed blocks over 128 KiB at once (MALLOC_MMAP_THRESHOLD_ fixed), so a freed gathered block
-  leaves the resident set and is not counted as held;
+  trainer are built), less what the process held before the model existed: what training adds. Two steps of a
+  one-block model in the same mode come first, so that what any first step loads (modules imported on first use,
+  kernels, the collectives' own buffers) is in that base, not in the peak. glibc returns freed blocks over 128 KiB
+  at once (MALLOC_MMAP_THRESHOLD_ fixed), so a freed gathered block leaves the resident set and is not counted as
+  held;
 - the step time, the median of its timed steps;
 - memory.train_bytes' estimate for that rank, made from the params alone.
 A round's figure of a mode is the worse of its two ranks. Each figure printed is the median over rounds with the
@@ -21,6 +23,7 @@ machine (the two ranks share its cores with it), the allocator's own rounding, t
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -54,15 +57,12 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     env = distributed.setup("cpu")
     cpu = torch.device("cpu")
-    base = memory.held_bytes(cpu)  # the process before any weight
     shape = dict(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=args.block_size)
     model_cfg = ModelConfig.read({**shape, "vocab_size": args.vocab})
     tokens = args.micro_batch * args.block_size * env.world_size
     cfg = TrainConfig.read(dict(parallel=args.parallel, micro_batch=args.micro_batch, total_batch_tokens=tokens,
-                                max_steps=args.warmup + args.steps, warmup_steps=0, max_lr=1e-3, dtype="float32",
+                                max_steps=args.warmup + args.steps, warmup_steps=0, max_lr=1e-3, dtype=args.dtype,
                                 eval_every=0, val_tokens=args.block_size, ckpt_every=10**6))
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(**shape, vocab_size=args.vocab))
 
     class Batches:
         grad_accum = 1
@@ -80,20 +80,33 @@ def worker(args: argparse.Namespace) -> None:
         def log_constants(self, metrics: dict) -> None: ...
         def close(self) -> None: ...
 
+    def step(trainer: Trainer) -> None:
+        float(trainer.train_step()["train_loss"])
+        trainer.step += 1
+
     with tempfile.TemporaryDirectory() as ckpt:
-        trainer = Trainer(model, Batches(), cfg, env, Path(ckpt), Quiet(), {})
-        del model
+        # the runtime warmed first, by two steps of a one-block model in the same mode: what the first step of any
+        # run loads (modules imported on first use, kernels, the collectives' buffers) is not training's memory
+        warm = Trainer(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=args.block_size,
+                                     vocab_size=args.vocab)), Batches(), cfg, env, Path(ckpt), Quiet(), {})
+        step(warm)
+        step(warm)
+        del warm
+        gc.collect()
+        base = memory.held_bytes(cpu)  # the warmed process before any weight of the measured model
+        torch.manual_seed(0)
+        trainer = Trainer(GPT(GPTConfig(**shape, vocab_size=args.vocab)), Batches(), cfg, env, Path(ckpt), Quiet(),
+                          {})
         memory.reset_peak(cpu)  # from here: the steps, with the weights (and gradients, state) they hold
         times = []
         for i in range(args.warmup + args.steps):
             t0 = time.perf_counter()
-            float(trainer.train_step()["train_loss"])
-            trainer.step += 1
+            step(trainer)
             if i >= args.warmup:
                 times.append(time.perf_counter() - t0)
         mine = {"rank": env.rank, "peak": memory.peak_bytes(cpu) - base, "base": base,
                 "step_s": statistics.median(times),
-                "estimate": memory.train_bytes(model_cfg, cfg, args.vocab, env.world_size, trainer.mode)}
+                "estimate": memory.train_bytes(model_cfg, cfg, args.vocab, env.world_size, trainer.mode, "cpu")}
         every = distributed.all_gather_objects(mine)
     if env.is_main:
         print("RESULT " + json.dumps(every), flush=True)
@@ -114,7 +127,7 @@ def launch(args: argparse.Namespace, mode: str) -> list[dict[str, Any]]:
 
 def shape_args(args: argparse.Namespace) -> list[str]:
     return [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in
-            ("n_layer", "n_head", "n_embd", "block_size", "vocab", "micro_batch", "steps", "warmup")]
+            ("n_layer", "n_head", "n_embd", "block_size", "vocab", "micro_batch", "steps", "warmup", "dtype")]
 
 
 def measure(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
@@ -134,8 +147,8 @@ def report(args: argparse.Namespace, figures: dict[str, dict[str, list[float]]])
     """The table: each mode's peak, estimate and step time (medians with ranges), then fsdp / ddp."""
     params = 12 * args.n_embd ** 2 * args.n_layer + args.vocab * args.n_embd
     print(f"{args.nproc} gloo ranks on the CPU, 1 thread each; {args.n_layer} blocks x {args.n_embd} wide "
-          f"({params / 1e6:.1f}M matrix weights), block {args.block_size}, micro batch {args.micro_batch}, fp32, "
-          f"AdamW; {args.steps} timed steps a launch after {args.warmup}; {args.rounds} rounds")
+          f"({params / 1e6:.1f}M matrix weights), block {args.block_size}, micro batch {args.micro_batch}, "
+          f"{args.dtype}, AdamW; {args.steps} timed steps a launch after {args.warmup}; {args.rounds} rounds")
     print(f"{'mode':5} {'peak MiB (training adds)':>26} {'estimate MiB':>14} {'estimate / peak':>17} "
           f"{'step ms':>22}")
     for mode, f in figures.items():
@@ -155,6 +168,8 @@ def main_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--block-size", type=int, default=64)
     ap.add_argument("--vocab", type=int, default=512, help="a small vocabulary: the blocks' weights dominate")
     ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="train.dtype (bfloat16: CPU "
+                    "autocast)")
     ap.add_argument("--steps", type=int, default=4, help="timed steps a launch")
     ap.add_argument("--warmup", type=int, default=2, help="untimed first steps (the optimizer state appears)")
     ap.add_argument("--rounds", type=int, default=5)

@@ -367,7 +367,7 @@ USER_CASES = [
     Case("eval.device: cuda, no GPU", stage("evaluate"), "params.yaml eval.device='cuda': no CUDA GPU is visible",
          set_param("eval", "device", "cuda"), needs_no_gpu=True),
     Case("model.n_layer: 1000000", stage("train"), "model.n_layer=1000000, model.n_embd=32, train.micro_batch=4, "
-         "model.block_size=32: training with train.parallel=ddp needs at least",
+         "model.block_size=32: training with train.parallel=ddp needs about",
          set_param("model", "n_layer", 1_000_000)),
     Case("train.dtype: float16 with fsdp", stage("train"), "params.yaml train.dtype='float16': with "
          "train.parallel fsdp needs bfloat16 or float32 (float16's loss scaling is not sharded here): set "

@@ -1,5 +1,7 @@
 """Every bench script runs end to end at a tiny shape (--tiny), so none can rot; the figures are not checked. The
 round-robin timing they share (bench/rounds.py) is checked on its own, against figures worked out by hand."""
+import importlib.metadata
+import os
 import re
 import subprocess
 import sys
@@ -7,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import rounds
+from bench import bench_memory, rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = ROOT.parent / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"
+SAMPLE_DOCS = ROOT.parent / "shared" / "ref-data" / "fineweb_edu_sample.jsonl"
 
 
 def test_rounds_take_turns_after_an_untimed_warm_up(monkeypatch):
@@ -108,12 +111,140 @@ def test_bench_tokenize_help_says_how_to_run_it():
     assert "quiet" in out and "--tiny" in out and "Amdahl" in out
 
 
-def test_the_device_check_parses_and_runs_files_that_exist():
-    """bench/device_check.sh runs only where a GPU is lent: here, its syntax and every file it names."""
+def test_the_device_check_fits_its_window_starts_with_the_preflight_and_runs_files_that_exist():
+    """bench/device_check.sh runs only where a GPU is lent: here, its syntax, every file it names, and its steps' time
+    limits: the preflight at 10 s before any other step but the wheels', and all of them under the 480 s the check
+    may take."""
     script = ROOT / "bench" / "device_check.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    named = re.findall(r"((?:bench|tests)/[\w/]+\.py)", script.read_text())
-    assert "bench/bench_gpu.py" in named and all((ROOT / f).is_file() for f in named)
+    text = script.read_text()
+    named = re.findall(r"((?:bench|tests)/[\w/]+\.py)", text)
+    assert {"bench/bench_gpu.py", "bench/preflight.py", "bench/first_hour.py"} <= set(named)
+    assert all((ROOT / f).is_file() for f in named)
+    limits = {k: int(v) for k, v in re.findall(r"\blimit_(\w+)=(\d+)", text.split("if [ -n \"${DRY:-}\" ]")[0])}
+    assert limits["preflight"] == 10 and sum(limits.values()) < 480, limits
+    used = re.findall(r'step "[^"]+" "\$limit_(\w+)"', text)
+    assert sorted(used) == sorted(limits) and used.index("preflight") <= 1, used
+    assert subprocess.run(["bash", "-n", str(ROOT / "bench" / "device_wheels.sh")]).returncode == 0
+
+
+@pytest.mark.slow
+def test_the_device_check_dry_run_writes_one_summary_of_every_step(tmp_path):
+    """DRY=1: every step at tiny sizes on the CPU, each under its heading in the one summary file, with its exit
+    status: the preflight passes, the GPU query fails here, the bench prints its rows, the CUDA tests skip, the first
+    hour compares nothing."""
+    if not SAMPLE_DOCS.is_file():
+        pytest.skip(f"{SAMPLE_DOCS} is not here")
+    run_bench("first_hour.py", "--make-sample", str(SAMPLE_DOCS), "--sample", str(tmp_path / "sample.npy"))
+    env = {**os.environ, "DRY": "1", "OUT": str(tmp_path / "out"), "SAMPLE": str(tmp_path / "sample.npy"),
+           "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(["bash", str(ROOT / "bench" / "device_check.sh")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=900)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert done.stdout == summary and summary.startswith("# Device check, ")
+    for title, status in (("preflight: every import", "exit 0"), ("GPU", "exit 127"),
+                          ("bench: tokens/s, MFU, peak memory", "exit 0"), ("CUDA tests", "exit 0"),
+                          ("first GPU hour", "exit 0")):
+        assert re.search(rf"^{re.escape(title)}.*: {status}, \d+ s of \d+$", summary, re.M), (title, summary[-3000:])
+    assert "preflight: every import found" in summary and "gpt2_350m    fsdp" in summary
+    assert re.search(r"\d+ skipped", summary) and "first hour: nothing compared here" in summary
+
+
+def test_bench_gpu_rows_name_preset_mode_and_compile():
+    from bench import bench_gpu
+
+    args = bench_gpu.argparse.Namespace(rows=["gpt2_124m:ddp", "gpt2_350m:fsdp:eager", "a:ddp:compile"])
+    assert bench_gpu.row_specs(args) == [("gpt2_124m", "ddp", None), ("gpt2_350m", "fsdp", False), ("a", "ddp", True)]
+    args = bench_gpu.argparse.Namespace(rows=None, presets=["p", "q"], parallel=["ddp", "fsdp"])
+    assert bench_gpu.row_specs(args) == [("p", "ddp", None), ("p", "fsdp", None), ("q", "ddp", None),
+                                         ("q", "fsdp", None)]
+    for bad in ("gpt2_124m", "gpt2_124m:zero", "gpt2_124m:ddp:fast"):
+        with pytest.raises(SystemExit, match="expected PRESET:MODE"):
+            bench_gpu.row_specs(bench_gpu.argparse.Namespace(rows=[bad]))
+
+
+def write_run_metrics(folder: Path, val_250: float, tokens_per_sec: float) -> Path:
+    """A finished first-hour run's step metrics as dvclive writes them (step TSVs)."""
+    tsv = folder / "plots" / "metrics"
+    tsv.mkdir(parents=True)
+    (tsv / "train_loss.tsv").write_text("step\ttrain_loss\n" + "".join(
+        f"{s}\t{10.99 - 4.8 * s / 249:.4f}\n" for s in range(250)))
+    (tsv / "val_loss.tsv").write_text(f"step\tval_loss\n0\t10.9900\n250\t{val_250}\n")
+    (tsv / "tokens_per_sec.tsv").write_text("step\ttokens_per_sec\n" + "".join(
+        f"{s}\t{tokens_per_sec if s else 1000.0}\n" for s in range(250)))
+    return folder
+
+
+def test_the_first_hour_check_passes_the_published_run_and_fails_a_broken_one(tmp_path):
+    """bench/first_hour.py --check against figures written here: build-nanogpt's 6.1631 at step 250 passes, its
+    broken-sync run's 6.4300 fails; on an H100 (989 TFLOP/s) 400,000 tokens/s passes and 200,000 fails (half of
+    build-nanogpt's MFU there is about 297,000)."""
+    h100 = ["--gpu", "NVIDIA H100 80GB HBM3"]
+    good = run_bench("first_hour.py", "--check", str(write_run_metrics(tmp_path / "a", 6.17, 4e5)), *h100)
+    assert "first hour: pass (3 of 3 compared figures pass)" in good
+    assert re.search(r"val loss, step 250 +6.1631 +6.1700 +PASS", good)
+    for folder, val, speed, failing in ((tmp_path / "b", 6.43, 4e5, "val loss, step 250"),
+                                        (tmp_path / "c", 6.17, 2e5, "tokens/s (MFU)")):
+        out = subprocess.run([sys.executable, str(ROOT / "bench" / "first_hour.py"), "--check",
+                              str(write_run_metrics(folder, val, speed)), *h100], capture_output=True, text=True)
+        assert out.returncode == 1 and "first hour: FAIL (2 of 3" in out.stdout, out.stdout + out.stderr
+        assert re.search(rf"{re.escape(failing)} .* FAIL ", out.stdout), out.stdout
+
+
+@pytest.mark.slow
+def test_first_hour_short_run_tiny(tmp_path):
+    """The device check's short run at a tiny shape on the CPU, from the FineWeb-Edu sample tokenized here."""
+    if not SAMPLE_DOCS.is_file():
+        pytest.skip(f"{SAMPLE_DOCS} is not here")
+    sample = tmp_path / "sample.npy"
+    made = run_bench("first_hour.py", "--make-sample", str(SAMPLE_DOCS), "--sample", str(sample))
+    assert re.search(r"[\d,]+ GPT-2 tokens of", made)
+    out = run_bench("first_hour.py", "--run", "--tiny", "--sample", str(sample))
+    assert "from the FineWeb-Edu sample" in out and "step 2: train loss" in out
+    assert "first hour: nothing compared here" in out
+
+
+@pytest.mark.slow
+def test_bench_memory_tiny():
+    """The saved-for-backward table (measured beside the formula, equal), the peaks at 2 gloo ranks, the tables."""
+    out = run_bench("bench_memory.py", "--tiny")
+    saved = [r for r in (line.split() for line in out.splitlines())
+             if len(r) == 6 and r[0] in bench_memory.RECIPES and r[1] in ("float32", "bfloat16")]
+    assert len(saved) == 2 * len(bench_memory.RECIPES) and all(float(r[3]) == float(r[5]) for r in saved), saved
+    assert len(re.findall(r"^2 x 64, .* (ddp|fsdp) ", out, re.M)) == 4
+    assert re.search(r"^gpt2_1558m +4 +[\d.]+ +[\d.]+ ", out, re.M)
+
+
+@pytest.mark.slow
+def test_the_preflight_passes_with_only_its_imports_and_names_one_taken_away(tmp_path):
+    """An environment holding only bench/preflight.py's distributions and what they require (this machine's installs,
+    linked into one folder; python -S: no site-packages) runs every step's imports; without psutil the preflight
+    names it and stops."""
+    from bench import preflight
+
+    site = tmp_path / "site"
+    site.mkdir()
+    dists = [line.split("==")[0] for line in preflight.closure(list(preflight.IMPORTS.values()), set())]
+    for dist in dists:
+        for top in {Path(str(f)).parts[0] for f in importlib.metadata.files(dist) or []}:
+            src = Path(importlib.metadata.distribution(dist).locate_file(top))
+            if src.exists() and not (site / top).exists() and top not in ("..", "bin"):
+                (site / top).symlink_to(src)
+
+    def preflight_there() -> subprocess.CompletedProcess:
+        code = (f"import sys, runpy; sys.path[:0] = [{str(site)!r}]; sys.argv = ['preflight']; "
+                f"runpy.run_path({str(ROOT / 'bench' / 'preflight.py')!r}, run_name='__main__')")
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        return subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                               text=True, timeout=300)
+
+    ok = preflight_there()
+    assert ok.returncode == 0 and "preflight: every import found" in ok.stdout, ok.stdout + ok.stderr
+    for entry in site.iterdir():
+        if entry.name == "psutil" or entry.name.startswith("psutil-"):
+            entry.unlink()
+    gone = preflight_there()
+    assert gone.returncode == 1 and "psutil (pip: psutil): No module named 'psutil'" in gone.stdout, gone.stdout
 
 
 def test_doc_sentences_counts_and_splits_as_its_docstring_says(tmp_path):

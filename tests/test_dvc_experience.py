@@ -132,7 +132,8 @@ FAMILY = {"gpt2_350m": ((24, 16, 1024), 64, 524288, 60000, 3e-4, 0.0, 700),
 @pytest.mark.parametrize("preset", sorted(FAMILY))
 def test_the_larger_gpt2_presets_are_llm_c_s_recipes_on_fineweb_edu(preset):
     """The shape, batch, steps and rates of llm.c's run of that size; everything else the 124M reproduction's, but
-    the data (sample-100BT: 31.5B to 150B tokens) and, for XL, train.parallel fsdp."""
+    the data (sample-100BT: 31.5B to 150B tokens), the shuffled order (llm.c's loader shuffles; build-nanogpt's, which
+    the 124M preset follows, does not) and, for XL, train.parallel fsdp."""
     shape, micro, tokens, steps, lr, min_lr, warmup = FAMILY[preset]
     _, p = compose(f"preset={preset}")
     _, base = compose("preset=gpt2_124m")
@@ -144,7 +145,8 @@ def test_the_larger_gpt2_presets_are_llm_c_s_recipes_on_fineweb_edu(preset):
     assert p["tokenize"] == base["tokenize"] and p["eval"] == base["eval"]
     same = {k for k in base["train"] if base["train"][k] == p["train"][k]}
     assert set(base["train"]) - same <= {"micro_batch", "total_batch_tokens", "max_steps", "max_lr", "min_lr_ratio",
-                                         "warmup_steps", "parallel"}
+                                         "warmup_steps", "parallel", "shuffle"}
+    assert p["train"]["shuffle"] is True and base["train"]["shuffle"] is False
 
 
 @pytest.mark.parametrize("preset,weights", [("gpt2_350m", "gpt2-medium"), ("gpt2_774m", "gpt2-large"),

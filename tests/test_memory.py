@@ -14,8 +14,10 @@ import pytest
 import torch
 import yaml
 
+from bench import bench_memory, bench_parallel
 from gptcore.errors import UserError
 from gptcore.model.config import ModelConfig
+from gptcore.model.gpt import GPTConfig
 from gptcore.train import memory
 from gptcore.train.config import TrainConfig
 from gptcore.train.parallel import MODES
@@ -46,10 +48,10 @@ def preset(name: str) -> tuple[ModelConfig, TrainConfig]:
 
 def test_quick_start_fits_this_machine_and_a_million_layers_do_not():
     model, train = preset("quickstart")
-    assert memory.train_bytes(model, train, 50304) < 1 * GIB
+    assert memory.train_bytes(model, train, 50304, device_type="cpu") < 1 * GIB
     memory.check_fits(model, train, 50304, torch.device("cpu"))  # refuses nothing here
     huge = replace(model, n_layer=1_000_000)
-    with pytest.raises(UserError, match=r"model.n_layer=1000000, .* training with train.parallel=ddp needs at least "
+    with pytest.raises(UserError, match=r"model.n_layer=1000000, .* training with train.parallel=ddp needs about "
                                         r"[\d,.]+ GiB"):
         memory.check_fits(huge, train, 50304, torch.device("cpu"))
     # four CPU processes share the RAM: the bound is four times one process's
@@ -168,22 +170,54 @@ def test_a_cgroup_limit_lowers_the_cpu_memory_available(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="the peak is reset through Linux's /proc")
-def test_fsdp_at_two_ranks_holds_at_most_0_6_of_ddp_and_the_estimate_is_within_a_quarter_of_the_peak():
-    """bench/bench_parallel.py's launch, once a mode: 8 blocks of 640 wide (39M weights: the weights, gradients and
-    AdamW's state dominate), 2 gloo ranks, fp32. Measured here: ddp 813 MiB a rank, fsdp 422 MiB (0.52); the
-    estimates 0.95 and 0.93 of the peaks. The worse rank of each mode counts."""
-    from bench import bench_parallel
-
-    args = bench_parallel.main_args(["--n-layer", "8", "--n-embd", "640", "--n-head", "10", "--steps", "2",
-                                     "--warmup", "2"])
+@pytest.mark.parametrize("shape", bench_memory.PEAK_SHAPES, ids=lambda s: "x".join(map(str, s[:2])) + f"-{s[6]}")
+def test_the_estimate_is_within_15_percent_of_the_peak_at_two_ranks_ddp_and_fsdp(shape):
+    """bench/bench_memory.py's three shapes (weights first; activations first; a larger head under bf16 autocast),
+    each launched as bench/bench_parallel.py does (2 gloo ranks, the Trainer's own path, the runtime warmed first).
+    Measured here: 0.94-1.03 of the peak. Every rank counts; at the weights-first shape fsdp holds at most 0.6 of
+    ddp's peak (measured 0.48)."""
+    n_layer, n_embd, n_head, block, micro, vocab, dtype = shape
+    args = bench_parallel.main_args(["--n-layer", str(n_layer), "--n-embd", str(n_embd), "--n-head", str(n_head),
+                                     "--block-size", str(block), "--micro-batch", str(micro), "--vocab", str(vocab),
+                                     "--dtype", dtype, "--steps", "2", "--warmup", "2"])
     worst = {}
     for mode in bench_parallel.MODES:
         ranks = bench_parallel.launch(args, mode)
         worst[mode] = max(ranks, key=lambda r: r["peak"])
         for r in ranks:
-            print(f"{mode} rank {r['rank']}: peak {r['peak'] / 2**20:,.0f} MiB, estimate {r['estimate'] / 2**20:,.0f}")
-            assert 0.75 <= r["estimate"] / r["peak"] <= 1.25, (mode, r)
-    assert worst["fsdp"]["peak"] <= 0.6 * worst["ddp"]["peak"], worst
+            print(f"{mode} rank {r['rank']}: peak {r['peak'] / 2**20:,.1f} MiB, estimate {r['estimate'] / 2**20:,.1f}")
+            assert 0.85 <= r["estimate"] / r["peak"] <= 1.15, (mode, r)
+    if shape == bench_memory.PEAK_SHAPES[0]:
+        assert worst["fsdp"]["peak"] <= 0.6 * worst["ddp"]["peak"], worst
+
+
+@pytest.mark.parametrize("recipe", list(bench_memory.RECIPES) + ["swiglu", "rotary"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_activation_term_is_what_autograd_keeps(recipe, dtype):
+    """memory.saved_per_token_block against the bytes autograd keeps, counted tensor by tensor with saved-tensor hooks
+    (bench/bench_memory.py), at two widths and head counts: the estimate's activation term is the measured one."""
+    switches = {**bench_memory.RECIPES, "swiglu": dict(mlp="swiglu"), "rotary": dict(pos_encoding="rotary")}[recipe]
+    for n_embd, n_head in ((64, 2), (96, 4)):
+        measured = bench_memory.per_token_block(switches, n_embd, n_head, dtype)
+        formula = memory.saved_per_token_block(GPTConfig(n_embd=n_embd, n_head=n_head, **switches),
+                                               4 if dtype == torch.float32 else 2)
+        assert measured == formula, (n_embd, n_head, measured, formula)
+
+
+def test_gpt2_124m_on_8_gpus_is_counted_from_its_parts():
+    """The 124M preset's estimate (8 GPUs, ddp, bf16, micro batch 64) against its parts written out here: 36 n_embd +
+    16 + 4 n_head bytes a token a block (the issue's measurement), the rest of the model's per-token bytes, the blocks'
+    bf16 copies, the loss's chunk of 2^26 logits, and AdamW's 12 bytes a weight with the ddp buckets' 4 (the
+    gradients, 4 more, come after the forward's end, which is the peak here)."""
+    model, train = preset("gpt2_124m")
+    c, layers, vocab, tokens = 768, 12, 50304, 64 * 1024
+    weights = layers * 12 * c * c + vocab * c
+    per_token = layers * (36 * c + 16 + 4 * 12) + 8 + (4 * c + 8) + 4 * c
+    chunk = (2**26 // vocab) * vocab
+    expected = (12 * weights + 4 * weights + tokens * per_token + 4 * vocab * c + 2 * layers * 12 * c * c
+                + chunk * 10 + 2 * (vocab * c + tokens * c))
+    assert memory.train_bytes(model, train, vocab, 8, MODES["ddp"], "cuda") == expected
+    assert 23 * GIB < expected < 24 * GIB
 
 
 def test_where_ddp_does_not_fit_and_fsdp_would_the_refusal_says_so_with_the_numbers(monkeypatch):
@@ -197,12 +231,12 @@ def test_where_ddp_does_not_fit_and_fsdp_would_the_refusal_says_so_with_the_numb
         memory.check_fits(xl, train, 50304, torch.device("cuda"), 8, MODES["ddp"])
     assert str(e.value) == (
         f"params.yaml model.n_layer=48, model.n_embd=1600, train.micro_batch=4, model.block_size=1024: training with "
-        f"train.parallel=ddp needs at least {ddp / GIB:,.1f} GiB a process (1,555M weights with their gradients and "
+        f"train.parallel=ddp needs about {ddp / GIB:,.1f} GiB a process (1,555M weights with their gradients and "
         f"optimizer state, and the activations of one micro-batch); cuda has {(ddp + fsdp) // 2 / GIB:,.1f} GiB "
         f"free. With train.parallel: fsdp each of the 8 processes would hold 1/8 of the weights, gradients and "
         f"optimizer state and need about {fsdp / GIB:,.1f} GiB: set train.parallel: fsdp")
     memory.check_fits(xl, train, 50304, torch.device("cuda"), 8, MODES["fsdp"])  # fits: nothing said
     monkeypatch.setattr(memory, "available_bytes", lambda device: fsdp // 2)
-    with pytest.raises(UserError, match=r"train.parallel=fsdp needs at least [\d.]+ GiB a process \(1/8 of 1,555M "
+    with pytest.raises(UserError, match=r"train.parallel=fsdp needs about [\d.]+ GiB a process \(1/8 of 1,555M "
                                         r"weights .*: make the model smaller or lower train.micro_batch$"):
         memory.check_fits(xl, train, 50304, torch.device("cuda"), 8, MODES["fsdp"])

@@ -46,3 +46,28 @@ def test_the_command_lists_every_preset_and_marks_the_default():
     assert [line.split()[0] for line in out[:-1]] == PRESETS
     assert [re.match(r"quickstart \(default\) +The quick-start: ", line) is not None for line in out].count(True) == 1
     assert out[-1] == "run one: dvc exp run -S preset=<name>"
+
+
+# karpathy/llm.c scripts/run_gpt2_350M.sh, run_gpt2_774M.sh, run_gpt2_1558M.sh, written out by hand: -e dN (depth),
+# -b (micro batch on 8 GPUs), -d (tokens a step), -l, -q (floor as a share of -l), -u, -x, -c (weight decay); its
+# loader permutes the training data every epoch (train_gpt2.cu: permute_train_loader unless overfitting one batch)
+LLMC = {
+    "gpt2_350m": dict(n_layer=24, micro_batch=64, total_batch_tokens=524288, max_lr=3e-4, min_lr_ratio=0.0,
+                      warmup_steps=700, max_steps=60000),
+    "gpt2_774m": dict(n_layer=36, micro_batch=32, total_batch_tokens=524288, max_lr=2.5e-4, min_lr_ratio=0.0,
+                      warmup_steps=700, max_steps=286102),
+    "gpt2_1558m": dict(n_layer=48, micro_batch=16, total_batch_tokens=1048576, max_lr=6e-4, min_lr_ratio=0.1,
+                       warmup_steps=700, max_steps=32000),
+}
+
+
+def test_the_llm_c_presets_take_its_scripts_values_and_shuffle_as_it_does():
+    for name, want in LLMC.items():
+        sections = presets.composed(name)
+        model, train = sections["model"], sections["train"]
+        got = {"n_layer": model["n_layer"], **{k: train[k] for k in want if k != "n_layer"}}
+        assert got == want, name
+        assert train["weight_decay"] == 0.1 and train["grad_clip"] == 1.0 and train["nproc"] == 8, name
+        assert train["shuffle"] is True, name  # llm.c shuffles; the 124M preset (build-nanogpt's) does not
+        assert model["block_size"] == 1024 and train["schedule"] == "cosine", name
+    assert presets.composed("gpt2_124m")["train"]["shuffle"] is False

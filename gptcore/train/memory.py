@@ -1,6 +1,6 @@
-"""Whether a training run fits its device's memory: a lower bound checked before anything is allocated
-(`check_fits`), then the first two steps' measured peak (`FirstSteps`); docs/resume-and-failures.md says what each
-counts."""
+"""Whether a training run fits its device's memory: an estimate built from what the model is measured to keep for
+backward, checked before anything is allocated (`check_fits`), then the first two steps' measured peak (`FirstSteps`);
+docs/resume-and-failures.md says what each counts."""
 from __future__ import annotations
 
 import os
@@ -16,6 +16,7 @@ from gptcore.distributed import all_gather_objects
 from gptcore.errors import UserError
 from gptcore.model.config import ModelConfig
 from gptcore.model.gpt import GPTConfig
+from gptcore.model.lm_loss import loss_chunk_rows
 from gptcore.train.config import TrainConfig
 from gptcore.train.optimizers import optimizer_kind
 from gptcore.train.parallel import MODES, ParallelMode, local
@@ -33,29 +34,90 @@ class StepMemory(UserError):
 
 def matrix_params(model: GPTConfig, vocab_size: int) -> int:
     """Weights in the matrices of a scratch model of this shape (vocab_size already padded)."""
-    c = model.n_embd
-    per_block = block_params(model)  # attention 4 c^2; MLP 8 c^2 (GELU/ReLU^2) or 3 c * 8/3 c (SwiGLU)
     heads = 1 if model.tie_embeddings else 2
-    return model.n_layer * per_block + heads * vocab_size * c
-
-
-def train_bytes(model: GPTConfig, train: TrainConfig, vocab_size: int, processes: int = 1,
-                mode: ParallelMode = MODES["ddp"]) -> int:
-    """An estimate of one training process's memory in bytes under parallel `mode` with `processes` processes: the
-    matrices with their gradients and optimizer state in fp32 (the optimizer's `bytes_per_weight`: AdamW 16, Muon
-    12), as the mode holds them (`ParallelMode.state_bytes`: whole, or sharded with what it gathers), and the 10
-    n_embd values a token each block keeps for backward."""
-    act_bytes = 4 if train.dtype == "float32" else 2
-    activations = train.micro_batch * model.block_size * model.n_layer * 10 * model.n_embd * act_bytes
-    weights = matrix_params(model, vocab_size)
-    root = weights - model.n_layer * block_params(model)
-    return mode.state_bytes(weights, root, block_params(model), optimizer_kind(train).bytes_per_weight, processes,
-                            act_bytes) + activations
+    return model.n_layer * block_params(model) + heads * vocab_size * model.n_embd
 
 
 def block_params(model: GPTConfig) -> int:
-    """Weights in one block's matrices."""
-    return 12 * model.n_embd * model.n_embd
+    """Weights in one block's matrices: attention 4 n_embd^2; the MLP 8 n_embd^2 (GELU, ReLU^2) or 3 n_embd x its
+    hidden width (SwiGLU)."""
+    c = model.n_embd
+    mlp = 3 * c * model.swiglu_hidden if model.mlp == "swiglu" else 8 * c * c
+    return 4 * c * c + mlp
+
+
+def act_bytes(train: TrainConfig) -> int:
+    """Bytes a value autocast computes in: 4 under float32 (no autocast), 2 under bfloat16 or float16."""
+    return 4 if train.dtype == "float32" else 2
+
+
+def saved_per_token_block(model: GPTConfig, act: int) -> int:
+    """Bytes one block keeps for its backward per token, with autocast computing in `act` bytes (4: float32). Counted
+    tensor by tensor with saved-tensor hooks (bench/bench_memory.py prints the count beside this formula; a test holds
+    them equal): the residual stream stays fp32, so each norm keeps its fp32 input; c_attn's input, q, k, v, the
+    attention output (c_proj's input) and c_fc's input are kept at `act` bytes, and attention's logsumexp in fp32 a
+    head. GPT-2 under bf16: 36 n_embd + 16 + 4 n_head; under fp32: 64 n_embd + 16 + 4 n_head. torch.compile keeps as
+    much for GPT-2 and less for the modern switches (RMSNorm and QK-norm fused): this eager count bounds it."""
+    c, h = model.n_embd, model.n_head
+    n = 2 * 4 * c + 6 * act * c + 4 * h
+    # a LayerNorm keeps its mean and rstd; torch's RMSNorm (a composite on the CPU) its rstd and the normalised copy
+    n += 2 * (8 if model.norm == "layernorm" else 4 * c + 4)
+    # the MLP keeps its activation's input and c_proj's input; SwiGLU also the gate's SiLU (4 x its hidden width)
+    n += act * (4 * model.swiglu_hidden if model.mlp == "swiglu" else 2 * 4 * c)
+    if model.qk_norm:  # the normalised q and k and their fp32 intermediates (rotation included): measured
+        n += (24 - act) * c + 8 * h
+    elif model.pos_encoding == "rotary":  # each of q and k rotated: the rotated half-swap kept for the sine's product
+        n += 2 * act * c
+    return n
+
+
+def saved_per_token_outside(model: GPTConfig) -> int:
+    """Bytes a token keeps for backward outside the blocks: its id (int64), the final norm's fp32 input and
+    statistics, and the gradient of that norm's output the LM head's loss makes in its forward (fp32)."""
+    c = model.n_embd
+    return 8 + (4 * c + 8 if model.norm == "layernorm" else 8 * c + 4) + 4 * c
+
+
+def loss_working_bytes(model: GPTConfig, vocab_size: int, tokens: int, act: int, device_type: str) -> int:
+    """What the LM head's chunked loss (gptcore/model/lm_loss.py) holds at once besides what it keeps: one chunk's
+    fp32 logits, logsumexp's temporary and (under autocast) their gradient cast down, and the autocast copies of the
+    head and of the hidden states."""
+    rows = loss_chunk_rows(device_type, vocab_size, model.n_embd) or tokens
+    chunk = min(rows, tokens) * vocab_size
+    copies = act * (vocab_size * model.n_embd + tokens * model.n_embd) if act < 4 else 0
+    return chunk * (8 + (act if act < 4 else 0)) + copies
+
+
+def activation_bytes(model: GPTConfig, train: TrainConfig, vocab_size: int, mode: ParallelMode = MODES["ddp"],
+                     device_type: str = "cuda") -> int:
+    """What one micro-batch's forward holds at its end for its backward: the measured per-token terms
+    (`saved_per_token_block`, `saved_per_token_outside`); the head's fp32 gradient, which the LM loss makes in its
+    forward; under autocast the blocks' weights cast down once a step (none where the mode gathers them already cast:
+    a sharded mode); and the LM loss's working memory (`loss_working_bytes`)."""
+    act, tokens = act_bytes(train), train.micro_batch * model.block_size
+    saved = tokens * (model.n_layer * saved_per_token_block(model, act) + saved_per_token_outside(model))
+    copies = act * model.n_layer * block_params(model) if act < 4 and not mode.sharded else 0
+    head_grad = 4 * vocab_size * model.n_embd
+    return saved + head_grad + copies + loss_working_bytes(model, vocab_size, tokens, act, device_type)
+
+
+def train_bytes(model: GPTConfig, train: TrainConfig, vocab_size: int, processes: int = 1,
+                mode: ParallelMode = MODES["ddp"], device_type: str = "cuda") -> int:
+    """An estimate of one training process's peak memory in bytes under parallel `mode` with `processes` processes.
+    It holds the matrices with their gradients and optimizer state in fp32 (the optimizer's `bytes_per_weight`: AdamW
+    16, Muon 12), as the mode holds them (`ParallelMode.state_bytes`: whole, or sharded with what it gathers), and
+    what one micro-batch's forward keeps for backward (`activation_bytes`, measured). The gradients (4 bytes a weight)
+    exist from the first backward of a step on, so the peak is the larger of the forward's end without them and the
+    backward's end with them, unless gradient accumulation holds them through the later micro steps' forwards.
+    bench/bench_memory.py sets it beside measured peaks."""
+    weights, block, act = matrix_params(model, vocab_size), block_params(model), act_bytes(train)
+    root, per_weight = weights - model.n_layer * block, optimizer_kind(train).bytes_per_weight
+    state = mode.state_bytes(weights, root, block, per_weight, processes, act)
+    grads = state - mode.state_bytes(weights, root, block, per_weight - 4, processes, act)
+    activations = activation_bytes(model, train, vocab_size, mode, device_type)
+    if train.total_batch_tokens > train.micro_batch * model.block_size * processes:  # micro steps accumulate
+        return state + activations
+    return state - grads + max(grads, activations)
 
 
 def _cgroup_room() -> int | None:
@@ -86,7 +148,7 @@ def check_fits(model: ModelConfig, train: TrainConfig, vocab_size: int, device: 
     if free is None:  # a loaded model's weights are known to fit; MPS cannot tell
         return
     sharing = processes if device.type == "cpu" else 1  # CPU processes share one RAM
-    need = train_bytes(model, train, vocab_size, processes, mode)
+    need = train_bytes(model, train, vocab_size, processes, mode, device.type)
     if need * sharing <= free:
         return
     weights = matrix_params(model, vocab_size) / 1e6
@@ -96,10 +158,10 @@ def check_fits(model: ModelConfig, train: TrainConfig, vocab_size: int, device: 
            if sharing > 1 else f"{device} has")
     said = (f"params.yaml model.n_layer={model.n_layer}, model.n_embd={model.n_embd}, "
             f"train.micro_batch={train.micro_batch}, model.block_size={model.block_size}: training with "
-            f"train.parallel={mode.name} needs at least {need / GIB:,.1f} GiB a process ({held}, and the activations "
+            f"train.parallel={mode.name} needs about {need / GIB:,.1f} GiB a process ({held}, and the activations "
             f"of one micro-batch); {has} {free / GIB:,.1f} GiB free")
     for other in (m for m in MODES.values() if m.sharded and not mode.sharded and processes > 1):
-        sharded = train_bytes(model, train, vocab_size, processes, other)
+        sharded = train_bytes(model, train, vocab_size, processes, other, device.type)
         if sharded * sharing <= free:
             raise UserError(f"{said}. With train.parallel: {other.name} each of the {processes} processes would hold "
                             f"1/{processes} of the weights, gradients and optimizer state and need about "
