@@ -65,8 +65,8 @@ class TrainConfig(Section):
     dtype: str = param(**DTYPE_RULES)
     compile: bool = param(False, "torch.compile the model", resume_ok=True)
     parallel: str = param("ddp", "ddp (every process holds the whole model) | fsdp (FSDP2: weights, gradients and "
-                                 "optimizer state sharded over the processes): gptcore/train/parallel.py",
-                          resume_ok=True)
+                                 "optimizer state sharded over the processes) | hsdp (sharded inside a node, "
+                                 "replicated across nodes): gptcore/train/parallel.py", resume_ok=True)
     seed: int = param(1337, "seed of the initial weights, dropout and shuffling", min=0)
     eval_every: int = param(REQUIRED, "evaluate every this many steps (0: only at the end)", min=0, resume_ok=True)
     val_tokens: int | None = param(None, "val loss over at most the first val_tokens tokens of the val split (null: "
