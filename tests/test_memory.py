@@ -175,9 +175,9 @@ def test_fsdp_at_two_ranks_holds_at_most_0_6_of_ddp_and_the_estimate_is_within_a
     from bench import bench_parallel
 
     args = bench_parallel.main_args(["--n-layer", "8", "--n-embd", "640", "--n-head", "10", "--steps", "2",
-                                     "--warmup", "2"])
+                                     "--warmup", "2", "--nproc", "2", "--nodes", "1"])
     worst = {}
-    for mode in bench_parallel.MODES:
+    for mode in ("ddp", "fsdp"):
         ranks = bench_parallel.launch(args, mode)
         worst[mode] = max(ranks, key=lambda r: r["peak"])
         for r in ranks:
