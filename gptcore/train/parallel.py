@@ -14,7 +14,8 @@ a row in MODES.
 - hsdp: fsdp inside each node, replicated across nodes (FSDP2 on a 2-D device mesh, (replicate, shard)): a node's
   processes (torchrun's LOCAL_WORLD_SIZE) shard the model among themselves, as fsdp does, and every node holds the
   same shards. A step's gathers and reduce-scatters stay inside a node (NVLink); across nodes only the gradient
-  shards are all-reduced, 1/(a node's processes) of ddp's all-reduce. On one node it is fsdp.
+  shards are all-reduced, once a step (the micro steps' reduce-scattered shards add up until the last), each
+  1/(a node's processes) of ddp's all-reduce. On one node it is fsdp.
 """
 from __future__ import annotations
 
@@ -186,12 +187,28 @@ class HSDP(FSDP):
             raise RuntimeError(f"hsdp: ranks are not numbered node by node ({layout}): no mesh row is one node")
         return init_device_mesh(device.type, (world // node, node), mesh_dim_names=("replicate", "shard"))
 
+    def no_sync(self, module: nn.Module, last_micro: bool) -> ContextManager:
+        """Each micro step reduce-scatters its gradients inside the node, as fsdp; FSDP adds the shards up and
+        all-reduces them across nodes on the last micro step only, once a step."""
+        return _all_reduce_across_nodes(module, last_micro) if is_sharded(module) else nullcontext()
+
 
 MODES: dict[str, ParallelMode] = {
     "ddp": DDP(),
     "fsdp": FSDP(),
     "hsdp": HSDP(),
 }
+
+
+@contextmanager
+def _all_reduce_across_nodes(module: nn.Module, now: bool) -> Iterator[None]:
+    """Around one micro step's backward of an HSDP module: its gradient shards all-reduced across the replicas now,
+    or kept and added to the next micro step's (FSDP's own accumulation)."""
+    module.set_requires_all_reduce(now)
+    try:
+        yield
+    finally:
+        module.set_requires_all_reduce(True)
 
 
 def parallel_mode(train: TrainConfig) -> ParallelMode:
