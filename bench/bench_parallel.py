@@ -1,10 +1,12 @@
-"""ddp against fsdp at two gloo ranks on the CPU: each rank's peak memory and the step time, and the estimate
-gptcore/train/memory.py makes before allocating, against the measured peak.
+"""ddp, fsdp and hsdp at 4 gloo ranks on the CPU, as 2 nodes of 2: each rank's peak memory and the step time, and the
+estimate gptcore/train/memory.py makes before allocating, against the measured peak.
 
-A round launches the two ranks once per mode, the modes taking turns (ddp, fsdp, ddp, fsdp, ...), so a drift of the
-machine lands on both alike. In a launch each rank builds the same GPT (the trainer's own path: Trainer with
-train.parallel ddp or fsdp, AdamW, fp32 or --dtype bfloat16), steps it --warmup untimed steps then --steps timed
-ones on random tokens, and reports:
+A launch starts one torchrun agent a node (`--nodes`, each of `--nproc / --nodes` ranks) meeting at a c10d rendezvous
+on this machine, as two nodes would; torchrun gives each rank its node's size (LOCAL_WORLD_SIZE), so hsdp shards over
+a node's 2 ranks and replicates across the 2 nodes, where fsdp shards over all 4. A round launches once per mode, the
+modes taking turns (ddp, fsdp, hsdp, ddp, ...), so a drift of the machine lands on all alike. In a launch each rank
+builds the same GPT (the trainer's own path: Trainer with train.parallel ddp, fsdp or hsdp, AdamW, fp32 or --dtype
+bfloat16), steps it --warmup untimed steps then --steps timed ones on random tokens, and reports:
 - peak: the most its resident memory reached during the steps (Linux's high-water mark, reset once the model and
   trainer are built), less what the process held before the model existed: what training adds. Two steps of a
   one-block model in the same mode come first, so that what any first step loads (modules imported on first use,
@@ -13,11 +15,13 @@ ones on random tokens, and reports:
   held;
 - the step time, the median of its timed steps;
 - memory.train_bytes' estimate for that rank, made from the params alone.
-A round's figure of a mode is the worse of its two ranks. Each figure printed is the median over rounds with the
-range (min-max), and the fsdp/ddp ratios the medians of the per-round ratios. Not controlled: other work on the
-machine (the two ranks share its cores with it), the allocator's own rounding, the kernel's page accounting.
+A round's figure of a mode is the worse of its ranks. Each figure printed is the median over rounds with the range
+(min-max), and the ratios to ddp the medians of the per-round ratios. Not controlled: other work on the machine (the
+ranks share its cores with it), the allocator's own rounding, the kernel's page accounting. The "nodes" share one
+machine: the step times say nothing of a network between nodes.
 
-    python bench/bench_parallel.py                  # 16 blocks of 512 wide, 5 rounds of each mode, a few minutes
+    python bench/bench_parallel.py                  # 16 blocks of 512 wide, 4 ranks as 2 nodes, 5 rounds a mode
+    python bench/bench_parallel.py --nproc 2 --nodes 1 --modes ddp fsdp   # the earlier figures: one node of 2
     python bench/bench_parallel.py --tiny           # 8 blocks of 64 wide, 2 rounds: checks the script runs (CI)
 """
 from __future__ import annotations
@@ -26,6 +30,7 @@ import argparse
 import gc
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -40,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from bench.rounds import fmt, ratios  # noqa: E402
 
 GIB = 1 << 30
-MODES = ("ddp", "fsdp")  # the rows, as gptcore.train.parallel.MODES names them (imported only in a worker)
+MODES = ("ddp", "fsdp", "hsdp")  # the rows, as gptcore.train.parallel.MODES names them (imported only in a worker)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -114,15 +119,36 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace, mode: str) -> list[dict[str, Any]]:
-    """One launch of `--nproc` ranks in `mode`; every rank's figures."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+    """One launch of `--nproc` ranks in `mode`, as `--nodes` nodes (one torchrun agent each); every rank's figures."""
+    if args.nproc % args.nodes:
+        raise SystemExit(f"--nproc {args.nproc} does not split into --nodes {args.nodes} nodes of as many ranks")
+    where = ["--standalone"] if args.nodes == 1 else [
+        f"--nnodes={args.nodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+        f"--rdzv_id=bench-{mode}"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc_per_node={args.nproc // args.nodes}",
            str(Path(__file__).resolve()), "--worker", "--parallel", mode, *shape_args(args)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "131072"}
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-    if out.returncode or not lines:
-        raise SystemExit(f"the {mode} launch failed (exit {out.returncode}):\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
+    agents = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for _ in range(args.nodes)]
+    try:
+        outs = [a.communicate(timeout=1200) for a in agents]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                a.kill()
+                a.wait()
+    lines = [ln for out, _ in outs for ln in out.splitlines() if ln.startswith("RESULT ")]
+    if any(a.returncode for a in agents) or not lines:
+        said = "".join(out[-3000:] + err[-3000:] for out, err in outs)
+        raise SystemExit(f"the {mode} launch failed (exits {[a.returncode for a in agents]}):\n{said}")
     return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for the rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def shape_args(args: argparse.Namespace) -> list[str]:
@@ -132,9 +158,9 @@ def shape_args(args: argparse.Namespace) -> list[str]:
 
 def measure(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     """--rounds rounds, the modes taking turns; per mode, per round: the worse rank's peak, step time, estimate."""
-    out = {m: {"peak": [], "step_s": [], "estimate": []} for m in MODES}
+    out = {m: {"peak": [], "step_s": [], "estimate": []} for m in args.modes}
     for r in range(args.rounds):
-        for mode in MODES:
+        for mode in args.modes:
             ranks = launch(args, mode)
             worst = max(ranks, key=lambda x: x["peak"])
             for key in out[mode]:
@@ -144,9 +170,10 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
 
 
 def report(args: argparse.Namespace, figures: dict[str, dict[str, list[float]]]) -> None:
-    """The table: each mode's peak, estimate and step time (medians with ranges), then fsdp / ddp."""
+    """The table: each mode's peak, estimate and step time (medians with ranges), then each mode against ddp."""
     params = 12 * args.n_embd ** 2 * args.n_layer + args.vocab * args.n_embd
-    print(f"{args.nproc} gloo ranks on the CPU, 1 thread each; {args.n_layer} blocks x {args.n_embd} wide "
+    nodes = f" as {args.nodes} nodes of {args.nproc // args.nodes}" if args.nodes > 1 else ""
+    print(f"{args.nproc} gloo ranks on the CPU{nodes}, 1 thread each; {args.n_layer} blocks x {args.n_embd} wide "
           f"({params / 1e6:.1f}M matrix weights), block {args.block_size}, micro batch {args.micro_batch}, "
           f"{args.dtype}, AdamW; {args.steps} timed steps a launch after {args.warmup}; {args.rounds} rounds")
     print(f"{'mode':5} {'peak MiB (training adds)':>26} {'estimate MiB':>14} {'estimate / peak':>17} "
@@ -155,8 +182,9 @@ def report(args: argparse.Namespace, figures: dict[str, dict[str, list[float]]])
         share, estimate = ratios(f["estimate"], f["peak"]), statistics.median(f["estimate"]) / (1 << 20)
         print(f"{mode:5} {fmt(f['peak'], '.0f', 1 / (1 << 20)):>26} {estimate:14.0f} {fmt(share, '.2f'):>17} "
               f"{fmt(f['step_s'], '.0f', 1e3):>22}")
-    print(f"fsdp / ddp: peak {fmt(ratios(figures['fsdp']['peak'], figures['ddp']['peak']), '.2f')}, step time "
-          f"{fmt(ratios(figures['fsdp']['step_s'], figures['ddp']['step_s']), '.2f')}")
+    for mode in (m for m in figures if m != "ddp" and "ddp" in figures):
+        print(f"{mode} / ddp: peak {fmt(ratios(figures[mode]['peak'], figures['ddp']['peak']), '.2f')}, step time "
+              f"{fmt(ratios(figures[mode]['step_s'], figures['ddp']['step_s']), '.2f')}")
 
 
 def main_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -173,7 +201,9 @@ def main_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=4, help="timed steps a launch")
     ap.add_argument("--warmup", type=int, default=2, help="untimed first steps (the optimizer state appears)")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--nproc", type=int, default=4, help="ranks in all")
+    ap.add_argument("--nodes", type=int, default=2, help="torchrun agents (nodes) the ranks are split over")
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="the rows, in this order")
     ap.add_argument("--tiny", action="store_true", help="8 blocks of 64 wide, 2 rounds: checks the script runs")
     ap.add_argument("--json", action="store_true", help="print the per-round figures as JSON too")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -82,12 +82,14 @@ def test_bench_gpu_tiny():
 
 @pytest.mark.slow
 def test_bench_parallel_tiny():
-    """ddp against fsdp at two gloo ranks: each mode's peak, estimate and step time, medians with their ranges."""
+    """ddp, fsdp and hsdp at 4 gloo ranks as 2 nodes of 2: each mode's peak, estimate and step time, medians with
+    their ranges, and each against ddp."""
     out = run_bench("bench_parallel.py", "--tiny")
-    assert "2 gloo ranks on the CPU" in out and "2 rounds" in out
-    rows = {line.split()[0]: line for line in out.splitlines() if re.match(r"(ddp|fsdp) +\d", line)}
-    assert set(rows) == {"ddp", "fsdp"} and all(re.search(r"\d+ \(\d+-\d+\)", r) for r in rows.values())
-    assert re.search(r"fsdp / ddp: peak [\d.]+ \([\d.]+-[\d.]+\), step time", out)
+    assert "4 gloo ranks on the CPU as 2 nodes of 2" in out and "2 rounds" in out
+    rows = {line.split()[0]: line for line in out.splitlines() if re.match(r"(ddp|fsdp|hsdp) +\d", line)}
+    assert set(rows) == {"ddp", "fsdp", "hsdp"} and all(re.search(r"\d+ \(\d+-\d+\)", r) for r in rows.values())
+    for mode in ("fsdp", "hsdp"):
+        assert re.search(rf"{mode} / ddp: peak [\d.]+ \([\d.]+-[\d.]+\), step time", out)
 
 
 @pytest.mark.slow

@@ -1,8 +1,10 @@
 """Every command in README.md and docs/*.md, checked against the code: params and presets, modules and files,
 console scripts, dvc subcommands, torchrun and lm_eval, each with its flags (parsed by the tool's own argparse, run
-no further). A command marked `# needs: gpu` or `# needs: hub` (on its line, or on a comment line before it in the
-block: `(needs: gpu)`) is checked only so; the test says which commands must carry which mark. The cheap commands
-are also run here: the console scripts' `--help` and the table command on a small fixture.
+no further), and sbatch's scripts (there, parsed by bash, their torchrun line by torchrun's argparse; sbatch's own
+options by its --help, where SLURM is installed). A command marked `# needs: gpu` or `# needs: hub` (on its line, or
+on a comment line before it in the block: `(needs: gpu)`) is checked only so; the test says which commands must carry
+which mark. The cheap commands are also run here: the console scripts' `--help` and the table command on a small
+fixture.
 
 README's preset table is checked against conf/preset/ both ways."""
 from __future__ import annotations
@@ -12,8 +14,10 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import warnings
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
@@ -36,7 +40,7 @@ SCRIPTS = dict(re.findall(r'^(gptcore-[\w-]+) = "([\w.:]+)"$', (ROOT / "pyprojec
 STAGES = tuple(yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"])
 KEYS = {f"{s.section}.{k}" for s in SECTIONS for k in s.params()} | {"preset"}
 SHELL_LANGS = {"bash", "sh", "shell", "console"}
-COMMAND_START = re.compile(r"^(\$ |python3? |dvc |gptcore-|torchrun |pip |lm_eval |lm-eval )")
+COMMAND_START = re.compile(r"^(\$ |python3? |dvc |gptcore-|torchrun |pip |lm_eval |lm-eval |sbatch )")
 PARAM_REF = re.compile(r"(?<![\w.$/{-])\+?((?:fetch|tokenize|model|train|eval|compare)\.[A-Za-z_]+)=")
 NEEDS = re.compile(r"needs: ([a-z, ]+)")
 
@@ -240,6 +244,33 @@ def check_torchrun(argv: list[str]) -> None:
     assert "-m" in argv and util.find_spec(argv[argv.index("-m") + 1]) is not None
 
 
+def check_sbatch(argv: list[str]) -> None:
+    """A batch script of the repository, which bash parses; the torchrun it runs, whose flags torchrun's argparse
+    takes (each shell variable standing for a value); sbatch's options, by its own --help where it is installed."""
+    script = ROOT / argv[-1]
+    assert script.is_file(), f"no file {argv[-1]}"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, f"{argv[-1]} does not parse"
+    text = re.sub(r"\\\n\s*", " ", script.read_text(encoding="utf-8"))
+    runs = [ln[ln.index("torchrun"):].split(" &")[0] for ln in text.splitlines() if re.search(r"\btorchrun --", ln)]
+    assert runs, f"{argv[-1]}: no torchrun line"
+    for line in runs:
+        check_torchrun(shlex.split(re.sub(r"\$\{?\w+\}?", "1", line)))
+    if shutil.which("sbatch"):  # the command's options and the script's #SBATCH lines, as sbatch parses them
+        said = sbatch_parses(argv[1:-1] + re.findall(r"^#SBATCH (\S+)", text, re.M))
+        assert not said, said
+
+
+def sbatch_parses(options: list[str]) -> str:
+    """'' when sbatch's own parser takes `options` (then --help stops it; it wants a slurm.conf, and a one-node one
+    will do), else what it said."""
+    with tempfile.TemporaryDirectory() as d:
+        conf = Path(d) / "slurm.conf"
+        conf.write_text("ClusterName=docs\nSlurmctldHost=localhost\nNodeName=localhost\nPartitionName=p Nodes=ALL\n")
+        out = subprocess.run(["sbatch", *options, "--help"], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "SLURM_CONF": str(conf)})
+    return "" if out.returncode == 0 else out.stderr.strip()
+
+
 def check_lm_eval(argv: list[str]) -> None:
     from lm_eval._cli import HarnessCLI
 
@@ -272,6 +303,8 @@ def check(cmd: Command) -> None:
         check_lm_eval(argv)
     elif tool == "pip":
         check_pip(argv)
+    elif tool == "sbatch":
+        check_sbatch(argv)
     elif tool == "bash" and len(argv) == 2:  # a script of the repository: there, and it parses
         assert (ROOT / argv[1]).is_file(), f"no file {argv[1]}"
         assert subprocess.run(["bash", "-n", str(ROOT / argv[1])]).returncode == 0, f"{argv[1]} does not parse"
@@ -289,7 +322,7 @@ def test_the_docs_have_commands_to_check():
     texts = {c.text for c in COMMANDS}
     assert len(COMMANDS) > 60
     assert "dvc exp run -S preset=smoke" in texts
-    assert any(t.startswith("torchrun --nnodes=2 --node_rank=1") for t in texts)
+    assert "sbatch --nodes=2 --gpus-per-node=8 slurm/train.sbatch" in texts
     assert any(t.startswith("python -m stages.train") for t in texts)  # a `$ ` line of a block without language
     assert any("--sort preset model.mlp train.max_lr" in t for t in texts)  # `$T ...`, continued on the next line
 
@@ -299,7 +332,8 @@ def test_the_checks_catch_a_renamed_param_flag_script_or_preset():
     for text in ("dvc exp run -S train.max_lrate=1e-3", "dvc exp run -S preset=gpt2_125m", "dvc exp rnu",
                  "dvc exp run --bogus", "gptcore-sampler --model model", "gptcore-sample --num-sample 2",
                  "python -m stages.trian", "python bench/bench_nothing.py", "torchrun --nnode=2 -m stages.train",
-                 "lm_eval --model hf --task hellaswag", "for x in a:train.max_lrr=1; do", "dvc repro evaluation"):
+                 "lm_eval --model hf --task hellaswag", "for x in a:train.max_lrr=1; do", "dvc repro evaluation",
+                 "sbatch slurm/train.sbtach"):
         with pytest.raises((AssertionError, pytest.fail.Exception)):
             check(Command("t", 1, text, frozenset()))
 
@@ -319,7 +353,9 @@ def needs_of(argv: list[str]) -> set[str]:
         if key.count(".") == 1 and key.split(".")[0] in p:
             p[key.split(".")[0]][key.split(".")[1]] = yaml.safe_load(value)
     out = set()
-    if p["train"]["nproc"] > 1 or str(p["train"]["device"]).startswith("cuda"):
+    targets = [w for w in argv[3:] if w in STAGES]  # `dvc exp run ... tokenize`: those stages and what they need
+    trains = not targets or any(STAGES.index(t) >= STAGES.index("train") for t in targets)
+    if trains and (p["train"]["nproc"] > 1 or str(p["train"]["device"]).startswith("cuda")):
         out.add("gpu")
     hub_weights = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
     if (p["fetch"]["source"] == "hub" or p["model"]["init_from"] in hub_weights or p["eval"]["model"] in hub_weights

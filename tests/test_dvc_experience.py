@@ -133,14 +133,14 @@ FAMILY = {"gpt2_350m": ((24, 16, 1024), 64, 524288, 60000, 3e-4, 0.0, 700),
 def test_the_larger_gpt2_presets_are_llm_c_s_recipes_on_fineweb_edu(preset):
     """The shape, batch, steps and rates of llm.c's run of that size; everything else the 124M reproduction's, but
     the data (sample-100BT: 31.5B to 150B tokens), the shuffled order (llm.c's loader shuffles; build-nanogpt's, which
-    the 124M preset follows, does not) and, for XL, train.parallel fsdp."""
+    the 124M preset follows, does not) and, for XL, train.parallel hsdp (fsdp inside a node)."""
     shape, micro, tokens, steps, lr, min_lr, warmup = FAMILY[preset]
     _, p = compose(f"preset={preset}")
     _, base = compose("preset=gpt2_124m")
     assert (p["model"]["n_layer"], p["model"]["n_head"], p["model"]["n_embd"]) == shape
     assert (p["train"]["micro_batch"], p["train"]["total_batch_tokens"], p["train"]["max_steps"], p["train"]["max_lr"],
             p["train"]["min_lr_ratio"], p["train"]["warmup_steps"]) == (micro, tokens, steps, lr, min_lr, warmup)
-    assert p["train"]["parallel"] == ("fsdp" if preset == "gpt2_1558m" else "ddp")
+    assert p["train"]["parallel"] == ("hsdp" if preset == "gpt2_1558m" else "ddp")
     assert p["fetch"] == {**base["fetch"], "config": "sample-100BT"}
     assert p["tokenize"] == base["tokenize"] and p["eval"] == base["eval"]
     same = {k for k in base["train"] if base["train"][k] == p["train"][k]}
@@ -161,7 +161,7 @@ def test_each_openai_baseline_differs_from_its_reproduction_only_where_it_must(p
                 ("train", "warmup_steps"): (700, 0), ("train", "compile"): (True, False),
                 ("train", "tasks"): (["hellaswag"], []), ("eval", "model"): ("checkpoint", weights)}
     if preset == "gpt2_1558m":
-        expected[("train", "parallel")] = ("fsdp", "ddp")  # one process: nothing to shard
+        expected[("train", "parallel")] = ("hsdp", "ddp")  # one process: nothing to shard
     assert diff == expected
 
 

@@ -65,8 +65,8 @@ class TrainConfig(Section):
     dtype: str = param(**DTYPE_RULES)
     compile: bool = param(False, "torch.compile the model", resume_ok=True)
     parallel: str = param("ddp", "ddp (every process holds the whole model) | fsdp (FSDP2: weights, gradients and "
-                                 "optimizer state sharded over the processes): gptcore/train/parallel.py",
-                          resume_ok=True)
+                                 "optimizer state sharded over the processes) | hsdp (sharded inside a node, "
+                                 "replicated across nodes): gptcore/train/parallel.py", resume_ok=True)
     # the bounds on every wait for another rank (docs/resume-and-failures.md), as torchtitan's init and train timeouts
     init_timeout: float = param(900.0, "seconds a rank of several may take to start: to join the others, read the data "
                                        "and the starting weights and finish its first step (its compile included)",

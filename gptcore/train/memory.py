@@ -152,8 +152,9 @@ def check_fits(model: ModelConfig, train: TrainConfig, vocab_size: int, device: 
     if need * sharing <= free:
         return
     weights = matrix_params(model, vocab_size) / 1e6
-    held = (f"1/{processes} of {weights:,.0f}M weights with their gradients and optimizer state, the blocks it "
-            f"gathers" if mode.sharded else f"{weights:,.0f}M weights with their gradients and optimizer state")
+    held = (f"1/{mode.shards(processes)} of {weights:,.0f}M weights with their gradients and optimizer state, the "
+            f"blocks it gathers" if mode.sharded else
+            f"{weights:,.0f}M weights with their gradients and optimizer state")
     has = (f"the {processes} processes on the cpu need {need * sharing / GIB:,.1f} GiB together and it has"
            if sharing > 1 else f"{device} has")
     said = (f"params.yaml model.n_layer={model.n_layer}, model.n_embd={model.n_embd}, "
@@ -164,8 +165,8 @@ def check_fits(model: ModelConfig, train: TrainConfig, vocab_size: int, device: 
         sharded = train_bytes(model, train, vocab_size, processes, other, device.type)
         if sharded * sharing <= free:
             raise UserError(f"{said}. With train.parallel: {other.name} each of the {processes} processes would hold "
-                            f"1/{processes} of the weights, gradients and optimizer state and need about "
-                            f"{sharded / GIB:,.1f} GiB: set train.parallel: {other.name}")
+                            f"1/{other.shards(processes)} of the weights, gradients and optimizer state and need "
+                            f"about {sharded / GIB:,.1f} GiB: set train.parallel: {other.name}")
     sharded = ", ".join(m.name for m in MODES.values() if m.sharded)
     more = f", or shard it over more GPUs (train.nproc, train.parallel: {sharded})" if sharing == 1 and processes == 1 \
         else ""

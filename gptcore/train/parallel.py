@@ -11,9 +11,15 @@ a row in MODES.
   and their gradients reduce-scattered in fp32; the root (embeddings, final norm, head) stays fp32, so the residual
   stream is fp32 and autocast does the rest, as in a ddp run. Only a block's norm gains and biases then differ from
   ddp's bf16 run: they are rounded to bf16 where ddp reads them in fp32.
+- hsdp: fsdp inside each node, replicated across nodes (FSDP2 on a 2-D device mesh, (replicate, shard)): a node's
+  processes (torchrun's LOCAL_WORLD_SIZE) shard the model among themselves, as fsdp does, and every node holds the
+  same shards. A step's gathers and reduce-scatters stay inside a node (NVLink); across nodes only the gradient
+  shards are all-reduced, once a step (the micro steps' reduce-scattered shards add up until the last), each
+  1/(a node's processes) of ddp's all-reduce. On one node it is fsdp.
 """
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager, nullcontext
 from typing import Any, ContextManager, Iterable, Iterator
 
@@ -25,7 +31,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
 
-from gptcore.distributed import DistEnv
+from gptcore.distributed import DistEnv, all_gather_objects
 from gptcore.model.gpt import GPT, GPTConfig
 from gptcore.params import ParamError, choose
 from gptcore.train.config import TrainConfig
@@ -57,6 +63,10 @@ class ParallelMode:
     def no_sync(self, module: nn.Module, last_micro: bool) -> ContextManager:
         """Around one micro step's forward and backward: what holds gradients back until the last (nothing here)."""
         return nullcontext()
+
+    def shards(self, processes: int) -> int:
+        """Into how many shards the state is cut when `processes` processes train (1: each holds it whole)."""
+        return 1
 
     def whole_state(self, model: GPT) -> dict[str, torch.Tensor] | None:
         """The whole weights: on rank 0 its state_dict, None elsewhere (a collective where the weights are sharded)."""
@@ -102,14 +112,18 @@ class FSDP(ParallelMode):
     def check(self, train: TrainConfig, device: torch.device | None) -> None:
         """fsdp computes in bf16 or fp32: float16's loss scaling is not sharded here."""
         if train.dtype == "float16":
-            raise ParamError("train.dtype", train.dtype, "with train.parallel fsdp needs bfloat16 or float32 "
-                                                         "(float16's loss scaling is not sharded here): set "
-                                                         "train.dtype: bfloat16, or train.parallel: ddp")
+            raise ParamError("train.dtype", train.dtype, f"with train.parallel {self.name} needs bfloat16 or float32 "
+                                                         f"(float16's loss scaling is not sharded here): set "
+                                                         f"train.dtype: bfloat16, or train.parallel: ddp")
         if device is not None and device.type == "cuda" and train.dtype == "bfloat16" \
                 and not torch.cuda.is_bf16_supported():  # bf16 would fall back to float16 there
             raise ParamError("train.parallel", train.parallel, f"{device} has no bf16, and float16's loss scaling is "
                                                                f"not sharded here: set train.dtype: float32, or "
                                                                f"train.parallel: ddp")
+
+    def shards(self, processes: int) -> int:
+        """Every process holds its own shard."""
+        return processes
 
     def mesh(self, device: torch.device) -> Any:
         """The device mesh the model is sharded over: every process of the default group, in one dimension."""
@@ -144,13 +158,57 @@ class FSDP(ParallelMode):
                     act_bytes: int) -> int:
         """A 1/processes shard of the state, plus what it gathers: the root's matrices (fp32 weights and gradients),
         and a block's weights and gradients, twice, as the next block's gather overlaps the current one."""
-        return -(-weights * bytes_per_weight // processes) + 8 * root + 2 * 2 * act_bytes * block
+        return -(-weights * bytes_per_weight // self.shards(processes)) + 8 * root + 2 * 2 * act_bytes * block
+
+
+class HSDP(FSDP):
+    """train.parallel hsdp: fsdp over each node's processes, the shards replicated across nodes."""
+
+    name = "hsdp"
+    about = " (hsdp: weights, gradients and optimizer state sharded inside a node, replicated across nodes)"
+
+    def shards(self, processes: int) -> int:
+        """A node's processes: torchrun's LOCAL_WORLD_SIZE (all `processes` where it is not set: one node)."""
+        return min(processes, int(os.environ.get("LOCAL_WORLD_SIZE", processes)))
+
+    def mesh(self, device: torch.device) -> Any:
+        """A 2-D mesh, (replicate, shard): a row is a node's processes. torchrun numbers ranks node by node (global
+        rank = node rank x node size + local rank), so the rows are the nodes where every node runs as many ranks;
+        nodes of different sizes are refused, since no row would be one node."""
+        world, node = dist.get_world_size(), self.shards(dist.get_world_size())
+        layout = all_gather_objects((node, int(os.environ.get("LOCAL_RANK", "0"))))
+        sizes = sorted({size for size, _ in layout})
+        if len(sizes) > 1 or world % node:
+            raise ParamError("train.parallel", self.name, f"needs as many processes on every node, found "
+                                                          f"{', '.join(map(str, sizes))} on the {world} processes' "
+                                                          f"nodes: start the same number on each, or set "
+                                                          f"train.parallel: fsdp")
+        if any(rank % node != local for rank, (_, local) in enumerate(layout)):
+            raise RuntimeError(f"hsdp: ranks are not numbered node by node ({layout}): no mesh row is one node")
+        return init_device_mesh(device.type, (world // node, node), mesh_dim_names=("replicate", "shard"))
+
+    def no_sync(self, module: nn.Module, last_micro: bool) -> ContextManager:
+        """Each micro step reduce-scatters its gradients inside the node, as fsdp; FSDP adds the shards up and
+        all-reduces them across nodes on the last micro step only, once a step."""
+        return _all_reduce_across_nodes(module, last_micro) if is_sharded(module) else nullcontext()
 
 
 MODES: dict[str, ParallelMode] = {
     "ddp": DDP(),
     "fsdp": FSDP(),
+    "hsdp": HSDP(),
 }
+
+
+@contextmanager
+def _all_reduce_across_nodes(module: nn.Module, now: bool) -> Iterator[None]:
+    """Around one micro step's backward of an HSDP module: its gradient shards all-reduced across the replicas now,
+    or kept and added to the next micro step's (FSDP's own accumulation)."""
+    module.set_requires_all_reduce(now)
+    try:
+        yield
+    finally:
+        module.set_requires_all_reduce(True)
 
 
 def parallel_mode(train: TrainConfig) -> ParallelMode:
