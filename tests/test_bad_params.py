@@ -44,6 +44,8 @@ CASES = [
     ("train", "train", "micro_batch", -8, "train.micro_batch=-8: must be an integer >= 1"),
     ("train", "train", "total_batch_tokens", -256, "train.total_batch_tokens=-256: must be an integer >= 1"),
     ("train", "train", "total_batch_tokens", 300, "train.total_batch_tokens=300: must be a multiple of"),
+    ("train", "train", "nproc", 4, "train.total_batch_tokens=256: must be a multiple of train.micro_batch * "
+                                   "model.block_size * processes = 4 * 32 * 4 = 512; -S train.micro_batch=2 fits"),
     ("train", "train", "keep_checkpoints", 0, "train.keep_checkpoints=0: must be an integer >= 1"),
     ("train", "train", "nproc", SHELL, f"train.nproc={SHELL!r}: must be an integer >= 1"),
     ("train", "train", "nproc", 0, "train.nproc=0: must be an integer >= 1"),

@@ -127,11 +127,11 @@ class Trainer:
 
     @classmethod
     def build(cls, model_cfg: ModelConfig, cfg: TrainConfig, data: ShardSet, ckpt_dir: Path, live_dir: Path,
-              preset: dict[str, Any] | None = None) -> tuple[Trainer, list[str]]:
+              presets: run_folder.Presets | None = None) -> tuple[Trainer, list[str]]:
         """A run wired from its sections and its data: this process's place in the process group, the starting
         weights, the loader, the evaluators, the step logger, and the checkpoint to resume from (a collective: rank 0
-        decides, moving a previous run aside); also what resuming decided, as lines to show. `preset`: the preset's
-        values by dotted key (config.preset_values), so a replaced run's note names the -S it lost."""
+        decides, moving a previous run aside); also what resuming decided, as lines to show. `presets`: what each
+        preset composes to and this run's, so a replaced run's note names a preset switch, or the -S it lost."""
         env = distributed.setup(cfg.device, key="train.device")
         model = init_model(model_cfg, data.vocab_size, seed=cfg.seed)
         loader = TokenLoader(data.splits["train"], cfg.micro_batch, model.config.block_size, cfg.total_batch_tokens,
@@ -139,7 +139,7 @@ class Trainer:
         evaluators = training_evaluators(cfg, data, live_dir / "samples", model.config.block_size, env,
                                          resolve_dtype(cfg.dtype, env.device), echo=tqdm.write)
         run_params = fingerprint_params(model_cfg, cfg, data.record())
-        resume, notes = run_folder.prepare_resume(ckpt_dir, run_params, env.is_main, also=[live_dir], preset=preset)
+        resume, notes = run_folder.prepare_resume(ckpt_dir, run_params, env.is_main, also=[live_dir], presets=presets)
         samples_folder(live_dir / "samples", cfg.samples, env.is_main)  # after a previous run's moved aside
         sinks = wandb_sinks(cfg, {"model": asdict(model_cfg), "train": asdict(cfg)}, env.is_main)
         keep_to = resume["step"] if resume else None  # the curves after a checkpoint's step are redone on resume
