@@ -364,6 +364,10 @@ USER_CASES = [
          set_param("eval", "cloze_examples", 10**6)),
     Case("GPT-2 weights offline", stage("train"), "model 'gpt2': cannot fetch openai-community/gpt2 from the Hugging "
          "Face hub", set_param("model", "init_from", "gpt2"), env=no_network),
+    Case("FineWeb-Edu offline (fetch)", stage("fetch"), "then run again with -S fetch.source=local -S "
+         "fetch.path=data/local/fineweb-edu (not an edit of params.yaml",
+         set_params(fetch__source="hub", fetch__name="HuggingFaceFW/fineweb-edu", fetch__config="sample-10BT"),
+         env=no_network),
     Case("HellaSwag offline (evaluate)", stage("evaluate"), "or set eval.hellaswag_path to a local copy",
          set_param("eval", "tasks", ["hellaswag"]), env=no_network),
     Case("HellaSwag offline (train)", stage("train"), "or set train.hellaswag_path to a local copy",

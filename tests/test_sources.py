@@ -397,7 +397,9 @@ def test_unreachable_hub_fails_fast_with_local_instructions(tmp_path):
         fetch(HUB, tmp_path / "raw", transport=Offline(tmp_path))
     msg = str(e.value)
     assert "Name or service not known" in msg
-    assert "sample/10BT/*" in msg and "source: local" in msg and "data/local/fineweb-edu" in msg
+    assert "sample/10BT/*" in msg and msg.endswith("then run again with -S fetch.source=local -S "
+                                                   "fetch.path=data/local/fineweb-edu (not an edit of params.yaml, "
+                                                   "which dvc exp run composes afresh)")
     assert time.perf_counter() - t0 < 5
 
 
