@@ -483,3 +483,24 @@ def test_dvc_reruns_fetch_when_a_file_under_data_local_changes_and_says_when_it_
     assert out.returncode == 0, out.stderr
     assert (f"note: fetch.path={outside} is outside data/local/, which DVC watches: after changing its files, run "
             f"`dvc repro -f fetch`" in out.stdout + out.stderr)
+
+
+def test_the_fetch_line_counts_the_files_it_read(tmp_path):
+    """Issue 45: `[fetch] 36 documents from local data/local/*.txt in 1 file(s)` counted the one parquet file written,
+    not the 36 read. Through the stage: the files read, and with max_docs only those it reached."""
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "data" / "local").mkdir(parents=True)
+    for i in range(36):
+        (tmp_path / "data" / "local" / f"{i:02d}.txt").write_text(f"Document {i}.\n", encoding="utf-8")
+
+    def line(**fetch_params) -> str:
+        params = {"fetch": {"source": "local", "path": "data/local/*.txt", **fetch_params}}
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+        out = subprocess.run([sys.executable, "-m", "stages.fetch"], cwd=tmp_path, capture_output=True, text=True,
+                             env={**os.environ, "PYTHONPATH": str(root)}, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return next(ln for ln in (out.stdout + out.stderr).splitlines() if " documents from " in ln)
+
+    assert line() == "[fetch] 36 documents from local data/local/*.txt, 36 files read -> data/raw"
+    assert line(max_docs=5) == "[fetch] 5 documents from local data/local/*.txt, 5 files read -> data/raw"
+    assert json.loads((tmp_path / "data/raw/fetch.json").read_text(encoding="utf-8"))["files_read"] == 5

@@ -91,9 +91,13 @@ def check(p: FetchConfig) -> None:
 
 def fetch(p: FetchConfig, out_dir: Path, progress: bool, transport: Any = None) -> dict:
     """The files fetch.path names into out_dir/local/."""
-    files = local_files(p.path)[: p.max_files]
-    batches = (b for f in files for b in read_local_file(f, p.text_column))
-    return publish_documents(batches, out_dir, "local", p.path, "local", p.max_docs, progress)
+    files, read = local_files(p.path)[: p.max_files], []
+
+    def batches() -> Iterator[list[str]]:
+        for f in files:  # max_docs may stop the reading before the last file
+            read.append(f)
+            yield from read_local_file(f, p.text_column)
+    return publish_documents(batches(), out_dir, "local", p.path, "local", p.max_docs, progress, files_read=read)
 
 
 SOURCE = Source(check, fetch)
