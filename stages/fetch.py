@@ -20,7 +20,7 @@ def main() -> None:
             s.say(f"note: fetch.path={cfg.path} is outside {WATCHED}/, which DVC watches: after changing its files, "
                   f"run `dvc repro -f fetch` (or move them into {WATCHED}/)")
         read = rec.get("files_read", len(rec["files"]) if rec["source"] == "hub" else None)  # a package: no files
-        s.say(f"{rec['documents']:,} documents from {rec['source']} {rec['name']}"
+        s.say(f"{rec['documents']:,} document{'s' * (rec['documents'] != 1)} from {rec['source']} {rec['name']}"
               + (f", {read:,} file{'s' * (read != 1)} read" if read is not None else "") + f" -> {RAW}")
 
 
