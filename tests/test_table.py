@@ -126,3 +126,55 @@ def test_baseline_must_name_one_group(tmp_path):
                        ("(", "not a regular expression")]:
         out = subprocess.run([*cmd, f"--baseline={regex}"], cwd=ROOT, capture_output=True, text=True)
         assert out.returncode == 1 and out.stderr.count("\n") == 1 and why in out.stderr, out.stderr
+
+
+def test_changed_shows_each_experiment_s_preset_and_what_its_s_changed(tmp_path):
+    """README's view of experiments across presets: a preset sets many keys apart from another (here the smoke run's
+    shape and budget, the modern recipe's optimizer); --changed shows `preset` and the keys that differ between
+    experiments of one preset (the -S values: a rate, the parallel mode), whatever the presets in the list."""
+    def run(name: str, preset: str, val: float, **train) -> dict:
+        e = exp(name, preset, train.pop("max_lr", 1e-3), 1337, val, None, 7_250_000)
+        data = e["revs"][0]["data"]["params"]["params.yaml"]["data"]
+        data["train"].update({"parallel": "ddp", "nproc": 1, "micro_batch": 32, "max_steps": 200, "optimizer": "adamw",
+                              **train})
+        data["model"] = {"n_layer": 2 if preset == "smoke" else 4}
+        return e
+
+    doc = [{**DOC[1], "experiments": [
+        run("qs-lr", "quickstart", 6.05, max_lr=3e-3), run("lr6e-4", "quickstart", 6.12, max_lr=6e-4),
+        run("fsdp", "quickstart", 5.95, parallel="fsdp", nproc=2, micro_batch=16),
+        run("smoke", "smoke", 8.98, micro_batch=16, max_steps=40),
+        run("modern", "modern_quickstart", 5.01, max_lr=6e-3, optimizer="muon")]}]
+    path = tmp_path / "exps.json"
+    path.write_text(json.dumps(doc))
+    cmd = [sys.executable, "-m", "gptcore.report.table", str(path), "--names", "--metrics", "eval.val_loss"]
+    out = subprocess.run([*cmd, "--changed"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == ("| experiments | preset | train.max_lr | train.micro_batch | train.nproc | train.parallel "
+                        "| seeds | eval.val_loss |")
+    assert lines[2:] == ["| qs-lr | quickstart | 0.003 | 32 | 1 | ddp | 1 | 6.05 |",
+                         "| lr6e-4 | quickstart | 0.0006 | 32 | 1 | ddp | 1 | 6.12 |",
+                         "| fsdp | quickstart | 0.001 | 16 | 2 | fsdp | 1 | 5.95 |",
+                         "| smoke | smoke | 0.001 | 16 | 1 | ddp | 1 | 8.98 |",
+                         "| modern | modern_quickstart | 0.006 | 32 | 1 | ddp | 1 | 5.01 |"]
+    # without it, every key two presets set apart is a column: the model's shape, the budget, the optimizer
+    every = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True).stdout.splitlines()[0]
+    assert {"model.n_layer", "train.max_steps", "train.optimizer"} <= set(every.strip("| ").split(" | "))
+    # --show adds columns to --changed's
+    out = subprocess.run([*cmd, "--changed", "--show", "train.optimizer"], cwd=ROOT, capture_output=True, text=True)
+    assert out.stdout.splitlines()[0].split(" | ")[-3] == "train.parallel" and "train.optimizer" in out.stdout
+
+
+def test_changed_compares_a_lone_experiment_with_the_commit_it_ran_from(tmp_path):
+    """README's first experiment, qs-lr, alone in the list: its -S shows against the committed quick-start run."""
+    committed = {"preset": "quickstart", "train": {"max_lr": 1e-3, "seed": 1337}}
+    doc = [{"rev": "a" * 40, "name": "main", "data": {"rev": "a" * 40, "params": {"params.yaml": {"data": committed}},
+                                                       "metrics": {}},
+            "experiments": [exp("qs-lr", "quickstart", 3e-3, 1337, 6.05, None, 7_250_000)]}]
+    path = tmp_path / "exps.json"
+    path.write_text(json.dumps(doc))
+    out = subprocess.run([sys.executable, "-m", "gptcore.report.table", str(path), "--changed", "--metrics",
+                          "eval.val_loss"], cwd=ROOT, capture_output=True, text=True)
+    assert out.stdout.splitlines()[0] == "| preset | train.max_lr | seeds | eval.val_loss |", out.stdout + out.stderr
+    assert out.stdout.splitlines()[2] == "| quickstart | 0.003 | 1 | 6.05 |"
