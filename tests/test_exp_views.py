@@ -110,7 +110,7 @@ def test_after_readme_s_sweep_its_views_keep_the_changed_param_and_no_run_shows_
         queue = lambda: subprocess.run(["dvc", "queue", "status"], cwd=repo, env=env(repo),  # noqa: E731
                                        capture_output=True, text=True).stdout
         wait_until(lambda: (states := exp_states(repo)) and {"lr6e-4", "lr2e-3"} <= set(states)
-                   and all(s in ("success", None, "failed") for s, _ in states.values()), timeout=300, every=3,
+                   and all(s in ("success", None, "failed") for s, _ in states.values()), timeout=900, every=3,
                    why=lambda: f"{ {k: v[0] for k, v in exp_states(repo).items()} }\n{queue()}")
     finally:
         worker.kill()
