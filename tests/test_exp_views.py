@@ -175,6 +175,6 @@ def readme_view(repo: Path) -> str:
 
 def table_rows(table: str) -> dict[str, dict[str, str]]:
     """The Markdown table's rows by experiment name: {column: cell}."""
-    lines = [ln for ln in table.splitlines() if ln.startswith("| ")]
+    lines = [ln for ln in table.splitlines() if ln.startswith("| ")]  # the header and the rows, not |---|
     head = lines[0].strip("| ").split(" | ")
-    return {cells[0]: dict(zip(head, cells)) for cells in (ln.strip("| ").split(" | ") for ln in lines[2:])}
+    return {cells[0]: dict(zip(head, cells)) for cells in (ln.strip("| ").split(" | ") for ln in lines[1:])}
