@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gptcore.report.table import experiments, markdown, summarize, versus
+from gptcore.report.table import main as table_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,7 +129,14 @@ def test_baseline_must_name_one_group(tmp_path):
         assert out.returncode == 1 and out.stderr.count("\n") == 1 and why in out.stderr, out.stderr
 
 
-def test_changed_shows_each_experiment_s_preset_and_what_its_s_changed(tmp_path):
+def table_of(capsys, *argv: str) -> str:
+    """What `gptcore-exp-table <argv>` prints, run in this process."""
+    capsys.readouterr()
+    table_main(list(argv))
+    return capsys.readouterr().out
+
+
+def test_changed_shows_each_experiment_s_preset_and_what_its_s_changed(tmp_path, capsys):
     """README's view of experiments across presets: a preset sets many keys apart from another (here the smoke run's
     shape and budget, the modern recipe's optimizer); --changed shows `preset` and the keys that differ between
     experiments of one preset (the -S values: a rate, the parallel mode), whatever the presets in the list."""
@@ -147,10 +155,8 @@ def test_changed_shows_each_experiment_s_preset_and_what_its_s_changed(tmp_path)
         run("modern", "modern_quickstart", 5.01, max_lr=6e-3, optimizer="muon")]}]
     path = tmp_path / "exps.json"
     path.write_text(json.dumps(doc))
-    cmd = [sys.executable, "-m", "gptcore.report.table", str(path), "--names", "--metrics", "eval.val_loss"]
-    out = subprocess.run([*cmd, "--changed"], cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+    args = [str(path), "--names", "--metrics", "eval.val_loss"]
+    lines = table_of(capsys, *args, "--changed").splitlines()
     assert lines[0] == ("| experiments | preset | train.max_lr | train.micro_batch | train.nproc | train.parallel "
                         "| seeds | eval.val_loss |")
     assert lines[2:] == ["| qs-lr | quickstart | 0.003 | 32 | 1 | ddp | 1 | 6.05 |",
@@ -159,14 +165,14 @@ def test_changed_shows_each_experiment_s_preset_and_what_its_s_changed(tmp_path)
                          "| smoke | smoke | 0.001 | 16 | 1 | ddp | 1 | 8.98 |",
                          "| modern | modern_quickstart | 0.006 | 32 | 1 | ddp | 1 | 5.01 |"]
     # without it, every key two presets set apart is a column: the model's shape, the budget, the optimizer
-    every = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True).stdout.splitlines()[0]
+    every = table_of(capsys, *args).splitlines()[0]
     assert {"model.n_layer", "train.max_steps", "train.optimizer"} <= set(every.strip("| ").split(" | "))
     # --show adds columns to --changed's
-    out = subprocess.run([*cmd, "--changed", "--show", "train.optimizer"], cwd=ROOT, capture_output=True, text=True)
-    assert out.stdout.splitlines()[0].split(" | ")[-3] == "train.parallel" and "train.optimizer" in out.stdout
+    head = table_of(capsys, *args, "--changed", "--show", "train.optimizer").splitlines()[0]
+    assert head.split(" | ")[5:8] == ["train.optimizer", "train.parallel", "seeds"], head
 
 
-def test_changed_compares_a_lone_experiment_with_the_commit_it_ran_from(tmp_path):
+def test_changed_compares_a_lone_experiment_with_the_commit_it_ran_from(tmp_path, capsys):
     """README's first experiment, qs-lr, alone in the list: its -S shows against the committed quick-start run."""
     committed = {"preset": "quickstart", "train": {"max_lr": 1e-3, "seed": 1337}}
     doc = [{"rev": "a" * 40, "name": "main", "data": {"rev": "a" * 40, "params": {"params.yaml": {"data": committed}},
@@ -174,7 +180,6 @@ def test_changed_compares_a_lone_experiment_with_the_commit_it_ran_from(tmp_path
             "experiments": [exp("qs-lr", "quickstart", 3e-3, 1337, 6.05, None, 7_250_000)]}]
     path = tmp_path / "exps.json"
     path.write_text(json.dumps(doc))
-    out = subprocess.run([sys.executable, "-m", "gptcore.report.table", str(path), "--changed", "--metrics",
-                          "eval.val_loss"], cwd=ROOT, capture_output=True, text=True)
-    assert out.stdout.splitlines()[0] == "| preset | train.max_lr | seeds | eval.val_loss |", out.stdout + out.stderr
-    assert out.stdout.splitlines()[2] == "| quickstart | 0.003 | 1 | 6.05 |"
+    lines = table_of(capsys, str(path), "--changed", "--metrics", "eval.val_loss").splitlines()
+    assert lines[0] == "| preset | train.max_lr | seeds | eval.val_loss |"
+    assert lines[2] == "| quickstart | 0.003 | 1 | 6.05 |"
