@@ -590,7 +590,7 @@ KEPT = ("model", "metrics/eval.json", "metrics/predictions.jsonl", "metrics/samp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key,value,stage", [("eval.batch_size", 0, "evaluate"), ("train.max_steps", -1, "train")])
+@pytest.mark.parametrize("key,value,stage", [("eval.eval_batch", 0, "evaluate"), ("train.max_steps", -1, "train")])
 def test_a_refused_param_through_dvc_keeps_every_output(clone, key, value, stage):
     """DVC deletes a stage's outs before it runs the command unless they are `persist: true`: a mistyped param that
     the stage refuses must not have cost the previous run's model or metrics, through `dvc repro` or `dvc exp run`."""
