@@ -71,25 +71,40 @@ def test_markdown_table_rows():
     assert lines[3] == "| modern_quickstart | 0.003 | 2 | 5.23 ± 0.04243 | 194,560 ± 14,482 |"
 
 
-def test_command_reads_a_file_and_refuses_a_document_without_experiments(tmp_path):
+def command(capsys, *argv: str) -> subprocess.CompletedProcess:
+    """`gptcore-exp-table <argv>` run in this process (its entry point, its error contract): the exit status and
+    what it printed, as a process would have them (`sys.exit(message)` prints the message and exits with 1)."""
+    capsys.readouterr()
+    status = 0
+    try:
+        table_main(list(argv))
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        status = 1 if isinstance(e.code, str) else e.code or 0
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, status, out, err)
+
+
+def test_command_reads_a_file_and_refuses_a_document_without_experiments(tmp_path, capsys):
     good, empty = tmp_path / "exps.json", tmp_path / "empty.json"
     good.write_text(json.dumps(DOC))
     empty.write_text(json.dumps(DOC[:1]))
-    cmd = [sys.executable, "-m", "gptcore.report.table"]
-    out = subprocess.run([*cmd, str(good), "--metrics", "eval.val_loss"], cwd=ROOT, capture_output=True, text=True)
+    out = command(capsys, str(good), "--metrics", "eval.val_loss")
     assert out.returncode == 0 and "| modern_quickstart | 0.003 | 2 | 5.23 ± 0.04243 |" in out.stdout
-    out = subprocess.run([*cmd, str(good), "--only", "^modern", "--show", "preset", "--metrics", "eval.val_loss"],
-                         cwd=ROOT, capture_output=True, text=True)
+    out = command(capsys, str(good), "--only", "^modern", "--show", "preset", "--metrics", "eval.val_loss")
     # one group left, so no param differs: no param column
     assert out.stdout.splitlines()[0] == "| seeds | eval.val_loss |" and "| 2 | 5.23 ± 0.04243 |" in out.stdout
-    out = subprocess.run([*cmd, str(good), "--sort", "train.max_lr", "--metrics", "eval.val_loss"], cwd=ROOT,
-                         capture_output=True, text=True)
+    out = command(capsys, str(good), "--sort", "train.max_lr", "--metrics", "eval.val_loss")
     assert [ln.split(" | ")[1] for ln in out.stdout.splitlines()[2:]] == ["0.001", "0.003"]  # by value
-    out = subprocess.run([*cmd, str(good), "--names", "--show", "--metrics", "eval.val_loss"], cwd=ROOT,
-                         capture_output=True, text=True)
+    out = command(capsys, str(good), "--names", "--show", "--metrics", "eval.val_loss")
     assert out.stdout.splitlines()[0] == "| experiments | seeds | eval.val_loss |"
     assert "| gpt2-s1, gpt2-s2, gpt2-s3 | 3 | 6.007 ± 0.03055 |" in out.stdout
-    out = subprocess.run([*cmd, str(empty)], cwd=ROOT, capture_output=True, text=True)
+    out = command(capsys, str(empty))
+    assert out.returncode == 1 and out.stderr.count("\n") == 1 and "no finished experiment" in out.stderr
+    # the console script itself, once, in a process of its own
+    out = subprocess.run([sys.executable, "-m", "gptcore.report.table", str(empty)], cwd=ROOT, capture_output=True,
+                         text=True)
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "no finished experiment" in out.stderr
 
 
@@ -117,15 +132,15 @@ def test_difference_from_a_baseline_pools_the_seed_to_seed_spread():
     assert lines[2] == "| 0.001 | 3 | 6.007 ± 0.03055 | +0.777 ± 0.032 | yes |"
 
 
-def test_baseline_must_name_one_group(tmp_path):
+def test_baseline_must_name_one_group(tmp_path, capsys):
     good = tmp_path / "exps.json"
     good.write_text(json.dumps(DOC))
-    cmd = [sys.executable, "-m", "gptcore.report.table", str(good), "--metrics", "eval.val_loss"]
-    out = subprocess.run([*cmd, "--baseline", "^modern"], cwd=ROOT, capture_output=True, text=True)
+    args = [str(good), "--metrics", "eval.val_loss"]
+    out = command(capsys, *args, "--baseline", "^modern")
     assert out.returncode == 0 and "| quickstart | 0.001 | 3 | 6.007 ± 0.03055 | +0.777 ± 0.032 | yes |" in out.stdout
     for regex, why in [("-s1$", "names experiments of 2 groups"), ("^nobody", "of 0 groups (none)"),
                        ("(", "not a regular expression")]:
-        out = subprocess.run([*cmd, f"--baseline={regex}"], cwd=ROOT, capture_output=True, text=True)
+        out = command(capsys, *args, f"--baseline={regex}")
         assert out.returncode == 1 and out.stderr.count("\n") == 1 and why in out.stderr, out.stderr
 
 
