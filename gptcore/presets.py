@@ -48,12 +48,17 @@ def preset_values(preset: str | None) -> dict[str, Any]:
     preset): what a run has where no -S changed it."""
     if not preset or not (PRESETS / f"{preset}.yaml").is_file():
         return {}
-    sections = composed(preset)
     try:
+        sections = composed(preset)
         read = {"model": ModelConfig.read(sections["model"]), "train": TrainConfig.read(sections["train"])}
-    except UserError:  # a preset that leaves something to -S: no values to compare with
+    except (UserError, OSError, KeyError):  # leaves something to -S, or does not compose: no values
         return {}
     return {f"{name}.{key}": value for name, cfg in read.items() for key, value in asdict(cfg).items()}
+
+
+def preset_table(folder: Path = PRESETS) -> dict[str, dict[str, Any]]:
+    """Every preset's values (`preset_values`) by name: what train compares a replaced run's params with."""
+    return {path.stem: preset_values(path.stem) for path in sorted(Path(folder).glob("*.yaml"))}
 
 
 def _first_sentence(text: str) -> str:

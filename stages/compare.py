@@ -8,7 +8,15 @@ from pathlib import Path
 
 from gptcore.atomic import write_json
 from gptcore.report.baselines import read_baselines
-from gptcore.report.compare import comparable_figures, describe, final_acc_norm, measured_line, split_outputs, summarize
+from gptcore.report.compare import (
+    comparable_figures,
+    describe,
+    final_acc_norm,
+    measured_line,
+    own_text,
+    split_outputs,
+    summarize,
+)
 from gptcore.report.config import CompareConfig
 from gptcore.report.plots import write_offline_page, write_plot_data
 from gptcore.report.speedrun import describe_speedrun, speedrun_summary
@@ -42,8 +50,10 @@ def main() -> None:
         # the final multiple-choice scores go on the acc_norm plot (cloze has no curve); references where comparable
         write_plot_data(LIVE_DIR, baselines, PLOT_DATA, final_acc_norm(run), comparable_figures(summary["comparable"]))
         write_offline_page()  # plots/offline.html: .dvc/config has `dvc plots show` fill it, drawn offline
-        s.say(*describe(summary, baselines), f"speedrun: {describe_speedrun(summary['speedrun'])}",
-              measured_line(run, summary["speedrun"]))
+        own = own_text(summary, measured)  # neither a published val loss nor the committed run is on this text
+        said = [] if own and not summary["delta"] else [*describe(summary, baselines),
+                                                         f"speedrun: {describe_speedrun(summary['speedrun'])}"]
+        s.say(*said, measured_line(run, summary["speedrun"], own=own))  # own text, nothing compared: one line
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ def main() -> None:
         if cfg.source == "local" and not watched(cfg.path):  # DVC would not rerun fetch after those files change
             s.say(f"note: fetch.path={cfg.path} is outside {WATCHED}/, which DVC watches: after changing its files, "
                   f"run `dvc repro -f fetch` (or move them into {WATCHED}/)")
-        s.say(f"{rec['documents']:,} documents from {rec['source']} {rec['name']} in {len(rec['files'])} file(s) "
-              f"-> {RAW}")
+        read = rec.get("files_read", len(rec["files"]) if rec["source"] == "hub" else None)  # a package: no files
+        s.say(f"{rec['documents']:,} document{'s' * (rec['documents'] != 1)} from {rec['source']} {rec['name']}"
+              + (f", {read:,} file{'s' * (read != 1)} read" if read is not None else "") + f" -> {RAW}")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ from gptcore.data.shard_set import ShardSet
 from gptcore.eval.config import EvalConfig
 from gptcore.launch import run_ranks
 from gptcore.model.config import ModelConfig
-from gptcore.presets import preset_values
+from gptcore.presets import preset_table
 from gptcore.train.config import TrainConfig
+from gptcore.train.run_folder import Presets
 from gptcore.train.trainer import Trainer, preflight
 from stages.boundary import later_results, stage
 
@@ -28,7 +29,7 @@ def main() -> None:
         preflight(model_cfg, cfg, data, MODEL_DIR, s.config(EvalConfig))  # eval's too: checked before training
         if s.launch(cfg.nproc, run_ranks, cfg):  # the ranks, watched within cfg's bounds
             return
-        trainer, notes = Trainer.build(model_cfg, cfg, data, CKPT_DIR, LIVE_DIR, preset_values(s.preset()),
+        trainer, notes = Trainer.build(model_cfg, cfg, data, CKPT_DIR, LIVE_DIR, Presets(s.preset(), preset_table()),
                                        results=later_results("train"), curves=PLOT_DATA)
         s.say(*notes, trainer.describe())
         final = trainer.fit()

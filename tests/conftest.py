@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,28 @@ eval:
 """
 
 
+def pytest_configure(config):
+    """pytest-xdist hands out the files in the order the hook below leaves them, not by its own count of tests."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected: what is left decides
+def pytest_collection_modifyitems(config, items):
+    """The files whose selected tests are all slow first, then those with the most slow tests; within each, the most
+    tests first (xdist's own order). xdist's order alone left the one-test end-to-end files (the README flows
+    through DVC, each minutes long) to the end of a run, one worker busy with the last of them while the other
+    waited. The fast subset selects no slow test, so its order is xdist's own."""
+    by_file: dict[str, list] = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def heavy_first(name: str) -> tuple[bool, int, int]:
+        slow = sum(1 for item in by_file[name] if item.get_closest_marker("slow"))
+        return slow < len(by_file[name]), -slow, -len(by_file[name])
+    items[:] = [item for name in sorted(by_file, key=heavy_first) for item in by_file[name]]
+
+
 def clone_env(clone: Path) -> dict[str, str]:
     """The environment the clone's commands run in: its own code first, the venv's dvc/torchrun/gptcore-* on PATH."""
     # COLUMNS: `dvc exp show` fits its table to the terminal and would cut columns
@@ -69,14 +92,30 @@ def run_in(clone: Path, *cmd: str, timeout: int = 900) -> str:
 
 @pytest.fixture(scope="session")
 def micro_repro(tmp_path_factory) -> SimpleNamespace:
-    """ONE temp clone of the committed HEAD for every end-to-end test: a micro preset added and committed as a user
-    would, params.yaml composed from it as `dvc exp run -S preset=micro` writes it, and `dvc repro` run once.
+    """ONE micro run of the committed HEAD for every end-to-end test: a temp clone, a micro preset added and committed
+    as a user would, params.yaml composed from it as `dvc exp run -S preset=micro` writes it, and `dvc repro` run
+    once in the whole test run. The first pytest-xdist worker that needs it builds it under a lock; every worker,
+    that one included, gets a copy of its own, since its tests run experiments in it.
 
     What the fresh repro produced is kept (metrics, `dvc metrics show`, a second `dvc repro`) before later tests
     run experiments in the same workspace."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's folder, above each worker's
+    built, record = shared / "micro_repro" / "repo", shared / "micro_repro" / "record.json"
+    with FileLock(str(shared / "micro_repro.lock")):
+        if not record.is_file():
+            _build_micro_repro(built, record)
+    path = tmp_path_factory.mktemp("e2e") / "repo"
+    shutil.copytree(built, path, symlinks=True)
+    return SimpleNamespace(path=path, **json.loads(record.read_text(encoding="utf-8")))
+
+
+def _build_micro_repro(path: Path, record: Path) -> None:
+    """micro_repro's clone at `path`, and what its `dvc repro` gave in `record` (JSON)."""
     from dvc.utils.hydra import compose_and_dump
 
-    path = tmp_path_factory.mktemp("e2e") / "repo"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(path)], check=True, timeout=120)
     (path / "conf" / "preset" / "micro.yaml").write_text(MICRO_PRESET, encoding="utf-8")
     for cmd in (["git", "add", "conf/preset/micro.yaml"],
@@ -89,4 +128,5 @@ def micro_repro(tmp_path_factory) -> SimpleNamespace:
     files = {name: (path / name).is_file() for name in ("model/model.pt", "metrics/samples.txt")}
     shown = run_in(path, "dvc", "metrics", "show")
     again = run_in(path, "dvc", "repro")
-    return SimpleNamespace(path=path, repro=repro, metrics=metrics, files=files, shown=shown, again=again)
+    record.write_text(json.dumps({"repro": repro, "metrics": metrics, "files": files, "shown": shown, "again": again}),
+                      encoding="utf-8")

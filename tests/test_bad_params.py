@@ -44,6 +44,8 @@ CASES = [
     ("train", "train", "micro_batch", -8, "train.micro_batch=-8: must be an integer >= 1"),
     ("train", "train", "total_batch_tokens", -256, "train.total_batch_tokens=-256: must be an integer >= 1"),
     ("train", "train", "total_batch_tokens", 300, "train.total_batch_tokens=300: must be a multiple of"),
+    ("train", "train", "nproc", 4, "train.total_batch_tokens=256: must be a multiple of train.micro_batch * "
+                                   "model.block_size * processes = 4 * 32 * 4 = 512; -S train.micro_batch=2 fits"),
     ("train", "train", "keep_checkpoints", 0, "train.keep_checkpoints=0: must be an integer >= 1"),
     ("train", "train", "nproc", SHELL, f"train.nproc={SHELL!r}: must be an integer >= 1"),
     ("train", "train", "nproc", 0, "train.nproc=0: must be an integer >= 1"),
@@ -376,6 +378,10 @@ USER_CASES = [
          set_param("eval", "cloze_examples", 10**6)),
     Case("GPT-2 weights offline", stage("train"), "model 'gpt2': cannot fetch openai-community/gpt2 from the Hugging "
          "Face hub", set_param("model", "init_from", "gpt2"), env=no_network),
+    Case("FineWeb-Edu offline (fetch)", stage("fetch"), "then run again with -S fetch.source=local -S "
+         "fetch.path=data/local/fineweb-edu (not an edit of params.yaml",
+         set_params(fetch__source="hub", fetch__name="HuggingFaceFW/fineweb-edu", fetch__config="sample-10BT"),
+         env=no_network),
     Case("HellaSwag offline (evaluate)", stage("evaluate"), "or set eval.hellaswag_path to a local copy",
          set_param("eval", "tasks", ["hellaswag"]), env=no_network),
     Case("HellaSwag offline (train)", stage("train"), "or set train.hellaswag_path to a local copy",

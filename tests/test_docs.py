@@ -389,7 +389,7 @@ def test_every_console_script_runs(script):
     assert out.returncode == 0 and "--" in out.stdout, out.stderr
 
 
-def test_the_documented_exp_table_commands_run_on_a_small_fixture(tmp_path):
+def test_the_documented_exp_table_commands_run_on_a_small_fixture(tmp_path, monkeypatch, capsys):
     """modern-recipe.md's `$T ...` tables over an `exps.json` of the shape `dvc exp show --json` writes."""
     def exp(name: str, seed: int, loss: float, optimizer: str = "muon") -> dict:
         modern = not name.startswith("gpt2")
@@ -410,10 +410,13 @@ def test_the_documented_exp_table_commands_run_on_a_small_fixture(tmp_path):
                                                      "experiments": [{"revs": [r]} for r in runs]}]))
     tables = [c for c in COMMANDS if c.text.startswith("gptcore-exp-table exps.json")]
     assert tables
-    for cmd in tables:
-        out = subprocess.run([sys.executable, "-m", "gptcore.report.table", *words(cmd)[1:]], capture_output=True,
-                             text=True, cwd=tmp_path, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        assert out.returncode == 0, f"{cmd}: {out.stderr}"
+    monkeypatch.chdir(tmp_path)
+    for cmd in tables:  # in this process: the console script's function (test_every_console_script_runs starts it)
+        try:
+            script_entry(SCRIPTS["gptcore-exp-table"])(words(cmd)[1:])
+        except SystemExit as e:
+            pytest.fail(f"{cmd}: exit {e.code} ({capsys.readouterr().err})")
+        assert capsys.readouterr().out.startswith("| "), cmd
 
 
 # ---------------------------------------------------------------------------------------------
@@ -451,12 +454,21 @@ def test_every_relative_link_and_anchor_resolves(page):
             assert anchor in anchors(dest), f"{page.name}: link to {target}: no such heading in {dest.name}"
 
 
+def readme_quick_start() -> list[str]:
+    """README's first shell block, its lines in order without their comments: what a user copies first."""
+    lang, _, body = next(b for b in fenced_blocks((ROOT / "README.md").read_text(encoding="utf-8")) if b[0] == "bash")
+    lines = [line for _, line in shell_lines(lang, body)]
+    return [line[:len(line) - len(split_commands(line)[1])].strip() for line in lines]
+
+
 def test_readme_holds_the_two_set_up_lines_and_ci_runs_the_test_line_verbatim():
-    """A fresh machine needs exactly two lines: the quick start's (install + `dvc repro`) and the tests' (install +
-    ruff + pytest), which .ci/run must run as README prints it."""
+    """A fresh machine needs exactly two set-up lines: the quick start's (install, then the smoke run; the next line
+    of its block runs the quick start) and the tests' (install + ruff + pytest), which .ci/run must run as README
+    prints it."""
     setup = [ln for ln in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
              if ln.startswith("python3 -m venv")]
-    assert len(setup) == 2 and setup[0].endswith("&& dvc repro"), setup
+    assert len(setup) == 2 and setup[0].endswith("&& dvc exp run -S preset=smoke"), setup
+    assert readme_quick_start() == [setup[0], "dvc exp run"], readme_quick_start()
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
     assert setup[1] == ci, f"README's test line and .ci/run's differ:\n{setup[1]}\n{ci}"
     assert not [ln for page in PAGES[1:] for ln in page.read_text(encoding="utf-8").splitlines()

@@ -75,7 +75,8 @@ def test_after_readme_s_sweep_its_views_keep_the_changed_param_and_no_run_shows_
     """README's flow on the micro budget through a real DVC queue: a workspace experiment (its results stay in the
     workspace), then a queued run read while it runs, and README's sweep. A running row shows only figures its own run
     wrote, and gptcore-exp-table lists it under the table, never in it; afterwards README's `dvc exp show` line fits
-    200 columns with no `…` and shows train.max_lr for every run."""
+    200 columns with no `…` and shows train.max_lr for every run. Then a smoke, a modern_quickstart and an fsdp run
+    (micro budgets): README's table still fits 200 columns and shows each one's preset and what its -S changed."""
     repo = tmp_path / "repo"
     shutil.copytree(micro_run, repo, symlinks=True, ignore=shutil.ignore_patterns("checkpoints"))
     run(repo, "git", "add", "-A")  # HEAD holds a run, as a fresh clone's holds the quick start
@@ -87,8 +88,8 @@ def test_after_readme_s_sweep_its_views_keep_the_changed_param_and_no_run_shows_
         "-S", "train.eval_every=0", "-S", "train.ckpt_every=500")  # trains long enough to be read while running
     for lr in ("6e-4", "2e-3"):
         run(repo, "dvc", "exp", "run", "--queue", "-n", f"lr{lr}", *micro, "-S", f"train.max_lr={lr}")
-    worker = subprocess.Popen(["dvc", "queue", "start", "-j", "1"], cwd=repo, env=env(repo),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers = [subprocess.Popen(["dvc", "queue", "start", "-j", "1"], cwd=repo, env=env(repo),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
         # `long` trains: its row may show its own live train figures, never qs-lr's evaluation
         log = lambda: subprocess.run(["dvc", "queue", "logs", "long"], cwd=repo, env=env(repo),  # noqa: E731
@@ -103,17 +104,26 @@ def test_after_readme_s_sweep_its_views_keep_the_changed_param_and_no_run_shows_
             time.sleep(2)
         doc = run(repo, "dvc", "exp", "show", "--json")
         (tmp_path / "running.json").write_text(doc, encoding="utf-8")
-        table = run(repo, "gptcore-exp-table", str(tmp_path / "running.json"), "--names", "--show", "train.max_lr")
+        table = run(repo, "sh", "-c", f"gptcore-exp-table {tmp_path / 'running.json'} --names --changed")
         assert "not finished, no figures: " in table and "long (running)" in table
         assert not [ln for ln in table.splitlines() if ln.startswith("|") and "long" in ln]
         queue = lambda: subprocess.run(["dvc", "queue", "status"], cwd=repo, env=env(repo),  # noqa: E731
                                        capture_output=True, text=True).stdout
-        wait_until(lambda: (states := exp_states(repo)) and {"lr6e-4", "lr2e-3"} <= set(states)
-                   and all(s in ("success", None, "failed") for s, _ in states.values()), timeout=300, every=3,
+
+        def swept() -> bool:
+            states = exp_states(repo)
+            if any(s == "queued" for s, _ in states.values()) and "0 active, 0 idle" in queue():
+                # DVC's queue worker was seen to exit on loaded cores with runs still queued: start one again
+                workers.append(subprocess.Popen(["dvc", "queue", "start", "-j", "1"], cwd=repo, env=env(repo),
+                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            return bool(states) and {"lr6e-4", "lr2e-3"} <= set(states) and all(
+                s in ("success", None, "failed") for s, _ in states.values())
+        wait_until(swept, timeout=900, every=3,
                    why=lambda: f"{ {k: v[0] for k, v in exp_states(repo).items()} }\n{queue()}")
     finally:
-        worker.kill()
-        worker.wait()
+        for w in workers:
+            w.kill()
+            w.wait()
     view = readme_line("dvc exp show --only-changed")
     e = {**env(repo), "COLUMNS": "200"}
     shown = subprocess.run(view + ["--no-pager"], cwd=repo, env=e, capture_output=True, text=True, timeout=600)
@@ -124,8 +134,58 @@ def test_after_readme_s_sweep_its_views_keep_the_changed_param_and_no_run_shows_
     for name, lr in (("qs-lr", "0.003"), ("lr6e-4", "0.0006"), ("lr2e-3", "0.002"), ("long", "0.001")):
         assert re.search(rf"\[{re.escape(name)}\].*\s{re.escape(lr)}(\s|$)", shown.stdout, re.M), (name, shown.stdout)
     assert not {"params", "params_non_embedding", "flops_per_token"} & set(lines[1].split())
-    (tmp_path / "done.json").write_text(run(repo, "dvc", "exp", "show", "--json"), encoding="utf-8")
-    table = run(repo, "gptcore-exp-table", str(tmp_path / "done.json"), "--names", "--show", "train.max_lr")
-    rows = [ln for ln in table.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
-    assert {ln.split(" | ")[1] for ln in rows} >= {"0.003", "0.0006", "0.002"}, table
+    table = readme_view(repo)
+    rows = table_rows(table)
+    assert {r["train.max_lr"] for r in rows.values()} >= {"0.003", "0.0006", "0.002"}, table
     assert "not finished" not in table
+    print(f"README's DVC line, one preset:\n{shown.stdout}\nREADME's table:\n{table}")
+
+    # other presets beside README's sweep (`long`, this test's own, goes): README's table still fits 200 columns and
+    # shows what each experiment changed
+    run(repo, "dvc", "exp", "remove", "long")
+    for name, *sets in (("smoke", "preset=smoke", *SMOKE_MICRO), ("modern", "preset=modern_quickstart", *MODERN_MICRO),
+                        ("fsdp", "preset=micro", "train.parallel=fsdp", "train.nproc=2", "train.micro_batch=4")):
+        run(repo, "dvc", "exp", "run", "-n", name, *(a for s in sets for a in ("-S", s)))
+    table = readme_view(repo)
+    assert max(len(ln) for ln in table.splitlines()) <= 200, table
+    rows = table_rows(table)
+    header = table.splitlines()[0].strip("| ").split(" | ")
+    assert header[:6] == ["experiments", "preset", "train.max_lr", "train.micro_batch", "train.nproc",
+                          "train.parallel"], header  # preset, then only keys that differ within a preset
+    assert not [k for k in header if k.startswith(("model.", "tokenize.", "fetch."))], header
+    assert {k: rows["fsdp"][k] for k in ("preset", "train.parallel", "train.nproc", "train.micro_batch")} == {
+        "preset": "micro", "train.parallel": "fsdp", "train.nproc": "2", "train.micro_batch": "4"}, table
+    assert (rows["qs-lr"]["preset"], rows["qs-lr"]["train.max_lr"]) == ("micro", "0.003")
+    assert rows["smoke"]["preset"] == "smoke" and rows["modern"]["preset"] == "modern_quickstart", table
+    mixed = subprocess.run(view + ["--no-pager"], cwd=repo, env=e, capture_output=True, text=True, timeout=600)
+    print(f"README's DVC line, four presets:\n{mixed.stdout}\nREADME's table:\n{table}")
+
+
+# the micro budget for presets other than micro, on micro's data (no fetch or tokenize again)
+MICRO_DATA = ("fetch.max_docs=2", "tokenize.val_tokens=8192")
+MICRO_BUDGET = ("train.max_steps=4", "train.warmup_steps=1", "train.eval_every=2", "train.val_tokens=1024",
+                "train.eval_batch=8", "train.ckpt_every=100", "eval.val_tokens=2048", "eval.eval_batch=8",
+                "eval.cloze_examples=20", "eval.cloze_context=16", "eval.cloze_ending=4", "eval.samples=1",
+                "eval.sample_tokens=8")
+SMOKE_MICRO = (*MICRO_DATA, *MICRO_BUDGET, "model.block_size=32", "train.micro_batch=8", "train.total_batch_tokens=256")
+MODERN_MICRO = (*MICRO_DATA, *MICRO_BUDGET, "model.n_layer=1", "model.n_head=2", "model.n_embd=32",
+                "model.block_size=32", "train.micro_batch=8", "train.total_batch_tokens=256")
+
+
+def readme_view(repo: Path) -> str:
+    """README's table line (`dvc exp show --json | gptcore-exp-table ...`) run as a shell runs it, at COLUMNS=200."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    line = next(ln for ln in text.splitlines() if ln.startswith("dvc exp show --json | gptcore-exp-table --names "
+                                                                "--changed"))
+    command = line.split("   #")[0]
+    proc = subprocess.run(["sh", "-c", command], cwd=repo, env={**env(repo), "COLUMNS": "200"}, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def table_rows(table: str) -> dict[str, dict[str, str]]:
+    """The Markdown table's rows by experiment name: {column: cell}."""
+    lines = [ln for ln in table.splitlines() if ln.startswith("| ")]  # the header and the rows, not |---|
+    head = lines[0].strip("| ").split(" | ")
+    return {cells[0]: dict(zip(head, cells)) for cells in (ln.strip("| ").split(" | ") for ln in lines[1:])}

@@ -37,6 +37,9 @@ def test_own_text_of_any_size_runs_through_dvc_exp_run_with_the_text_preset(tmp_
         (clone / "data" / "local" / "mine.txt").write_text(text, encoding="utf-8")  # the same file, new text
         out = run_in(clone, "dvc", "exp", "run", "-n", f"text-{size}", "-S", "preset=text", *SHORT, timeout=900)
         assert "Running stage 'fetch'" in out, "DVC did not rerun fetch after data/local/mine.txt changed"
+        assert "[fetch] 1 document from local data/local/*.txt, 1 file read -> data/raw" in out
+        said = [line for line in out.splitlines() if line.startswith("[compare]")]  # one short line on own text
+        assert len(said) == 1 and said[0].endswith("no published figure is on this text (metrics/comparison.json)")
         # the split: 10% of the tokens (one document: its tokens and one end-of-text), counted here by tiktoken
         total = len(gpt2_encoding().encode_ordinary(text)) + 1
         val = round(0.1 * total)

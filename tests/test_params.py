@@ -113,6 +113,21 @@ def test_bad_values_are_one_line_naming_the_key(section, values, message):
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
+def test_the_smoke_preset_on_two_processes_is_told_the_micro_batch_that_fits():
+    """Issue 45's case: `-S preset=smoke -S train.parallel=fsdp -S train.nproc=2` doubles the tokens a micro step;
+    the refusal names the micro batch that keeps the smoke run's 1,024 tokens a step."""
+    from gptcore.presets import composed
+
+    p = composed("smoke")
+    model, train = ModelConfig.read(p["model"]), TrainConfig.read({**p["train"], "parallel": "fsdp", "nproc": 2})
+    with pytest.raises(ParamError) as e:
+        check_run(model, train, world_size=2)
+    assert str(e.value) == ("train.total_batch_tokens=1024: must be a multiple of train.micro_batch * model.block_size "
+                            "* processes = 16 * 64 * 2 = 2048; -S train.micro_batch=8 fits (the tokens a step, and so "
+                            "the run, stay the same)")
+    check_run(model, replace(train, micro_batch=8), world_size=2)  # and it does
+
+
 def test_values_are_read_as_the_code_needs_them():
     t = TrainConfig.read(_train(max_lr="6e-4", eps=1))  # PyYAML reads 6e-4 (no dot) as a string
     assert t.max_lr == 6e-4 and isinstance(t.eps, float)
@@ -125,9 +140,13 @@ def test_checks_between_sections():
     model = ModelConfig.read({"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 64})
     train = TrainConfig.read(_train())
     check_run(model, train, world_size=2)  # 512 = 4 * 64 * 2
-    with pytest.raises(ParamError,
-                       match=r"train.total_batch_tokens=512: must be a multiple of .* = 4 \* 64 \* 4 = 1024"):
+    with pytest.raises(ParamError, match=r"train.total_batch_tokens=512: must be a multiple of .* = 4 \* 64 \* 4 = "
+                                         r"1024; -S train.micro_batch=2 fits \(the tokens a step"):
         check_run(model, train, world_size=4)
+    # where no micro batch divides the step, the step sizes either side of it (the run changes: the user decides)
+    with pytest.raises(ParamError, match=r"= 4 \* 64 \* 1 = 256; no micro batch divides it: -S "
+                                         r"train.total_batch_tokens=256 or 512 fits$"):
+        check_run(model, TrainConfig.read(_train(total_batch_tokens=300)), world_size=1)
     with pytest.raises(ParamError, match=r"train.val_tokens=63: must be >= the model's block_size = 64"):
         check_run(model, TrainConfig.read(_train(val_tokens=63)), world_size=1)
     check_run(model, train, world_size=1, val_split_tokens=150)  # val_tokens=200 is at most: the split's 150 count

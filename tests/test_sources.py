@@ -397,7 +397,9 @@ def test_unreachable_hub_fails_fast_with_local_instructions(tmp_path):
         fetch(HUB, tmp_path / "raw", transport=Offline(tmp_path))
     msg = str(e.value)
     assert "Name or service not known" in msg
-    assert "sample/10BT/*" in msg and "source: local" in msg and "data/local/fineweb-edu" in msg
+    assert "sample/10BT/*" in msg and msg.endswith("then run again with -S fetch.source=local -S "
+                                                   "fetch.path=data/local/fineweb-edu (not an edit of params.yaml, "
+                                                   "which dvc exp run composes afresh)")
     assert time.perf_counter() - t0 < 5
 
 
@@ -608,3 +610,24 @@ def test_a_link_into_the_project_s_dvc_cache_is_read(own_text, tmp_path):
     assert list(corpus_mod.open_corpus(own_text / "data/raw").texts()) == ["First document.\n", "Tracked by DVC.\n"]
     (own_text / ".dvc" / "config").write_text("[core]\n    analytics = false\n", encoding="utf-8")  # no cache there
     assert fetch_stage(own_text).returncode == 1
+
+
+def test_the_fetch_line_counts_the_files_it_read(tmp_path):
+    """Issue 45: `[fetch] 36 documents from local data/local/*.txt in 1 file(s)` counted the one parquet file written,
+    not the 36 read. Through the stage: the files read, and with max_docs only those it reached."""
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "data" / "local").mkdir(parents=True)
+    for i in range(36):
+        (tmp_path / "data" / "local" / f"{i:02d}.txt").write_text(f"Document {i}.\n", encoding="utf-8")
+
+    def line(**fetch_params) -> str:
+        params = {"fetch": {"source": "local", "path": "data/local/*.txt", **fetch_params}}
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(params), encoding="utf-8")
+        out = subprocess.run([sys.executable, "-m", "stages.fetch"], cwd=tmp_path, capture_output=True, text=True,
+                             env={**os.environ, "PYTHONPATH": str(root)}, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return next(ln for ln in (out.stdout + out.stderr).splitlines() if " documents from " in ln)
+
+    assert line() == "[fetch] 36 documents from local data/local/*.txt, 36 files read -> data/raw"
+    assert line(max_docs=5) == "[fetch] 5 documents from local data/local/*.txt, 5 files read -> data/raw"
+    assert json.loads((tmp_path / "data/raw/fetch.json").read_text(encoding="utf-8"))["files_read"] == 5

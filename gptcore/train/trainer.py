@@ -129,13 +129,13 @@ class Trainer:
 
     @classmethod
     def build(cls, model_cfg: ModelConfig, cfg: TrainConfig, data: ShardSet, ckpt_dir: Path, live_dir: Path,
-              preset: dict[str, Any] | None = None, results: list[Path] = (), curves: Path | None = None
+              presets: run_folder.Presets | None = None, results: list[Path] = (), curves: Path | None = None
               ) -> tuple[Trainer, list[str]]:
         """A run wired from its sections and its data: this process's place in the process group, the starting
         weights, the loader, the evaluators, the step logger (and the curves the plots read, in `curves`, kept in
         step), and the checkpoint to resume from (a collective: rank 0 decides, moving a previous run aside, and with
-        it `results`, the later stages' files); also what resuming decided, as lines to show. `preset`: the preset's
-        values by dotted key (config.preset_values), so a replaced run's note names the -S it lost."""
+        it `results`, the later stages' files); also what resuming decided, as lines to show. `presets`: what each
+        preset composes to and this run's, so a replaced run's note names a preset switch, or the -S it lost."""
         env = distributed.setup(cfg.device, key="train.device", timeouts=distributed.Timeouts(
             cfg.init_timeout, cfg.dist_timeout, "train.init_timeout", "train.dist_timeout"))
         model = init_model(model_cfg, data.vocab_size, seed=cfg.seed)
@@ -144,7 +144,7 @@ class Trainer:
         evaluators = training_evaluators(cfg, data, live_dir / "samples", model.config.block_size, env,
                                          resolve_dtype(cfg.dtype, env.device), echo=tqdm.write)
         run_params = fingerprint_params(model_cfg, cfg, data.record())
-        resume, notes = run_folder.prepare_resume(ckpt_dir, run_params, env.is_main, also=[live_dir], preset=preset,
+        resume, notes = run_folder.prepare_resume(ckpt_dir, run_params, env.is_main, also=[live_dir], presets=presets,
                                                   results=results)
         samples_folder(live_dir / "samples", cfg.samples, env.is_main)  # after a previous run's moved aside
         live = [LiveCurves(live_dir, curves)] if curves is not None else []

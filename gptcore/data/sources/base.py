@@ -6,7 +6,7 @@ import itertools
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sized
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -101,11 +101,12 @@ def write_documents(batches: Iterable[list[str]], out_dir: str | Path, max_docs:
 
 def publish_documents(batches: Iterable[list[str]], out_dir: Path, source: str, name: str, label: str,
                       max_docs: int | None, progress: bool, before_swap: Callable[[], None] | None = None,
-                      also: dict[str, Any] | None = None) -> dict:
+                      also: dict[str, Any] | None = None, files_read: Sized | None = None) -> dict:
     """Write `batches` as out_dir/<label>/'s parquet files, built aside and swapped in whole, then fetch.json, whose
     record it returns (`source` and `name` are what it records the documents came from; `also`, more of the
     record). `before_swap` runs once every document is written, before anything is replaced: its error publishes
-    nothing (a source whose input changed meanwhile)."""
+    nothing (a source whose input changed meanwhile). `files_read`: the source's files, each added as `batches`
+    opens it; the record counts them (`files_read`), where `files` are those written."""
     final = out_dir / label
     tmp_dir = staged_dir(final)  # a link or a mount point there is refused now, before anything is read or goes
     shutil.rmtree(tmp_dir, ignore_errors=True)
@@ -124,5 +125,7 @@ def publish_documents(batches: Iterable[list[str]], out_dir: Path, source: str, 
         r["path"] = f"{label}/{r['path']}"
     record = {"source": source, "name": name, "config": None, "text_column": "text",
               "documents": sum(r["documents"] for r in recs), "files": recs, **(also or {})}
+    if files_read is not None:
+        record["files_read"] = len(files_read)
     write_json(out_dir / FETCH_RECORD, record)
     return record

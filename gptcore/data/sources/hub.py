@@ -95,8 +95,8 @@ def _offline_help(repo_id: str, config: str | None, why: str, revision: str = "m
     return (f"cannot reach the Hugging Face hub for {repo_id}: {why}. "
             f"To fetch without the hub: on a machine with internet, download the parquet files of {where}, "
             f"e.g. `hf download {repo_id} --repo-type dataset{rev} --include '{include}*' --local-dir {local}`, "
-            "copy that folder here, then set in params.yaml fetch: "
-            f"{{source: local, path: {local}, text_column: text}}")
+            f"copy that folder here, then run again with -S fetch.source=local -S fetch.path={local} (not an edit "
+            "of params.yaml, which dvc exp run composes afresh)")
 
 
 def select_config_files(files: Iterable[str], config: str | None) -> list[str]:

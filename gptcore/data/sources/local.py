@@ -221,8 +221,9 @@ def fetch(p: FetchConfig, out_dir: Path, progress: bool, transport: Any = None) 
             raise UserError(f"fetch.path={p.path!r}: files came or went while fetch read them ({', '.join(diff)}): "
                             f"nothing was published; run fetch again once nothing writes there")
 
+    # max_docs may stop the reading before the last file: the record counts the files read
     return publish_documents(batches(), out_dir, "local", p.path, "local", p.max_docs, progress,
-                             before_swap=unchanged, also={"links": links} if links else None)
+                             before_swap=unchanged, also={"links": links} if links else None, files_read=read)
 
 
 SOURCE = Source(check, fetch)
