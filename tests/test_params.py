@@ -240,7 +240,7 @@ def test_anchors_and_merge_keys_read_as_yaml_defines_them(tmp_path):
     (tmp_path / "a.txt").write_text("from a\n", encoding="utf-8")
     (tmp_path / "b.txt").write_text("from b\n", encoding="utf-8")
     status, lines = fetch_in(tmp_path, MERGED)
-    assert status == 0 and lines[-1] == "[fetch] 1 documents from local b.txt in 1 file(s) -> data/raw", lines
+    assert status == 0 and lines[-1] == "[fetch] 1 document from local b.txt, 1 file read -> data/raw", lines
 
 
 @pytest.mark.parametrize("params, says", [
