@@ -125,7 +125,7 @@ def stage(name: str, reads: Sequence[str | Path] = (), writes: Sequence[str | Pa
             raise
         status, line = end
         if isinstance(e, KeyboardInterrupt):  # a signal, or Ctrl-C
-            _interrupted(s, status - 128)
+            _interrupted(s, status - 128, getattr(e, "line", None))
         if line is None:  # a collective failed because another rank went away: that rank's line, not this one's
             os._exit(status)
         if s.launched:
@@ -165,15 +165,17 @@ def _say(line: str) -> None:
     sys.stderr.flush()
 
 
-def _interrupted(s: Stage, signum: int) -> None:
+def _interrupted(s: Stage, signum: int, line: str | None = None) -> None:
     """One line and exit 128 + signum, without interpreter teardown: no traceback from threads, atexit or half-shut
-    pools. A rank that says nothing itself leaves at once."""
-    if not s.quiet:
-        import signal
+    pools. `line`: what the code that stopped said it kept (a training run: the step it saved), else the generic one.
+    A rank that says nothing itself leaves at once; a launched rank 0 leaves that line for its stage to say."""
+    import signal
 
-        name = signal.Signals(signum).name
+    said = line or f"interrupted ({signal.Signals(signum).name}); finished work is kept, rerun to resume"
+    if s.launched and s.rank == 0 and line is not None:
+        leave_line(said)
+    if not s.quiet:
         # on a line of its own: a progress bar, this process's or a rank's, may be half drawn on the current one
-        print(f"\n[{s.name}] interrupted ({name}); finished work is kept, rerun to resume", file=sys.stderr,
-              flush=True)
+        print(f"\n[{s.name}] {said}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(128 + signum)

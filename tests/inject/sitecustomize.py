@@ -3,7 +3,7 @@ by tests that put this folder on PYTHONPATH (tests/stagekit.py: env(inject=...))
 
 GPTCORE_TEST_NS_FP32=1: Muon's Newton-Schulz iteration in fp32 instead of bf16 (as tests/test_loss_curve.py runs
     it), so that two runs whose sums round differently stay comparable to fp32 precision;
-GPTCORE_TEST_KILL_SAVE=<step>:<point>:<rank>: SIGKILL that rank during the sharded save of that step, at <point>:
+GPTCORE_TEST_KILL_SAVE=<step>:<point>:<rank>: SIGKILL that rank during the checkpoint save of that step, at <point>:
     `shard` right after the rank wrote its shard file, `rename` right before rank 0 renames the whole folder in.
 """
 import os
@@ -27,10 +27,10 @@ if os.environ.get("GPTCORE_TEST_KILL_SAVE"):
 
     from torch.distributed.checkpoint import FileSystemWriter
 
-    from gptcore.train import sharded_checkpoints
+    from gptcore.train import checkpoints
 
     _step, _point, _rank = os.environ["GPTCORE_TEST_KILL_SAVE"].split(":")
-    _folder = f"ckpt_{int(_step):07d}{sharded_checkpoints.SUFFIX}"
+    _folder = checkpoints.checkpoint_path(".", int(_step)).name
 
     def _die() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -50,11 +50,11 @@ if os.environ.get("GPTCORE_TEST_KILL_SAVE"):
 
         FileSystemWriter.write_data = _write_then_die
     elif _point == "rename":
-        _swap = sharded_checkpoints.swap_dir
+        _swap = checkpoints.swap_dir
 
         def _die_before_swap(staged, final):
             if _mine() and str(final).endswith(_folder):
                 _die()
             return _swap(staged, final)
 
-        sharded_checkpoints.swap_dir = _die_before_swap
+        checkpoints.swap_dir = _die_before_swap
