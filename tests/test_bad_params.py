@@ -218,7 +218,7 @@ def test_fresh_run_with_other_params_moves_the_previous_run_aside(tmp_path, proj
     for name, data in old_metrics.items():
         assert kept[name] == data, name
     # the new run has its own checkpoints and curves, starting at step 0
-    assert len(list((p / "checkpoints").glob("ckpt_*.pt"))) == 2
+    assert len(list((p / "checkpoints").glob("ckpt_*"))) == 2
     assert [s for s, _ in sk.tsv(p, "train_loss")] == list(range(4))
 
 
@@ -230,7 +230,7 @@ def test_a_non_finite_loss_is_one_line_and_saves_nothing(tmp_path, project):
     lines = message_lines(ran.stderr)
     assert ran.status == 1
     assert len(lines) == 1 and "non-finite training loss" in lines[0] and "train.max_lr" in lines[0], lines
-    assert not list((p / "checkpoints").glob("ckpt_*.pt")) and not (p / "model").exists()
+    assert not list((p / "checkpoints").glob("ckpt_*")) and not (p / "model").exists()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -387,6 +387,18 @@ USER_CASES = [
     Case("gptcore-sample --num-samples 0", [*SAMPLE, "--num-samples", "0"],
          "[gptcore-sample] --num-samples=0: must be an integer >= 1"),
     Case("gptcore-sample, no model/", [*SAMPLE, "--model", "no_such_model"], "model 'no_such_model': no such file"),
+    # a training checkpoint is no model: refused before start-up (train's preflight), never a torch.load traceback
+    Case("model.init_from: one shard of a checkpoint", stage("train"), "model.init_from='checkpoints/ckpt_0000004/"
+         "__0_0.distcp': checkpoints/ckpt_0000004/__0_0.distcp: one file of the training checkpoint "
+         "checkpoints/ckpt_0000004, not a model", set_param("model", "init_from", "checkpoints/ckpt_0000004/"
+                                                              "__0_0.distcp")),
+    Case("model.init_from: a checkpoint folder", stage("train"), "checkpoints/ckpt_0000003: a training checkpoint, "
+         "not a model (its weights are spread over files that only resuming reads together): name a model/ folder",
+         set_param("model", "init_from", "checkpoints/ckpt_0000003")),
+    Case("gptcore-sample --model a checkpoint folder", [*SAMPLE, "--model", "checkpoints/ckpt_0000004"],
+         "checkpoints/ckpt_0000004: a training checkpoint, not a model"),
+    Case("gptcore-sample --model one shard", [*SAMPLE, "--model", "checkpoints/ckpt_0000004/__0_0.distcp"],
+         "one file of the training checkpoint checkpoints/ckpt_0000004, not a model"),
     Case("gptcore-sample, no prompt file", [*SAMPLE, "--prompt", "FILE:nope.txt"], "prompt file nope.txt not found"),
     Case("gptcore-sample --top-k x", [*SAMPLE, "--top-k", "x"], "argument --top-k: invalid int value: 'x'"),
 ]

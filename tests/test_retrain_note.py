@@ -4,6 +4,8 @@ gone unless repeated), its resume line says so, naming the -S to repeat. A chang
 line (gptcore.train.run_folder.retrain_note, gptcore.train.presets)."""
 from __future__ import annotations
 
+import torch
+
 from gptcore.presets import preset_values
 from gptcore.train import checkpoints, run_folder
 
@@ -15,8 +17,10 @@ def params(max_steps: int, max_lr: float = 1e-3) -> dict:
 
 
 def save(ckpt_dir, step: int, run: dict) -> None:
-    checkpoints.save_checkpoint(ckpt_dir, step, {"step": step, "params": run,
-                                                "fingerprint": run_folder.run_fingerprint(run)}, keep=2)
+    """A checkpoint of `run` at `step` (one tensor is all the run folder's logic reads of it)."""
+    checkpoints.write(ckpt_dir, step, {"w": torch.zeros(4)}, {"params": run,
+                                                              "fingerprint": run_folder.run_fingerprint(run)})
+    checkpoints.remove_old(ckpt_dir, keep=2)
 
 
 def test_a_finished_run_replaced_by_the_preset_s_value_names_the_s_to_repeat(tmp_path):
@@ -25,7 +29,7 @@ def test_a_finished_run_replaced_by_the_preset_s_value_names_the_s_to_repeat(tmp
     save(tmp_path, 50, short)
     resume, notes = run_folder.prepare_resume(tmp_path, params(200), is_main=True, preset=PRESET)  # a plain one
     assert resume is None
-    assert notes[0] == (f"{tmp_path / 'ckpt_0000050.pt'} was written by a run with other params, so it is not "
+    assert notes[0] == (f"{tmp_path / 'ckpt_0000050'} was written by a run with other params, so it is not "
                         f"resumed; starting fresh (train.max_steps: 50 -> 200): the finished run it replaces (step "
                         f"50 of 50) had train.max_steps=50, and this run has the preset's; `dvc exp run` composes "
                         f"params.yaml from conf/ afresh, so an earlier -S holds only where repeated "

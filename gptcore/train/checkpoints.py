@@ -331,7 +331,7 @@ def read(path: Path, full: bool = True) -> dict[str, Any]:
         if record.get(key) != want:
             raise CorruptCheckpoint(f"{folder}: its {RECORD} gives {key} {record.get(key)!r}, its {DIGESTS} "
                                     f"{want!r} (files of two saves)")
-    index = _read_metadata(folder / METADATA)
+    index = read_index(folder / METADATA)
     meta = getattr(index, "storage_meta", None)
     if getattr(meta, "save_id", None) != seal["save_id"]:
         raise CorruptCheckpoint(f"{folder}: its {METADATA} is of another save (save id "
@@ -395,8 +395,9 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"a global {module}.{name} that a checkpoint's {METADATA} never holds")
 
 
-def _read_metadata(path: Path) -> Any:
-    """torch.distributed.checkpoint's index of the shards, read without running pickled code."""
+def read_index(path: Path) -> Any:
+    """torch.distributed.checkpoint's index of the shards (`.metadata`: its state_dict_metadata names every tensor),
+    read without running pickled code."""
     try:
         with open(path, "rb") as f:
             metadata = _MetadataUnpickler(f).load()
