@@ -235,7 +235,7 @@ def write(ckpt_dir: Path, step: int, tensors: dict[str, Any], record: dict[str, 
         with _one_process_meant():
             dcp.save(tensors, storage_writer=_Writer(tmp, fs, save_id))
     except (Exception, CheckpointException) as e:  # dcp gathers the ranks' failures into a BaseException
-        failure = _save_failure(e, tmp, fs)
+        failure = _save_failure(e, final, tmp, fs)
         if main:
             shutil.rmtree(tmp, ignore_errors=True)
         raise failure from e
@@ -279,18 +279,19 @@ def _causes(e: BaseException) -> list[BaseException]:
     return found
 
 
-def _save_failure(e: BaseException, tmp: Path, fs: _HashingFileSystem) -> BaseException:
-    """A full or unwritable disk under any rank's write as the one line, else `e` (a bug). This rank's own writes
-    kept their OSError; another rank's reach here as torch.save's `unexpected pos` (the errno lost on the way), so a
-    file system with under a MiB left then counts as full, as gptcore.atomic counts torch.save's own report."""
+def _save_failure(e: BaseException, final: Path, tmp: Path, fs: _HashingFileSystem) -> BaseException:
+    """A full or unwritable disk under any rank's write as the one line naming the checkpoint `final`, else `e` (a
+    bug). This rank's own writes kept their OSError; another rank's reach here as torch.save's `unexpected pos` (the
+    errno lost on the way), so a file system with under a MiB left then counts as full, as gptcore.atomic counts
+    torch.save's own report."""
     for err in fs.errors + [c for c in _causes(e) if isinstance(c, OSError)]:
-        if isinstance(said := disk_error(err, tmp), UserError):
+        if isinstance(said := disk_error(err, final), UserError):
             return said
     try:
         free = shutil.disk_usage(tmp).free
     except OSError:
         return e
-    return disk_error(e, tmp, free=free)
+    return disk_error(e, final, free=free)
 
 
 # -- reading ---------------------------------------------------------------------------------------------------------

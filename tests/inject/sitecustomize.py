@@ -4,7 +4,9 @@ by tests that put this folder on PYTHONPATH (tests/stagekit.py: env(inject=...))
 GPTCORE_TEST_NS_FP32=1: Muon's Newton-Schulz iteration in fp32 instead of bf16 (as tests/test_loss_curve.py runs
     it), so that two runs whose sums round differently stay comparable to fp32 precision;
 GPTCORE_TEST_KILL_SAVE=<step>:<point>:<rank>: SIGKILL that rank during the checkpoint save of that step, at <point>:
-    `shard` right after the rank wrote its shard file, `rename` right before rank 0 renames the whole folder in.
+    `shard` right after the rank wrote its shard file, `rename` right before rank 0 renames the whole folder in;
+GPTCORE_TEST_SLOW_SAVE=<seconds>: every checkpoint save waits that long (in Python, where a signal's handler runs)
+    right before its folder is renamed in, every file written: a save a second signal can land in.
 """
 import os
 
@@ -58,3 +60,16 @@ if os.environ.get("GPTCORE_TEST_KILL_SAVE"):
             return _swap(staged, final)
 
         checkpoints.swap_dir = _die_before_swap
+
+if os.environ.get("GPTCORE_TEST_SLOW_SAVE"):
+    import time
+
+    from gptcore.train import checkpoints
+
+    _wait, _swap_now = float(os.environ["GPTCORE_TEST_SLOW_SAVE"]), checkpoints.swap_dir
+
+    def _slow_swap(staged, final):
+        time.sleep(_wait)
+        return _swap_now(staged, final)
+
+    checkpoints.swap_dir = _slow_swap
