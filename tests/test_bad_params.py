@@ -205,7 +205,7 @@ def test_fresh_run_with_other_params_moves_the_previous_run_aside(tmp_path, proj
     old = snapshot(p)
     old_ckpts = {k: v for k, v in old.items() if k.startswith("checkpoints/")}
     old_metrics = {k: v for k, v in old.items() if k.startswith("metrics/train/") and not k.endswith(".json")}
-    assert len(old_ckpts) == 2 and old_metrics
+    assert len(old_ckpts) == 2 * 4 and old_metrics  # two checkpoints of 4 files each
     sk.make_project(p, shards, max_steps=4, max_lr=2e-3)  # other params: a fresh run
     ran = run_here(p, stage("train"))
     assert ran.status == 0, ran.stderr[-3000:]

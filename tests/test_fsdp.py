@@ -52,8 +52,9 @@ def shards(tmp_path_factory):
 
 
 def train(project: Path, **inject: str) -> str:
-    """The train stage as dvc runs it (it launches train.nproc ranks itself); its stdout."""
-    return run_stage(project, "train", 1, **inject).stdout
+    """The train stage as dvc runs it (it launches train.nproc ranks itself); its stdout, then its stderr."""
+    proc = run_stage(project, "train", 1, **inject)
+    return proc.stdout + proc.stderr
 
 
 def weights(project: Path) -> dict[str, torch.Tensor]:
@@ -174,6 +175,7 @@ def test_a_sharded_checkpoint_resumes_on_another_number_of_processes(tmp_path, s
     step after it gives the uninterrupted run's loss), then float tolerance of summing in another order."""
     project, out = resumed(straight["fsdp"], tmp_path / "resumed", shards, 6, nproc=nproc)
     assert "resuming from checkpoints/ckpt_0000006 (step 6)" in out and f"{nproc} x cpu (fsdp" in out
+    assert "torch.distributed is disabled" not in out
     worst = largest_difference(project, straight["fsdp"])
     print(f"fsdp 2 -> {nproc} processes at step 6 of 12: largest weight difference {worst:.2e}")
     assert worst < TOL

@@ -4,6 +4,7 @@ whole."""
 from __future__ import annotations
 
 import shutil
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,19 @@ NOT_EXPORTED = "NOT_EXPORTED.txt"  # in model/hf when no transformers architectu
 SHA256_KEY = "sha256"  # in the manifest: {file name: its sha256, taken as it was written}
 
 
+def _interned(obj: Any) -> Any:
+    """`obj` (nested dicts, lists, tuples) with every string interned. pickle writes a string once per object, so a
+    resumed run, whose record's strings were read back from a checkpoint, would otherwise write other bytes than an
+    uninterrupted run for the same values, and model/ (its sha256 in the manifest) would differ."""
+    if isinstance(obj, str):
+        return sys.intern(obj)
+    if isinstance(obj, dict):
+        return {_interned(k): _interned(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_interned(v) for v in obj)
+    return obj
+
+
 def export_model(model_dir: Path, model: GPT, tokenizer: Tokenizer | None, record: dict[str, Any],
                  hardware: dict[str, Any] | None = None, hf_vocab_size: int | None = None) -> list[str]:
     """Build `model_dir` aside for `model` and its data's tokenizer, with `record` (step, export, ...) in model.pt and
@@ -33,8 +47,8 @@ def export_model(model_dir: Path, model: GPT, tokenizer: Tokenizer | None, recor
     data = tokenizer.record() if tokenizer is not None else None
     if tokenizer is not None and hf_vocab_size is None:
         hf_vocab_size = tokenizer.vocab_size
-    sha256 = atomic_torch_save({"model": model.state_dict(), "model_config": asdict(model.config),
-                                **({"data": data} if data else {}), **record}, staged / MODEL_FILE)
+    sha256 = atomic_torch_save({"model": model.state_dict(), **_interned({"model_config": asdict(model.config),
+                                **({"data": data} if data else {}), **record})}, staged / MODEL_FILE)
     hf_dir = staged / "hf"  # the Hugging Face export and, where the tokenizer can write them, its HF tokenizer files
     try:
         arch = export_hf(model, hf_dir, vocab_size=hf_vocab_size, eot=None if tokenizer is None else tokenizer.eot)

@@ -34,9 +34,9 @@ from gptcore.train.config import TrainConfig
 
 class ParallelMode:
     """One choice of train.parallel. `sharded`: each process holds a shard of the weights, gradients and optimizer
-    state (its checkpoints are sharded ones, even on one process); `lockstep`: every rank runs every evaluation pass
-    (each pass gathers weights). `prepare` places the model before its optimizers are built; `wrap` gives the module
-    the loop calls, once a checkpoint is restored."""
+    state (what the memory estimate counts; checkpoints have one format for every mode); `lockstep`: every rank runs
+    every evaluation pass (each pass gathers weights). `prepare` places the model before its optimizers are built;
+    `wrap` gives the module the loop calls, once a checkpoint is restored."""
 
     name: str
     sharded: bool = False
