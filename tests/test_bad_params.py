@@ -281,6 +281,22 @@ def edit_manifest(change):
 HF_PICKLED, EMPTY_HELLASWAG = "hf_pickled", "empty_hellaswag.jsonl"
 
 
+def flipped_model(project: Path) -> None:
+    """model/model.pt with bytes of a weight flipped in place (bit rot, a bad copy): the zip still reads, its sha256
+    is not the one model/manifest.json recorded at export."""
+    import zipfile
+
+    path = project / "model" / "model.pt"
+    with zipfile.ZipFile(path) as z:
+        entry = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    data = bytearray(path.read_bytes())
+    head = entry.header_offset  # its local header: 30 bytes, its name and extra field, then its bytes
+    start = head + 30 + int.from_bytes(data[head + 26:head + 28], "little") + int.from_bytes(data[head + 28:head + 30],
+                                                                                             "little")
+    data[start:start + 64] = bytes(b ^ 0xFF for b in data[start:start + 64])
+    path.write_bytes(bytes(data))
+
+
 def pickled_hf_folder(project: Path) -> None:
     """eval.model: a Hugging Face GPT-2 folder whose pytorch_model.bin pickles an object besides tensors."""
     import argparse
@@ -395,6 +411,11 @@ USER_CASES = [
     Case("model.init_from: a checkpoint folder", stage("train"), "checkpoints/ckpt_0000003: a training checkpoint, "
          "not a model (its weights are spread over files that only resuming reads together): name a model/ folder",
          set_param("model", "init_from", "checkpoints/ckpt_0000003")),
+    Case("model/model.pt damaged since its export (evaluate)", stage("evaluate"), "model/model.pt: its sha256 is not "
+         "the one model/manifest.json recorded when it was written (the file was damaged or replaced since); export it "
+         "again", flipped_model),
+    Case("model/model.pt damaged since its export (gptcore-sample)", [*SAMPLE, "--model", "model"],
+         "model/model.pt: its sha256 is not the one model/manifest.json recorded", flipped_model),
     Case("gptcore-sample --model a checkpoint folder", [*SAMPLE, "--model", "checkpoints/ckpt_0000004"],
          "checkpoints/ckpt_0000004: a training checkpoint, not a model"),
     Case("gptcore-sample --model one shard", [*SAMPLE, "--model", "checkpoints/ckpt_0000004/__0_0.distcp"],
@@ -476,7 +497,8 @@ def run_user_case(project: Path, case: Case, own_process: bool = False) -> tuple
     data/, checkpoints/, metrics/ and model/ is byte-identical afterwards (the command changed nothing, and the edit
     is undone), and how a disk was made."""
     before = snapshot(project)
-    saved = {name: (project / name).read_bytes() for name in ("params.yaml", "data/shards/manifest.json")}
+    saved = {name: (project / name).read_bytes() for name in ("params.yaml", "data/shards/manifest.json",
+                                                              "model/model.pt")}
     try:
         with pytest.MonkeyPatch.context() as mp:
             if case.edit is not None:
