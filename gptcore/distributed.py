@@ -23,7 +23,8 @@ class DistEnv:
 
     @property
     def is_main(self) -> bool:
-        """Rank 0 alone logs, writes metrics and saves."""
+        """Rank 0 alone logs, writes metrics, model/ and a checkpoint's record (every rank writes its part of a
+        checkpoint's shards)."""
         return self.rank == 0
 
     @property
