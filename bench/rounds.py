@@ -36,10 +36,12 @@ class Timed:
 
 
 def time_rounds(variants: dict[str, Callable[[], Any]], rounds: int = DEFAULT_ROUNDS, warmup: int = 1,
-                sync: Callable[[], None] = lambda: None, progress: bool = False) -> Timed:
+                sync: Callable[[], None] = lambda: None, progress: bool = False,
+                after: Callable[[], None] = lambda: None) -> Timed:
     """Run every variant once per round, in turn, `warmup` untimed rounds and then `rounds` timed ones.
 
-    `sync` waits for the device (torch.cuda.synchronize) before and after each call, so a call's time is its own."""
+    `sync` waits for the device (torch.cuda.synchronize) before and after each call, so a call's time is its own;
+    `after` runs after each call, off the clock (a bench's cleanup: the files a call wrote)."""
     if rounds < 1 or warmup < 0:
         raise ValueError(f"rounds must be >= 1 and warmup >= 0, got {rounds}, {warmup}")
     out = Timed({name: [] for name in variants}, {name: [] for name in variants})
@@ -50,6 +52,7 @@ def time_rounds(variants: dict[str, Callable[[], Any]], rounds: int = DEFAULT_RO
             value = fn()
             sync()
             dt = time.perf_counter() - t0
+            after()
             if r >= warmup:
                 out.seconds[name].append(dt)
                 out.returns[name].append(value)

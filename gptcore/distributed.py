@@ -42,7 +42,8 @@ class DistEnv:
 
     @property
     def is_main(self) -> bool:
-        """Rank 0 alone logs, writes metrics and saves."""
+        """Rank 0 alone logs, writes metrics, model/ and a checkpoint's record (every rank writes its part of a
+        checkpoint's shards)."""
         return self.rank == 0
 
     @property
@@ -118,6 +119,7 @@ def teardown() -> None:
         # of it): seen to hang a finished rank for good under load. Sleeping hands the thread the GIL to finish first.
         time.sleep(0.2)
         dist.destroy_process_group()
+        _CPU_GROUP.clear()
 
 
 def active() -> bool:
@@ -151,6 +153,25 @@ def all_gather_objects(obj: object) -> list[object]:
     out: list[object] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+_CPU_GROUP: list = []  # a gloo group beside NCCL's, made on first use, for what the host needs to agree on
+
+
+def max_over_ranks(value: int) -> int:
+    """The largest of every rank's `value` (a small int; the value itself in a single process), agreed on the CPU:
+    where the default group is NCCL's, through a gloo group beside it, so the host never waits for the GPU's queue.
+    Every rank calls it at the same point."""
+    if not active():
+        return value
+    group = None
+    if dist.get_backend() != "gloo":
+        if not _CPU_GROUP:
+            _CPU_GROUP.append(dist.new_group(backend="gloo"))  # collective: every rank's first call makes it
+        group = _CPU_GROUP[0]
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return int(t)
 
 
 def barrier() -> None:

@@ -57,7 +57,7 @@ def ending(e: BaseException, in_rank: bool = False) -> tuple[int, str | None] | 
     which keeps its traceback."""
     if isinstance(e, KeyboardInterrupt):
         signum = int(getattr(e, "signum", signal.SIGINT))
-        return 128 + signum, f"interrupted ({signal.Signals(signum).name})"
+        return 128 + signum, getattr(e, "line", None) or f"interrupted ({signal.Signals(signum).name})"
     err = user_error(e)
     if err is not None:
         return 1, message(err)

@@ -4,14 +4,18 @@ which keeps its locks, does no rank's work, watches its ranks and says the one l
 
 The watch (`Watch`) looks at the ranks a few times a second: their processes, and the heartbeat each leaves in the
 rank-lines folder (gptcore.lifetime.beat). A rank that makes no progress for the bound its heartbeat names, or that
-ends before the run is done, with any status, is named and the other ranks are ended at once; SIGINT, SIGTERM and
-SIGHUP to the stage are passed to the ranks as SIGTERM, and what is left of them after the stop bound is killed; SIGUSR1
-is passed on as it is and waited for without a bound."""
+ends before the run is done, with any status, is named and the other ranks are ended at once. SIGINT, SIGTERM, SIGHUP
+and SIGUSR1 to the stage are passed on to the ranks (SIGHUP as SIGTERM, and SIGINT as SIGTERM to a rank still starting,
+which then dies quietly): a training rank finishes its step, saves it and leaves the line saying so
+(gptcore.lifetime.stop_requests), within the bound its heartbeat names; a rank that has not begun training is given
+the stop bound, and what is left at a bound is killed. The same stop signal again within REPEAT_S counts once (SLURM
+signals every process of a job step); a second one later kills the ranks at once."""
 from __future__ import annotations
 
 import logging
 import math
 import os
+import re
 import signal
 import tempfile
 import threading
@@ -28,8 +32,11 @@ from gptcore.lifetime import (
     FINISHED,
     LAUNCHED,
     LOST_A_PEER,
+    REPEAT_S,
+    STOPPED,
     TORCHRUN_ID,
     TRACEBACK,
+    WARNING_SIGNAL,
     Interrupted,
     paused_together,
     read_beats,
@@ -38,9 +45,9 @@ from gptcore.lifetime import (
 POLL = 0.25  # seconds between two looks at the ranks
 PAUSED = 5.0  # a look this much later than due: this process was stopped (Ctrl-Z) or starved, and the clocks wait too
 UNSEEN = 30.0  # a rank not seen this long after the first one was: it ended before the watch could see it
-STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # passed to the ranks as SIGTERM, then bounded
-WARNING = signal.SIGUSR1  # a scheduler's early warning (SLURM's --signal=USR1@90): passed on as it is, not bounded
-_BLAMELESS = (FINISHED, LOST_A_PEER)  # how a rank's last beat may say it ended that makes it no cause of an end
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # passed on to the ranks, then bounded
+WARNING = WARNING_SIGNAL  # a scheduler's early warning (SLURM's --signal=USR1@90): passed on as it is, not bounded
+_BLAMELESS = (FINISHED, LOST_A_PEER, STOPPED)  # how a rank's last beat may say it ended: no cause of an end
 
 
 class Bounds(Protocol):
@@ -109,7 +116,9 @@ class Watch:
         self.stalled: str | None = None  # the line for ranks that made no progress
         self.signum: int | None = None  # the signal that stops the run, and when it came
         self.signalled_at = 0.0
+        self.repeated_at = -math.inf  # when the last stop signal came: one again within REPEAT_S is the same one
         self.late: list[int] = []  # ranks still running at the stop bound, killed
+        self.twice = False  # a second stop signal killed the ranks
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="gptcore-watch", daemon=True)
         self._waiters: list[threading.Thread] = []
@@ -155,10 +164,11 @@ class Watch:
             if record != self.beats.get(rank):
                 self.beats[rank], self.changed[rank] = record, now
         live = [r for r in self.ranks if r not in self.gone]
-        if self.signum in STOPS:  # the ranks are stopping: what is left at the bound is killed
-            if now - self.signalled_at > self.bounds.stop_timeout and live:
-                self.late += live
-                self._kill(live)
+        if self.signum in STOPS:  # the ranks are stopping: what is left at its bound is killed
+            late = [r for r in live if now - max(self.signalled_at, self.changed[r]) > self.stop_bound(r)]
+            if late:
+                self.late += late
+                self._kill(late)
             return
         if self.stalled is not None or self.killed:
             return  # already ending
@@ -191,7 +201,7 @@ class Watch:
             self._waiters.append(waiter)
             self.first_seen = now if self.first_seen is None else self.first_seen
             if self.signum is not None:
-                _send(child, signal.SIGUSR1 if self.signum == WARNING else signal.SIGTERM)
+                _send(child, self._passed(self.signum, rank))
 
     def _wait(self, rank: int, pid: int) -> None:
         """When and how rank `rank` ends: waitid without reaping it (the agent reaps it), so the order in which ranks
@@ -211,6 +221,23 @@ class Watch:
             return float(record["bound"]), str(record["key"])
         return self.bounds.init_timeout, f"{self.bounds.section}.init_timeout"
 
+    def stop_bound(self, rank: int) -> float:
+        """Seconds a rank may go without a new heartbeat once the ranks are asked to stop: the stop bound to finish a
+        training step or to end, and an eval or a save in flight (what the stop waits for) its heartbeat's own bound."""
+        record = self.beats.get(rank) or {}
+        if record.get("doing") in ("evaluating", "saving") and record.get("bound"):
+            return max(float(record["bound"]), self.bounds.stop_timeout)
+        return self.bounds.stop_timeout
+
+    def _passed(self, signum: int, rank: int) -> int:
+        """The signal a rank is sent for this process's `signum`: SIGUSR1 and SIGTERM as they are, SIGINT as it is to a
+        rank that has begun training (it saves, and its line names the signal); else SIGTERM, which a rank still
+        starting dies of quietly (a SIGINT there is a KeyboardInterrupt's traceback)."""
+        if signum in (WARNING, signal.SIGTERM):
+            return signum
+        started = (self.beats.get(rank) or {}).get("step") is not None
+        return signal.SIGINT if signum == signal.SIGINT and started else signal.SIGTERM
+
     def _kill(self, ranks: list[int]) -> None:
         for rank in ranks:
             proc = self.ranks[rank]
@@ -222,24 +249,27 @@ class Watch:
 
     # -- the signals ------------------------------------------------------------------------------------------------
     def _signalled(self, signum: int, frame: FrameType | None) -> None:
-        """This process's SIGINT, SIGTERM, SIGHUP or SIGUSR1: pass it on to the ranks (the first three as SIGTERM: a
-        rank still starting dies quietly, no KeyboardInterrupt); a second stop signal kills them at once."""
+        """This process's SIGINT, SIGTERM, SIGHUP or SIGUSR1: pass it on to the ranks (`_passed`); a second stop
+        signal, REPEAT_S or more after the one before, kills them at once."""
         with self.lock:
-            live = [self.ranks[r] for r in self.ranks if r not in self.gone]
+            now = time.monotonic()
+            live = [r for r in self.ranks if r not in self.gone]
+            if self.signum is not None and now - self.repeated_at < REPEAT_S:
+                return  # the same signal, sent to every process of a job step: this one was passed on already
+            self.repeated_at = now
             if signum == WARNING:
                 if self.signum is None:
                     self.signum = signum
-                    for proc in live:
-                        _send(proc, signal.SIGUSR1)
+                    for rank in live:
+                        _send(self.ranks[rank], signal.SIGUSR1)
                 return
-            if self.signum in STOPS:  # asked twice: no more waiting
-                ranks = [r for r in self.ranks if r not in self.gone]
-                self.late += ranks
-                self._kill(ranks)
+            if self.signum is not None:  # asked twice: no more waiting
+                self.twice = True
+                self._kill(live)
                 return
-            self.signum, self.signalled_at = signum, time.monotonic()
-            for proc in live:
-                _send(proc, signal.SIGTERM)
+            self.signum, self.signalled_at = signum, now
+            for rank in live:
+                _send(self.ranks[rank], self._passed(signum, rank))
 
     # -- the outcome ------------------------------------------------------------------------------------------------
     def outcome(self, failures: dict[int, Any]) -> RanksEnded:
@@ -262,14 +292,19 @@ class Watch:
             return _ended(ends, self.folder, self.killed)
 
     def _stop_detail(self) -> str | None:
-        """What to say of the ranks' stop: those killed at the bound, else the line a rank left, if any."""
+        """What to say of the ranks' stop after `interrupted (SIGNAME); `: killed at a second signal or at a bound,
+        else what a rank's own line says it kept (rank 0's first), if any."""
+        if self.twice:
+            return "asked twice: the ranks were killed at once; finished checkpoints are kept, rerun to resume"
         if self.late:
             late = sorted(set(self.late))
             who = _ranks(late, {r: self.ranks[r].pid for r in late})
-            return (f"{who} had not stopped {self.bounds.stop_timeout:g} s later ({self.bounds.section}.stop_timeout) "
-                    f"and {'was' if len(late) == 1 else 'were'} killed; finished checkpoints are kept, rerun to resume")
+            bound = max(self.stop_bound(r) for r in late)
+            key = f"{self.bounds.section}.stop_timeout" if bound == self.bounds.stop_timeout else self.bound(late[0])[1]
+            return (f"{who} had not stopped {bound:g} s later ({key}) and {'was' if len(late) == 1 else 'were'} "
+                    f"killed; finished checkpoints are kept, rerun to resume")
         said = _said(self.folder)
-        return said[min(said)] if said else None
+        return _kept(said[min(said)]) if said else None
 
     def _stall_line(self, stale: dict[int, tuple[float, str]]) -> str:
         """The line for ranks that made no progress for their bound: the one stopped or stuck in the kernel, else the
@@ -314,7 +349,12 @@ def _ended(ends: dict[int, End], lines: Path, killed: set[int] | frozenset[int] 
     causes = [(e.at, r) for r, e in ends.items()
               if e.pid not in killed and beats.get(r, {}).get("ended") not in _BLAMELESS]
     if not causes:
-        return RanksEnded(0)
+        stopped = sorted(r for r, b in beats.items() if b.get("ended") == STOPPED)
+        if not stopped:
+            return RanksEnded(0)
+        # a rank was sent a stop signal (not the stage): every rank finished its step and saved; rank 0 says what
+        rank = 0 if 0 in said else stopped[0]
+        return RanksEnded(max(ends[rank].status, 1) if rank in ends else 1, said.get(rank), rank)
     _, rank = min(causes)
     end, where = ends[rank], _where(beats.get(rank))
     left = beats.get(rank, {}).get("ended")
@@ -336,7 +376,14 @@ def _ended(ends: dict[int, End], lines: Path, killed: set[int] | frozenset[int] 
 
 
 def _said(lines: Path) -> dict[int, str]:
+    """{rank: the line it left} in the ranks' lines folder."""
     return {int(p.name.removeprefix("rank")): p.read_text(encoding="utf-8") for p in lines.glob("rank*")}
+
+
+def _kept(line: str) -> str:
+    """What a rank's line says it kept, without its own `interrupted (SIGNAME); `: the stage names its own signal
+    (a rank may have been sent another, `Watch._passed`)."""
+    return re.sub(r"^interrupted \([A-Z0-9]+\); ", "", line)
 
 
 def _where(record: dict[str, Any] | None) -> str:

@@ -1,7 +1,8 @@
-"""Process lifetime: a stage dies with the program that started it; SIGINT, SIGTERM and SIGHUP stop it as Ctrl-C does
-(`Interrupted`: one line, exit 128 + the signal's number); Ctrl-Z pauses its ranks with it; torchrun's variables count
-only in a process torchrun started; and a rank a stage launched (gptcore/launch.py) leaves its one line, and its
-heartbeat, for that stage (docs/resume-and-failures.md)."""
+"""Process lifetime: a stage dies with the program that started it; SIGINT, SIGTERM, SIGHUP and the early-warning
+signal stop it as Ctrl-C does (`Interrupted`: one line, exit 128 + the signal's number), except where a loop asks to
+finish its step first (`stop_requests`: training saves a checkpoint, then stops); Ctrl-Z pauses its ranks with it;
+torchrun's variables count only in a process torchrun started; and a rank a stage launched (gptcore/launch.py) leaves
+its one line, and its heartbeat, for that stage (docs/resume-and-failures.md)."""
 from __future__ import annotations
 
 import ctypes
@@ -9,6 +10,8 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Iterator
@@ -25,15 +28,22 @@ LAUNCHED = "GPTCORE_RANK_LINES"
 # process that merely inherited the others (a batch job's or a container's environment)
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 TORCHRUN_ID = "TORCHELASTIC_RUN_ID"
+# SLURM's early warning (sbatch --signal=USR1@90): the job's time is nearly up; a run saves and exits 128 + 10, which a
+# batch script takes as "requeue me" (docs/resume-and-failures.md)
+WARNING_SIGNAL = signal.SIGUSR1
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, WARNING_SIGNAL)  # what stop_requests defers
+REPEAT_S = 1.0  # the same stop delivered twice within this counts once (SLURM signals every process of a step, and a
+# stage passes the signal on to its ranks too)
 
 
 class Interrupted(KeyboardInterrupt):
-    """The process was asked to stop by signal `signum` (SIGINT: Ctrl-C); finished work is kept. `detail`: what the
-    stage says of its ranks' stop, where there is more to say than that (gptcore.launch)."""
+    """The process was asked to stop by signal `signum` (SIGINT: Ctrl-C); finished work is kept. `line`: what to say
+    of it after `interrupted (SIGNAME); `, where the code that stopped knows what it kept (a training run: the step it
+    saved) or the stage knows how its ranks stopped (gptcore.launch); else the stage's generic words."""
 
-    def __init__(self, signum: int = signal.SIGINT, detail: str | None = None) -> None:
+    def __init__(self, signum: int = signal.SIGINT, line: str | None = None) -> None:
         super().__init__(signal.Signals(signum).name)
-        self.signum, self.detail = signum, detail
+        self.signum, self.line = signum, line
 
 
 class StrayLauncherVars(UserError):
@@ -89,8 +99,45 @@ def mortal() -> None:
     if "DVC_STAGE" in os.environ or under_torchrun():
         die_with_parent()
     quiet = rank_lines() is not None or (under_torchrun() and os.environ.get("RANK", "0") != "0")
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGTERM, signal.SIGHUP, WARNING_SIGNAL):
         signal.signal(sig, signal.SIG_DFL if quiet else _interrupt)
+
+
+class StopRequest:
+    """What `stop_requests` noted: `signum`, the first stop signal's number (0: none yet)."""
+
+    signum: int = 0
+
+
+@contextmanager
+def stop_requests() -> Iterator[StopRequest]:
+    """Inside the block, SIGINT, SIGTERM and WARNING_SIGNAL are noted in the StopRequest it yields, not raised: the
+    loop finishes the step in flight, saves and stops itself. A second stop signal, REPEAT_S or more after the first,
+    raises Interrupted at once (the save under way is dropped; the previous checkpoint is whole). A signal ignored on
+    entry (SIGINT in a background job, as nohup leaves it) stays ignored. Outside the main thread nothing is
+    deferred."""
+    request = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+    first = [0.0]
+
+    def note(signum: int, frame: object) -> None:
+        now = time.monotonic()
+        if not request.signum:
+            request.signum, first[0] = signum, now
+        elif now - first[0] >= REPEAT_S:
+            raise Interrupted(signum)
+
+    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    for sig, handler in before.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(sig, note)
+    try:
+        yield request
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
 
 
 @contextmanager
@@ -121,9 +168,10 @@ def leave_line(text: str) -> None:
     (folder / f"rank{os.environ['RANK']}").write_text(text, encoding="utf-8")
 
 
-# how a rank's last beat says it ended: normally, or because another rank went away (its collective failed), both no
-# cause of anything; or by itself: a bug's traceback, or an exit status (sys.exit), which the stage names
-FINISHED, LOST_A_PEER, TRACEBACK = "finished", "lost a peer", "traceback"
+# how a rank's last beat says it ended: normally, because another rank went away (its collective failed), or stopped
+# by a signal (having saved what it could, with the others), all no cause to end the others; or by itself: a bug's
+# traceback, or an exit status (sys.exit), which the stage names
+FINISHED, LOST_A_PEER, STOPPED, TRACEBACK = "finished", "lost a peer", "stopped", "traceback"
 _BEAT_BYTES = 512  # one record, rewritten in place: never shorter, so no truncation, and read whole or parsed again
 _beat_fd: int | None = None
 _last_beat: dict[str, Any] = {"step": None, "doing": None}

@@ -24,6 +24,7 @@ from gptcore.errors import UserError, ending
 from gptcore.lifetime import (
     FINISHED,
     LOST_A_PEER,
+    STOPPED,
     TRACEBACK,
     check_launcher_vars,
     last_beat,
@@ -140,7 +141,7 @@ def stage(name: str, reads: Sequence[str | Path] = (), writes: Sequence[str | Pa
             raise
         status, line = end
         if isinstance(e, KeyboardInterrupt):  # a signal, or Ctrl-C
-            _interrupted(s, status - 128, getattr(e, "detail", None))
+            _interrupted(s, status - 128, getattr(e, "line", None))
         if line is None:  # a collective failed because another rank went away: that rank's line, not this one's
             if s.launched:
                 last_beat(LOST_A_PEER)  # so the stage does not name this rank
@@ -210,15 +211,20 @@ def _say(line: str) -> None:
     sys.stderr.flush()
 
 
-def _interrupted(s: Stage, signum: int, detail: str | None = None) -> None:
-    """One line and exit 128 + signum, without interpreter teardown: no traceback from threads, atexit or half-shut
-    pools. A rank that says nothing itself leaves at once. `detail`: what the launcher says of the ranks' stop."""
-    if not s.quiet:
-        import signal
+def _interrupted(s: Stage, signum: int, line: str | None = None) -> None:
+    """One line, `interrupted (SIGNAME); ` and `line` (what the code that stopped said it kept: a training run, the
+    step it saved; the launch, how its ranks stopped) or the generic words, and exit 128 + signum, without interpreter
+    teardown: no traceback from threads, atexit or half-shut pools. A rank that says nothing itself leaves at once; a
+    launched rank 0 leaves that line for its stage to say, and every launched rank's last beat says it stopped."""
+    import signal
 
-        name = signal.Signals(signum).name
+    said = f"interrupted ({signal.Signals(signum).name}); {line or 'finished work is kept, rerun to resume'}"
+    if s.launched:
+        last_beat(STOPPED)  # the stage does not take its end for a cause to end the others: they are saving too
+        if s.rank == 0 and line is not None:
+            leave_line(said)
+    if not s.quiet:
         # on a line of its own: a progress bar, this process's or a rank's, may be half drawn on the current one
-        print(f"\n[{s.name}] interrupted ({name}); {detail or 'finished work is kept, rerun to resume'}",
-              file=sys.stderr, flush=True)
+        print(f"\n[{s.name}] {said}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(128 + signum)

@@ -207,7 +207,7 @@ def test_fresh_run_with_other_params_moves_the_previous_run_aside(tmp_path, proj
     old = snapshot(p)
     old_ckpts = {k: v for k, v in old.items() if k.startswith("checkpoints/")}
     old_metrics = {k: v for k, v in old.items() if k.startswith("metrics/train/") and not k.endswith(".json")}
-    assert len(old_ckpts) == 2 and old_metrics
+    assert len(old_ckpts) == 2 * 4 and old_metrics  # two checkpoints of 4 files each
     sk.make_project(p, shards, max_steps=4, max_lr=2e-3)  # other params: a fresh run
     ran = run_here(p, stage("train"))
     assert ran.status == 0, ran.stderr[-3000:]
@@ -220,7 +220,7 @@ def test_fresh_run_with_other_params_moves_the_previous_run_aside(tmp_path, proj
     for name, data in old_metrics.items():
         assert kept[name] == data, name
     # the new run has its own checkpoints and curves, starting at step 0
-    assert len(list((p / "checkpoints").glob("ckpt_*.pt"))) == 2
+    assert len(list((p / "checkpoints").glob("ckpt_*"))) == 2
     assert [s for s, _ in sk.tsv(p, "train_loss")] == list(range(4))
 
 
@@ -232,7 +232,7 @@ def test_a_non_finite_loss_is_one_line_and_saves_nothing(tmp_path, project):
     lines = message_lines(ran.stderr)
     assert ran.status == 1
     assert len(lines) == 1 and "non-finite training loss" in lines[0] and "train.max_lr" in lines[0], lines
-    assert not list((p / "checkpoints").glob("ckpt_*.pt")) and not (p / "model").exists()
+    assert not list((p / "checkpoints").glob("ckpt_*")) and not (p / "model").exists()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -281,6 +281,22 @@ def edit_manifest(change):
 
 # what a case's edit may add to the project; removed after the case
 HF_PICKLED, EMPTY_HELLASWAG = "hf_pickled", "empty_hellaswag.jsonl"
+
+
+def flipped_model(project: Path) -> None:
+    """model/model.pt with bytes of a weight flipped in place (bit rot, a bad copy): the zip still reads, its sha256
+    is not the one model/manifest.json recorded at export."""
+    import zipfile
+
+    path = project / "model" / "model.pt"
+    with zipfile.ZipFile(path) as z:
+        entry = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    data = bytearray(path.read_bytes())
+    head = entry.header_offset  # its local header: 30 bytes, its name and extra field, then its bytes
+    start = head + 30 + int.from_bytes(data[head + 26:head + 28], "little") + int.from_bytes(data[head + 28:head + 30],
+                                                                                             "little")
+    data[start:start + 64] = bytes(b ^ 0xFF for b in data[start:start + 64])
+    path.write_bytes(bytes(data))
 
 
 def pickled_hf_folder(project: Path) -> None:
@@ -409,6 +425,23 @@ USER_CASES = [
     Case("gptcore-sample --num-samples 0", [*SAMPLE, "--num-samples", "0"],
          "[gptcore-sample] --num-samples=0: must be an integer >= 1"),
     Case("gptcore-sample, no model/", [*SAMPLE, "--model", "no_such_model"], "model 'no_such_model': no such file"),
+    # a training checkpoint is no model: refused before start-up (train's preflight), never a torch.load traceback
+    Case("model.init_from: one shard of a checkpoint", stage("train"), "model.init_from='checkpoints/ckpt_0000004/"
+         "__0_0.distcp': checkpoints/ckpt_0000004/__0_0.distcp: one file of the training checkpoint "
+         "checkpoints/ckpt_0000004, not a model", set_param("model", "init_from", "checkpoints/ckpt_0000004/"
+                                                              "__0_0.distcp")),
+    Case("model.init_from: a checkpoint folder", stage("train"), "checkpoints/ckpt_0000003: a training checkpoint, "
+         "not a model (its weights are spread over files that only resuming reads together): name a model/ folder",
+         set_param("model", "init_from", "checkpoints/ckpt_0000003")),
+    Case("model/model.pt damaged since its export (evaluate)", stage("evaluate"), "model/model.pt: its sha256 is not "
+         "the one model/manifest.json recorded when it was written (the file was damaged or replaced since); export it "
+         "again", flipped_model),
+    Case("model/model.pt damaged since its export (gptcore-sample)", [*SAMPLE, "--model", "model"],
+         "model/model.pt: its sha256 is not the one model/manifest.json recorded", flipped_model),
+    Case("gptcore-sample --model a checkpoint folder", [*SAMPLE, "--model", "checkpoints/ckpt_0000004"],
+         "checkpoints/ckpt_0000004: a training checkpoint, not a model"),
+    Case("gptcore-sample --model one shard", [*SAMPLE, "--model", "checkpoints/ckpt_0000004/__0_0.distcp"],
+         "one file of the training checkpoint checkpoints/ckpt_0000004, not a model"),
     Case("gptcore-sample, no prompt file", [*SAMPLE, "--prompt", "FILE:nope.txt"], "prompt file nope.txt not found"),
     Case("gptcore-sample --top-k x", [*SAMPLE, "--top-k", "x"], "argument --top-k: invalid int value: 'x'"),
     # the option named, not params.yaml (the device rule is shared with train.device and eval.device)
@@ -491,7 +524,8 @@ def run_user_case(project: Path, case: Case, own_process: bool = False) -> tuple
     data/, checkpoints/, metrics/ and model/ is byte-identical afterwards (the command changed nothing, and the edit
     is undone), and how a disk was made."""
     before = snapshot(project)
-    saved = {name: (project / name).read_bytes() for name in ("params.yaml", "data/shards/manifest.json")}
+    saved = {name: (project / name).read_bytes() for name in ("params.yaml", "data/shards/manifest.json",
+                                                              "model/model.pt")}
     try:
         with pytest.MonkeyPatch.context() as mp:
             if case.edit is not None:

@@ -93,6 +93,16 @@ def test_bench_parallel_tiny():
 
 
 @pytest.mark.slow
+def test_bench_checkpoint_tiny():
+    """Save and resume, with the digests and without, alternated: each a median with its range, and the cost."""
+    out = run_bench("bench_checkpoint.py", "--tiny")
+    assert "2 rounds, median (min-max) over rounds" in out and re.search(r"a checkpoint: [\d.]+ MB in \.metadata", out)
+    for what in ("save", "resume"):
+        assert re.search(rf"^{what} +with digests [\d.]+ \([\d.]+-[\d.]+\) s, without [\d.]+ \([\d.]+-[\d.]+\) s; "
+                         rf"the digests cost [+-][\d.]+ \(.*\)%$", out, re.M), out
+
+
+@pytest.mark.slow
 def test_bench_tokenize_tiny():
     """The figures the lead reads are all there: stage against the ceiling, serial fraction, Amdahl's projection."""
     out = run_bench("bench_tokenize.py", "--tiny")

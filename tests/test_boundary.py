@@ -118,7 +118,7 @@ def test_the_launcher_holds_the_locks_and_builds_no_model(project, monkeypatch, 
     [(module, nproc, writer, reader, stop)] = started
     assert (module, nproc, stop) == ("stages.train", 2, 10.0)  # the ranks watched within train's bounds
     assert writer == reader == os.getpid()  # the launcher holds the locks for its ranks
-    assert not (project / "model").exists() and not list((project / "checkpoints").glob("*.pt"))
+    assert not (project / "model").exists() and not list((project / "checkpoints").glob("ckpt_*"))
 
 
 def test_the_atomic_writer_never_writes_through_a_symlink(tmp_path, monkeypatch):

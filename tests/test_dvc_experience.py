@@ -568,7 +568,7 @@ def test_train_parallel_fsdp_through_dvc_exp_run(two_runs):
     for stage in ("train", "evaluate", "compare"):
         assert f"Running stage '{stage}'" in out
     newest = sorted((two_runs / "checkpoints").glob("ckpt_*"))[-1]
-    assert newest.name == "ckpt_0000006.dcp" and (newest / "__1_0.distcp").is_file()
+    assert newest.name == "ckpt_0000006" and (newest / "__1_0.distcp").is_file()
     row = exp_rows(two_runs)["micro-fsdp"]
     assert row["params"]["train"]["parallel"] == "fsdp" and math.isfinite(row["metrics"]["metrics/eval.json"]["eval"]
                                                                           ["val_loss"])

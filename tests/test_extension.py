@@ -48,11 +48,10 @@ def test_a_toy_optimizer_and_a_toy_task_run_through_train_and_evaluate(tmp_path)
                            optimizer="toy_sgd", max_steps=4, eval_every=2)
     trained = run(project, "train")
     assert trained.returncode == 0, trained.stderr[-3000:]
-    ckpt = max((project / "checkpoints").glob("ckpt_*.pt"))
-    import torch
+    from gptcore.train import checkpoints
 
-    state = torch.load(ckpt, weights_only=True)
-    assert set(state["optimizer"]) == {"sgd"} and state["params"]["train"]["optimizer"] == "toy_sgd"
+    record = checkpoints.read(checkpoints.latest_checkpoint(project / "checkpoints"))
+    assert set(record["optimizer"]) == {"sgd"} and record["params"]["train"]["optimizer"] == "toy_sgd"
     evaluated = run(project, "evaluate")
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     result = json.loads((project / "metrics" / "eval.json").read_text())

@@ -67,7 +67,7 @@ def train_as_nodes(project: Path, *ranks: int, ok: bool = True) -> str:
 
 def chunks(project: Path, step: int, name: str = WEIGHT) -> int:
     """Into how many pieces the sharded checkpoint of `step` cut weight `name` (one a shard: replicas write once)."""
-    folder = project / "checkpoints" / f"ckpt_{step:07d}.dcp"
+    folder = project / "checkpoints" / f"ckpt_{step:07d}"
     return len(FileSystemReader(folder).read_metadata().state_dict_metadata[name].chunks)
 
 
@@ -98,7 +98,8 @@ def test_hsdp_shards_inside_a_node_and_replicates_across(runs):
     """A node's 2 ranks hold a weight's 2 shards (fsdp's 4 ranks: 4), and the other node the same 2 again: the
     checkpoint, which writes a replicated piece once, has 2 pieces of each weight under hsdp and 4 under fsdp."""
     assert chunks(runs["hsdp"], 12) == 2 and chunks(runs["fsdp"], 12) == 4
-    assert chunks(runs["hsdp"], 12, "optimizer.adamw.0.exp_avg") == 2  # Adam's moments are sharded alike
+    moments = f"optimizer.adamw.{WEIGHT.removeprefix('model.')}.exp_avg"  # keyed by the weight's name
+    assert chunks(runs["hsdp"], 12, moments) == 2  # Adam's moments are sharded alike
 
 
 def test_hsdp_on_one_node_is_fsdp(tmp_path, shards):
@@ -115,11 +116,11 @@ def test_an_hsdp_checkpoint_resumes_under_fsdp_on_one_node_of_two(tmp_path, shar
     """torch.distributed.checkpoint reads the 2 pieces of each weight into fsdp's 2 ranks: step 6 continues as the
     uninterrupted hsdp run, to float tolerance."""
     project, out = resumed(runs["hsdp"], tmp_path / "resumed", shards, 6, parallel="fsdp", nproc=2)
-    assert "resuming from checkpoints/ckpt_0000006.dcp (step 6)" in out and "2 x cpu (fsdp" in out
+    assert "resuming from checkpoints/ckpt_0000006 (step 6)" in out and "2 x cpu (fsdp" in out
     worst = largest_difference(project, runs["hsdp"])
     print(f"hsdp 2 x 2 -> fsdp on 2 at step 6 of 12: largest weight difference {worst:.2e}")
     assert worst < TOL
-    assert checkpoints.latest_checkpoint(project / "checkpoints").name == "ckpt_0000012.dcp"
+    assert checkpoints.latest_checkpoint(project / "checkpoints").name == "ckpt_0000012"
 
 
 def test_nodes_of_different_sizes_are_refused_in_one_line(tmp_path, shards):

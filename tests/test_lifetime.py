@@ -367,7 +367,7 @@ def test_killing_torchrun_takes_its_workers_and_the_rerun_matches_an_uninterrupt
     project = make_project(tmp_path / "p", gpt2_shards, **LONG, nproc=2)
     top = subprocess.Popen(stage_cmd("train", nproc=2), cwd=project, env=stage_env(),
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for(lambda: (project / "checkpoints" / "ckpt_0000080.pt").exists(), top, timeout=300)
+    wait_for(lambda: (project / "checkpoints" / "ckpt_0000080").exists(), top, timeout=300)
     procs = tree(top.pid)
     assert len(procs) >= 3, "expected torchrun and its 2 workers"
     top.kill()  # SIGKILL of torchrun alone (as when dvc, its parent, is killed): nobody forwards anything
@@ -378,6 +378,16 @@ def test_killing_torchrun_takes_its_workers_and_the_rerun_matches_an_uninterrupt
     same_run(solo, project)
 
 
+def saved_step(err: str, signal_name: str) -> int:
+    """The step the stage's last line says a signal's save kept (a step of its own, past the step-40 checkpoint)."""
+    import re
+
+    said = re.fullmatch(rf"\[train\] interrupted \({signal_name}\); saved step (\d+): a rerun resumes there",
+                        err.strip().splitlines()[-1])
+    assert said, err[-2000:]
+    return int(said.group(1))
+
+
 def start_train(project: Path) -> subprocess.Popen:
     """The train stage as a terminal's foreground job of its own (its process group is the job), once its step-40
     checkpoint is written."""
@@ -386,7 +396,7 @@ def start_train(project: Path) -> subprocess.Popen:
     stage = subprocess.Popen([sys.executable, "-m", "stages.train"], cwd=project, env=stage_env(), text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                              preexec_fn=as_foreground_job)
-    wait_for(lambda: (project / "checkpoints" / "ckpt_0000040.pt").exists(), stage, timeout=300)
+    wait_for(lambda: (project / "checkpoints" / "ckpt_0000040").exists(), stage, timeout=300)
     return stage
 
 
@@ -405,9 +415,9 @@ def test_sigterm_to_the_stage_running_two_ranks_is_one_line_and_143_and_the_reru
     out, err = stage.communicate(timeout=60)
     seconds_until_gone(procs)
     assert stage.returncode == 143, err[-2000:]
-    assert err.strip().splitlines()[-1] == "[train] interrupted (SIGTERM); finished work is kept, rerun to resume"
+    saved = saved_step(err, "SIGTERM")  # the ranks finished their step and saved it
     assert "Traceback" not in err and "SignalException" not in err
-    assert "resuming from" in run_stage(project, "train", nproc=1).stdout
+    assert f"resuming from checkpoints/ckpt_{saved:07d} (step {saved})" in run_stage(project, "train", nproc=1).stdout
     same_run(solo, project)
 
 
@@ -445,10 +455,10 @@ def test_ctrl_z_stops_every_rank_and_fg_continues_them(tmp_path, gpt2_shards, so
     procs = tree(stage.pid)
     os.killpg(stage.pid, signal.SIGTSTP)  # Ctrl-Z: SIGTSTP to the terminal's foreground job
     wait_for(lambda: all(p.status() == psutil.STATUS_STOPPED for p in procs), timeout=30)
-    saved = sorted((project / "checkpoints").glob("ckpt_*.pt"))
+    saved = sorted((project / "checkpoints").glob("ckpt_*"))
     time.sleep(3)
     assert all(p.status() == psutil.STATUS_STOPPED for p in procs)
-    assert sorted((project / "checkpoints").glob("ckpt_*.pt")) == saved  # nothing ran meanwhile
+    assert sorted((project / "checkpoints").glob("ckpt_*")) == saved  # nothing ran meanwhile
     os.killpg(stage.pid, signal.SIGCONT)  # fg
     out, err = stage.communicate(timeout=300)
     assert stage.returncode == 0, err[-2000:]
@@ -543,16 +553,16 @@ def test_ctrl_c_during_training_prints_one_line_and_the_rerun_resumes(tmp_path, 
     stage = subprocess.Popen([sys.executable, "-m", "stages.train"], cwd=project, env=stage_env(), text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                              preexec_fn=as_foreground_job)
-    wait_for(lambda: (project / "checkpoints" / "ckpt_0000040.pt").exists(), stage, timeout=300)
+    wait_for(lambda: (project / "checkpoints" / "ckpt_0000040").exists(), stage, timeout=300)
     procs = tree(stage.pid)
     assert len(procs) == (1 if nproc == 1 else 3), [p.cmdline() for p in procs]  # the stage and its ranks
     os.killpg(stage.pid, signal.SIGINT)  # Ctrl-C: SIGINT to the terminal's foreground job
     out, err = stage.communicate(timeout=60)
     seconds_until_gone(procs)
     assert stage.returncode == 130
-    assert err.strip().splitlines()[-1] == "[train] interrupted (SIGINT); finished work is kept, rerun to resume"
+    saved = saved_step(err, "SIGINT")  # the step in flight finished and was saved
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
-    assert "resuming from" in run_stage(project, "train").stdout
+    assert f"resuming from checkpoints/ckpt_{saved:07d} (step {saved})" in run_stage(project, "train").stdout
     same_run(solo, project)
 @pytest.mark.slow
 def test_sigkill_of_dvc_repro_during_train_leaves_no_process_and_the_rerun_matches(tmp_path):
@@ -564,7 +574,7 @@ def test_sigkill_of_dvc_repro_during_train_leaves_no_process_and_the_rerun_match
     clone = dvc_clone(tmp_path, ["fetch.max_docs=2", "tokenize.val_tokens=8192", *MICRO_TRAIN])
     finish(start_dvc(clone, "repro", "tokenize"))
     dvc = start_dvc(clone, "repro", "train")
-    wait_for(lambda: (clone / "checkpoints" / "ckpt_0000040.pt").exists(), dvc, timeout=600)
+    wait_for(lambda: (clone / "checkpoints" / "ckpt_0000040").exists(), dvc, timeout=600)
     procs = tree(dvc.pid)
     assert sum("stages.train" in " ".join(p.cmdline()) for p in procs) >= 2, [p.cmdline() for p in procs]
     dvc.kill()
@@ -618,7 +628,7 @@ def test_params_rewritten_during_dvc_repro_fail_the_stage_and_dvc_records_nothin
     clone = dvc_clone(tmp_path, ["fetch.max_docs=2", "tokenize.val_tokens=8192", *MICRO_TRAIN, "train.nproc=1",
                                  "train.max_steps=400", "train.eval_every=200", "train.ckpt_every=20"])
     dvc = start_dvc(clone, "repro", "train")
-    wait_for(lambda: (clone / "checkpoints" / "ckpt_0000020.pt").exists(), dvc, timeout=600)  # past its params
+    wait_for(lambda: (clone / "checkpoints" / "ckpt_0000020").exists(), dvc, timeout=600)  # past its params
     params = yaml.safe_load((clone / "params.yaml").read_text())
     params["train"]["max_lr"] = 0.5
     (clone / "params.yaml").write_text(yaml.safe_dump(params))

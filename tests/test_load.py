@@ -2,6 +2,7 @@
 the same rules for block size everywhere, and the tokenizer that goes with a model."""
 import errno
 import json
+import re
 import sys
 import types
 import zipfile
@@ -99,8 +100,8 @@ def test_every_spec_loads_the_same_weights_everywhere(tmp_path):
     model = tiny()
     folder = tmp_path / "model"
     export_model(folder, model, None, {"step": 3}, hf_vocab_size=64)
-    ckpt = checkpoints.save_checkpoint(tmp_path / "ckpts", 3, {"model": model.state_dict(),
-                                                              "model_config": dict(TINY), "step": 3}, keep=1)
+    checkpoints.save_best(tmp_path / "ckpts", 3, model.state_dict(), dict(TINY), 1.0, "run")
+    ckpt = checkpoints.best_path(tmp_path / "ckpts", 3)  # best weights: a .pt file of this project
     for spec in (folder, folder / MODEL_FILE, folder / "hf", ckpt):
         assert same_weights(load_model(spec), model), spec
         assert same_weights(init_model(ModelConfig(init_from=str(spec), block_size=16), data_vocab_size=60), model)
@@ -201,3 +202,57 @@ def test_a_full_disk_while_fetching_gpt2_is_not_called_a_network_failure(tmp_pat
     with pytest.raises(UserError, match=r"model.safetensors: no space left on .*free some space") as e:
         load_model("gpt2")
     assert "cannot fetch" not in str(e.value)
+
+
+def flip_a_weight(path, n: int = 64) -> None:
+    """n bytes of the largest tensor in the torch.save file `path` inverted in place, as bit rot or a bad copy leaves
+    them: the size and the zip layout stay, so the file still loads."""
+    with zipfile.ZipFile(path) as z:
+        entry = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    data = bytearray(path.read_bytes())
+    head = entry.header_offset  # its local header: 30 bytes, then its name and extra field, then its bytes
+    start = head + 30 + int.from_bytes(data[head + 26:head + 28], "little") + int.from_bytes(data[head + 28:head + 30],
+                                                                                             "little")
+    data[start:start + n] = bytes(b ^ 0xFF for b in data[start:start + n])
+    path.write_bytes(bytes(data))
+
+
+def test_model_pt_changed_since_its_export_is_one_line_wherever_it_is_read(tmp_path, capsys):
+    """model/'s manifest records model.pt's sha256, taken as the export wrote it: bytes flipped inside a weight (the
+    zip still reads) are named wherever the weights are read back, before any is used."""
+    tok = CharTokenizer("abcdefgh ")
+    folder = tmp_path / "model"
+    export_model(folder, tiny(), tok, {"step": 1})
+    manifest = json.loads((folder / "manifest.json").read_text())
+    import hashlib
+    assert manifest["sha256"] == {MODEL_FILE: hashlib.sha256((folder / MODEL_FILE).read_bytes()).hexdigest()}
+    assert same_weights(load_model(folder), tiny())
+    flip_a_weight(folder / MODEL_FILE)
+    assert read_checkpoint(folder / MODEL_FILE)["step"] == 1  # still a readable torch.save file: only the digest tells
+    line = (f"{folder / MODEL_FILE}: its sha256 is not the one {folder / 'manifest.json'} recorded when it was "
+            f"written (the file was damaged or replaced since); export it again")
+    for spec in (folder, folder / MODEL_FILE):
+        with pytest.raises(UserError, match=re.escape(line)):
+            load_model(spec)
+        with pytest.raises(UserError, match=re.escape(f"model.init_from='{spec}': {line}")):
+            init_model(ModelConfig(init_from=str(spec), block_size=16), data_vocab_size=9)
+    with pytest.raises(SystemExit) as end:
+        sample_main(["--model", str(folder), "--prompt", "abc", "--device", "cpu"])
+    assert end.value.code == (f"[gptcore-sample] {line} (rerun train: its checkpoints are kept), or restore DVC's "
+                              f"copy (dvc checkout)")
+
+
+def test_a_training_checkpoint_or_one_of_its_files_is_refused_as_a_model_before_anything_is_read(tmp_path):
+    """Its weights are spread over shards that only resuming reads together: one line, not a torch.load traceback."""
+    from gptcore.model.load import check_spec
+
+    folder = tmp_path / "ckpt_0000003"
+    checkpoints.write(tmp_path, 3, {"model": {"w": torch.zeros(4)}}, {"step": 3})
+    for spec, what in ((folder, "a training checkpoint"),
+                       (folder / "__0_0.distcp", f"one file of the training checkpoint {folder}"),
+                       (folder / "record.pt", f"one file of the training checkpoint {folder}")):
+        with pytest.raises(UserError, match=re.escape(f"{spec}: {what}, not a model (its weights are spread")):
+            check_spec(spec)
+    (tmp_path / "copied.distcp").write_bytes((folder / "__0_0.distcp").read_bytes())
+    with pytest.raises(UserError, match="copied.distcp: one shard of a training checkpoint, not a model"):
+        load_model(tmp_path / "copied.distcp")

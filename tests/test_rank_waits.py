@@ -134,7 +134,9 @@ def test_a_rank_that_ends_with_status_0_is_named_and_the_others_are_ended(tmp_pa
 
 
 @pytest.mark.slow
-def test_sigterm_to_one_rank_is_one_line_naming_it(tmp_path, shards):
+def test_sigterm_to_one_rank_stops_every_rank_with_a_save_in_one_line(tmp_path, shards):
+    """Once the stage ended with no line; then it named the rank. Now the rank finishes its step, the others agree
+    to stop after the same one, they save it together and the stage says what was kept."""
     project = make_project(tmp_path / "p", shards, nproc=2, **LONG)
     stage = start(project)
     rank = training(project, stage)[1]
@@ -144,8 +146,9 @@ def test_sigterm_to_one_rank_is_one_line_naming_it(tmp_path, shards):
     seconds_until_gone(procs)
     assert stage.returncode == 143 and "Traceback" not in err, err[-3000:]
     [line] = said(err)
-    assert re.fullmatch(rf"\[train\] rank 1 \(pid {rank.pid}\) was killed by SIGTERM in step \d+ \(\w+\); the other "
-                        rf"ranks were stopped and {KEPT}: rerun to resume", line), line
+    kept = re.fullmatch(r"\[train\] interrupted \(SIGTERM\); saved step (\d+): a rerun resumes there", line)
+    assert kept, line
+    assert (project / "checkpoints" / f"ckpt_{int(kept.group(1)):07d}").is_dir()
 
 
 @pytest.mark.slow

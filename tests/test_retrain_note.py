@@ -5,6 +5,8 @@ line, and a switch of preset one short line naming the two presets (gptcore.trai
 gptcore.presets)."""
 from __future__ import annotations
 
+import torch
+
 from gptcore.model.config import ModelConfig
 from gptcore.presets import composed, preset_table, preset_values
 from gptcore.train import checkpoints, run_folder
@@ -19,8 +21,10 @@ def params(max_steps: int, max_lr: float = 1e-3) -> dict:
 
 
 def save(ckpt_dir, step: int, run: dict) -> None:
-    checkpoints.save_checkpoint(ckpt_dir, step, {"step": step, "params": run,
-                                                "fingerprint": run_folder.run_fingerprint(run)}, keep=2)
+    """A checkpoint of `run` at `step` (one tensor is all the run folder's logic reads of it)."""
+    checkpoints.write(ckpt_dir, step, {"w": torch.zeros(4)}, {"params": run,
+                                                              "fingerprint": run_folder.run_fingerprint(run)})
+    checkpoints.remove_old(ckpt_dir, keep=2)
 
 
 def test_a_finished_run_replaced_by_the_preset_s_value_names_the_s_to_repeat(tmp_path):
@@ -29,7 +33,7 @@ def test_a_finished_run_replaced_by_the_preset_s_value_names_the_s_to_repeat(tmp
     save(tmp_path, 50, short)
     resume, notes = run_folder.prepare_resume(tmp_path, params(200), is_main=True, presets=PRESETS)  # a plain one
     assert resume is None
-    assert notes[0] == (f"{tmp_path / 'ckpt_0000050.pt'} was written by a run with other params, so it is not "
+    assert notes[0] == (f"{tmp_path / 'ckpt_0000050'} was written by a run with other params, so it is not "
                         f"resumed; starting fresh (train.max_steps: 50 -> 200): the finished run it replaces (step "
                         f"50 of 50) had train.max_steps=50, and this run has the preset's; `dvc exp run` composes "
                         f"params.yaml from conf/ afresh, so an earlier -S holds only where repeated "

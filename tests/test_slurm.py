@@ -208,8 +208,8 @@ def warn_after_checkpoint(cluster: Cluster, project: Path, job: str, step: int) 
     """Once checkpoint `step` is written and a later step logged: the time-limit warning, as --signal=B:USR1 sends
     it (to the batch script only); the job requeued."""
     loss = project / "metrics/train/plots/metrics/train_loss.tsv"
-    saved = [project / "checkpoints" / f"ckpt_{step:07d}{s}" for s in (".pt", ".dcp")]
-    cluster.wait_for(lambda: (any(p.exists() for p in saved) and loss.exists()
+    saved = project / "checkpoints" / f"ckpt_{step:07d}"
+    cluster.wait_for(lambda: (saved.exists() and loss.exists()
                               and len(loss.read_text().splitlines()) > step + 1)
                      or cluster.job(job)["JobState"] not in ("PENDING", "RUNNING"), f"checkpoint {step}", 300)
     assert cluster.job(job)["JobState"] == "RUNNING", f"the run ended before the warning:\n{log(project, job)}"
@@ -228,8 +228,8 @@ def finished(cluster: Cluster, project: Path, job: str) -> dict[str, str]:
 @pytest.mark.parametrize("nodes,per_node", [(1, 2), (2, 1)])
 def test_warned_mid_way_the_job_requeues_itself_and_ends_as_the_uninterrupted_run(cluster, shards, straight,
                                                                                   tmp_path, nodes, per_node):
-    """Without the trainer's own save on the signal, the ranks stop at once; the run resumes from step 8's
-    checkpoint or a later one."""
+    """The ranks finish their step and save it on the signal (the first run's last line says which step), and the
+    requeued run resumes from that checkpoint."""
     project = make_project(tmp_path / "project", shards, nproc=per_node, **RUN)
     job = submit(cluster, project, f"--nodes={nodes}")
     warn_after_checkpoint(cluster, project, job, 8)
@@ -238,8 +238,9 @@ def test_warned_mid_way_the_job_requeues_itself_and_ends_as_the_uninterrupted_ru
     assert fields["Restarts"] == "1" and fields["NumNodes"] == str(nodes), fields
     assert f"run 0: {nodes} node(s) of {per_node} rank(s)" in said and f"run 1: {nodes} node(s)" in said, said
     assert "[slurm] SIGUSR1 (the time-limit warning): stopping the ranks" in said and "[slurm] requeued" in said
-    resumed = re.search(r"resuming from checkpoints/ckpt_(\d+)\.pt \(step (\d+)\)", said)
-    assert resumed and 8 <= int(resumed.group(2)) < RUN["max_steps"], said[-4000:]
+    kept = re.search(r"\[train\] interrupted \(SIGUSR1\); saved step (\d+): a rerun resumes there", said)
+    assert kept and 8 <= int(kept.group(1)) < RUN["max_steps"], said[-4000:]
+    assert f"resuming from checkpoints/ckpt_{int(kept.group(1)):07d} (step {kept.group(1)})" in said, said[-4000:]
     a, b = weights(project), weights(straight)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 

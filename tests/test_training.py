@@ -62,8 +62,7 @@ def test_stage_trains_logs_and_saves(tmp_path, shards):
     summary = json.loads((project / "metrics/train/metrics.json").read_text())
     assert np.isfinite(summary["val_loss"]) and summary["step"] == 10
     assert (project / "model" / "hf" / "config.json").exists() and (project / "model" / "manifest.json").exists()
-    assert [p.name for p in checkpoints.list_checkpoints(project / "checkpoints")] == ["ckpt_0000009.pt",
-                                                                                       "ckpt_0000010.pt"]
+    assert [p.name for p in checkpoints.list_checkpoints(project / "checkpoints")] == ["ckpt_0000009", "ckpt_0000010"]
 
 
 def test_two_gloo_ranks_equal_one_rank_with_accumulation(tmp_path, shards):
@@ -94,13 +93,13 @@ def kill_after_checkpoint(project: Path, nproc: int, ckpt_step: int) -> None:
     """Start training, SIGKILL every process of it once ckpt_step is saved and a later step was logged."""
     proc = subprocess.Popen(train_cmd(nproc), cwd=project, env=env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
-    # a checkpoint file (ddp), or a sharded checkpoint's folder (fsdp): it appears whole, by one rename
-    targets = [project / "checkpoints" / f"ckpt_{ckpt_step:07d}{suffix}" for suffix in (".pt", ".dcp")]
+    # a checkpoint's folder: it appears whole, by one rename
+    target = project / "checkpoints" / f"ckpt_{ckpt_step:07d}"
     loss_tsv = project / "metrics/train/plots/metrics/train_loss.tsv"
     deadline = time.time() + 300
     try:
         while time.time() < deadline and proc.poll() is None:
-            saved = any(t.exists() for t in targets)
+            saved = target.exists()
             if saved and loss_tsv.exists() and len(loss_tsv.read_text().splitlines()) > ckpt_step + 1:
                 break
             time.sleep(0.02)
@@ -124,8 +123,8 @@ def test_killed_run_resumes_bit_identically(tmp_path, shards, nproc, dtype):
     run_train(straight, nproc)
     kill_after_checkpoint(killed, nproc, ckpt_step=6)
     # the kill may land after a later checkpoint too: the run must resume from the newest one on disk
-    newest = sorted((killed / "checkpoints").glob("ckpt_*.pt"))[-1]
-    step = int(newest.stem.split("_")[1])
+    newest = sorted((killed / "checkpoints").glob("ckpt_*"))[-1]
+    step = int(newest.name.split("_")[1])
     assert step >= 6
     out = run_train(killed, nproc)
     assert f"resuming from checkpoints/{newest.name} (step {step})" in out.stdout, out.stdout
@@ -146,7 +145,7 @@ def test_float16_with_grad_scaler_trains_and_resumes_its_scaler(tmp_path, shards
     assert "torch.float16" in out.stdout
     losses = [v for _, v in tsv(project, "train_loss")]
     assert len(losses) == 4 and all(np.isfinite(losses))
-    ckpt = checkpoints.load_checkpoint(checkpoints.latest_checkpoint(project / "checkpoints"))
+    ckpt = checkpoints.read(checkpoints.latest_checkpoint(project / "checkpoints"))
     assert ckpt["scaler"] is not None and ckpt["scaler"]["scale"] > 0
 
 
@@ -185,8 +184,9 @@ def test_modern_killed_run_resumes_bit_identically(tmp_path, shards, nproc, dtyp
     killed = make_project(tmp_path / "killed", shards, model=MODERN_MODEL, **opts)
     run_train(straight, nproc)
     kill_after_checkpoint(killed, nproc, ckpt_step=6)
-    ckpt = checkpoints.load_checkpoint(killed / "checkpoints" / "ckpt_0000006.pt")
-    assert set(ckpt["optimizer"]) == {"adamw", "muon"} and ckpt["optimizer"]["muon"]["state"]
+    ckpt = killed / "checkpoints" / "ckpt_0000006"
+    assert set(checkpoints.read(ckpt)["optimizer"]) == {"adamw", "muon"}
+    assert any(k.startswith("optimizer.muon.") for k in checkpoints.read_index(ckpt / ".metadata").state_dict_metadata)
     out = run_train(killed, nproc)
     assert "resuming from" in out.stdout
     wa, wb = final_weights(straight), final_weights(killed)
@@ -285,8 +285,10 @@ def test_modern_float16_with_grad_scaler_steps_both_optimizers(tmp_path, shards)
     assert "torch.float16" in out.stdout
     losses = [v for _, v in tsv(project, "train_loss")]
     assert len(losses) == 4 and all(np.isfinite(losses))
-    ckpt = checkpoints.load_checkpoint(checkpoints.latest_checkpoint(project / "checkpoints"))
-    assert ckpt["scaler"]["scale"] > 0 and ckpt["optimizer"]["muon"]["state"]
+    newest = checkpoints.latest_checkpoint(project / "checkpoints")
+    assert checkpoints.read(newest)["scaler"]["scale"] > 0
+    index = checkpoints.read_index(newest / ".metadata").state_dict_metadata
+    assert any(k.startswith("optimizer.muon.") for k in index)
 
 
 def test_a_data_change_starts_fresh_never_resumes(tmp_path, shards):
@@ -298,7 +300,8 @@ def test_a_data_change_starts_fresh_never_resumes(tmp_path, shards):
     run_train(project)
     (project / "data" / "shards").unlink()
     (project / "data" / "shards").symlink_to(other)
-    (project / "checkpoints" / ".ckpt_0000009.pt.4242.abcd.tmp").write_bytes(b"x" * 4096)
+    (project / "checkpoints" / ".ckpt_0000009.tmp").mkdir()  # a killed save's temp folder
+    (project / "checkpoints" / ".ckpt_0000009.tmp" / "__0_0.distcp").write_bytes(b"x" * 4096)
     out = run_train(project)
     assert "not resumed; starting fresh (data.shards: " in out.stdout, out.stdout
     assert "removed 1 temp file(s) of interrupted saves" in out.stdout
@@ -310,21 +313,28 @@ def test_a_data_change_starts_fresh_never_resumes(tmp_path, shards):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_a_start_from_its_own_checkpoint_is_refused_and_one_copied_out_resumes(tmp_path, shards):
-    """model.init_from inside checkpoints/ would be moved aside by the fresh start, and a killed rerun could not
-    find it: refused in one line, nothing moved. Copied out, the run resumes after a kill like any other."""
-    project = make_project(tmp_path / "p", shards, max_steps=6)
+def test_a_start_from_its_own_checkpoint_is_refused_and_a_model_copied_out_resumes(tmp_path, shards):
+    """A training checkpoint is no model (its weights are spread over shards): refused in one line before start-up.
+    A weights file inside checkpoints/ (best weights) would be moved aside by the fresh start, and a killed rerun could
+    not find it: refused in one line, nothing moved. Copied out, the run resumes after a kill like any other."""
+    project = make_project(tmp_path / "p", shards, max_steps=6, export="best", eval_every=3)
     run_train(project)
     before = sorted(p.name for p in (project / "checkpoints").iterdir())
-    make_project(project, shards, model={"init_from": "checkpoints/ckpt_0000006.pt"}, max_steps=12)
-    proc = subprocess.run(train_cmd(1), cwd=project, env=env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert proc.stderr.strip().splitlines() == [
-        "[train] params.yaml model.init_from='checkpoints/ckpt_0000006.pt': is in checkpoints/, whose checkpoints a "
-        "fresh run moves aside and keep_checkpoints deletes; copy it out first (cp checkpoints/ckpt_0000006.pt "
-        "init.pt) and set model.init_from: init.pt"]
-    assert sorted(p.name for p in (project / "checkpoints").iterdir()) == before
-    (project / "init.pt").write_bytes((project / "checkpoints" / "ckpt_0000006.pt").read_bytes())
+    best = next(name for name in before if name.startswith("best_"))
+    for spec, line in (
+            ("checkpoints/ckpt_0000006", "[train] model.init_from='checkpoints/ckpt_0000006': "
+             "checkpoints/ckpt_0000006: a training checkpoint, not a model (its weights are spread over files that "
+             "only resuming reads together): name a model/ folder (what train exports), a .pt file of weights or a "
+             "Hugging Face GPT-2 folder"),
+            (f"checkpoints/{best}", f"[train] params.yaml model.init_from='checkpoints/{best}': is in checkpoints/, "
+             f"whose checkpoints a fresh run moves aside and keep_checkpoints deletes; copy it out first (cp "
+             f"checkpoints/{best} init.pt) and set model.init_from: init.pt")):
+        make_project(project, shards, model={"init_from": spec}, max_steps=12)
+        proc = subprocess.run(train_cmd(1), cwd=project, env=env(), capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert proc.stderr.strip().splitlines() == [line]
+        assert sorted(p.name for p in (project / "checkpoints").iterdir()) == before
+    (project / "init.pt").write_bytes((project / "model" / "model.pt").read_bytes())
     straight = make_project(tmp_path / "straight", shards, model={"init_from": str(project / "init.pt")},
                             max_steps=12)
     make_project(project, shards, model={"init_from": "init.pt"}, max_steps=12)
@@ -342,11 +352,11 @@ def test_a_resume_with_another_micro_batch_matches_to_about_1e6(tmp_path, shards
     run_train(straight)
     resumed = make_project(tmp_path / "resumed", shards, max_steps=12, keep_checkpoints=10)
     shutil.copytree(straight / "checkpoints", resumed / "checkpoints")
-    for p in (resumed / "checkpoints").glob("ckpt_*.pt"):
-        if p.name > "ckpt_0000006.pt":  # what a kill after step 6's checkpoint leaves
-            p.unlink()
+    for p in (resumed / "checkpoints").glob("ckpt_*"):
+        if p.name > "ckpt_0000006":  # what a kill after step 6's checkpoint leaves
+            shutil.rmtree(p)
     make_project(resumed, shards, max_steps=12, keep_checkpoints=10, micro_batch=2)
-    assert "resuming from checkpoints/ckpt_0000006.pt (step 6)" in run_train(resumed).stdout
+    assert "resuming from checkpoints/ckpt_0000006 (step 6)" in run_train(resumed).stdout
     wa, wb = final_weights(straight), final_weights(resumed)
     worst = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
     print(f"micro_batch 4 -> 2 at step 6 of 12: largest weight difference {worst:.2e}")
@@ -370,7 +380,7 @@ def test_model_folder_is_byte_identical_across_runs_and_a_finished_rerun(tmp_pat
     final = checkpoints.load_checkpoint(a / "model" / "model.pt")["final"]
     assert {"train_loss", "val_loss", "lr", "grad_norm", "tokens_seen"} <= set(final)
     assert not {"tokens_per_sec", "step_ms", "mfu"} & set(final)
-    assert "resuming from checkpoints/ckpt_0000006.pt (step 6)" in run_train(a).stdout
+    assert "resuming from checkpoints/ckpt_0000006 (step 6)" in run_train(a).stdout
     assert model_tree(a) == first
 
 
@@ -382,25 +392,26 @@ def strace_works() -> bool:
 
 @pytest.mark.skipif(not strace_works(), reason="needs a working strace (ptrace) for fault injection")
 def test_an_io_error_reading_good_checkpoints_stops_in_one_line_and_the_rerun_resumes(tmp_path, shards):
-    """The issue's reproduction, with a real EIO (strace fault injection into every read of each checkpoint): the
-    run stops in one line naming the newest, every checkpoint stays in place, and without the fault it resumes."""
+    """The issue's reproduction, with a real EIO (strace fault injection into every read of each checkpoint's files):
+    the run stops in one line naming the newest's first file read, every checkpoint stays in place, and without the
+    fault it resumes."""
     straight = make_project(tmp_path / "straight", shards, max_steps=12)
     run_train(straight)
     project = make_project(tmp_path / "p", shards, max_steps=12, keep_checkpoints=3)
     kill_after_checkpoint(project, 1, ckpt_step=6)
     ckpts = project / "checkpoints"
-    before = {p.name: p.read_bytes() for p in ckpts.glob("ckpt_*")}
-    newest = sorted(before)[-1]
-    faults = [a for p in checkpoints.list_checkpoints(ckpts) for a in ("-P", str(p))]
+    before = {str(p.relative_to(ckpts)): p.read_bytes() for p in ckpts.glob("ckpt_*/*")}
+    newest = checkpoints.latest_checkpoint(ckpts).name
+    faults = [a for p in sorted(ckpts.glob("ckpt_*/*")) for a in ("-P", str(p))]
     cmd = ["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=read", "-e", "inject=read:error=EIO", *faults,
            *train_cmd(1)]
     proc = subprocess.run(cmd, cwd=project, env=env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        f"[train] checkpoints/{newest}: cannot read it (EIO: Input/output error); the file is kept as it is: check "
-        f"the disk and this user's access to it, then run again"]
-    assert {p.name: p.read_bytes() for p in ckpts.glob("ckpt_*")} == before and len(before) >= 2
-    assert not (ckpts / run_folder.PREVIOUS).exists()
+        f"[train] checkpoints/{newest}/digests.json: cannot read it (EIO: Input/output error); the file is kept as "
+        f"it is: check the disk and this user's access to it, then run again"]
+    assert {str(p.relative_to(ckpts)): p.read_bytes() for p in ckpts.glob("ckpt_*/*")} == before
+    assert len(checkpoints.list_checkpoints(ckpts)) >= 2 and not (ckpts / run_folder.PREVIOUS).exists()
     out = run_train(project)
     assert f"resuming from checkpoints/{newest}" in out.stdout
     wa, wb = final_weights(straight), final_weights(project)
@@ -418,11 +429,11 @@ def test_an_earlier_experiment_applied_again_is_brought_back_not_retrained(tmp_p
     make_project(project, shards, max_steps=6)
     out = run_train(project).stdout
     assert "holds a run with these params (step 6): bringing it back" in out, out
-    assert "resuming from checkpoints/ckpt_0000006.pt (step 6)" in out
+    assert "resuming from checkpoints/ckpt_0000006 (step 6)" in out
     assert model_tree(project) == first and tsv(project, "train_loss") == losses
     kept = list((project / "checkpoints" / run_folder.PREVIOUS).iterdir())
     assert len(kept) == 1 and (kept[0] / "metrics" / "train").is_dir()  # the max_lr=2e-3 run, whole
-    assert checkpoints.load_checkpoint(kept[0] / "ckpt_0000006.pt")["params"]["train"]["max_lr"] == 2e-3
+    assert checkpoints.read(kept[0] / "ckpt_0000006")["params"]["train"]["max_lr"] == 2e-3
 
 
 @pytest.mark.parametrize("before,after", [(2, 1), (1, 2)])
@@ -435,12 +446,12 @@ def test_a_resume_with_another_nproc_is_bit_identical(tmp_path, shards, before, 
     run_train(straight, before)
     resumed = make_project(tmp_path / "resumed", shards, nproc=before, **opts)
     shutil.copytree(straight / "checkpoints", resumed / "checkpoints")
-    for p in (resumed / "checkpoints").glob("ckpt_*.pt"):
-        if p.name > "ckpt_0000006.pt":  # what a kill after step 6's checkpoint leaves
-            p.unlink()
+    for p in (resumed / "checkpoints").glob("ckpt_*"):
+        if p.name > "ckpt_0000006":  # what a kill after step 6's checkpoint leaves
+            shutil.rmtree(p)
     make_project(resumed, shards, nproc=after, **opts)
     out = run_train(resumed, after)
-    assert "resuming from checkpoints/ckpt_0000006.pt (step 6)" in out.stdout, out.stdout
+    assert "resuming from checkpoints/ckpt_0000006 (step 6)" in out.stdout, out.stdout
     assert f"{after} x cpu" in out.stdout
     wa, wb = final_weights(straight), final_weights(resumed)
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
@@ -455,7 +466,7 @@ def test_a_finished_run_rerun_only_exports_again(tmp_path, shards):
              if p.is_file() and p.name not in (".lock", ".run_fingerprint")}
     weights = final_weights(project)
     out = run_train(project)
-    assert "resuming from checkpoints/ckpt_0000004.pt (step 4)" in out.stdout
+    assert "resuming from checkpoints/ckpt_0000004 (step 4)" in out.stdout
     after = {p: p.read_bytes() for p in files}
     assert [str(p.relative_to(project)) for p in files if after[p] != files[p]] == []
     again = final_weights(project)

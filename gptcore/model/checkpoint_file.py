@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from gptcore.atomic import atomic_write
+from gptcore.digests import HashingWriter, file_sha256
 from gptcore.errors import UserError, cause, read_failure
 
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile, DistributedDataParallel
@@ -122,12 +123,32 @@ def _refusal(path: Path, e: Exception) -> CheckpointRefused | None:
     return None
 
 
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    """torch.save through the atomic writer (a kill mid-save leaves the old file); a dict gets the format version."""
+def atomic_torch_save(obj: Any, path: Path) -> str:
+    """torch.save through the atomic writer (a kill mid-save leaves the old file); a dict gets the format version. The
+    file's sha256, taken as it was written."""
     if isinstance(obj, dict):
         obj = {FORMAT_KEY: CHECKPOINT_FORMAT, **obj}
     with atomic_write(path, "wb", needed=_tensor_bytes(obj)) as f:
-        torch.save(obj, f)
+        with HashingWriter(f) as hashed:
+            torch.save(obj, hashed)
+        # closing the hashing writer closed the temp file too; the atomic writer's own close is then a no-op
+    return hashed.sha256
+
+
+class ChangedFile(UserError):
+    """A file whose sha256 is not the one recorded when it was written: damaged, or replaced since."""
+
+
+def check_sha256(path: Path, expected: str, recorded_in: str, fix: str) -> None:
+    """ChangedFile naming `path` unless its sha256 is `expected` (recorded at write in `recorded_in`); `fix`: what to
+    do."""
+    try:
+        found = file_sha256(path)
+    except OSError as e:
+        raise CheckpointRefused(read_failure(path, e)) from e
+    if found != expected:
+        raise ChangedFile(f"{path}: its sha256 is not the one {recorded_in} recorded when it was written (the file "
+                          f"was damaged or replaced since); {fix}")
 
 
 def _tensor_bytes(obj: Any) -> int:

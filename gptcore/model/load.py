@@ -5,6 +5,7 @@ size crops the position table. Also the tokenizer that goes with a model, and ev
 made the shards it is scored on."""
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -15,15 +16,21 @@ from gptcore.data.shards import MANIFEST
 from gptcore.data.tokenizers import load_tokenizer
 from gptcore.data.tokenizers.base import Tokenizer
 from gptcore.data.tokenizers.gpt2 import GPT2Tokenizer
-from gptcore.errors import UserError
-from gptcore.model.checkpoint_file import read_checkpoint, strip_prefixes
+from gptcore.errors import UserError, cause
+from gptcore.model.checkpoint_file import check_sha256, read_checkpoint, strip_prefixes
 from gptcore.model.config import ModelConfig
-from gptcore.model.export import MODEL_FILE
+from gptcore.model.export import MODEL_FILE, SHA256_KEY
 from gptcore.model.gpt import GPT, GPTConfig, file_config
 from gptcore.model.hf import HF_GPT2_NAMES, load_hf_gpt2
 
+DCP_INDEX = ".metadata"  # torch.distributed.checkpoint's index, in every training checkpoint folder
+
 
 def _from_checkpoint(path: Path) -> GPT:
+    expected = recorded_sha256(path)
+    if expected is not None:  # model/'s weights: the file as it was exported, or a line
+        check_sha256(path, expected, str(path.parent / MANIFEST),
+                     "export it again (rerun train: its checkpoints are kept), or restore DVC's copy (dvc checkout)")
     ckpt = read_checkpoint(path)
     # this project: model_config; nanoGPT: model_args; build-nanogpt: config
     key = next((k for k in ("model_config", "model_args", "config") if isinstance(ckpt.get(k), dict)), None)
@@ -41,12 +48,45 @@ def _from_checkpoint(path: Path) -> GPT:
     return model
 
 
+def recorded_sha256(path: Path) -> str | None:
+    """The sha256 the manifest.json beside `path` recorded for it when model/ was exported; None where none is
+    recorded (a file of another project, an export of an older gptcore). A manifest that is not JSON is a line."""
+    manifest = Path(path).parent / MANIFEST
+    if not manifest.is_file():
+        return None
+    try:
+        record = json.loads(manifest.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise UserError(f"{manifest}: not valid JSON ({cause(e)}): the record of the folder is damaged; export it "
+                        f"again (rerun train), or restore DVC's copy (dvc checkout)") from e
+    digests = record.get(SHA256_KEY) if isinstance(record, dict) else None
+    found = digests.get(Path(path).name) if isinstance(digests, dict) else None
+    return found if isinstance(found, str) else None
+
+
+def _training_checkpoint(path: Path) -> Path | None:
+    """The training checkpoint folder (torch.distributed.checkpoint's, with its index .metadata) that `path` is, or
+    holds `path`; None if neither."""
+    for folder in (path, path.parent):
+        if folder.is_dir() and (folder / DCP_INDEX).is_file():
+            return folder
+    return None
+
+
 def check_spec(spec: str | Path) -> None:
-    """A UserError naming `spec` when it names no weights: 'scratch', a missing path, or a folder of neither form.
-    Cheap (nothing is read), so a launcher checks it before any rank starts."""
+    """A UserError naming `spec` when it names no weights: 'scratch', a missing path, a folder of neither form, or a
+    training checkpoint (a folder of shards) or one of its files. Cheap (nothing is read), so a launcher checks it
+    before any rank starts."""
     name, path = str(spec), Path(spec)
     if name == "scratch":
         raise UserError("'scratch' names no weights: only model.init_from starts a model from scratch")
+    folder = _training_checkpoint(path)
+    if folder is not None or path.suffix == ".distcp":
+        what = "a training checkpoint" if folder == path else \
+            f"one file of the training checkpoint {folder}" if folder else "one shard of a training checkpoint"
+        raise UserError(f"{path}: {what}, not a model (its weights are spread over files that only resuming reads "
+                        f"together): name a model/ folder (what train exports), a .pt file of weights or a Hugging "
+                        f"Face GPT-2 folder")
     if name in HF_GPT2_NAMES or path.is_file():
         return
     if path.is_dir() and not ((path / MODEL_FILE).is_file() or (path / "config.json").is_file()):

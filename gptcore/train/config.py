@@ -74,8 +74,9 @@ class TrainConfig(Section):
     dist_timeout: float = param(600.0, "seconds a rank of several may then wait for the others in a collective, or go "
                                        "without progress (one step, eval or save); a rank that stalls is named and "
                                        "the run ended", above=0.0, resume_ok=True)
-    stop_timeout: float = param(10.0, "seconds a SIGINT or SIGTERM to a train.nproc > 1 run waits for its ranks to "
-                                      "stop before it kills them", min=0.0, resume_ok=True)
+    stop_timeout: float = param(10.0, "seconds a SIGINT or SIGTERM to a train.nproc > 1 run waits for each rank to "
+                                      "finish its step (an eval or save in flight: dist_timeout) before it kills it",
+                                min=0.0, resume_ok=True)
     seed: int = param(1337, "seed of the initial weights, dropout and shuffling", min=0)
     eval_every: int = param(REQUIRED, "evaluate every this many steps (0: only at the end)", min=0, resume_ok=True)
     val_tokens: int | None = param(None, "val loss over at most the first val_tokens tokens of the val split (null: "

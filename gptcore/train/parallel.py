@@ -26,9 +26,10 @@ from typing import Any, ContextManager, Iterable, Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from gptcore.distributed import DistEnv, all_gather_objects
@@ -39,9 +40,9 @@ from gptcore.train.config import TrainConfig
 
 class ParallelMode:
     """One choice of train.parallel. `sharded`: each process holds a shard of the weights, gradients and optimizer
-    state (its checkpoints are sharded ones, even on one process); `lockstep`: every rank runs every evaluation pass
-    (each pass gathers weights). `prepare` places the model before its optimizers are built; `wrap` gives the module
-    the loop calls, once a checkpoint is restored."""
+    state (what the memory estimate counts; checkpoints have one format for every mode); `lockstep`: every rank runs
+    every evaluation pass (each pass gathers weights). `prepare` places the model before its optimizers are built;
+    `wrap` gives the module the loop calls, once a checkpoint is restored."""
 
     name: str
     sharded: bool = False
@@ -67,10 +68,6 @@ class ParallelMode:
     def shards(self, processes: int) -> int:
         """Into how many shards the state is cut when `processes` processes train (1: each holds it whole)."""
         return 1
-
-    def whole_state(self, model: GPT) -> dict[str, torch.Tensor] | None:
-        """The whole weights: on rank 0 its state_dict, None elsewhere (a collective where the weights are sharded)."""
-        return model.state_dict() if not dist.is_initialized() or dist.get_rank() == 0 else None
 
     def state_bytes(self, weights: int, root: int, block: int, bytes_per_weight: int, processes: int,
                     act_bytes: int) -> int:
@@ -149,10 +146,6 @@ class FSDP(ParallelMode):
         # an evaluator calls hidden_states, not forward: as forward, it runs the root's hooks, so the root is FSDP's
         # root (not the first block called) and its weights are gathered
         register_fsdp_forward_method(model, "hidden_states")
-
-    def whole_state(self, model: GPT) -> dict[str, torch.Tensor] | None:
-        """Collective: every weight gathered once (tied names share one tensor); rank 0 keeps them on its CPU."""
-        return full_state_dict(model)
 
     def state_bytes(self, weights: int, root: int, block: int, bytes_per_weight: int, processes: int,
                     act_bytes: int) -> int:
@@ -247,19 +240,11 @@ def evaluating(model: nn.Module) -> Iterator[None]:
         model.reshard()
 
 
-@torch.no_grad()
-def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
-    """Collective: the whole weights of a sharded model on rank 0's CPU (None on the other ranks), each gathered
-    once (tied names share one tensor, as in a whole model's state_dict)."""
-    main = dist.get_rank() == 0
-    gathered: dict[int, torch.Tensor] = {}
-    out: dict[str, torch.Tensor] = {}
-    for name, t in model.state_dict().items():
-        if id(t) not in gathered:
-            whole = t.detach().full_tensor() if isinstance(t, DTensor) else t.detach()
-            gathered[id(t)] = whole.cpu() if main else whole[:0]  # only rank 0 keeps a copy
-        out[name] = gathered[id(t)]
-    return out if main else None
+def whole_state(model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """Collective: the whole weights of `model` (plain, DDP or FSDP2: torch.distributed.checkpoint's state_dict
+    gathers a sharded one) on rank 0's CPU, tied names sharing one tensor; None on the other ranks."""
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return state if not dist.is_initialized() or dist.get_rank() == 0 else None
 
 
 def empty_gpt(config: GPTConfig) -> GPT:
@@ -275,54 +260,12 @@ def empty_gpt(config: GPTConfig) -> GPT:
     return model
 
 
-def whole_model(model: GPT, mode: ParallelMode) -> GPT | None:
-    """Collective where `mode` shards: the model's weights as an unsharded GPT on rank 0's CPU (None elsewhere)."""
-    state = mode.whole_state(model)
+def whole_model(model: GPT) -> GPT | None:
+    """Collective: `model`'s weights as an unsharded GPT on rank 0's CPU (None elsewhere), whatever the mode."""
+    state = whole_state(model)
     if state is None:
         return None
     whole = empty_gpt(model.config)
     whole.load_state_dict(state)
     whole.loss_chunk_rows = model.loss_chunk_rows
     return whole
-
-
-def shard_like(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """`whole` cut as the DTensor `like` is (this rank's rows, no communication), or `whole` where `like` is not one."""
-    if not isinstance(like, DTensor) or not isinstance(whole, torch.Tensor) or whole.shape != like.shape:
-        return whole
-    return distribute_tensor(whole.detach(), like.device_mesh, like.placements, src_data_rank=None)
-
-
-def load_whole(model: nn.Module, optimizers: Any, model_state: dict[str, torch.Tensor],
-               optimizer_state: dict[str, Any]) -> None:
-    """A whole (ddp) checkpoint's weights and optimizer states into a sharded model and its optimizers: every tensor
-    shaped as a weight is cut into this rank's shard of it (Adam's moments, Muon's momentum), the rest kept."""
-    live = model.state_dict()
-    model.load_state_dict({k: shard_like(v, live[k]) for k, v in model_state.items()})
-    for name, opt in optimizers.optimizers.items():
-        saved = optimizer_state[name]
-        params = [p for group in opt.param_groups for p in group["params"]]  # the ids state_dict numbers
-        state = {i: {k: shard_like(v, params[i]) for k, v in s.items()} for i, s in saved["state"].items()}
-        opt.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
-
-
-@torch.no_grad()
-def init_optimizer_state(optimizers: Any) -> None:
-    """Give every optimizer its state tensors without changing a weight (a step at rate 0 on zero gradients), so
-    that a sharded checkpoint has somewhere to be read into."""
-    params = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
-    if any(opt.state for opt in optimizers) or any(p.grad is not None for p in params):
-        raise RuntimeError("init_optimizer_state is for optimizers that have not stepped yet")
-    rates = [(group, group["lr"]) for opt in optimizers for group in opt.param_groups]
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    for group, _ in rates:
-        group["lr"] = 0.0
-    try:
-        for opt in optimizers:
-            opt.step()
-    finally:
-        for group, lr in rates:
-            group["lr"] = lr
-        for p in params:
-            p.grad = None

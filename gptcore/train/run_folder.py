@@ -24,9 +24,11 @@ from gptcore.params import ParamError
 from gptcore.train.checkpoints import (
     BEST_RE,
     CKPT_RE,
+    LEGACY_RE,
     latest_checkpoint,
     list_checkpoints,
-    read_run_checkpoint,
+    read,
+    refuse_legacy,
     remove_temp_files,
     set_aside,
 )
@@ -60,13 +62,17 @@ def param_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 def find_resume(ckpt_dir: Path, run_params: dict[str, Any], also: list[Path] = (),
                 presets: Presets | None = None) -> tuple[Path | None, dict[str, Any] | None, str]:
-    """(path, loaded checkpoint, what was decided, naming the params that differ): the newest readable checkpoint if
-    a run with these params wrote it, else an earlier run of theirs in ckpt_dir/previous/ (see `bring_back`) or None
-    (see `move_aside`): another run's is never resumed. Call on one process only: it renames damaged ones."""
+    """(path, its record, what was decided, naming the params that differ): the newest checkpoint that passes its
+    checks if a run with these params wrote it (every file's sha256 checked: `checkpoints.read`), else an earlier run
+    of theirs in ckpt_dir/previous/ (see `bring_back`) or None (see `move_aside`): another run's is never resumed, nor
+    a checkpoint of an older gptcore (refused in one line). Call on one process only: it renames damaged ones."""
+    refuse_legacy(ckpt_dir)
     notes: list[str] = []
     for path in reversed(list_checkpoints(ckpt_dir)):
         try:
-            ckpt = read_run_checkpoint(path)
+            ckpt = read(path, full=False)  # the record first: another run's shards need no reading
+            if _same_run(ckpt, run_params):
+                ckpt = read(path)  # every file's sha256, before any tensor is used
             break
         except CorruptCheckpoint as e:  # set aside; any other failure leaves every file in place for the rerun
             aside = set_aside(path)
@@ -158,14 +164,17 @@ def _foreign_curves(also: list[Path], fingerprint: str) -> Path | None:
 
 def _earlier_run(ckpt_dir: Path, run_params: dict[str, Any], also: list[Path] = ()
                  ) -> tuple[tuple[Path, dict[str, Any]] | None, list[str]]:
-    """The newest undamaged checkpoint (memory-mapped) of a run with these params in ckpt_dir/previous/, or None; and
-    a note for each folder whose checkpoint cannot be read now (it goes unconsidered; nothing there is renamed)."""
+    """The newest undamaged checkpoint of a run with these params in ckpt_dir/previous/ (its record and index checked;
+    its shards are once it is back), or None; and a note for each folder whose checkpoint cannot be read now, or of an
+    older gptcore (it goes unconsidered; nothing there is renamed)."""
     previous = Path(ckpt_dir) / PREVIOUS
     skipped = []
     for folder in sorted(previous.iterdir(), reverse=True) if previous.is_dir() else []:
+        if not list_checkpoints(folder) and list_checkpoints(folder, LEGACY_RE):
+            skipped.append(f"{folder} holds checkpoints of an older gptcore, which this one does not resume")
         for path in reversed(list_checkpoints(folder)):
             try:
-                ckpt = read_run_checkpoint(path, mmap=True)
+                ckpt = read(path, full=False)
             except CorruptCheckpoint:
                 continue
             except CheckpointRefused as e:
@@ -179,8 +188,10 @@ def _earlier_run(ckpt_dir: Path, run_params: dict[str, Any], also: list[Path] = 
 
 
 def _run_file(p: Path) -> bool:
-    """A run's own file in a checkpoint folder: a checkpoint (set aside as corrupt or not) or best weights."""
-    return bool(CKPT_RE.match(re.sub(r"\.corrupt(-\d+)?$", "", p.name)) or BEST_RE.match(p.name))
+    """A run's own file in a checkpoint folder: a checkpoint (of this format or the one before, set aside as corrupt
+    or not) or best weights (set aside or not)."""
+    name = re.sub(r"\.corrupt(-\d+)?$", "", p.name)
+    return bool(CKPT_RE.match(name) or LEGACY_RE.match(name) or BEST_RE.match(name))
 
 
 def _kept_in(folder: Path, p: Path) -> Path:
@@ -269,27 +280,27 @@ def prepare_resume(ckpt_dir: Path, run_params: dict[str, Any], is_main: bool, al
     resume, notes = None, []
     if is_main:
         notes += remove_temp_files(ckpt_dir)
-        path, resume, why = find_resume(ckpt_dir, run_params, also, presets)
-        notes.append(why)
-        earlier = path is not None and path.parent != Path(ckpt_dir)
-        if resume is None or earlier:
-            # its results too, git's on a fresh clone: `dvc metrics show` would set them beside this run's figures
-            present = [Path(p) for p in results if _holds_files(Path(p))]
-            moved = move_aside(ckpt_dir, also=[*also, *present])
-            # a line only when a run's checkpoints moved: a fresh clone has just git's step metrics (kept there too)
-            if moved is not None and any(_run_file(p) for p in moved.iterdir()):
-                others = "".join(f" and {p}/" for p in also)
-                theirs = f", with its {len(present)} result files of later stages" if present else ""
-                notes.append(f"the previous run's checkpoints{others} are kept in {moved}{theirs}")
-        if earlier:
+        while True:  # again after an earlier run is brought back: its files are checked once they are here
+            path, resume, why = find_resume(ckpt_dir, run_params, also, presets)
+            notes.append(why)
+            earlier = path is not None and path.parent != Path(ckpt_dir)
+            if resume is None or earlier:
+                # its results too, git's on a fresh clone: `dvc metrics show` would set them beside this run's figures
+                present = [Path(p) for p in results if _holds_files(Path(p))]
+                moved = move_aside(ckpt_dir, also=[*also, *present])
+                # a line only when a run's checkpoints moved: a fresh clone has just git's step metrics (kept too)
+                if moved is not None and any(_run_file(p) for p in moved.iterdir()):
+                    others = "".join(f" and {p}/" for p in also)
+                    theirs = f", with its {len(present)} result files of later stages" if present else ""
+                    notes.append(f"the previous run's checkpoints{others} are kept in {moved}{theirs}")
+            if not earlier:
+                break
             bring_back(path.parent, ckpt_dir, [*also, *results])
-            resume = read_run_checkpoint(Path(ckpt_dir) / path.name)
-            notes.append(f"resuming from {Path(ckpt_dir) / path.name} (step {resume['step']})")
         for folder in map(Path, also):  # the step metrics are this run's: a resume never continues another run's
             folder.mkdir(parents=True, exist_ok=True)
             write_text(folder / CURVES_STAMP, run_fingerprint(run_params) + "\n")
     distributed.barrier()
-    if not is_main:
+    if not is_main:  # rank 0 checked every file of what it left; the record and the index are checked again here
         last = latest_checkpoint(ckpt_dir)
-        resume = read_run_checkpoint(last) if last else None
+        resume = read(last, full=False) if last else None
     return resume, notes

@@ -9,7 +9,7 @@ import os
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from tqdm import tqdm
@@ -23,8 +23,7 @@ from gptcore.errors import UserError
 from gptcore.eval.config import EvalConfig, check_scoring
 from gptcore.eval.tasks import tasks_named
 from gptcore.folders import staged_dir
-from gptcore.lifetime import under_torchrun
-from gptcore.model.checkpoint_file import strip_prefixes
+from gptcore.lifetime import Interrupted, StopRequest, stop_requests, under_torchrun
 from gptcore.model.config import ModelConfig
 from gptcore.model.export import export_model
 from gptcore.model.gpt import GPT
@@ -34,12 +33,12 @@ from gptcore.params import choose
 from gptcore.report.curves import LiveCurves
 from gptcore.report.flops import estimate_mfu, model_sizes
 from gptcore.report.steplog import StepLogger, wandb_sinks
-from gptcore.train import checkpoints, memory, run_folder, sharded_checkpoints
+from gptcore.train import checkpoints, memory, run_folder
 from gptcore.train.config import TrainConfig, check_run, fingerprint_params
 from gptcore.train.evaluators import Evaluator, samples_folder, training_evaluators
 from gptcore.train.optimizers import build_optimizers, optimizer_kind
 from gptcore.train.optimizers.base import set_lr
-from gptcore.train.parallel import clip_grad_norm, empty_gpt, evaluating, load_whole, parallel_mode, whole_model
+from gptcore.train.parallel import clip_grad_norm, empty_gpt, evaluating, parallel_mode, whole_model, whole_state
 from gptcore.train.schedule import SCHEDULES, LRSchedule
 
 TIMINGS = ("tokens_per_sec", "step_ms", "mfu")  # vary between two runs of the same params: metrics/train only
@@ -116,8 +115,10 @@ class Trainer:
         self.schedule = LRSchedule(cfg.max_lr, cfg.max_lr * cfg.min_lr_ratio, cfg.warmup_steps, cfg.max_steps,
                                    cfg.schedule, cfg.decay_frac)
         self.step, self.memory_probe, self.memory_steps = 0, None, 0
-        # export=best: the lowest val loss seen at the eval cadence and its step (weights in checkpoints/best_*.pt)
-        self.best_val_loss, self.best_step = math.inf, None
+        # export=best: the lowest val loss seen at the eval cadence, its step and the sha256 of its weights' file
+        # (checkpoints/best_*.pt)
+        self.best_val_loss, self.best_step, self.best_sha256 = math.inf, None, None
+        self.saved_step: int | None = None  # the step of the newest checkpoint on disk this run wrote or resumed
         self.final: dict[str, float] = {}  # the last value of each metric, carried by checkpoints (see fit)
         self._first_bad = torch.full((), -1, dtype=torch.long, device=self.device)  # see train_step
         if resume_from is not None:
@@ -159,52 +160,42 @@ class Trainer:
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def _restore(self, ckpt: dict[str, Any]) -> None:
-        if sharded_checkpoints.FOLDER_KEY in ckpt:  # a sharded checkpoint, into this run's layout, whichever it is
-            sharded_checkpoints.load(ckpt, self.raw_model, self.optimizer, collective=self.mode.sharded)
-        elif self.mode.sharded:  # a ddp run's checkpoint resumed with train.parallel fsdp
-            load_whole(self.raw_model, self.optimizer, strip_prefixes(ckpt["model"]), ckpt["optimizer"])
-        else:
-            self.raw_model.load_state_dict(strip_prefixes(ckpt["model"]))
-            self.optimizer.load_state_dict(ckpt["optimizer"])
+        # the checkpoint's weights and optimizer states by name, into this run's layout, whichever mode wrote it
+        checkpoints.load(ckpt, self.raw_model, self.optimizer)
         if ckpt.get("scaler"):
             self.scaler.load_state_dict(ckpt["scaler"])
         self.loader.load_state_dict(ckpt["loader"])
-        self.step = int(ckpt["step"])
+        self.step = self.saved_step = int(ckpt["step"])
         self.final = dict(ckpt.get("final") or {})
-        if "lm_loss_chunk_rows" in ckpt:  # the path the run started with
-            self.raw_model.loss_chunk_rows = int(ckpt["lm_loss_chunk_rows"])
+        self.raw_model.loss_chunk_rows = int(ckpt["lm_loss_chunk_rows"])  # the path the run started with
         best = ckpt.get("best") or {}
         if best.get("step") is not None:
             self.best_val_loss, self.best_step = float(best["val_loss"]), int(best["step"])
+            self.best_sha256 = best.get("sha256")
         rngs = ckpt["rng"]
         if self.env.rank < len(rngs):
             checkpoints.restore_rng(rngs[self.env.rank])
         else:  # more ranks than the run was saved with: the new ranks start fresh streams
             torch.manual_seed(self.cfg.seed + self.env.rank + 7919 * self.step)
 
-    def save(self) -> Path | None:
-        """After `check_finite`, collective (gathers every rank's RNG state); rank 0 writes, or with fsdp every rank
-        writes its shards and rank 0 the rest (the one place a rank other than 0 writes)."""
+    def save(self) -> Path:
+        """After `check_finite`, collective: every rank writes its part of the checkpoint of this step (a sharded
+        model's shards; a whole model's weights spread over the ranks), rank 0 the record (with every rank's RNG
+        state) and the digests."""
         self.check_finite()
         rngs = distributed.all_gather_objects(checkpoints.capture_rng())
         record = {"model_config": asdict(self.raw_model.config),
                   "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-                  "loader": self.loader.state_dict(), "rng": rngs, "step": self.step,
+                  "loader": self.loader.state_dict(), "rng": rngs,
                   "params": self.run_params, "fingerprint": self.fingerprint,
-                  "best": {"val_loss": self.best_val_loss, "step": self.best_step}, "final": dict(self.final),
-                  "lm_loss_chunk_rows": self.raw_model.loss_chunk_rows}
-        if self.mode.sharded:
-            path = sharded_checkpoints.save(self.ckpt_dir, self.step, self.raw_model, self.optimizer, record,
-                                            self.env.is_main)
-            if self.env.is_main:
-                checkpoints.remove_old(self.ckpt_dir, self.cfg.keep_checkpoints)
-        elif self.env.is_main:
-            state = {"model": self.raw_model.state_dict(), **record, "optimizer": self.optimizer.state_dict()}
-            path = checkpoints.save_checkpoint(self.ckpt_dir, self.step, state, self.cfg.keep_checkpoints)
-        if not self.env.is_main:
-            return None
-        # best weights of steps before this checkpoint that it does not point at can go (newer ones never exist here)
-        checkpoints.prune_best(self.ckpt_dir, keep_step=self.best_step)
+                  "best": {"val_loss": self.best_val_loss, "step": self.best_step, "sha256": self.best_sha256},
+                  "final": dict(self.final), "lm_loss_chunk_rows": self.raw_model.loss_chunk_rows}
+        path = checkpoints.save(self.ckpt_dir, self.step, self.raw_model, self.optimizer, record,
+                                self.cfg.keep_checkpoints)
+        self.saved_step = self.step
+        if self.env.is_main:
+            # best weights of steps before this checkpoint that it does not point at can go (newer ones never exist)
+            checkpoints.prune_best(self.ckpt_dir, keep_step=self.best_step)
         return path
 
     def describe(self) -> str:
@@ -222,8 +213,7 @@ class Trainer:
         self.logger.close()
         notes = []
         distributed.progress(self.step, "exporting")
-        if self.mode.sharded or self.env.is_main:  # sharded weights are gathered by every rank together
-            weights, record = self.export_weights()
+        weights, record = self.export_weights()  # every rank: a sharded model's weights are gathered together
         if self.env.is_main:
             record.update(final=final, shards_digest=data.identity)  # the shards it trained on
             notes = export_model(model_dir, weights, data.tokenizer, record,
@@ -233,25 +223,24 @@ class Trainer:
 
     def export_weights(self) -> tuple[GPT | None, dict[str, Any]]:
         """What model/ gets (train.export: the last weights, or the lowest val loss's) and the record saying so; the
-        weights are on the CPU, whole (with fsdp a collective: every rank calls it, rank 0 gets them, the others
-        None), so that model/ is the same bytes whatever the device or train.parallel."""
+        weights are on the CPU, whole (a collective: every rank calls it, rank 0 gets them, the others None), so that
+        model/ is the same bytes whatever the device or train.parallel."""
         record: dict[str, Any] = {"step": self.step, "export": self.cfg.export,
                                   "lm_loss_chunk_rows": self.raw_model.loss_chunk_rows}
-        if self.cfg.export == "best" and self.best_step is None:
+        if self.cfg.export != "best":
+            return whole_model(self.raw_model), record
+        if self.best_step is None:
             raise UserError("train.export=best: no finite val loss was measured, so there are no best weights to "
                              "export (see val_loss in metrics/train)")
-        if self.cfg.export == "best":
-            record.update(step=self.best_step, best_step=self.best_step, best_val_loss=self.best_val_loss,
-                          trained_steps=self.step)
-        if self.mode.sharded and self.cfg.export != "best":
-            return whole_model(self.raw_model, self.mode), record
+        record.update(step=self.best_step, best_step=self.best_step, best_val_loss=self.best_val_loss,
+                      trained_steps=self.step)
         if not self.env.is_main:
             return None, record
-        weights = self.raw_model if not self.mode.sharded else empty_gpt(self.raw_model.config)
-        if self.cfg.export == "best":
-            weights.load_state_dict(checkpoints.load_best(self.ckpt_dir, self.best_step, self.fingerprint)["model"])
+        weights = empty_gpt(self.raw_model.config)
+        weights.load_state_dict(checkpoints.load_best(self.ckpt_dir, self.best_step, self.fingerprint,
+                                                      self.best_sha256)["model"])
         weights.loss_chunk_rows = self.raw_model.loss_chunk_rows
-        return weights.to("cpu"), record
+        return weights, record
 
     # -- the steps ---------------------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -265,10 +254,10 @@ class Trainer:
         if self.cfg.export == "best" and (val_loss := out.get("val_loss")) is not None:
             if val_loss < self.best_val_loss:  # NaN never counts as better
                 self.best_val_loss, self.best_step = val_loss, self.step
-                state = self.mode.whole_state(self.raw_model)
+                state = whole_state(self.raw_model)  # every rank: a sharded model's weights are gathered together
                 if self.env.is_main:
-                    checkpoints.save_best(self.ckpt_dir, self.step, state, asdict(self.raw_model.config), val_loss,
-                                          self.fingerprint)
+                    self.best_sha256 = checkpoints.save_best(self.ckpt_dir, self.step, state,
+                                                             asdict(self.raw_model.config), val_loss, self.fingerprint)
             out.update(best_val_loss=self.best_val_loss, best_step=self.best_step)
         self.logger.log(self.step, out)
         if self.env.is_main:  # nanoGPT's line, above the progress bar
@@ -336,10 +325,22 @@ class Trainer:
     def fit(self) -> dict[str, float]:
         """Train to max_steps, evaluating, logging and checkpointing; the last value of each metric but TIMINGS (the
         same for a rerun: checkpoints carry them). The host waits for the device only at train.log_every and around
-        evals and saves; tokens_per_sec and step_ms are the mean since the last log."""
+        evals and saves; tokens_per_sec and step_ms are the mean since the last log. SIGINT, SIGTERM or the warning
+        signal (gptcore.lifetime.stop_requests) finish the step in flight: every rank then saves the checkpoint of
+        that step and raises Interrupted, whose line says what was kept."""
+        if 0 < self.cfg.max_steps <= self.step:  # a finished run resumed: its final eval and checkpoint stand as are
+            return {k: v for k, v in self.final.items() if k not in TIMINGS}
+        with stop_requests() as stop:
+            try:
+                return self._fit(stop)
+            except Interrupted as e:
+                if e.line is not None:
+                    raise
+                # a second signal: it ended whatever ran, a save included (its temp folder is dropped)
+                raise Interrupted(e.signum, f"asked twice: stopped at once; {self._resumes_from()}") from None
+
+    def _fit(self, stop: StopRequest) -> dict[str, float]:
         cfg, env, final = self.cfg, self.env, self.final
-        if 0 < cfg.max_steps <= self.step:  # a finished run resumed: its final eval and checkpoint stand as they are
-            return {k: v for k, v in final.items() if k not in TIMINGS}
         step_tokens = cfg.total_batch_tokens
         bar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", unit="step", disable=not env.is_main,
                    dynamic_ncols=True)
@@ -357,6 +358,9 @@ class Trainer:
                 elapsed, started = pause(), None
                 distributed.progress(self.step, "evaluating")  # the heartbeat: the stage watches for a stalled rank
                 self.evaluate()
+                if signum := distributed.max_over_ranks(stop.signum):  # a signal during the eval: its step is done
+                    bar.close()
+                    self.stop(signum)
             if started is None:
                 sync()
                 started = time.perf_counter()
@@ -382,10 +386,35 @@ class Trainer:
                 elapsed, started = pause(), None
                 distributed.progress(self.step, "saving")
                 self.save()
+            # every rank stops after the same step, or none does: one small all-reduce a step (on the CPU), read by
+            # the host, which does not wait for the device for it. At max_steps the run's own end follows.
+            if self.step < cfg.max_steps and (signum := distributed.max_over_ranks(stop.signum)):
+                bar.close()
+                self.stop(signum)
         bar.close()
         distributed.progress(self.step, "evaluating")
         self.evaluate()
         if self.step > 0:  # max_steps 0 (evaluate a starting point) leaves nothing worth resuming
             distributed.progress(self.step, "saving")
             self.save()
+        if signum := distributed.max_over_ranks(stop.signum):  # a signal during the last eval or save
+            self.stop(signum)
         return {k: v for k, v in final.items() if k not in TIMINGS}
+
+    def stop(self, signum: int) -> NoReturn:
+        """Collective, after a step (or its eval): save this step's checkpoint unless it is on disk already, then
+        raise Interrupted with the line saying what a rerun does (after the stage's `interrupted (SIGNAME); `)."""
+        if self.step == 0:
+            raise Interrupted(signum, "before the first step ended: nothing to save, a rerun starts from step 0")
+        if self.saved_step != self.step:
+            distributed.progress(self.step, "saving")
+            self.save()
+        then = ("a rerun only exports model/" if self.step >= self.cfg.max_steps else "a rerun resumes there")
+        raise Interrupted(signum, f"saved step {self.step}: {then}")
+
+    def _resumes_from(self) -> str:
+        """What a rerun resumes from, said after a stop that saved nothing new."""
+        newest = checkpoints.latest_checkpoint(self.ckpt_dir)
+        if newest is None:
+            return "nothing was saved: a rerun starts from step 0"
+        return f"a rerun resumes from step {int(newest.name.split('_')[1])} ({newest})"

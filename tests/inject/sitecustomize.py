@@ -3,8 +3,10 @@ by tests that put this folder on PYTHONPATH (tests/stagekit.py: env(inject=...))
 
 GPTCORE_TEST_NS_FP32=1: Muon's Newton-Schulz iteration in fp32 instead of bf16 (as tests/test_loss_curve.py runs
     it), so that two runs whose sums round differently stay comparable to fp32 precision;
-GPTCORE_TEST_KILL_SAVE=<step>:<point>:<rank>: SIGKILL that rank during the sharded save of that step, at <point>:
+GPTCORE_TEST_KILL_SAVE=<step>:<point>:<rank>: SIGKILL that rank during the checkpoint save of that step, at <point>:
     `shard` right after the rank wrote its shard file, `rename` right before rank 0 renames the whole folder in;
+GPTCORE_TEST_SLOW_SAVE=<seconds>: every checkpoint save waits that long (in Python, where a signal's handler runs)
+    right before its folder is renamed in, every file written: a save a second signal can land in.
 GPTCORE_TEST_WRITE_WHILE_READ=<read>:<write>: once fetch has read the text file <read>, a line is appended to <write>
     (the same file: it changed while fetch read it; another: a file came meanwhile).
 GPTCORE_TEST_EXIT=<rank>:<where>:<status>: that rank calls sys.exit(<status>) at <where>: `start`, as it is about to
@@ -33,10 +35,10 @@ if os.environ.get("GPTCORE_TEST_KILL_SAVE"):
 
     from torch.distributed.checkpoint import FileSystemWriter
 
-    from gptcore.train import sharded_checkpoints
+    from gptcore.train import checkpoints
 
     _step, _point, _rank = os.environ["GPTCORE_TEST_KILL_SAVE"].split(":")
-    _folder = f"ckpt_{int(_step):07d}{sharded_checkpoints.SUFFIX}"
+    _folder = checkpoints.checkpoint_path(".", int(_step)).name
 
     def _die() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -56,14 +58,14 @@ if os.environ.get("GPTCORE_TEST_KILL_SAVE"):
 
         FileSystemWriter.write_data = _write_then_die
     elif _point == "rename":
-        _swap = sharded_checkpoints.swap_dir
+        _swap = checkpoints.swap_dir
 
         def _die_before_swap(staged, final):
             if _mine() and str(final).endswith(_folder):
                 _die()
             return _swap(staged, final)
 
-        sharded_checkpoints.swap_dir = _die_before_swap
+        checkpoints.swap_dir = _die_before_swap
 
 if os.environ.get("GPTCORE_TEST_WRITE_WHILE_READ"):
     from pathlib import Path
@@ -115,3 +117,16 @@ if os.environ.get("GPTCORE_TEST_SIGTERM_HANDLED") == "1" and "RANK" in os.enviro
         signal.signal(signal.SIGTERM, lambda signum, frame: None)
 
     lifetime.mortal = _mortal_taking_sigterm
+
+if os.environ.get("GPTCORE_TEST_SLOW_SAVE"):
+    import time
+
+    from gptcore.train import checkpoints
+
+    _wait, _swap_now = float(os.environ["GPTCORE_TEST_SLOW_SAVE"]), checkpoints.swap_dir
+
+    def _slow_swap(staged, final):
+        time.sleep(_wait)
+        return _swap_now(staged, final)
+
+    checkpoints.swap_dir = _slow_swap
