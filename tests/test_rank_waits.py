@@ -95,8 +95,10 @@ def test_a_stopped_rank_is_named_after_train_dist_timeout_and_the_others_are_end
 def test_sigterm_ends_the_run_within_train_stop_timeout_with_one_rank_stopped_and_one_blocked_in_c(tmp_path, shards):
     """The ranks take SIGTERM in Python (as one that finishes its step first does), so neither ends on it: rank 1 is
     stopped, rank 0 waits for it inside gloo's collective, where no Python handler runs. The stage waits
-    train.stop_timeout for them, kills them and says so."""
-    project = make_project(tmp_path / "p", shards, nproc=2, stop_timeout=3, **LONG)  # dist_timeout: 600 s
+    train.stop_timeout for them to finish their step, kills them and says so. (A save in flight has its heartbeat's
+    bound, train.dist_timeout, as it has without a signal: here no step saves.)"""
+    project = make_project(tmp_path / "p", shards, nproc=2, stop_timeout=3,  # dist_timeout: 600 s
+                           **{**LONG, "ckpt_every": 1000})
     stage = start(project, GPTCORE_TEST_SIGTERM_HANDLED="1")
     found = training(project, stage)
     procs = tree(stage.pid)

@@ -95,7 +95,7 @@ def test_a_switch_of_preset_is_one_short_line(tmp_path):
                                               presets=run_folder.Presets("quickstart", preset_table()))
     changes = run_folder.param_changes(run_of("smoke"), run_of("quickstart"))
     assert resume is None and len(changes) > 5
-    assert notes[0] == (f"{tmp_path / 'ckpt_0000040.pt'} was written by a run with other params, so it is not "
+    assert notes[0] == (f"{tmp_path / 'ckpt_0000040'} was written by a run with other params, so it is not "
                         f"resumed; starting fresh (preset smoke -> quickstart, {len(changes)} params differ)")
     assert len(notes[0]) - len(str(tmp_path)) < 150
 
