@@ -46,8 +46,6 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gptcore.switches import LOSS_CHUNK_ELEMENTS as LOSS_CHUNK_ENV
-
 from bench.rounds import DEFAULT_ROUNDS, Timed, beats, fmt, ratios, time_rounds  # noqa: E402
 from gptcore import distributed  # noqa: E402
 from gptcore.data.loader import TokenLoader  # noqa: E402
@@ -55,6 +53,7 @@ from gptcore.data.sources.package import package_documents  # noqa: E402
 from gptcore.data.tokenizers import get_tokenizer  # noqa: E402
 from gptcore.device import resolve_dtype  # noqa: E402
 from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.model.lm_loss import CHUNK_SWITCH as LOSS_CHUNK_ENV  # noqa: E402
 from gptcore.model.lm_loss import LOSS_CHUNK_ELEMENTS, lm_loss, loss_chunk_rows
 from gptcore.report.flops import flops_per_token
 from gptcore.report.steplog import StepLogger  # noqa: E402

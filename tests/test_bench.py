@@ -6,10 +6,11 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from bench import bench_memory, rounds
+from bench import bench_memory, bench_train, rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = ROOT.parent / "shared" / "ref-data" / "hellaswag_val_preprocessed.jsonl"
@@ -50,15 +51,29 @@ def run_bench(script: str, *args: str) -> str:
     return out.stdout
 
 
+@pytest.fixture(scope="module")
+def fineweb_sample(tmp_path_factory) -> SimpleNamespace:
+    """first_hour.py --make-sample of the FineWeb-Edu sample (the device check's tokens): the tokens' file and what
+    the script said."""
+    if not SAMPLE_DOCS.is_file():
+        pytest.skip(f"{SAMPLE_DOCS} is not here")
+    path = tmp_path_factory.mktemp("fineweb") / "sample.npy"
+    return SimpleNamespace(path=path, said=run_bench("first_hour.py", "--make-sample", str(SAMPLE_DOCS), "--sample",
+                                                     str(path)))
+
+
 @pytest.mark.slow
-def test_bench_train_tiny():
+def test_bench_train_tiny(capsys):
     out = run_bench("bench_train.py", "--tiny", "--profile")
     for row in ("matmul", "nanoGPT-style fp32 eager", "stage fp32", "stage default", "target: stage fp32",
                 "head: plain", "decision: ", "median (min-max) over rounds"):
         assert row in out
     shares = re.search(r"profile, stage fp32, 3 steps .*: (.*)", out)
     assert shares and abs(sum(float(x) for x in re.findall(r"([\d.]+)%", shares.group(1))) - 100) < 0.5
-    sweep = run_bench("bench_train.py", "--tiny", "--head-widths", "64", "96")
+    # the sweep's own path of the same script, in this process (the script's start is checked above)
+    capsys.readouterr()
+    bench_train.main(["--tiny", "--head-widths", "64", "96"])
+    sweep = capsys.readouterr().out
     assert re.search(r"n_embd +64: plain .* ms, \d+-row chunks .*x the plain path", sweep) and "n_embd    96" in sweep
 
 
@@ -141,14 +156,11 @@ def test_the_device_check_fits_its_window_starts_with_the_preflight_and_runs_fil
 
 
 @pytest.mark.slow
-def test_the_device_check_dry_run_writes_one_summary_of_every_step(tmp_path):
+def test_the_device_check_dry_run_writes_one_summary_of_every_step(tmp_path, fineweb_sample):
     """DRY=1: every step at tiny sizes on the CPU, each under its heading in the one summary file, with its exit
     status: the preflight passes, the GPU query fails here, the bench prints its rows, the CUDA tests skip, the first
-    hour compares nothing."""
-    if not SAMPLE_DOCS.is_file():
-        pytest.skip(f"{SAMPLE_DOCS} is not here")
-    run_bench("first_hour.py", "--make-sample", str(SAMPLE_DOCS), "--sample", str(tmp_path / "sample.npy"))
-    env = {**os.environ, "DRY": "1", "OUT": str(tmp_path / "out"), "SAMPLE": str(tmp_path / "sample.npy"),
+    hour's short run trains from the FineWeb-Edu sample and compares nothing (the only run of first_hour.py --run)."""
+    env = {**os.environ, "DRY": "1", "OUT": str(tmp_path / "out"), "SAMPLE": str(fineweb_sample.path),
            "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(["bash", str(ROOT / "bench" / "device_check.sh")], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=900)
@@ -159,7 +171,12 @@ def test_the_device_check_dry_run_writes_one_summary_of_every_step(tmp_path):
                           ("first GPU hour", "exit 0")):
         assert re.search(rf"^{re.escape(title)}.*: {status}, \d+ s of \d+$", summary, re.M), (title, summary[-3000:])
     assert "preflight: every import found" in summary and "gpt2_350m    fsdp" in summary
-    assert re.search(r"\d+ skipped", summary) and "first hour: nothing compared here" in summary
+    assert re.search(r"\d+ skipped", summary)
+    # the first hour's short run at a tiny shape, from the FineWeb-Edu sample tokenized here (the sample's own line)
+    assert re.search(r"[\d,]+ GPT-2 tokens of", fineweb_sample.said)
+    hour = summary.split("\n## first GPU hour", 1)[1].split("\nfirst GPU hour", 1)[0]
+    assert "from the FineWeb-Edu sample" in hour and "step 2: train loss" in hour, hour
+    assert "first hour: nothing compared here" in hour
 
 
 def test_bench_gpu_rows_name_preset_mode_and_compile():
@@ -201,19 +218,6 @@ def test_the_first_hour_check_passes_the_published_run_and_fails_a_broken_one(tm
                               str(write_run_metrics(folder, val, speed)), *h100], capture_output=True, text=True)
         assert out.returncode == 1 and "first hour: FAIL (2 of 3" in out.stdout, out.stdout + out.stderr
         assert re.search(rf"{re.escape(failing)} .* FAIL ", out.stdout), out.stdout
-
-
-@pytest.mark.slow
-def test_first_hour_short_run_tiny(tmp_path):
-    """The device check's short run at a tiny shape on the CPU, from the FineWeb-Edu sample tokenized here."""
-    if not SAMPLE_DOCS.is_file():
-        pytest.skip(f"{SAMPLE_DOCS} is not here")
-    sample = tmp_path / "sample.npy"
-    made = run_bench("first_hour.py", "--make-sample", str(SAMPLE_DOCS), "--sample", str(sample))
-    assert re.search(r"[\d,]+ GPT-2 tokens of", made)
-    out = run_bench("first_hour.py", "--run", "--tiny", "--sample", str(sample))
-    assert "from the FineWeb-Edu sample" in out and "step 2: train loss" in out
-    assert "first hour: nothing compared here" in out
 
 
 @pytest.mark.slow

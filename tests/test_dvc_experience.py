@@ -13,7 +13,6 @@ import math
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,7 @@ from test_plots import check_offline_page, read_tsv
 from gptcore.conf import SECTIONS
 from gptcore.eval.val_loss import scored_count
 from gptcore.model.gpt import GPT, GPTConfig
+from gptcore.report.table import main as table_main
 from gptcore.train.config import check_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -500,7 +500,7 @@ def test_hongloumeng_char_tokenizes_trains_and_samples_chinese(two_runs):
 
 
 @pytest.mark.slow
-def test_modern_quickstart_on_a_micro_budget_reports_tokens_to_target(two_runs):
+def test_modern_quickstart_on_a_micro_budget_reports_tokens_to_target(two_runs, tmp_path, capsys):
     """`dvc exp run -S preset=modern_quickstart` (on the micro budget) -> summary.json's speedrun figures, which
     agree with the run's own val-loss curve, and `dvc exp show` sorts experiments by tokens to target."""
     micro = {"fetch.max_docs": 2, "tokenize.val_tokens": 8192, "model.n_layer": 1, "model.n_head": 2,
@@ -528,12 +528,11 @@ def test_modern_quickstart_on_a_micro_budget_reports_tokens_to_target(two_runs):
                 "--drop", ".*", "--keep", r"(Experiment|preset|speedrun\.tokens_to_target)$")
     assert "modern-micro" in table and "modern_quickstart" in table
     # the sweep table from the real `dvc exp show --json`: one group per recipe, the run's own parameter count
-    doc = run(two_runs, "dvc", "exp", "show", "--json")
-    out = subprocess.run([sys.executable, "-m", "gptcore.report.table", "--json-out", "--metrics", "params",
-                          "eval.val_loss"], input=doc, cwd=two_runs, env=env(two_runs), capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    groups = {tuple(g["names"]): g for g in json.loads(out.stdout)["groups"]}
+    # (gptcore-exp-table's function in this process: its console script is run by tests/test_exp_views.py)
+    (tmp_path / "exps.json").write_text(run(two_runs, "dvc", "exp", "show", "--json"), encoding="utf-8")
+    capsys.readouterr()
+    table_main([str(tmp_path / "exps.json"), "--json-out", "--metrics", "params", "eval.val_loss"])
+    groups = {tuple(g["names"]): g for g in json.loads(capsys.readouterr().out)["groups"]}
     modern = groups[("modern-micro",)]
     # the count computed from params equals the trained weights' own count (untied: wte and lm_head both counted)
     import torch

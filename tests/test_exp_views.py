@@ -96,7 +96,9 @@ def test_after_readme_s_sweep_its_views_keep_the_changed_param_and_no_run_shows_
                                      capture_output=True, text=True).stdout
         # the stage's own first line: its boundary has removed the copied results by then (DVC's checks of the
         # unchanged stages and the stage's start, a few seconds, still show them: docs/experiments.md says so)
-        wait_until(lambda: "[train]" in log())
+        # every poll here and below is a dvc process (seconds of a core): polled gently, so as not to slow the runs
+        # it waits for on 2 cores
+        wait_until(lambda: "[train]" in log(), every=2)
         for _ in range(3):
             state, metrics = wait_until(lambda: exp_states(repo))["long"]
             assert state == "running" and "metrics/eval.json" not in {k for k, v in metrics.items() if v}, metrics
@@ -118,7 +120,7 @@ def test_after_readme_s_sweep_its_views_keep_the_changed_param_and_no_run_shows_
                                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             return bool(states) and {"lr6e-4", "lr2e-3"} <= set(states) and all(
                 s in ("success", None, "failed") for s, _ in states.values())
-        wait_until(swept, timeout=900, every=3,
+        wait_until(swept, timeout=900, every=10,
                    why=lambda: f"{ {k: v[0] for k, v in exp_states(repo).items()} }\n{queue()}")
     finally:
         for w in workers:
