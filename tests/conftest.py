@@ -112,6 +112,19 @@ def micro_repro(tmp_path_factory) -> SimpleNamespace:
     return SimpleNamespace(path=path, **json.loads(record.read_text(encoding="utf-8")))
 
 
+def micro_base(path: Path) -> Path:
+    """The micro run's workspace as experiment `micro-base`: recorded without rerunning where micro_repro's `dvc repro`
+    left it, or put back to it where another test file's experiment is in the workspace (the files of a pytest-xdist
+    worker share its one copy of the session's clone)."""
+    shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=path, env=clone_env(path), capture_output=True,
+                           text=True, timeout=600).stdout
+    if '"micro-base"' in shown:
+        run_in(path, "dvc", "exp", "apply", "micro-base")
+    else:
+        run_in(path, "dvc", "exp", "run", "-n", "micro-base", "-S", "preset=micro")  # recorded, not rerun
+    return path
+
+
 def _build_micro_repro(path: Path, record: Path) -> None:
     """micro_repro's clone at `path`, and what its `dvc repro` gave in `record` (JSON)."""
     from dvc.utils.hydra import compose_and_dump

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import clone_env as env
-from conftest import run_in
+from conftest import micro_base, run_in
 from dvc.utils.hydra import compose_and_dump
 from test_plots import check_offline_page, read_tsv
 
@@ -310,7 +310,7 @@ MODEL_FILES = ("model/model.pt", "model/manifest.json", "model/hf/config.json", 
 def two_runs(clone) -> Path:
     """`dvc exp run` twice: the micro preset (already reproduced: recorded without rerunning), then the same with
     train.max_lr=3e-3, with model/ watched while it trains."""
-    run(clone, "dvc", "exp", "run", "-n", "micro-base", "-S", "preset=micro")
+    micro_base(clone)
     assert all((clone / f).is_file() for f in MODEL_FILES), "the micro run exported no Hugging Face folder"
     done, missing = run_watching(clone, MODEL_FILES, "dvc", "exp", "run", "-n", "micro-lr", "-S", "preset=micro",
                                  "-S", "train.max_lr=3e-3")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import clone_env as env
-from conftest import run_in
+from conftest import micro_base, run_in
 
 ROOT = Path(__file__).resolve().parents[1]
 run = functools.partial(run_in, timeout=600)
@@ -21,15 +21,8 @@ run = functools.partial(run_in, timeout=600)
 
 @pytest.fixture(scope="module")
 def micro_run(micro_repro) -> Path:
-    """The micro run's workspace: the session's clone where `dvc repro` ran the micro preset, put back to that run if
-    another test's experiment is in it (a worker shares the session's clone)."""
-    path = micro_repro.path
-    if subprocess.run(["dvc", "exp", "show", "--json"], cwd=path, env=env(path), capture_output=True,
-                      text=True).stdout.count('"micro-base"'):
-        run(path, "dvc", "exp", "apply", "micro-base")
-    else:
-        run(path, "dvc", "exp", "run", "-n", "micro-base", "-S", "preset=micro")  # recorded, not rerun
-    return path
+    """The micro run's workspace (conftest.micro_base)."""
+    return micro_base(micro_repro.path)
 
 
 def readme_line(start: str) -> list[str]:
@@ -126,6 +119,7 @@ def test_after_readme_s_sweep_its_views_keep_the_changed_param_and_no_run_shows_
         for w in workers:
             w.kill()
             w.wait()
+        stop_queue_workers(repo)
     view = readme_line("dvc exp show --only-changed")
     e = {**env(repo), "COLUMNS": "200"}
     shown = subprocess.run(view + ["--no-pager"], cwd=repo, env=e, capture_output=True, text=True, timeout=600)
@@ -172,6 +166,28 @@ MICRO_BUDGET = ("train.max_steps=4", "train.warmup_steps=1", "train.eval_every=2
 SMOKE_MICRO = (*MICRO_DATA, *MICRO_BUDGET, "model.block_size=32", "train.micro_batch=8", "train.total_batch_tokens=256")
 MODERN_MICRO = (*MICRO_DATA, *MICRO_BUDGET, "model.n_layer=1", "model.n_head=2", "model.n_embd=32",
                 "model.block_size=32", "train.micro_batch=8", "train.total_batch_tokens=256")
+
+
+def stop_queue_workers(repo: Path) -> None:
+    """End the DVC queue workers `dvc queue start` left for `repo` (a celery worker that outlives the command, and so
+    this test, unless stopped): `dvc queue stop --kill`, then any left, by pid, and wait until none is."""
+    import psutil
+
+    subprocess.run(["dvc", "queue", "stop", "--kill"], cwd=repo, env=env(repo), capture_output=True, timeout=120)
+
+    def left() -> list[psutil.Process]:
+        found = []
+        for p in psutil.process_iter(["cmdline", "cwd"]):
+            cmd, cwd = " ".join(p.info["cmdline"] or []), p.info["cwd"] or ""
+            if "queue-worker" in cmd and (cwd == str(repo) or cwd.startswith(f"{repo}/")):
+                found.append(p)
+        return found
+
+    procs = left()
+    for p in procs:
+        p.kill()
+    psutil.wait_procs(procs, timeout=30)
+    assert not left(), "a DVC queue worker outlived the test"
 
 
 def readme_view(repo: Path) -> str:
