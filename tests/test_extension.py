@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 from stagekit import env, make_project, write_gpt2_shards
 
@@ -43,6 +44,7 @@ def run(project, stage: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
+@pytest.mark.slow  # trains through the stages' code in subprocesses
 def test_a_toy_optimizer_and_a_toy_task_run_through_train_and_evaluate(tmp_path):
     project = make_project(tmp_path / "p", write_gpt2_shards(tmp_path / "shards"), eval={"tasks": ["toy_next"]},
                            optimizer="toy_sgd", max_steps=4, eval_every=2)

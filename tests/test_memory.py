@@ -147,6 +147,7 @@ class Run:
         return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # four training runs in subprocesses
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="the peak is reset through Linux's /proc")
 def test_a_first_step_over_the_budget_stops_the_run_naming_a_micro_batch_that_fits(tmp_path):
     """The budget is put between the measured peaks at micro_batch 16 and 8: the run at 16 stops after its second
