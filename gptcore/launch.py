@@ -6,9 +6,9 @@ The watch (`Watch`) looks at the ranks a few times a second: their processes, an
 rank-lines folder (gptcore.lifetime.beat). A rank that makes no progress for the bound its heartbeat names, or that
 ends before the run is done, with any status, is named and the other ranks are ended at once. SIGINT, SIGTERM, SIGHUP
 and SIGUSR1 to the stage are passed on to the ranks (SIGHUP as SIGTERM, and SIGINT as SIGTERM to a rank still starting,
-which then dies quietly): a training rank finishes its step, saves it and leaves the line saying so
-(gptcore.lifetime.stop_requests), within the bound its heartbeat names; a rank that has not begun training is given
-the stop bound, and what is left at a bound is killed. The same stop signal again within REPEAT_S counts once (SLURM
+which then dies quietly): a training rank finishes its step within the stop bound, saves it and leaves the line
+saying so (gptcore.lifetime.stop_requests); an eval or a save in flight has its heartbeat's bound; what is left at a
+bound is killed. The same stop signal again within REPEAT_S counts once (SLURM
 signals every process of a job step); a second one later kills the ranks at once."""
 from __future__ import annotations
 
@@ -263,7 +263,7 @@ class Watch:
                     for rank in live:
                         _send(self.ranks[rank], signal.SIGUSR1)
                 return
-            if self.signum is not None:  # asked twice: no more waiting
+            if self.signum in STOPS:  # asked twice: no more waiting (after the warning, a stop is the first)
                 self.twice = True
                 self._kill(live)
                 return
